@@ -1,0 +1,236 @@
+package codec
+
+import (
+	"encoding/binary"
+	"slices"
+	"strconv"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/registry"
+)
+
+// Responses are written with append-style encoders in the smallest format
+// for each value (what Python's msgpack.packb produces), with map keys in the
+// contract's documented order. Hand-writing them keeps /query at zero
+// allocations; tests decode every response with vmihailenco/msgpack as an
+// independent reader.
+
+func appendMapLen(b []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(b, 0x80|byte(n))
+	case n < 1<<16:
+		return append(b, 0xde, byte(n>>8), byte(n))
+	}
+	return binary.BigEndian.AppendUint32(append(b, 0xdf), uint32(n))
+}
+
+func appendArrayLen(b []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(b, 0x90|byte(n))
+	case n < 1<<16:
+		return append(b, 0xdc, byte(n>>8), byte(n))
+	}
+	return binary.BigEndian.AppendUint32(append(b, 0xdd), uint32(n))
+}
+
+func appendStr(b []byte, s string) []byte {
+	n := len(s)
+	switch {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n < 1<<8:
+		b = append(b, 0xd9, byte(n))
+	case n < 1<<16:
+		b = append(b, 0xda, byte(n>>8), byte(n))
+	default:
+		b = binary.BigEndian.AppendUint32(append(b, 0xdb), uint32(n))
+	}
+	return append(b, s...)
+}
+
+func appendInt(b []byte, v int64) []byte {
+	if v >= 0 {
+		u := uint64(v)
+		switch {
+		case u < 128:
+			return append(b, byte(u))
+		case u < 1<<8:
+			return append(b, 0xcc, byte(u))
+		case u < 1<<16:
+			return append(b, 0xcd, byte(u>>8), byte(u))
+		case u < 1<<32:
+			return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(u))
+		}
+		return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
+	}
+	switch {
+	case v >= -32:
+		return append(b, byte(v))
+	case v >= -128:
+		return append(b, 0xd0, byte(v))
+	case v >= -32768:
+		return append(b, 0xd1, byte(v>>8), byte(v))
+	case v >= -1<<31:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(v))
+}
+
+func appendNil(b []byte) []byte { return append(b, 0xc0) }
+
+// AppendError writes the contract's 400 body {error, reason, field?, index?}.
+func AppendError(b []byte, e *Error) []byte {
+	n := 2
+	if e.Field != "" {
+		n++
+	}
+	if e.Index != NoIndex {
+		n++
+	}
+	b = appendMapLen(b, n)
+	b = appendStr(appendStr(b, "error"), e.Msg)
+	b = appendStr(appendStr(b, "reason"), string(e.Reason))
+	if e.Field != "" {
+		b = appendStr(appendStr(b, "field"), e.Field)
+	}
+	if e.Index != NoIndex {
+		b = appendInt(appendStr(b, "index"), int64(e.Index))
+	}
+	return b
+}
+
+// AppendMessage writes the service-level error envelope {error}.
+func AppendMessage(b []byte, msg string) []byte {
+	return appendStr(appendStr(appendMapLen(b, 1), "error"), msg)
+}
+
+// AppendRegistered writes the /register success body.
+func AppendRegistered(b []byte, instanceID string) []byte {
+	b = appendMapLen(b, 2)
+	b = appendStr(appendStr(b, "status"), "registered successfully")
+	return appendStr(appendStr(b, "instance_id"), instanceID)
+}
+
+// AppendUnregistered writes the /unregister success body.
+func AppendUnregistered(b []byte, keys ...registry.ServiceKey) []byte {
+	b = appendMapLen(b, 2)
+	b = appendStr(appendStr(b, "status"), "unregistered successfully")
+	b = appendArrayLen(appendStr(b, "removed_instances"), len(keys))
+	for _, k := range keys {
+		b = appendStr(b, string(k))
+	}
+	return b
+}
+
+func appendTiers(b []byte, c index.TierCounts) []byte {
+	b = appendInt(appendStr(b, "device"), int64(c.Device))
+	b = appendInt(appendStr(b, "cpu_local"), int64(c.CPULocal))
+	b = appendInt(appendStr(b, "cpu_share"), int64(c.CPUShare))
+	return appendInt(appendStr(b, "disk"), int64(c.Disk))
+}
+
+// appendRankKey writes a dp rank as the decimal-string map key the contract
+// uses, without allocating.
+func appendRankKey(b []byte, rank int) []byte {
+	var tmp [20]byte
+	d := strconv.AppendInt(tmp[:0], int64(rank), 10)
+	b = append(b, 0xa0|byte(len(d)))
+	return append(b, d...)
+}
+
+// AppendQuery writes the /query response for res.
+func AppendQuery(b []byte, res *index.QueryResult) []byte {
+	b = appendMapLen(appendStr(appendMapLen(b, 1), "instances"), len(res.Instances))
+	for i := range res.Instances {
+		in := &res.Instances[i]
+		b = appendStr(b, in.Instance)
+		b = appendMapLen(b, 7)
+		b = appendInt(appendStr(b, "longest_matched"), int64(in.Max.Disk))
+		b = appendMapLen(appendStr(b, "dp"), len(in.Ranks))
+		for _, r := range in.Ranks {
+			b = appendInt(appendRankKey(b, r.Rank), int64(r.Device))
+		}
+		b = appendMapLen(appendStr(b, "rank_matches"), len(in.Ranks))
+		for _, r := range in.Ranks {
+			b = appendTiers(appendMapLen(appendRankKey(b, r.Rank), 4), r.TierCounts)
+		}
+		b = appendTiers(b, in.Max)
+	}
+	return b
+}
+
+func appendProfile(b []byte, p *hashing.Profile) []byte {
+	b = appendMapLen(b, 5)
+	b = appendStr(appendStr(b, "strategy"), p.Strategy)
+	b = appendStr(appendStr(b, "algorithm"), p.Algorithm)
+	b = appendStr(appendStr(b, "python_hash_seed"), p.PythonHashSeed)
+	b = appendStr(appendStr(b, "root_digest"), p.RootDigestHex())
+	return appendStr(appendStr(b, "index_projection"), p.IndexProjection)
+}
+
+// AppendServices writes the /services body with the contract's PascalCase
+// names.
+func AppendServices(b []byte, svcs []registry.ServiceStatus) []byte {
+	b = appendMapLen(b, 2)
+	b = appendInt(appendStr(b, "count"), int64(len(svcs)))
+	b = appendArrayLen(appendStr(b, "services"), len(svcs))
+	for i := range svcs {
+		s := &svcs[i].Service
+		b = appendMapLen(b, 11)
+		b = appendStr(appendStr(b, "Endpoint"), s.Endpoint)
+		b = appendStr(appendStr(b, "ReplayEndpoint"), s.ReplayEndpoint)
+		b = appendStr(appendStr(b, "Type"), s.Type)
+		b = appendStr(appendStr(b, "ModelName"), s.ModelName)
+		b = appendStr(appendStr(b, "LoraName"), s.LoraName)
+		b = appendStr(appendStr(b, "TenantID"), s.TenantID)
+		b = appendStr(appendStr(b, "InstanceID"), s.InstanceID)
+		b = appendInt(appendStr(b, "BlockSize"), int64(s.BlockSize))
+		b = appendInt(appendStr(b, "DPRank"), int64(s.DPRank))
+		b = appendStr(b, "CacheGroup")
+		if s.CacheGroup == nil {
+			b = appendNil(b)
+		} else {
+			b = appendInt(b, int64(*s.CacheGroup))
+		}
+		b = appendProfile(appendStr(b, "HashProfile"), &s.Profile)
+	}
+	return b
+}
+
+// AppendGlobalView writes the /global_view body.
+func AppendGlobalView(b []byte, ctxs []registry.ContextView) []byte {
+	b = appendMapLen(b, 2)
+	b = appendInt(appendStr(b, "context_count"), int64(len(ctxs)))
+	b = appendArrayLen(appendStr(b, "contexts"), len(ctxs))
+	for i := range ctxs {
+		c := &ctxs[i]
+		b = appendMapLen(b, 7)
+		b = appendStr(appendStr(b, "model_name"), c.Context.Model)
+		b = appendStr(appendStr(b, "lora_name"), c.Context.Lora)
+		b = appendInt(appendStr(b, "block_size"), int64(c.Context.BlockSize))
+		b = appendStr(appendStr(b, "tenant_id"), c.Context.Tenant)
+		b = appendInt(appendStr(b, "prefix_count"), int64(c.PrefixCount))
+		b = appendProfile(appendStr(b, "hash_profile"), &c.Profile)
+		b = appendMapLen(appendStr(b, "instances"), len(c.Instances))
+		for _, id := range sortedKeys(c.Instances) {
+			ranks := c.Instances[id]
+			b = appendArrayLen(appendStr(b, id), len(ranks))
+			for _, r := range ranks {
+				b = appendInt(b, int64(r))
+			}
+		}
+	}
+	return b
+}
+
+func sortedKeys(m map[string][]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,504 @@
+package codec
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/registry"
+)
+
+// Limits bound what one request may carry. They are enforced before
+// anything is copied or changed, and a request over a limit is answered with
+// out_of_range naming the field.
+type Limits struct {
+	// MaxTokens bounds len(token_ids) in /query.
+	MaxTokens int
+	// MaxIdentityBytes bounds instance_id, modelname/model, tenant_id,
+	// type and endpoints.
+	MaxIdentityBytes int
+	// MaxNameBytes bounds lora_name and cache_salt, which enter hashed bytes;
+	// engines hash names this long, so the limit is generous.
+	MaxNameBytes int
+}
+
+// DefaultLimits are the documented defaults (README "Limits").
+func DefaultLimits() Limits {
+	return Limits{MaxTokens: 2 << 20, MaxIdentityBytes: 1024, MaxNameBytes: 256 << 10}
+}
+
+// DefaultTenant is what an empty or omitted tenant_id means.
+const DefaultTenant = "default"
+
+// DecodeRegister's result is a registry.Service: the registry is the only
+// consumer and a second struct of the same fields would only drift.
+
+const (
+	regEndpoint = iota
+	regReplayEndpoint
+	regType
+	regModelName
+	regLoraName
+	regTenantID
+	regInstanceID
+	regBlockSize
+	regDPRank
+	regHashProfile
+	regCacheGroup
+)
+
+// DecodeRegister decodes and validates a /register body, including the hash
+// profile's resolution; on error nothing has been changed anywhere.
+func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
+	var r registry.Service
+	c, n, e := open(body)
+	if e != nil {
+		return r, e
+	}
+	var seen fieldSet
+	var spec hashing.Spec
+	for i := 0; i < n; i++ {
+		k, e := c.key("")
+		if e != nil {
+			return r, e
+		}
+		switch string(k) {
+		case "endpoint":
+			if e = seen.mark(regEndpoint, "endpoint"); e == nil {
+				r.Endpoint, e = c.str("endpoint", lim.MaxIdentityBytes)
+			}
+		case "replay_endpoint":
+			if e = seen.mark(regReplayEndpoint, "replay_endpoint"); e == nil {
+				r.ReplayEndpoint, e = c.str("replay_endpoint", lim.MaxIdentityBytes)
+			}
+		case "type":
+			if e = seen.mark(regType, "type"); e == nil {
+				r.Type, e = c.str("type", lim.MaxIdentityBytes)
+			}
+		case "modelname":
+			if e = seen.mark(regModelName, "modelname"); e == nil {
+				r.ModelName, e = c.str("modelname", lim.MaxIdentityBytes)
+			}
+		case "lora_name":
+			if e = seen.mark(regLoraName, "lora_name"); e == nil {
+				r.LoraName, e = c.str("lora_name", lim.MaxNameBytes)
+			}
+		case "tenant_id":
+			if e = seen.mark(regTenantID, "tenant_id"); e == nil {
+				r.TenantID, e = c.str("tenant_id", lim.MaxIdentityBytes)
+			}
+		case "instance_id":
+			if e = seen.mark(regInstanceID, "instance_id"); e == nil {
+				r.InstanceID, e = c.str("instance_id", lim.MaxIdentityBytes)
+			}
+		case "block_size":
+			if e = seen.mark(regBlockSize, "block_size"); e == nil {
+				r.BlockSize, e = blockSize(&c)
+			}
+		case "dp_rank":
+			if e = seen.mark(regDPRank, "dp_rank"); e == nil {
+				var v int64
+				v, e = c.intField("dp_rank", 0, maxInt32)
+				r.DPRank = int(v)
+			}
+		case "hash_profile":
+			if e = seen.mark(regHashProfile, "hash_profile"); e == nil {
+				spec, e = decodeSpec(&c, lim)
+			}
+		case "cache_group":
+			if e = seen.mark(regCacheGroup, "cache_group"); e == nil {
+				r.CacheGroup, e = cacheGroup(&c)
+			}
+		default:
+			return r, Errorf(UnknownField, string(k), "unknown field %q", string(k))
+		}
+		if e != nil {
+			return r, e
+		}
+	}
+	for _, req := range []struct {
+		bit   int
+		field string
+	}{
+		{regEndpoint, "endpoint"}, {regType, "type"}, {regModelName, "modelname"},
+		{regInstanceID, "instance_id"}, {regBlockSize, "block_size"}, {regDPRank, "dp_rank"},
+		{regHashProfile, "hash_profile"},
+	} {
+		if !seen.has(req.bit) {
+			return r, Errorf(Missing, req.field, "%s is required", req.field)
+		}
+	}
+	if r.TenantID == "" {
+		r.TenantID = DefaultTenant
+	}
+	if e := validateRegister(&r, spec); e != nil {
+		return r, e
+	}
+	return r, nil
+}
+
+func validateRegister(r *registry.Service, spec hashing.Spec) *Error {
+	switch r.Type {
+	case registry.TypeVLLM, registry.TypeSGLang, registry.TypeMooncake:
+	default:
+		return Errorf(InvalidValue, "type", "type must be vLLM, SGLang or Mooncake, got %q", r.Type)
+	}
+	if r.InstanceID == "" {
+		return Errorf(InvalidValue, "instance_id", "instance_id must not be empty")
+	}
+	if r.ModelName == "" {
+		return Errorf(InvalidValue, "modelname", "modelname must not be empty")
+	}
+	if err := ValidateEndpoint(r.Endpoint); err != nil {
+		return Errorf(InvalidValue, "endpoint", "endpoint %v", err)
+	}
+	if r.ReplayEndpoint != "" {
+		if err := ValidateEndpoint(r.ReplayEndpoint); err != nil {
+			return Errorf(InvalidValue, "replay_endpoint", "replay_endpoint %v", err)
+		}
+	}
+	if spec.Strategy == "vllm_v1" && spec.PythonHashSeed == nil {
+		return Errorf(Missing, "hash_profile.python_hash_seed", "python_hash_seed is required for strategy vllm_v1")
+	}
+	p, err := hashing.Resolve(spec)
+	if err != nil {
+		var pe *hashing.ProfileError
+		if errors.As(err, &pe) {
+			return Errorf(InvalidValue, "hash_profile."+pe.Member, "%s", pe.Msg)
+		}
+		return Errorf(InvalidValue, "hash_profile", "%v", err)
+	}
+	switch {
+	case r.Type == registry.TypeVLLM && p.Strategy != "vllm_v1":
+		return Errorf(InvalidValue, "hash_profile.strategy", "a vLLM publisher hashes with strategy vllm_v1, got %q", p.Strategy)
+	case r.Type == registry.TypeSGLang && p.Strategy == "vllm_v1":
+		return Errorf(InvalidValue, "hash_profile.strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
+	}
+	r.Profile = p
+	return nil
+}
+
+func blockSize(c *cursor) (int, *Error) {
+	if k := c.peek(); k != kindInt {
+		return 0, Errorf(InvalidType, "block_size", "block_size must be an integer, got %s", k)
+	}
+	v, ok := int64Range(c.integer())
+	if ok && v <= 0 {
+		// The contract's own example answers invalid_value here.
+		return 0, Errorf(InvalidValue, "block_size", "block_size must be positive")
+	}
+	if !ok || v > maxInt32 {
+		return 0, Errorf(OutOfRange, "block_size", "block_size must be at most %d", maxInt32)
+	}
+	return int(v), nil
+}
+
+func cacheGroup(c *cursor) (*int, *Error) {
+	switch k := c.peek(); k {
+	case kindNil:
+		c.p++
+		return nil, nil
+	case kindInt:
+		v, neg := c.integer()
+		if neg || v != 0 {
+			return nil, Errorf(Unsupported, "cache_group", "only cache_group 0 is supported")
+		}
+		zero := 0
+		return &zero, nil
+	default:
+		return nil, Errorf(InvalidType, "cache_group", "cache_group must be an integer or nil, got %s", k)
+	}
+}
+
+const (
+	hpStrategy = iota
+	hpAlgorithm
+	hpProjection
+	hpSeed
+)
+
+func decodeSpec(c *cursor, lim Limits) (hashing.Spec, *Error) {
+	var s hashing.Spec
+	if k := c.peek(); k != kindMap {
+		return s, Errorf(InvalidType, "hash_profile", "hash_profile must be a map, got %s", k)
+	}
+	n := c.length()
+	var seen fieldSet
+	for i := 0; i < n; i++ {
+		k, e := c.key("hash_profile")
+		if e != nil {
+			return s, e
+		}
+		switch string(k) {
+		case "strategy":
+			if e = seen.mark(hpStrategy, "hash_profile.strategy"); e == nil {
+				s.Strategy, e = c.str("hash_profile.strategy", lim.MaxIdentityBytes)
+			}
+		case "algorithm":
+			if e = seen.mark(hpAlgorithm, "hash_profile.algorithm"); e == nil {
+				s.Algorithm, e = c.str("hash_profile.algorithm", lim.MaxIdentityBytes)
+			}
+		case "index_projection":
+			if e = seen.mark(hpProjection, "hash_profile.index_projection"); e == nil {
+				s.IndexProjection, e = c.str("hash_profile.index_projection", lim.MaxIdentityBytes)
+			}
+		case "python_hash_seed":
+			if e = seen.mark(hpSeed, "hash_profile.python_hash_seed"); e == nil {
+				if c.peek() == kindNil {
+					c.p++
+					break
+				}
+				var seed string
+				seed, e = c.str("hash_profile.python_hash_seed", lim.MaxIdentityBytes)
+				s.PythonHashSeed = &seed
+			}
+		default:
+			f := "hash_profile." + string(k)
+			return s, Errorf(UnknownField, f, "unknown field %q", f)
+		}
+		if e != nil {
+			return s, e
+		}
+	}
+	for _, req := range []struct {
+		bit   int
+		field string
+	}{{hpStrategy, "strategy"}, {hpAlgorithm, "algorithm"}, {hpProjection, "index_projection"}} {
+		if !seen.has(req.bit) {
+			return s, Errorf(Missing, "hash_profile."+req.field, "hash_profile.%s is required", req.field)
+		}
+	}
+	return s, nil
+}
+
+// ValidateEndpoint accepts the endpoints this service can connect a SUB or
+// DEALER socket to: tcp://host:port with a concrete host (the service never
+// binds, so wildcards are meaningless) and ipc://path.
+func ValidateEndpoint(ep string) error {
+	switch {
+	case strings.HasPrefix(ep, "tcp://"):
+		host, port, err := net.SplitHostPort(ep[len("tcp://"):])
+		if err != nil {
+			return errors.New("must be tcp://host:port or ipc://path")
+		}
+		if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
+			return errors.New("must name a reachable host, not a wildcard")
+		}
+		if strings.ContainsAny(host, "/ \t;") {
+			return errors.New("has an invalid host")
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 1 || p > 65535 {
+			return errors.New("must have a port in 1..65535")
+		}
+		return nil
+	case strings.HasPrefix(ep, "ipc://"):
+		if len(ep) == len("ipc://") {
+			return errors.New("must have a path after ipc://")
+		}
+		if strings.ContainsRune(ep, 0) {
+			return errors.New("must not contain NUL")
+		}
+		return nil
+	}
+	return errors.New("must be tcp://host:port or ipc://path")
+}
+
+// UnregisterRequest is a validated /unregister body.
+type UnregisterRequest struct {
+	InstanceID string
+	TenantID   string
+	DPRank     int
+}
+
+// DecodeUnregister decodes and validates an /unregister body.
+func DecodeUnregister(body []byte, lim Limits) (UnregisterRequest, *Error) {
+	var r UnregisterRequest
+	c, n, e := open(body)
+	if e != nil {
+		return r, e
+	}
+	var seen fieldSet
+	for i := 0; i < n; i++ {
+		k, e := c.key("")
+		if e != nil {
+			return r, e
+		}
+		switch string(k) {
+		case "instance_id":
+			if e = seen.mark(0, "instance_id"); e == nil {
+				r.InstanceID, e = c.str("instance_id", lim.MaxIdentityBytes)
+			}
+		case "tenant_id":
+			if e = seen.mark(1, "tenant_id"); e == nil {
+				r.TenantID, e = c.str("tenant_id", lim.MaxIdentityBytes)
+			}
+		case "dp_rank":
+			if e = seen.mark(2, "dp_rank"); e == nil {
+				var v int64
+				v, e = c.intField("dp_rank", 0, maxInt32)
+				r.DPRank = int(v)
+			}
+		default:
+			return r, Errorf(UnknownField, string(k), "unknown field %q", string(k))
+		}
+		if e != nil {
+			return r, e
+		}
+	}
+	if !seen.has(0) {
+		return r, Errorf(Missing, "instance_id", "instance_id is required")
+	}
+	if !seen.has(2) {
+		return r, Errorf(Missing, "dp_rank", "dp_rank is required")
+	}
+	if r.InstanceID == "" {
+		return r, Errorf(InvalidValue, "instance_id", "instance_id must not be empty")
+	}
+	if r.TenantID == "" {
+		r.TenantID = DefaultTenant
+	}
+	return r, nil
+}
+
+// QueryRequest is a validated /query body. Its strings are views into the
+// request body and are valid only while the body is; Tokens is reused
+// across requests, so a pooled QueryRequest decodes without allocating once
+// its token buffer has grown.
+type QueryRequest struct {
+	Model      string
+	LoraName   string
+	TenantID   string
+	InstanceID string
+	CacheSalt  string
+	BlockSize  int
+	Tokens     []int32
+}
+
+const (
+	qModel = iota
+	qLoraName
+	qTokenIDs
+	qTenantID
+	qInstanceID
+	qBlockSize
+	qCacheSalt
+)
+
+// DecodeQuery decodes and validates a /query body into q, reusing q.Tokens.
+func DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
+	tokens := q.Tokens[:0]
+	*q = QueryRequest{Tokens: tokens}
+	c, n, e := open(body)
+	if e != nil {
+		return e
+	}
+	var seen fieldSet
+	for i := 0; i < n; i++ {
+		k, e := c.key("")
+		if e != nil {
+			return e
+		}
+		switch string(k) {
+		case "model":
+			if e = seen.mark(qModel, "model"); e == nil {
+				q.Model, e = c.strView("model", lim.MaxIdentityBytes)
+			}
+		case "lora_name":
+			if e = seen.mark(qLoraName, "lora_name"); e == nil {
+				q.LoraName, e = c.strView("lora_name", lim.MaxNameBytes)
+			}
+		case "token_ids":
+			if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
+				q.Tokens, e = decodeTokens(&c, lim, q.Tokens)
+			}
+		case "tenant_id":
+			if e = seen.mark(qTenantID, "tenant_id"); e == nil {
+				q.TenantID, e = c.strView("tenant_id", lim.MaxIdentityBytes)
+			}
+		case "instance_id":
+			if e = seen.mark(qInstanceID, "instance_id"); e == nil {
+				q.InstanceID, e = c.strView("instance_id", lim.MaxIdentityBytes)
+			}
+		case "block_size":
+			if e = seen.mark(qBlockSize, "block_size"); e == nil {
+				q.BlockSize, e = blockSize(&c)
+			}
+		case "cache_salt":
+			if e = seen.mark(qCacheSalt, "cache_salt"); e == nil {
+				q.CacheSalt, e = c.strOrNilView("cache_salt", lim.MaxNameBytes)
+			}
+		default:
+			return Errorf(UnknownField, string(k), "unknown field %q", string(k))
+		}
+		if e != nil {
+			return e
+		}
+	}
+	switch {
+	case !seen.has(qModel):
+		return Errorf(Missing, "model", "model is required")
+	case !seen.has(qBlockSize):
+		return Errorf(Missing, "block_size", "block_size is required")
+	case !seen.has(qTokenIDs):
+		return Errorf(Missing, "token_ids", "token_ids is required")
+	case q.Model == "":
+		return Errorf(InvalidValue, "model", "model must not be empty")
+	}
+	if q.TenantID == "" {
+		q.TenantID = DefaultTenant
+	}
+	return nil
+}
+
+// decodeTokens reads token_ids as an array of int32-range integers or as a
+// bin of little-endian int32 values.
+func decodeTokens(c *cursor, lim Limits, dst []int32) ([]int32, *Error) {
+	const field = "token_ids"
+	switch k := c.peek(); k {
+	case kindArray:
+		n := c.length()
+		if n > lim.MaxTokens {
+			return dst, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
+		}
+		dst = grow(dst, n)
+		for i := 0; i < n; i++ {
+			if k := c.peek(); k != kindInt {
+				return dst, elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
+			}
+			v, ok := int64Range(c.integer())
+			if !ok || v < math.MinInt32 || v > math.MaxInt32 {
+				return dst, elemErrorf(OutOfRange, field, i, "token_ids[%d] is outside the int32 range", i)
+			}
+			dst[i] = int32(v)
+		}
+		return dst, nil
+	case kindBin:
+		b := c.bytes()
+		if len(b)%4 != 0 {
+			return dst, Errorf(InvalidValue, field, "binary token_ids must be a multiple of 4 bytes, got %d", len(b))
+		}
+		n := len(b) / 4
+		if n > lim.MaxTokens {
+			return dst, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
+		}
+		dst = grow(dst, n)
+		for i := range dst {
+			dst[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+		return dst, nil
+	default:
+		return dst, Errorf(InvalidType, field, "token_ids must be an array of integers or a binary of little-endian int32, got %s", k)
+	}
+}
+
+func grow(dst []int32, n int) []int32 {
+	if cap(dst) < n {
+		return make([]int32, n)
+	}
+	return dst[:n]
+}

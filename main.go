@@ -1,0 +1,124 @@
+// Command conductor is a drop-in replacement for Mooncake Conductor: it
+// subscribes to KV-cache events from inference engines and the Mooncake
+// Store master and tells routers where a prompt's KV cache already lives.
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/server"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "conductor:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	cfg, err := config.Load(args, os.Getenv)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg)
+	for _, w := range cfg.Warnings {
+		log.Warn().Msg(w)
+	}
+
+	ix := index.New(index.Options{})
+	counters := subscriber.NewCounters()
+	reg := registry.New(registry.Options{
+		Index:  ix,
+		Start:  sourceFactory(log, counters),
+		Logger: log,
+	})
+	defer reg.Close()
+	for _, st := range cfg.Static {
+		if _, err := reg.Register(st.Service); err != nil {
+			return fmt.Errorf("static registration %q: %w", st.Name, err)
+		}
+	}
+
+	srv := server.New(server.Options{Registry: reg, Index: ix, Logger: log})
+	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-sig.Done():
+	}
+	log.Info().Msg("shutting down")
+	done := make(chan struct{})
+	go func() {
+		_ = srv.Shutdown()
+		reg.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		log.Warn().Msg("shutdown took longer than 5s; exiting")
+	}
+	return nil
+}
+
+func newLogger(cfg *config.Config) zerolog.Logger {
+	zerolog.SetGlobalLevel(cfg.LogLevel)
+	var w = zerolog.New(os.Stderr)
+	if cfg.LogFormat == "console" {
+		w = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.RFC3339})
+	}
+	return w.Level(cfg.LogLevel).With().Timestamp().Logger()
+}
+
+// sourceFactory connects the registry to the ZMQ subscribers.
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.SourceFactory {
+	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
+		key := string(svc.Key())
+		return subscriber.Start(subscriber.Config{
+			Key:            key,
+			Type:           svc.Type,
+			Endpoint:       svc.Endpoint,
+			ReplayEndpoint: svc.ReplayEndpoint,
+			DPRank:         svc.DPRank,
+			Context:        svc.Context(),
+			Profile:        svc.Profile,
+			Engine:         b.Table,
+			Owner:          b.Owner,
+			Lookup: func(ctx index.ContextKey) (subscriber.SharedSink, *hashing.Profile, bool) {
+				t, ok := b.Lookup(ctx)
+				if !ok {
+					return nil, nil, false
+				}
+				return t, t.Profile(), true
+			},
+			Logger:   log.With().Str("service", key).Logger(),
+			Counters: counters,
+		})
+	}
+}

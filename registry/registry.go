@@ -1,0 +1,362 @@
+// Package registry owns the set of registered publishers: it enforces the
+// contract's registration rules, binds each context to one hash profile, and
+// starts and stops the event source behind every service.
+package registry
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+// Service types, as the contract spells them.
+const (
+	TypeVLLM     = "vLLM"
+	TypeSGLang   = "SGLang"
+	TypeMooncake = "Mooncake"
+)
+
+// ServiceKey identifies a registration: instance_id|tenant_id|dp_rank.
+type ServiceKey string
+
+// KeyOf builds the service key the contract defines.
+func KeyOf(instanceID, tenantID string, dpRank int) ServiceKey {
+	return ServiceKey(instanceID + "|" + tenantID + "|" + strconv.Itoa(dpRank))
+}
+
+// Service is one publisher's registration, with its resolved hash profile.
+type Service struct {
+	Endpoint       string
+	ReplayEndpoint string
+	Type           string
+	ModelName      string
+	LoraName       string
+	TenantID       string
+	InstanceID     string
+	BlockSize      int
+	DPRank         int
+	// CacheGroup is nil when the client sent none; otherwise 0.
+	CacheGroup *int
+	Profile    hashing.Profile
+}
+
+// Key is the service's registry key.
+func (s *Service) Key() ServiceKey { return KeyOf(s.InstanceID, s.TenantID, s.DPRank) }
+
+// Context is the index context the service's blocks belong to.
+func (s *Service) Context() index.ContextKey {
+	return index.ContextKey{Tenant: s.TenantID, Model: s.ModelName, Lora: s.LoraName, BlockSize: s.BlockSize}
+}
+
+// IsEngine reports whether the service is an engine (vLLM or SGLang), whose
+// instance is a scheduling target, rather than a Mooncake master stream.
+func (s *Service) IsEngine() bool { return s.Type != TypeMooncake }
+
+// sameConfig reports whether two registrations are identical; nil and 0
+// cache groups both mean group 0.
+func sameConfig(a, b *Service) bool {
+	ac, bc := *a, *b
+	ac.CacheGroup, bc.CacheGroup = nil, nil
+	return ac == bc
+}
+
+// Source is a running event subscription. Stop must be idempotent, close
+// everything it opened and retract everything it contributed to the index.
+type Source interface {
+	Stop()
+	Stale() bool
+}
+
+// Binding is what a source needs from the registry: its table and engine
+// owner (engines only), and a lookup from an event's context to the table
+// bound by an engine registration (Mooncake streams name contexts per event).
+type Binding struct {
+	Table  *index.Table
+	Owner  index.OwnerID
+	Lookup func(index.ContextKey) (*index.Table, bool)
+}
+
+// SourceFactory starts the event source for a service.
+type SourceFactory func(svc Service, b Binding) (Source, error)
+
+// Options configure a Registry.
+type Options struct {
+	Index *index.Index
+	// Start starts a service's source; nil runs no sources (tests).
+	Start SourceFactory
+	// MaxServices bounds the number of registrations (default 4096).
+	MaxServices int
+	Logger      zerolog.Logger
+}
+
+// ConflictError is a registration that contradicts the existing state; the
+// API answers it with invalid_registration.
+type ConflictError struct{ Msg string }
+
+func (e *ConflictError) Error() string { return e.Msg }
+
+// Errors the API maps to statuses.
+var (
+	ErrNotFound        = errors.New("service not found")
+	ErrTooManyServices = errors.New("too many registered services")
+)
+
+type entry struct {
+	svc    Service
+	owner  index.OwnerID
+	source Source
+}
+
+type contextState struct {
+	profile  hashing.Profile
+	table    *index.Table
+	services int
+	engines  int
+}
+
+// Registry is safe for concurrent use. Register and Unregister serialize on
+// one mutex; queries never take it.
+type Registry struct {
+	opts Options
+
+	mu        sync.Mutex
+	services  map[ServiceKey]*entry
+	endpoints map[string]ServiceKey
+	contexts  map[index.ContextKey]*contextState
+
+	// bound maps contexts that have at least one engine registration to
+	// their table. It has its own lock because sources read it from their
+	// goroutines while mu may be held waiting for such a goroutine to stop.
+	boundMu sync.RWMutex
+	bound   map[index.ContextKey]*index.Table
+}
+
+// New returns an empty registry.
+func New(opts Options) *Registry {
+	if opts.MaxServices <= 0 {
+		opts.MaxServices = 4096
+	}
+	return &Registry{
+		opts:      opts,
+		services:  make(map[ServiceKey]*entry),
+		endpoints: make(map[string]ServiceKey),
+		contexts:  make(map[index.ContextKey]*contextState),
+		bound:     make(map[index.ContextKey]*index.Table),
+	}
+}
+
+// Lookup returns the table of a context bound by an engine registration.
+func (r *Registry) Lookup(ctx index.ContextKey) (*index.Table, bool) {
+	r.boundMu.RLock()
+	t, ok := r.bound[ctx]
+	r.boundMu.RUnlock()
+	return t, ok
+}
+
+// Register adds svc, or confirms an identical registration. An identical
+// registration of a stale service restarts its source, since registering
+// again is the only in-band way out of the stale state. It reports whether
+// anything changed.
+func (r *Registry) Register(svc Service) (changed bool, err error) {
+	key := svc.Key()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	if old, ok := r.services[key]; ok {
+		if !sameConfig(&old.svc, &svc) {
+			return false, &ConflictError{Msg: fmt.Sprintf("service %s is already registered with a different configuration", key)}
+		}
+		if old.source == nil || !old.source.Stale() {
+			return false, nil
+		}
+		old.source.Stop()
+		if old.svc.IsEngine() {
+			// The stale source retracted its blocks; start clean.
+			r.contexts[old.svc.Context()].table.ClearOwner(old.owner, index.AllEngineTiers)
+		}
+		src, err := r.start(old.svc, old.owner)
+		if err != nil {
+			old.source = nil
+			return false, err
+		}
+		old.source = src
+		r.opts.Logger.Info().Str("service", string(key)).Msg("stale service restarted by re-registration")
+		return true, nil
+	}
+	if other, ok := r.endpoints[svc.Endpoint]; ok {
+		return false, &ConflictError{Msg: fmt.Sprintf("endpoint %s is already used by service %s", svc.Endpoint, other)}
+	}
+	ctxKey := svc.Context()
+	cs := r.contexts[ctxKey]
+	if cs != nil && cs.profile != svc.Profile {
+		return false, &ConflictError{Msg: "every service of a context must use the same hash profile; this context is bound to another one"}
+	}
+	if len(r.services) >= r.opts.MaxServices {
+		return false, ErrTooManyServices
+	}
+
+	if cs == nil {
+		cs = &contextState{profile: svc.Profile, table: r.opts.Index.EnsureTable(ctxKey, svc.Profile)}
+		r.contexts[ctxKey] = cs
+	}
+	e := &entry{svc: svc}
+	if svc.IsEngine() {
+		e.owner = cs.table.AddEngineOwner(svc.InstanceID, svc.DPRank)
+	}
+	src, err := r.start(svc, e.owner)
+	if err != nil {
+		if svc.IsEngine() {
+			cs.table.RemoveEngineOwner(e.owner)
+		}
+		if cs.services == 0 {
+			delete(r.contexts, ctxKey)
+			r.opts.Index.DropTable(ctxKey)
+		}
+		return false, err
+	}
+	e.source = src
+	cs.services++
+	if svc.IsEngine() {
+		cs.engines++
+		if cs.engines == 1 {
+			r.boundMu.Lock()
+			r.bound[ctxKey] = cs.table
+			r.boundMu.Unlock()
+		}
+	}
+	r.services[key] = e
+	r.endpoints[svc.Endpoint] = key
+	r.opts.Logger.Info().Str("service", string(key)).Str("type", svc.Type).Str("endpoint", svc.Endpoint).Msg("service registered")
+	return true, nil
+}
+
+func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
+	if r.opts.Start == nil {
+		return nil, nil
+	}
+	cs := r.contexts[svc.Context()]
+	src, err := r.opts.Start(svc, Binding{Table: cs.table, Owner: owner, Lookup: r.Lookup})
+	if err != nil {
+		return nil, fmt.Errorf("start source for %s: %w", svc.Key(), err)
+	}
+	return src, nil
+}
+
+// Unregister stops the service's source, removes everything it contributed
+// and forgets the context when its last service goes.
+func (r *Registry) Unregister(key ServiceKey) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.services[key]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	r.remove(key, e)
+	r.opts.Logger.Info().Str("service", string(key)).Msg("service unregistered")
+	return nil
+}
+
+func (r *Registry) remove(key ServiceKey, e *entry) {
+	delete(r.services, key)
+	delete(r.endpoints, e.svc.Endpoint)
+	ctxKey := e.svc.Context()
+	cs := r.contexts[ctxKey]
+	if e.svc.IsEngine() {
+		cs.engines--
+		if cs.engines == 0 {
+			r.boundMu.Lock()
+			delete(r.bound, ctxKey)
+			r.boundMu.Unlock()
+		}
+	}
+	if e.source != nil {
+		e.source.Stop()
+	}
+	if e.svc.IsEngine() {
+		cs.table.RemoveEngineOwner(e.owner)
+	}
+	cs.services--
+	if cs.services == 0 {
+		delete(r.contexts, ctxKey)
+		r.opts.Index.DropTable(ctxKey)
+	}
+}
+
+// Close unregisters every service, stopping all sources.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for key, e := range r.services {
+		r.remove(key, e)
+	}
+}
+
+// ServiceStatus is a registration as read endpoints show it.
+type ServiceStatus struct {
+	Service
+	Stale bool
+}
+
+// Services lists registrations ordered by service key.
+func (r *Registry) Services() []ServiceStatus {
+	r.mu.Lock()
+	out := make([]ServiceStatus, 0, len(r.services))
+	for _, e := range r.services {
+		out = append(out, ServiceStatus{Service: e.svc, Stale: e.source != nil && e.source.Stale()})
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return out
+}
+
+// StaleCount is the number of registrations whose source has gone stale.
+func (r *Registry) StaleCount() int {
+	n := 0
+	for _, s := range r.Services() {
+		if s.Stale {
+			n++
+		}
+	}
+	return n
+}
+
+// ContextView is one context as /global_view shows it.
+type ContextView struct {
+	Context     index.ContextKey
+	Profile     hashing.Profile
+	PrefixCount int
+	// Instances maps each engine instance to its registered ranks, sorted.
+	Instances map[string][]int
+}
+
+// Contexts lists registered contexts ordered by tenant, model, LoRA and
+// block size.
+func (r *Registry) Contexts() []ContextView {
+	r.mu.Lock()
+	out := make([]ContextView, 0, len(r.contexts))
+	for k, cs := range r.contexts {
+		out = append(out, ContextView{Context: k, Profile: cs.profile, PrefixCount: cs.table.PrefixCount(), Instances: cs.table.Instances()})
+	}
+	r.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Context, out[j].Context
+		if a.Tenant != b.Tenant {
+			return a.Tenant < b.Tenant
+		}
+		if a.Model != b.Model {
+			return a.Model < b.Model
+		}
+		if a.Lora != b.Lora {
+			return a.Lora < b.Lora
+		}
+		return a.BlockSize < b.BlockSize
+	})
+	return out
+}

@@ -1,0 +1,271 @@
+// Package server is the HTTP front door: it routes the contract's five
+// endpoints, checks method and content type, and turns handler results and
+// typed errors into MessagePack responses.
+package server
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/registry"
+)
+
+// Options configure a Server. Zero values take the documented defaults.
+type Options struct {
+	Registry *registry.Registry
+	Index    *index.Index
+	Limits   codec.Limits
+	// MaxBodyBytes bounds a request body; larger bodies get 413.
+	MaxBodyBytes int
+	// ReadTimeout and WriteTimeout bound one request's read and its
+	// response's write, so a slow client cannot hold a connection forever.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle for longer.
+	IdleTimeout time.Duration
+	// MaxConnsPerIP bounds concurrent connections from one client address
+	// (0 = unlimited).
+	MaxConnsPerIP int
+	Logger        zerolog.Logger
+}
+
+// DefaultMaxBodyBytes is the default request body limit (64 MiB), enough
+// for the maximum token count in array form.
+const DefaultMaxBodyBytes = 64 << 20
+
+// Server serves the Conductor API.
+type Server struct {
+	opts Options
+	fs   *fasthttp.Server
+}
+
+// New builds a Server; it does not listen until Serve.
+func New(opts Options) *Server {
+	if opts.Limits == (codec.Limits{}) {
+		opts.Limits = codec.DefaultLimits()
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.ReadTimeout <= 0 {
+		opts.ReadTimeout = 30 * time.Second
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 30 * time.Second
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = 120 * time.Second
+	}
+	s := &Server{opts: opts}
+	s.fs = &fasthttp.Server{
+		Handler:                       s.Handle,
+		ErrorHandler:                  s.transportError,
+		Name:                          "conductor",
+		MaxRequestBodySize:            opts.MaxBodyBytes,
+		ReadTimeout:                   opts.ReadTimeout,
+		WriteTimeout:                  opts.WriteTimeout,
+		IdleTimeout:                   opts.IdleTimeout,
+		MaxConnsPerIP:                 opts.MaxConnsPerIP,
+		NoDefaultServerHeader:         false,
+		NoDefaultContentType:          true,
+		DisablePreParseMultipartForm:  true,
+		DisableHeaderNamesNormalizing: false,
+	}
+	return s
+}
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.fs.Serve(ln) }
+
+// Shutdown stops accepting, waits for in-flight requests and closes idle
+// connections.
+func (s *Server) Shutdown() error { return s.fs.Shutdown() }
+
+// apiError is what a handler returns instead of a body: a validation error
+// rendered as the contract's 400 body, or a service-level error rendered as
+// {error} with its status.
+type apiError struct {
+	status int
+	valid  *codec.Error
+	msg    string
+}
+
+func validation(e *codec.Error) *apiError { return &apiError{status: 400, valid: e} }
+
+func serviceError(status int, msg string) *apiError { return &apiError{status: status, msg: msg} }
+
+type handler func(s *Server, ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError)
+
+type route struct {
+	method  string
+	msgpack bool // requires a MessagePack body
+	h       handler
+}
+
+var routes = map[string]route{
+	"/register":    {fasthttp.MethodPost, true, (*Server).register},
+	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister},
+	"/query":       {fasthttp.MethodPost, true, (*Server).query},
+	"/services":    {fasthttp.MethodGet, false, (*Server).services},
+	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView},
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// Handle is the fasthttp handler for every request.
+func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	bp := bufPool.Get().(*[]byte)
+	out := (*bp)[:0]
+	out, apiErr := s.dispatch(ctx, out)
+	status := fasthttp.StatusOK
+	if apiErr != nil {
+		status = apiErr.status
+		if apiErr.valid != nil {
+			out = codec.AppendError(out[:0], apiErr.valid)
+		} else {
+			out = codec.AppendMessage(out[:0], apiErr.msg)
+		}
+		if status >= 500 {
+			s.opts.Logger.Error().Str("path", string(ctx.Path())).Str("error", apiErr.msg).Msg("request failed")
+		}
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/msgpack")
+	ctx.SetBody(out)
+	*bp = out
+	bufPool.Put(bp)
+}
+
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, out []byte) (res []byte, apiErr *apiError) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.opts.Logger.Error().Interface("panic", r).Str("path", string(ctx.Path())).Msg("handler panicked")
+			res, apiErr = nil, serviceError(fasthttp.StatusInternalServerError, "internal error")
+		}
+	}()
+	rt, ok := routes[string(ctx.Path())]
+	if !ok {
+		return nil, serviceError(fasthttp.StatusNotFound, "not found: "+string(ctx.Path()))
+	}
+	if string(ctx.Method()) != rt.method {
+		ctx.Response.Header.Set("Allow", rt.method)
+		return nil, serviceError(fasthttp.StatusMethodNotAllowed, "method not allowed; use "+rt.method)
+	}
+	if rt.msgpack && !isMsgpack(ctx.Request.Header.ContentType()) {
+		return nil, validation(codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack"))
+	}
+	return rt.h(s, ctx, out)
+}
+
+var msgpackType = []byte("application/msgpack")
+
+func isMsgpack(ct []byte) bool {
+	if len(ct) < len(msgpackType) {
+		return false
+	}
+	for i := 0; i+len(msgpackType) <= len(ct); i++ {
+		if bytes.EqualFold(ct[i:i+len(msgpackType)], msgpackType) {
+			return true
+		}
+	}
+	return false
+}
+
+// transportError answers requests fasthttp could not parse, including bodies
+// over the limit, with the {error} envelope.
+func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
+	status := fasthttp.StatusBadRequest
+	msg := "malformed HTTP request"
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		status = fasthttp.StatusRequestEntityTooLarge
+		msg = "request body is over the limit"
+	}
+	var te interface{ Timeout() bool }
+	if errors.As(err, &te) && te.Timeout() {
+		status = fasthttp.StatusRequestTimeout
+		msg = "request read timed out"
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/msgpack")
+	ctx.SetBody(codec.AppendMessage(nil, msg))
+}
+
+func (s *Server) register(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	svc, e := codec.DecodeRegister(ctx.PostBody(), s.opts.Limits)
+	if e != nil {
+		return nil, validation(e)
+	}
+	if _, err := s.opts.Registry.Register(svc); err != nil {
+		var ce *registry.ConflictError
+		switch {
+		case errors.As(err, &ce):
+			return nil, validation(codec.Errorf(codec.InvalidRegistration, "", "%s", ce.Msg))
+		case errors.Is(err, registry.ErrTooManyServices):
+			return nil, validation(codec.Errorf(codec.OutOfRange, "", "the service limit is reached"))
+		default:
+			// The endpoint passed syntax checks but the source could not
+			// be set up for it.
+			return nil, validation(codec.Errorf(codec.InvalidValue, "endpoint", "cannot subscribe to endpoint: %v", err))
+		}
+	}
+	return codec.AppendRegistered(out, svc.InstanceID), nil
+}
+
+func (s *Server) unregister(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	req, e := codec.DecodeUnregister(ctx.PostBody(), s.opts.Limits)
+	if e != nil {
+		return nil, validation(e)
+	}
+	key := registry.KeyOf(req.InstanceID, req.TenantID, req.DPRank)
+	if err := s.opts.Registry.Unregister(key); err != nil {
+		if errors.Is(err, registry.ErrNotFound) {
+			return nil, serviceError(fasthttp.StatusNotFound, "service not found: "+string(key))
+		}
+		return nil, serviceError(fasthttp.StatusInternalServerError, err.Error())
+	}
+	return codec.AppendUnregistered(out, key), nil
+}
+
+// queryState is pooled so a /query allocates nothing once warm: the token
+// buffer and the result slices are reused.
+type queryState struct {
+	req codec.QueryRequest
+	res index.QueryResult
+}
+
+var queryPool = sync.Pool{New: func() any { return new(queryState) }}
+
+func (s *Server) query(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	q := queryPool.Get().(*queryState)
+	defer queryPool.Put(q)
+	if e := codec.DecodeQuery(ctx.PostBody(), s.opts.Limits, &q.req); e != nil {
+		return nil, validation(e)
+	}
+	r := &q.req
+	q.res.Instances = q.res.Instances[:0]
+	tbl := s.opts.Index.Table(index.ContextKey{Tenant: r.TenantID, Model: r.Model, Lora: r.LoraName, BlockSize: r.BlockSize})
+	if tbl != nil {
+		ch := hashing.AcquireChain()
+		ch.Reset(tbl.Profile(), r.BlockSize, r.Tokens, r.LoraName, r.CacheSalt)
+		tbl.Query(ch, r.InstanceID, &q.res)
+		hashing.ReleaseChain(ch)
+	}
+	return codec.AppendQuery(out, &q.res), nil
+}
+
+func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	return codec.AppendServices(out, s.opts.Registry.Services()), nil
+}
+
+func (s *Server) globalView(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	return codec.AppendGlobalView(out, s.opts.Registry.Contexts()), nil
+}
