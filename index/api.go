@@ -61,4 +61,6 @@ type InstanceHits struct {
 // Instances is sorted by instance id.
 type QueryResult struct {
 	Instances []InstanceHits
+
+	scratch queryScratch
 }

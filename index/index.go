@@ -1,0 +1,109 @@
+package index
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// Options tunes an Index.
+type Options struct {
+	// Stripes is the number of independently locked shards per table,
+	// rounded up to a power of two (default 64). More stripes mean less
+	// contention between ingestion and queries, at ~200 bytes each.
+	Stripes int
+}
+
+// DefaultStripes is used when Options.Stripes is not positive.
+const DefaultStripes = 64
+
+// Index holds one Table per context. Looking a table up is lock-free (a
+// copy-on-write map) because every query and every event does it, while
+// contexts come and go only on registration.
+type Index struct {
+	stripes int
+	mu      sync.Mutex // serialises writers of tables
+	tables  atomic.Pointer[map[ContextKey]*Table]
+}
+
+// New returns an empty index.
+func New(opts Options) *Index {
+	n := opts.Stripes
+	if n <= 0 {
+		n = DefaultStripes
+	}
+	ix := &Index{stripes: n}
+	m := map[ContextKey]*Table{}
+	ix.tables.Store(&m)
+	return ix
+}
+
+// Table returns the context's table, or nil when the context is unknown
+// (a query for it then answers with empty instances).
+func (ix *Index) Table(ctx ContextKey) *Table {
+	return (*ix.tables.Load())[ctx]
+}
+
+// EnsureTable returns the context's table, creating it with profile p. The
+// caller (the registry) guarantees every service of a context uses the same
+// profile, so an existing table's profile is not compared.
+func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
+	if t := ix.Table(ctx); t != nil {
+		return t
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	old := *ix.tables.Load()
+	if t := old[ctx]; t != nil {
+		return t
+	}
+	t := newTable(ctx, p, ix.stripes)
+	m := make(map[ContextKey]*Table, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[ctx] = t
+	ix.tables.Store(&m)
+	return t
+}
+
+// DropTable forgets a context and frees its memory. Goroutines still holding
+// the *Table may keep calling it: writes become no-ops and queries answer
+// empty, so a late event cannot bring a dropped context back.
+func (ix *Index) DropTable(ctx ContextKey) {
+	ix.mu.Lock()
+	old := *ix.tables.Load()
+	t := old[ctx]
+	if t != nil {
+		m := make(map[ContextKey]*Table, len(old))
+		for k, v := range old {
+			if k != ctx {
+				m[k] = v
+			}
+		}
+		ix.tables.Store(&m)
+	}
+	ix.mu.Unlock()
+	if t != nil {
+		t.drop()
+	}
+}
+
+// Tables returns a snapshot of all tables sorted by (Tenant, Model, Lora,
+// BlockSize), the order /global_view reports them in.
+func (ix *Index) Tables() []*Table {
+	m := *ix.tables.Load()
+	out := make([]*Table, 0, len(m))
+	for _, t := range m {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b *Table) int {
+		x, y := a.ctx, b.ctx
+		return cmp.Or(cmp.Compare(x.Tenant, y.Tenant), cmp.Compare(x.Model, y.Model),
+			cmp.Compare(x.Lora, y.Lora), cmp.Compare(x.BlockSize, y.BlockSize))
+	})
+	return out
+}

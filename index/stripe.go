@@ -1,0 +1,392 @@
+package index
+
+import "sync"
+
+// Tier bits inside a pair's mask and a block's union mask. Their order is the
+// cumulative order of the contract, which lets the query derive "which
+// cumulative tiers does this block extend" from the lowest set bit.
+const (
+	bitDevice = 1 << Device
+	bitLocal  = 1 << CPULocal
+	bitShare  = 1 << CPUShare
+	bitDisk   = 1 << Disk
+
+	maskBits  = 4
+	tierBits  = 1<<maskBits - 1
+	engineBit = bitDevice | bitLocal | bitDisk
+)
+
+// pair is one holder's entry on a block, 8 bytes.
+//
+// own packs OwnerID<<4 | tier mask; own == 0 marks an empty pair. Shared
+// holders use owner id 0 and exactly one of bitShare/bitDisk, and keep their
+// reference count in aux. Engine owners keep in aux the position of the block
+// in the owner's reverse list of the same stripe, so that list supports O(1)
+// removal without a map.
+type pair struct {
+	own uint32
+	aux uint32
+}
+
+func (p pair) id() OwnerID  { return OwnerID(p.own >> maskBits) }
+func (p pair) mask() uint8 { return uint8(p.own & tierBits) }
+
+// block is one distinct key of a stripe, 24 bytes. The first holder lives
+// inline because most blocks have exactly one; further holders live in an
+// overflow list addressed by ext.
+type block struct {
+	key   uint64
+	first pair
+	// ext is a 1-based index into stripe.ext (0: no overflow). While the
+	// block sits on the free list it holds the 1-based next free block.
+	ext uint32
+	// mask is the union of the tiers any holder has, kept so per-tier key
+	// counts change only when a tier's first holder arrives or last leaves.
+	mask uint8
+}
+
+// stripe is one independently locked shard of a table: an open-addressing
+// index of uint32 over a slab of blocks with stable indices (the owners'
+// reverse lists refer to slab indices, so the index may rehash freely).
+type stripe struct {
+	mu sync.RWMutex
+	// dead is set when the table is dropped; every later operation is a no-op.
+	dead bool
+	// slots is a linear-probing table: 0 empty, otherwise slab index + 1.
+	// Its length is arbitrary (fastrange addressing), which lets it grow by
+	// 25% steps and stay between 64% and 80% full.
+	slots  []uint32
+	blocks []block
+	nlive  int
+	free   uint32 // 1-based head of the free block list
+	ext    [][]pair
+	extFre []uint32
+	// owned[id] lists the slab indices of blocks engine owner id holds here.
+	owned    [][]uint32
+	tierKeys [numTiers]int
+	_        [64]byte // keep neighbouring stripes' locks off one cache line
+}
+
+// mix is the splitmix64 finalizer: projected keys from tests or odd
+// publishers need not be uniform, and the stripe and slot both come from it.
+func mix(k uint64) uint64 {
+	k ^= k >> 30
+	k *= 0xbf58476d1ce4e5b9
+	k ^= k >> 27
+	k *= 0x94d049bb133111eb
+	k ^= k >> 31
+	return k
+}
+
+// home maps a hash to a slot of a table of n slots without a power-of-two
+// restriction.
+func home(h uint64, n int) int {
+	return int((uint64(uint32(h)) * uint64(n)) >> 32)
+}
+
+// find returns the slab index of key, or -1.
+func (s *stripe) find(key, h uint64) int {
+	n := len(s.slots)
+	if n == 0 {
+		return -1
+	}
+	i := home(h, n)
+	for {
+		v := s.slots[i]
+		if v == 0 {
+			return -1
+		}
+		if s.blocks[v-1].key == key {
+			return int(v - 1)
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+// findOrInsert returns the slab index of key, creating an empty block.
+func (s *stripe) findOrInsert(key, h uint64) int {
+	if (s.nlive+1)*5 > len(s.slots)*4 {
+		s.resize(s.nlive + 1)
+	}
+	n := len(s.slots)
+	i := home(h, n)
+	for {
+		v := s.slots[i]
+		if v == 0 {
+			break
+		}
+		if s.blocks[v-1].key == key {
+			return int(v - 1)
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+	var idx uint32
+	if s.free != 0 {
+		idx = s.free - 1
+		s.free = s.blocks[idx].ext
+		s.blocks[idx] = block{key: key}
+	} else {
+		idx = uint32(len(s.blocks))
+		s.blocks = append(s.blocks, block{key: key})
+	}
+	s.slots[i] = idx + 1
+	s.nlive++
+	return int(idx)
+}
+
+// resize rebuilds slots for want live keys at 64% load: growth steps are
+// 25%, so the table never holds more than ~1.56 slots per key (≤ 6.25 B).
+func (s *stripe) resize(want int) {
+	n := want * 100 / 64
+	if n < 8 {
+		n = 8
+	}
+	slots := make([]uint32, n)
+	for _, v := range s.slots {
+		if v == 0 {
+			continue
+		}
+		i := home(mix(s.blocks[v-1].key), n)
+		for slots[i] != 0 {
+			if i++; i == n {
+				i = 0
+			}
+		}
+		slots[i] = v
+	}
+	s.slots = slots
+}
+
+// deleteBlock removes an empty block from the index (backward-shift, no
+// tombstones) and puts its slab entry on the free list.
+func (s *stripe) deleteBlock(idx int, h uint64) {
+	n := len(s.slots)
+	i := home(h, n)
+	for s.slots[i] != uint32(idx+1) {
+		if i++; i == n {
+			i = 0
+		}
+	}
+	j := i
+	for {
+		if j++; j == n {
+			j = 0
+		}
+		v := s.slots[j]
+		if v == 0 {
+			break
+		}
+		hj := home(mix(s.blocks[v-1].key), n)
+		// The entry at j may fill the hole at i when i lies cyclically in
+		// [hj, j], i.e. moving it keeps it reachable from its home.
+		if (j-hj+n)%n >= (j-i+n)%n {
+			s.slots[i] = v
+			i = j
+		}
+	}
+	s.slots[i] = 0
+	if b := &s.blocks[idx]; b.ext != 0 {
+		s.freeExt(b.ext)
+	}
+	s.blocks[idx] = block{ext: s.free}
+	s.free = uint32(idx + 1)
+	s.nlive--
+	if s.nlive == 0 {
+		// Give everything back when a stripe empties (e.g. after a drop of
+		// all owners); a steady-state cache never gets here.
+		s.slots, s.blocks, s.free, s.ext, s.extFre = nil, nil, 0, nil, nil
+	} else if len(s.slots) > 64 && s.nlive*4 < len(s.slots) {
+		s.resize(s.nlive)
+	}
+}
+
+// overflow returns the block's holders after the first.
+func (s *stripe) overflow(b *block) []pair {
+	if b.ext == 0 {
+		return nil
+	}
+	return s.ext[b.ext-1]
+}
+
+// pairAt addresses a holder: k == -1 is the inline pair, k >= 0 overflow[k].
+func (s *stripe) pairAt(b *block, k int) *pair {
+	if k < 0 {
+		return &b.first
+	}
+	return &s.ext[b.ext-1][k]
+}
+
+const noPair = -2
+
+// findEngine returns the position of engine owner id's pair, or noPair.
+func (s *stripe) findEngine(b *block, id OwnerID) int {
+	if b.first.own != 0 && b.first.id() == id {
+		return -1
+	}
+	for k, p := range s.overflow(b) {
+		if p.id() == id {
+			return k
+		}
+	}
+	return noPair
+}
+
+// findShared returns the position of the shared pair for one tier bit.
+func (s *stripe) findShared(b *block, bit uint32) int {
+	if b.first.own == bit {
+		return -1
+	}
+	for k, p := range s.overflow(b) {
+		if p.own == bit {
+			return k
+		}
+	}
+	return noPair
+}
+
+// addPair appends a holder to the block.
+func (s *stripe) addPair(b *block, p pair) {
+	if b.first.own == 0 {
+		b.first = p
+		return
+	}
+	if b.ext == 0 {
+		if n := len(s.extFre); n > 0 {
+			b.ext = s.extFre[n-1]
+			s.extFre = s.extFre[:n-1]
+		} else {
+			s.ext = append(s.ext, nil)
+			b.ext = uint32(len(s.ext))
+		}
+	}
+	s.ext[b.ext-1] = append(s.ext[b.ext-1], p)
+}
+
+// removePair deletes the holder at k, keeping the inline pair filled while
+// any overflow remains (so "first empty" means "block empty").
+func (s *stripe) removePair(b *block, k int) {
+	ov := s.overflow(b)
+	last := len(ov) - 1
+	switch {
+	case last < 0:
+		b.first = pair{}
+		return
+	case k < 0:
+		b.first = ov[last]
+	default:
+		ov[k] = ov[last]
+	}
+	ov = ov[:last]
+	s.ext[b.ext-1] = ov
+	if last == 0 {
+		s.freeExt(b.ext)
+		b.ext = 0
+	}
+}
+
+func (s *stripe) freeExt(e uint32) {
+	if cap(s.ext[e-1]) > 8 {
+		s.ext[e-1] = nil
+	} else {
+		s.ext[e-1] = s.ext[e-1][:0]
+	}
+	s.extFre = append(s.extFre, e)
+}
+
+// union recomputes the tiers held by anyone.
+func (s *stripe) union(b *block) uint8 {
+	m := b.first.mask()
+	for _, p := range s.overflow(b) {
+		m |= p.mask()
+	}
+	return m
+}
+
+// setMask records the block's new union and adjusts per-tier key counts.
+func (s *stripe) setMask(b *block, m uint8) {
+	if d := b.mask ^ m; d != 0 {
+		for t := range numTiers {
+			if d&(1<<t) != 0 {
+				if m&(1<<t) != 0 {
+					s.tierKeys[t]++
+				} else {
+					s.tierKeys[t]--
+				}
+			}
+		}
+		b.mask = m
+	}
+}
+
+// ownerAppend records that id holds slab index idx and returns its position.
+func (s *stripe) ownerAppend(id OwnerID, idx int) uint32 {
+	if int(id) >= len(s.owned) {
+		n := max(int(id)+1, 2*len(s.owned))
+		owned := make([][]uint32, n)
+		copy(owned, s.owned)
+		s.owned = owned
+	}
+	s.owned[id] = append(s.owned[id], uint32(idx))
+	return uint32(len(s.owned[id]) - 1)
+}
+
+// ownerRemoveAt deletes position pos of id's list by moving the last entry
+// into it and fixing that entry's back-pointer.
+func (s *stripe) ownerRemoveAt(id OwnerID, pos uint32) {
+	list := s.owned[id]
+	last := len(list) - 1
+	if int(pos) != last {
+		moved := list[last]
+		list[pos] = moved
+		mb := &s.blocks[moved]
+		s.pairAt(mb, s.findEngine(mb, id)).aux = pos
+	}
+	list = list[:last]
+	if cap(list) > 64 && len(list)*4 < cap(list) {
+		list = append([]uint32(nil), list...)
+	}
+	s.owned[id] = list
+}
+
+// removeEngine drops engine owner id's pair at k of block idx (already
+// unlinked from the owner's list by the caller when needed) and deletes the
+// block when nobody is left.
+func (s *stripe) settle(idx int, b *block) {
+	s.setMask(b, s.union(b))
+	if b.first.own == 0 {
+		s.deleteBlock(idx, mix(b.key))
+	}
+}
+
+// clearOwner removes tiers from every block id holds in this stripe.
+func (s *stripe) clearOwner(id OwnerID, tiers uint8) {
+	if int(id) >= len(s.owned) {
+		return
+	}
+	if tiers&engineBit == engineBit {
+		// Everything goes: no need to maintain list positions.
+		for _, idx := range s.owned[id] {
+			b := &s.blocks[idx]
+			s.removePair(b, s.findEngine(b, id))
+			s.settle(int(idx), b)
+		}
+		s.owned[id] = nil
+		return
+	}
+	for i := len(s.owned[id]) - 1; i >= 0; i-- {
+		idx := s.owned[id][i]
+		b := &s.blocks[idx]
+		k := s.findEngine(b, id)
+		p := s.pairAt(b, k)
+		p.own &^= uint32(tiers)
+		if p.mask() == 0 {
+			s.ownerRemoveAt(id, uint32(i))
+			s.removePair(b, k)
+		}
+		s.settle(int(idx), b)
+	}
+}

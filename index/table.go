@@ -1,0 +1,399 @@
+package index
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// Table is the index of one context: which engine owners and shared
+// references hold which projected keys in which tier. Keys are spread over
+// independently locked stripes so ingestion of one key never blocks queries
+// touching others.
+type Table struct {
+	ctx     ContextKey
+	profile hashing.Profile
+	shift   uint // 64 - log2(len(stripes)); stripe = mix(key) >> shift
+	stripes []stripe
+
+	// view is the immutable registration snapshot queries and writers read
+	// without locks; it is replaced wholesale under regMu.
+	view    atomic.Pointer[ownerView]
+	regMu   sync.Mutex
+	ids     map[ownerKey]OwnerID
+	next    OwnerID
+	dropped bool // under regMu
+}
+
+type ownerKey struct {
+	instance string
+	rank     int
+}
+
+// ownerView is a registration snapshot. owners is sorted by (instance,
+// rank), so every instance is a contiguous span and a query with an instance
+// filter touches only that span.
+type ownerView struct {
+	byID   []int32 // OwnerID -> position in owners, -1 when not registered
+	owners []ownerRef
+	insts  []instSpan
+}
+
+type ownerRef struct {
+	id       OwnerID
+	instance string
+	rank     int
+}
+
+type instSpan struct {
+	name   string
+	lo, hi int
+}
+
+var emptyView = &ownerView{}
+
+func newTable(ctx ContextKey, p hashing.Profile, nStripes int) *Table {
+	bits := uint(0)
+	for 1<<bits < nStripes {
+		bits++
+	}
+	t := &Table{
+		ctx:     ctx,
+		profile: p,
+		shift:   64 - bits,
+		stripes: make([]stripe, 1<<bits),
+		ids:     make(map[ownerKey]OwnerID),
+		next:    1, // 0 is the shared pseudo-owner inside pairs
+	}
+	t.view.Store(emptyView)
+	return t
+}
+
+func (t *Table) stripeFor(h uint64) *stripe {
+	if t.shift == 64 {
+		return &t.stripes[0]
+	}
+	return &t.stripes[h>>t.shift]
+}
+
+// Context returns the context the table indexes, so a caller holding only
+// the table can report it (metrics, /global_view).
+func (t *Table) Context() ContextKey { return t.ctx }
+
+// Profile returns the hash profile the context was created with; queries use
+// it to hash token ids exactly as the publishers did. Callers must not modify
+// it.
+func (t *Table) Profile() *hashing.Profile { return &t.profile }
+
+// PrefixCount returns the number of distinct keys held in any tier by
+// anyone, the prefix_count of /global_view.
+func (t *Table) PrefixCount() int {
+	n := 0
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.RLock()
+		n += s.nlive
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+// TierBlocks returns, per tier, the number of distinct keys someone holds in
+// it; it exists for metrics and costs one read lock per stripe.
+func (t *Table) TierBlocks() [4]int {
+	var out [4]int
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.RLock()
+		for k := range out {
+			out[k] += s.tierKeys[k]
+		}
+		s.mu.RUnlock()
+	}
+	return out
+}
+
+// Instances returns the registered engine instances with their sorted dp
+// ranks, as /global_view lists them. The map is freshly allocated.
+func (t *Table) Instances() map[string][]int {
+	v := t.view.Load()
+	out := make(map[string][]int, len(v.insts))
+	for _, sp := range v.insts {
+		ranks := make([]int, 0, sp.hi-sp.lo)
+		for _, o := range v.owners[sp.lo:sp.hi] {
+			ranks = append(ranks, o.rank)
+		}
+		out[sp.name] = ranks
+	}
+	return out
+}
+
+// AddEngineOwner registers (instance, rank) as an engine owner and returns
+// its id; registering again returns the same id. From now on the pair
+// appears in query results, with zeros until it stores something. Ids are
+// never reused within a table, so a late Store carrying the id of a removed
+// owner can never land on a newer one.
+func (t *Table) AddEngineOwner(instance string, rank int) OwnerID {
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	k := ownerKey{instance, rank}
+	if id, ok := t.ids[k]; ok {
+		return id
+	}
+	id := t.next
+	t.next++
+	if t.dropped {
+		return id // never registered: every use of it is a no-op
+	}
+	t.ids[k] = id
+	t.publishLocked()
+	return id
+}
+
+// RemoveEngineOwner retracts everything the owner holds and forgets it, for
+// /unregister. It is safe against concurrent Stores for the same id: the
+// owner leaves the view first and each stripe re-checks it under its lock.
+func (t *Table) RemoveEngineOwner(id OwnerID) {
+	t.regMu.Lock()
+	found := false
+	for k, v := range t.ids {
+		if v == id {
+			delete(t.ids, k)
+			found = true
+			break
+		}
+	}
+	if found {
+		t.publishLocked()
+	}
+	t.regMu.Unlock()
+	if !found {
+		return
+	}
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.Lock()
+		if !s.dead {
+			s.clearOwner(id, engineBit)
+			if int(id) < len(s.owned) {
+				s.owned[id] = nil
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// publishLocked rebuilds the registration snapshot. Registration changes
+// are rare, so a full rebuild keeps the query path free of locks.
+func (t *Table) publishLocked() {
+	v := &ownerView{
+		byID:   make([]int32, t.next),
+		owners: make([]ownerRef, 0, len(t.ids)),
+	}
+	for i := range v.byID {
+		v.byID[i] = -1
+	}
+	for k, id := range t.ids {
+		v.owners = append(v.owners, ownerRef{id: id, instance: k.instance, rank: k.rank})
+	}
+	slices.SortFunc(v.owners, func(a, b ownerRef) int {
+		if c := cmp.Compare(a.instance, b.instance); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.rank, b.rank)
+	})
+	for i, o := range v.owners {
+		v.byID[o.id] = int32(i)
+		if n := len(v.insts); n == 0 || v.insts[n-1].name != o.instance {
+			v.insts = append(v.insts, instSpan{name: o.instance, lo: i, hi: i + 1})
+		} else {
+			v.insts[n-1].hi = i + 1
+		}
+	}
+	t.view.Store(v)
+}
+
+// registered reports whether id is a current engine owner. Callers hold the
+// stripe lock, which is what orders it against RemoveEngineOwner.
+func (t *Table) registered(id OwnerID) bool {
+	v := t.view.Load()
+	return int(id) < len(v.byID) && v.byID[id] >= 0
+}
+
+func engineTierBit(tier Tier) uint32 {
+	switch tier {
+	case Device, CPULocal, Disk:
+		return 1 << tier
+	}
+	return 0
+}
+
+func sharedTierBit(tier Tier) uint32 {
+	switch tier {
+	case CPUShare, Disk:
+		return 1 << tier
+	}
+	return 0
+}
+
+// Store records that engine owner id holds key in tier (Device, CPULocal or
+// Disk; other tiers are ignored because engines cannot hold them). It is
+// idempotent, as replayed or re-asserted events require, and a no-op for an
+// unknown or removed owner.
+func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
+	bit := engineTierBit(tier)
+	if bit == 0 {
+		return
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	if s.dead || !t.registered(id) {
+		s.mu.Unlock()
+		return
+	}
+	idx := s.findOrInsert(key, h)
+	b := &s.blocks[idx]
+	if k := s.findEngine(b, id); k != noPair {
+		s.pairAt(b, k).own |= bit
+	} else {
+		pos := s.ownerAppend(id, idx)
+		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: pos})
+	}
+	s.setMask(b, b.mask|uint8(bit))
+	s.mu.Unlock()
+}
+
+// Remove retracts one tier of key from engine owner id; anything absent is a
+// no-op, since removals may refer to blocks the index never saw.
+func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
+	bit := engineTierBit(tier)
+	if bit == 0 {
+		return
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return
+	}
+	idx := s.find(key, h)
+	if idx < 0 {
+		return
+	}
+	b := &s.blocks[idx]
+	k := s.findEngine(b, id)
+	if k == noPair {
+		return
+	}
+	p := s.pairAt(b, k)
+	if p.own&bit == 0 {
+		return
+	}
+	p.own &^= bit
+	if p.mask() == 0 {
+		s.ownerRemoveAt(id, p.aux)
+		s.removePair(b, k)
+	}
+	s.settle(idx, b)
+}
+
+// ClearOwner retracts the given tiers of everything engine owner id holds:
+// vLLM's AllBlocksCleared clears Device, SGLang's all tiers, a stale source
+// AllEngineTiers. The owner stays registered. Cost is proportional to what
+// the owner holds, through its per-stripe reverse lists.
+func (t *Table) ClearOwner(id OwnerID, tiers TierMask) {
+	m := uint8(tiers) & engineBit
+	if m == 0 {
+		return
+	}
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.Lock()
+		if !s.dead {
+			s.clearOwner(id, m)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// AcquireShared adds one reference to key in a shared tier (CPUShare or
+// Disk). The Mooncake binding table calls it once per object binding, so a
+// block split into K and V objects holds two references and stays visible
+// until both are released.
+func (t *Table) AcquireShared(tier Tier, key uint64) {
+	bit := sharedTierBit(tier)
+	if bit == 0 {
+		return
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	if s.dead {
+		s.mu.Unlock()
+		return
+	}
+	idx := s.findOrInsert(key, h)
+	b := &s.blocks[idx]
+	if k := s.findShared(b, bit); k != noPair {
+		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
+			p.aux++
+		}
+	} else {
+		s.addPair(b, pair{own: bit, aux: 1})
+	}
+	s.setMask(b, b.mask|uint8(bit))
+	s.mu.Unlock()
+}
+
+// ReleaseShared drops one reference taken by AcquireShared; the key leaves
+// the shared tier with its last reference and never goes below zero.
+func (t *Table) ReleaseShared(tier Tier, key uint64) {
+	bit := sharedTierBit(tier)
+	if bit == 0 {
+		return
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return
+	}
+	idx := s.find(key, h)
+	if idx < 0 {
+		return
+	}
+	b := &s.blocks[idx]
+	k := s.findShared(b, bit)
+	if k == noPair {
+		return
+	}
+	p := s.pairAt(b, k)
+	if p.aux--; p.aux == 0 {
+		s.removePair(b, k)
+		s.settle(idx, b)
+	}
+}
+
+// drop forgets everything and turns every later operation into a no-op, so
+// goroutines still holding the table after DropTable cannot resurrect it.
+func (t *Table) drop() {
+	t.regMu.Lock()
+	t.dropped = true
+	clear(t.ids)
+	t.view.Store(emptyView)
+	t.regMu.Unlock()
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.Lock()
+		s.dead = true
+		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
+		s.nlive, s.free, s.tierKeys = 0, 0, [numTiers]int{}
+		s.mu.Unlock()
+	}
+}
