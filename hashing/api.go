@@ -33,7 +33,10 @@ type Profile struct {
 	// RootDigest is the chain root (vLLM) or the all-zero display sentinel
 	// (SGLang); it is reported in read responses.
 	RootDigest [32]byte
-	// unexported parsed selectors follow in the implementation
+
+	// kind is the parsed (strategy, algorithm) pair; zero means the
+	// Profile was not produced by Resolve and hashes nothing.
+	kind kind
 }
 
 // ProfileError reports the profile member that failed validation so the

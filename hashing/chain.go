@@ -1,0 +1,204 @@
+package hashing
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"sync"
+)
+
+// sglangSaltPrefix is "sglang-cache-salt-v1" and a zero byte; SHA-256 of it
+// followed by the salt seeds a salted SGLang event chain (§4.3).
+const sglangSaltPrefix = "sglang-cache-salt-v1\x00"
+
+// maxPooledBuf caps the encode buffer a released Chain keeps, so that one
+// query with a giant block or LoRA name does not pin memory in the pool.
+const maxPooledBuf = 256 << 10
+
+// Chain yields a query's block keys one at a time, hashing block i only when
+// Next is called for it: a prefix walk usually stops at the first miss, and
+// the blocks after it would be wasted SHA-256 work. Values are exactly those
+// of the eager definition in hashing.md, chained on full 32-byte digests.
+//
+// A Chain owns one SHA-256 state and one encode buffer that are reused for
+// every block and, through AcquireChain/ReleaseChain, across queries, so
+// steady-state hashing allocates nothing. A Chain is not safe for concurrent
+// use; it keeps a reference to the token slice given to Reset, which must not
+// be modified until the caller is done with the chain.
+type Chain struct {
+	h   hash.Hash
+	buf []byte
+
+	kind   kind
+	bs     int
+	tokens []int32
+	lora   string
+	salt   string
+
+	pos    int      // next unhashed position (token, or bigram pair)
+	limit  int      // number of positions that get hashed
+	block  int      // index of the next block
+	parent [32]byte // D_{i-1}; the vLLM root, or the SGLang salt seed
+	havePr bool     // parent is part of the next block's input
+	digest [32]byte // digest of the last block returned by Next
+}
+
+var chainPool = sync.Pool{New: func() any { return newChain() }}
+
+func newChain() *Chain {
+	return &Chain{h: sha256.New(), buf: make([]byte, 0, 512)}
+}
+
+// AcquireChain returns a Chain from a process-wide pool; pair it with
+// ReleaseChain so that buffers and hash states are recycled across queries.
+func AcquireChain() *Chain {
+	return chainPool.Get().(*Chain)
+}
+
+// ReleaseChain returns c to the pool. It drops c's references to the query
+// (tokens, names) so the pool does not keep them alive; c must not be used
+// afterwards. A nil c is ignored.
+func ReleaseChain(c *Chain) {
+	if c == nil {
+		return
+	}
+	c.tokens, c.lora, c.salt = nil, "", ""
+	c.kind, c.limit, c.pos = kindNone, 0, 0
+	if cap(c.buf) > maxPooledBuf {
+		c.buf = make([]byte, 0, 512)
+	}
+	chainPool.Put(c)
+}
+
+// Reset prepares c to produce the blocks of one query under profile p with
+// the given block size (the registered block_size). An empty lora or salt
+// means absent, matching the contract ("Empty means no salt") and vLLM's
+// truthiness test. No hashing happens here; Next does it lazily.
+//
+// A nil or zero Profile, or blockSize ≤ 0, yields no blocks. So does an
+// SGLang query containing a negative token id, which SGLang cannot hash
+// (§4.5).
+func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt string) {
+	c.tokens, c.lora, c.salt = tokens, lora, salt
+	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
+	c.havePr = false
+	c.kind = kindNone
+	if p == nil || blockSize <= 0 {
+		return
+	}
+	c.kind = p.kind
+	n := len(tokens)
+	switch c.kind {
+	case kindVLLMCBOR, kindVLLMPickle:
+		// Only full blocks are hashed; the partial tail never matches.
+		c.limit = n - n%blockSize
+		c.parent = p.RootDigest
+		c.havePr = true
+	case kindSGLang, kindSGLangBigram:
+		for _, t := range tokens {
+			if t < 0 {
+				return
+			}
+		}
+		c.limit = n
+		if c.kind == kindSGLangBigram {
+			c.limit = max(n-1, 0)
+		}
+	}
+}
+
+// Next computes the next block and returns its 64-bit index key (the
+// profile's projection of the block digest) and the number of query tokens
+// it accounts for in a hit count: B for vLLM, the page's real size for
+// SGLang's final partial page, and bigram positions for sglang_bigram, so
+// that counts never exceed n (n−1 for bigram). ok is false once the chain is
+// exhausted; further calls keep returning false.
+func (c *Chain) Next() (key uint64, covered int, ok bool) {
+	if c.pos >= c.limit {
+		return 0, 0, false
+	}
+	start := c.pos
+	end := c.limit
+	if end-start > c.bs {
+		end = start + c.bs
+	}
+	switch c.kind {
+	case kindVLLMCBOR:
+		c.buf = encodeCBORBlock(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
+	case kindVLLMPickle:
+		var fast bool
+		c.buf, fast = encodePickleBlockFast(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
+		if !fast {
+			c.buf = encodePickleBlockGeneral(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
+		}
+	case kindSGLang, kindSGLangBigram:
+		if c.block == 0 && c.salt != "" {
+			c.seedSGLangSalt()
+		}
+		c.buf = c.encodeSGLangPage(start, end)
+	default:
+		return 0, 0, false
+	}
+	c.h.Reset()
+	c.h.Write(c.buf)
+	c.h.Sum(c.digest[:0])
+	c.parent = c.digest
+	c.havePr = true
+	c.pos = end
+	c.block++
+	if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
+		return binary.BigEndian.Uint64(c.digest[24:]), end - start, true
+	}
+	return binary.BigEndian.Uint64(c.digest[:8]), end - start, true
+}
+
+// vllmSalt is the salt that enters the next vLLM block: block 0 only.
+func (c *Chain) vllmSalt() string {
+	if c.block == 0 {
+		return c.salt
+	}
+	return ""
+}
+
+// seedSGLangSalt sets P_0 = SHA256("sglang-cache-salt-v1\0" ‖ salt).
+func (c *Chain) seedSGLangSalt() {
+	need := len(sglangSaltPrefix) + len(c.salt)
+	if cap(c.buf) < need {
+		c.buf = make([]byte, 0, need)
+	}
+	c.buf = append(append(c.buf[:0], sglangSaltPrefix...), c.salt...)
+	c.h.Reset()
+	c.h.Write(c.buf)
+	c.h.Sum(c.parent[:0])
+	c.havePr = true
+}
+
+// encodeSGLangPage builds P_i ‖ u32le words of positions [start, end).
+func (c *Chain) encodeSGLangPage(start, end int) []byte {
+	words := end - start
+	if c.kind == kindSGLangBigram {
+		words *= 2
+	}
+	need := 32 + 4*words
+	if cap(c.buf) < need {
+		c.buf = make([]byte, 0, need+need/4)
+	}
+	b := c.buf[:0]
+	if c.havePr {
+		b = append(b, c.parent[:]...)
+	}
+	w := len(b)
+	b = b[:w+4*words]
+	if c.kind == kindSGLangBigram {
+		for p := start; p < end; p++ {
+			binary.LittleEndian.PutUint64(b[w:], uint64(uint32(c.tokens[p]))|uint64(uint32(c.tokens[p+1]))<<32)
+			w += 8
+		}
+	} else {
+		for _, t := range c.tokens[start:end] {
+			binary.LittleEndian.PutUint32(b[w:], uint32(t))
+			w += 4
+		}
+	}
+	return b
+}
