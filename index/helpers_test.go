@@ -1,0 +1,159 @@
+package index
+
+import (
+	"fmt"
+	"testing"
+)
+
+// keyChain is a precomputed Chain that counts how often it was advanced.
+type keyChain struct {
+	keys  []uint64
+	cov   []int // nil: every block covers 16 tokens
+	i     int
+	calls int
+}
+
+func (c *keyChain) Next() (uint64, int, bool) {
+	c.calls++
+	if c.i >= len(c.keys) {
+		return 0, 0, false
+	}
+	k, cv := c.keys[c.i], 16
+	if c.cov != nil {
+		cv = c.cov[c.i]
+	}
+	c.i++
+	return k, cv, true
+}
+
+func (c *keyChain) reset() { c.i, c.calls = 0, 0 }
+
+func chainOf(keys ...uint64) *keyChain { return &keyChain{keys: keys} }
+
+// checkInvariants verifies every internal cross-reference of the table:
+// index <-> slab, union masks and tier counts, owner lists <-> pair back
+// pointers, shared reference counts, free lists.
+func checkInvariants(t testing.TB, tb *Table) {
+	t.Helper()
+	if err := invariantErr(tb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func invariantErr(tb *Table) error {
+	for si := range tb.stripes {
+		s := &tb.stripes[si]
+		s.mu.RLock()
+		err := stripeErr(tb, s)
+		s.mu.RUnlock()
+		if err != nil {
+			return fmt.Errorf("stripe %d: %w", si, err)
+		}
+	}
+	return nil
+}
+
+func stripeErr(tb *Table, s *stripe) error {
+	if s.dead {
+		if s.nlive != 0 || len(s.blocks) != 0 {
+			return fmt.Errorf("dead stripe keeps data")
+		}
+		return nil
+	}
+	inIndex := map[int]bool{}
+	for _, v := range s.slots {
+		if v == 0 {
+			continue
+		}
+		idx := int(v - 1)
+		if inIndex[idx] {
+			return fmt.Errorf("slab %d indexed twice", idx)
+		}
+		inIndex[idx] = true
+		b := &s.blocks[idx]
+		if got := s.find(b.key, mix(b.key)); got != idx {
+			return fmt.Errorf("key %d not findable (%d vs %d)", b.key, got, idx)
+		}
+		if tb.stripeFor(mix(b.key)) != s {
+			return fmt.Errorf("key %d in wrong stripe", b.key)
+		}
+	}
+	if len(inIndex) != s.nlive {
+		return fmt.Errorf("nlive %d, indexed %d", s.nlive, len(inIndex))
+	}
+	nfree := 0
+	for f := s.free; f != 0; f = s.blocks[f-1].ext {
+		if inIndex[int(f-1)] {
+			return fmt.Errorf("live block %d on free list", f-1)
+		}
+		if nfree++; nfree > len(s.blocks) {
+			return fmt.Errorf("free list cycle")
+		}
+	}
+	if nfree+s.nlive != len(s.blocks) {
+		return fmt.Errorf("slab %d = free %d + live %d?", len(s.blocks), nfree, s.nlive)
+	}
+	var tiers [numTiers]int
+	pairs := map[OwnerID]int{}
+	for idx := range inIndex {
+		b := &s.blocks[idx]
+		if b.first.own == 0 {
+			return fmt.Errorf("empty block %d indexed", idx)
+		}
+		all := append([]pair{b.first}, s.overflow(b)...)
+		if b.ext != 0 && len(all) == 1 {
+			return fmt.Errorf("block %d keeps an empty overflow", idx)
+		}
+		seen := map[uint32]bool{}
+		var m uint8
+		for _, p := range all {
+			if p.mask() == 0 {
+				return fmt.Errorf("block %d has a maskless pair", idx)
+			}
+			m |= p.mask()
+			if p.id() == 0 {
+				if p.mask() != bitShare && p.mask() != bitDisk || p.aux == 0 {
+					return fmt.Errorf("bad shared pair %+v", p)
+				}
+				if seen[p.own] {
+					return fmt.Errorf("duplicate shared pair")
+				}
+				seen[p.own] = true
+				continue
+			}
+			if p.mask()&^engineBit != 0 {
+				return fmt.Errorf("engine pair with shared bit %+v", p)
+			}
+			key := uint32(p.id()) << maskBits
+			if seen[key] {
+				return fmt.Errorf("owner %d twice on block %d", p.id(), idx)
+			}
+			seen[key] = true
+			pairs[p.id()]++
+			l := s.owned[p.id()]
+			if int(p.aux) >= len(l) || l[p.aux] != uint32(idx) {
+				return fmt.Errorf("owner %d back pointer %d broken", p.id(), p.aux)
+			}
+			if !tb.registered(p.id()) {
+				return fmt.Errorf("unregistered owner %d holds block %d", p.id(), idx)
+			}
+		}
+		if m != b.mask {
+			return fmt.Errorf("block %d mask %b, union %b", idx, b.mask, m)
+		}
+		for k := range numTiers {
+			if m&(1<<k) != 0 {
+				tiers[k]++
+			}
+		}
+	}
+	if tiers != s.tierKeys {
+		return fmt.Errorf("tierKeys %v, actual %v", s.tierKeys, tiers)
+	}
+	for id, l := range s.owned {
+		if len(l) != pairs[OwnerID(id)] {
+			return fmt.Errorf("owner %d list %d, pairs %d", id, len(l), pairs[OwnerID(id)])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,571 @@
+package index
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+var testCtx = ContextKey{Tenant: "default", Model: "m", BlockSize: 16}
+
+func tc(d, l, s, k int) TierCounts { return TierCounts{d, l, s, k} }
+
+func rk(r int, c TierCounts) RankHits { return RankHits{Rank: r, TierCounts: c} }
+
+// inst builds the expected answer of one instance; Max is derived.
+func inst(name string, ranks ...RankHits) InstanceHits {
+	ih := InstanceHits{Instance: name, Ranks: ranks}
+	for _, r := range ranks {
+		ih.Max.Device = max(ih.Max.Device, r.Device)
+		ih.Max.CPULocal = max(ih.Max.CPULocal, r.CPULocal)
+		ih.Max.CPUShare = max(ih.Max.CPUShare, r.CPUShare)
+		ih.Max.Disk = max(ih.Max.Disk, r.Disk)
+	}
+	return ih
+}
+
+// fixture gives tests named owners on a fresh table.
+type fixture struct {
+	ix *Index
+	t  *Table
+	o  map[string]OwnerID
+}
+
+func newFixture(tb testing.TB) *fixture {
+	ix := New(Options{Stripes: 4})
+	return &fixture{ix: ix, t: ix.EnsureTable(testCtx, hashing.Profile{Strategy: "vllm_v1"}), o: map[string]OwnerID{}}
+}
+
+func (f *fixture) own(instance string, rank int) OwnerID {
+	id := f.t.AddEngineOwner(instance, rank)
+	f.o[instance+"/"+string(rune('0'+rank))] = id
+	return id
+}
+
+func (f *fixture) query(c Chain, instance string) []InstanceHits {
+	var res QueryResult
+	f.t.Query(c, instance, &res)
+	return res.Instances
+}
+
+func TestQueryRules(t *testing.T) {
+	k := []uint64{101, 102, 103, 104, 105}
+	cases := []struct {
+		name   string
+		setup  func(f *fixture)
+		chain  *keyChain
+		filter string
+		want   []InstanceHits
+		calls  int // expected chain.Next calls, 0: not checked
+	}{
+		{
+			name: "no registered instances is empty even with shared data",
+			setup: func(f *fixture) {
+				f.t.AcquireShared(CPUShare, k[0])
+			},
+			chain: chainOf(k[0]),
+			want:  []InstanceHits{},
+			calls: -1,
+		},
+		{
+			name: "registered instances without a match report zeros",
+			setup: func(f *fixture) {
+				f.own("b", 1)
+				f.own("a", 0)
+				f.own("b", 0)
+			},
+			chain: chainOf(k[0], k[1]),
+			want: []InstanceHits{
+				inst("a", rk(0, tc(0, 0, 0, 0))),
+				inst("b", rk(0, tc(0, 0, 0, 0)), rk(1, tc(0, 0, 0, 0))),
+			},
+			calls: 1,
+		},
+		{
+			name: "tiers are cumulative per owner",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Device, k[1])
+				f.t.Store(a, CPULocal, k[2])
+				f.t.Store(a, Disk, k[3])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(32, 48, 48, 64)))},
+			calls: 5,
+		},
+		{
+			name: "device and cpu_local on one block counts for both",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, CPULocal, k[0])
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, CPULocal, k[1])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(16, 32, 32, 32)))},
+			calls: 3,
+		},
+		{
+			name: "shared tiers count for every instance and rank",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.own("b", 0)
+				f.own("b", 1)
+				f.t.Store(a, Device, k[0])
+				f.t.AcquireShared(CPUShare, k[0])
+				f.t.AcquireShared(CPUShare, k[1])
+				f.t.AcquireShared(Disk, k[2])
+			},
+			chain: chainOf(k...),
+			want: []InstanceHits{
+				inst("a", rk(0, tc(16, 16, 32, 48))),
+				inst("b", rk(0, tc(0, 0, 32, 48)), rk(1, tc(0, 0, 32, 48))),
+			},
+			calls: 4,
+		},
+		{
+			name: "shared cpu does not extend an owner's prefix without its first block",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.own("b", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.AcquireShared(CPUShare, k[1])
+			},
+			chain: chainOf(k...),
+			want: []InstanceHits{
+				inst("a", rk(0, tc(16, 16, 32, 32))),
+				inst("b", rk(0, tc(0, 0, 0, 0))),
+			},
+		},
+		{
+			name: "engine disk counts only for its owner",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.own("b", 0)
+				f.t.Store(a, Disk, k[0])
+			},
+			chain: chainOf(k...),
+			want: []InstanceHits{
+				inst("a", rk(0, tc(0, 0, 0, 16))),
+				inst("b", rk(0, tc(0, 0, 0, 0))),
+			},
+		},
+		{
+			name: "cpu_local and shared disk mix",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, CPULocal, k[0])
+				f.t.AcquireShared(Disk, k[1])
+				f.t.Store(a, CPULocal, k[2])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 16, 16, 48)))},
+		},
+		{
+			name: "ranks are isolated and the instance reports the maximum",
+			setup: func(f *fixture) {
+				r0, r1 := f.own("a", 0), f.own("a", 1)
+				f.t.Store(r0, Device, k[0])
+				f.t.Store(r0, Device, k[1])
+				f.t.Store(r1, Device, k[0])
+				f.t.Store(r1, CPULocal, k[1])
+				f.t.Store(r1, CPULocal, k[2])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{{Instance: "a", Max: tc(32, 48, 48, 48), Ranks: []RankHits{rk(0, tc(32, 32, 32, 32)), rk(1, tc(16, 48, 48, 48))}}},
+		},
+		{
+			name: "a gap ends the prefix",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Device, k[2])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(16, 16, 16, 16)))},
+			calls: 2,
+		},
+		{
+			name: "instance filter restricts output and the walk",
+			setup: func(f *fixture) {
+				a, b := f.own("a", 0), f.own("b", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(b, Device, k[0])
+				f.t.Store(b, Device, k[1])
+				f.t.Store(b, Device, k[2])
+			},
+			chain:  chainOf(k...),
+			filter: "a",
+			want:   []InstanceHits{inst("a", rk(0, tc(16, 16, 16, 16)))},
+			calls:  2,
+		},
+		{
+			name: "unknown instance filter is empty",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+			},
+			chain:  chainOf(k...),
+			filter: "zzz",
+			want:   []InstanceHits{},
+			calls:  -1,
+		},
+		{
+			name: "partial covered counts are summed",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Device, k[1])
+				f.t.AcquireShared(CPUShare, k[2])
+			},
+			chain: &keyChain{keys: k[:3], cov: []int{16, 16, 5}},
+			want:  []InstanceHits{inst("a", rk(0, tc(32, 32, 37, 37)))},
+		},
+		{
+			name: "store is idempotent and remove retracts one tier",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, CPULocal, k[0])
+				f.t.Remove(a, Device, k[0])
+				f.t.Remove(a, Device, k[0])
+				f.t.Remove(a, Disk, k[0])
+				f.t.Remove(a, Device, 999)
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 16, 16, 16)))},
+		},
+		{
+			name: "K and V references keep a shared block until the last release",
+			setup: func(f *fixture) {
+				f.own("a", 0)
+				f.t.AcquireShared(CPUShare, k[0]) // K
+				f.t.AcquireShared(CPUShare, k[0]) // V
+				f.t.ReleaseShared(CPUShare, k[0]) // K gone, V remains
+				f.t.AcquireShared(CPUShare, k[1])
+				f.t.ReleaseShared(CPUShare, k[1])
+				f.t.ReleaseShared(CPUShare, k[1]) // below zero: no-op
+				f.t.ReleaseShared(Disk, k[0])     // other tier: no-op
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 16, 16)))},
+			calls: 2,
+		},
+		{
+			name: "release below zero does not go negative",
+			setup: func(f *fixture) {
+				f.own("a", 0)
+				f.t.ReleaseShared(Disk, k[0])
+				f.t.ReleaseShared(Disk, k[0])
+				f.t.AcquireShared(Disk, k[0])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 16)))},
+		},
+		{
+			name: "clear device keeps the other tiers (vLLM AllBlocksCleared)",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, CPULocal, k[0])
+				f.t.Store(a, Device, k[1])
+				f.t.Store(a, Disk, k[1])
+				f.t.ClearOwner(a, 1<<Device)
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 16, 16, 32)))},
+		},
+		{
+			name: "clear all keeps the owner registered with zeros (stale)",
+			setup: func(f *fixture) {
+				a, b := f.own("a", 0), f.own("b", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Disk, k[1])
+				f.t.Store(b, Device, k[0])
+				f.t.ClearOwner(a, AllEngineTiers)
+			},
+			chain: chainOf(k...),
+			want: []InstanceHits{
+				inst("a", rk(0, tc(0, 0, 0, 0))),
+				inst("b", rk(0, tc(16, 16, 16, 16))),
+			},
+		},
+		{
+			name: "remove owner retracts and forgets it",
+			setup: func(f *fixture) {
+				a, b := f.own("a", 0), f.own("a", 1)
+				f.t.Store(a, Device, k[0])
+				f.t.Store(b, Device, k[0])
+				f.t.AcquireShared(CPUShare, k[0])
+				f.t.RemoveEngineOwner(a)
+				f.t.Store(a, Device, k[1]) // late event of the removed owner
+				f.t.RemoveEngineOwner(a)
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(1, tc(16, 16, 16, 16)))},
+		},
+		{
+			name: "re-registering after removal starts empty",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+				f.t.RemoveEngineOwner(a)
+				if again := f.own("a", 0); again == a {
+					panic("owner id reused")
+				}
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))},
+		},
+		{
+			name: "shared tiers ignore engine tiers and vice versa",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, CPUShare, k[0])
+				f.t.AcquireShared(Device, k[0])
+				f.t.AcquireShared(CPULocal, k[0])
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))},
+		},
+		{
+			name: "empty chain matches nothing",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.Store(a, Device, k[0])
+			},
+			chain: chainOf(),
+			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			c.setup(f)
+			checkInvariants(t, f.t)
+			got := f.query(c.chain, c.filter)
+			if got == nil {
+				got = []InstanceHits{}
+			}
+			if !reflect.DeepEqual(got, c.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, c.want)
+			}
+			switch {
+			case c.calls == -1 && c.chain.calls != 0:
+				t.Errorf("chain advanced %d times, want none", c.chain.calls)
+			case c.calls > 0 && c.chain.calls != c.calls:
+				t.Errorf("chain advanced %d times, want %d", c.chain.calls, c.calls)
+			}
+		})
+	}
+}
+
+func TestContextSeparation(t *testing.T) {
+	ix := New(Options{})
+	p := hashing.Profile{Strategy: "sglang"}
+	t1 := ix.EnsureTable(ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, p)
+	t2 := ix.EnsureTable(ContextKey{Tenant: "default", Model: "m", BlockSize: 32}, p)
+	t3 := ix.EnsureTable(ContextKey{Tenant: "other", Model: "m", BlockSize: 16}, p)
+	if ix.EnsureTable(t1.Context(), hashing.Profile{}) != t1 {
+		t.Fatal("EnsureTable did not return the existing table")
+	}
+	a := t1.AddEngineOwner("a", 0)
+	t2.AddEngineOwner("a", 0)
+	t3.AddEngineOwner("a", 0)
+	t1.Store(a, Device, 7)
+	t1.AcquireShared(CPUShare, 8)
+	for _, tb := range []*Table{t2, t3} {
+		var res QueryResult
+		tb.Query(chainOf(7, 8), "", &res)
+		want := []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))}
+		if !reflect.DeepEqual(res.Instances, want) {
+			t.Errorf("%+v leaked: %+v", tb.Context(), res.Instances)
+		}
+	}
+	var res QueryResult
+	t1.Query(chainOf(7, 8), "", &res)
+	if got := res.Instances[0].Max; got != tc(16, 16, 32, 32) {
+		t.Errorf("own context: %+v", got)
+	}
+	if t1.Profile().Strategy != "sglang" {
+		t.Error("profile not kept")
+	}
+}
+
+func TestTablesAndDrop(t *testing.T) {
+	ix := New(Options{Stripes: 3})
+	if len(ix.Table(testCtx).stripesOrNil()) != 0 {
+		t.Fatal("absent table is not nil")
+	}
+	ctxs := []ContextKey{
+		{Tenant: "b", Model: "a", BlockSize: 16},
+		{Tenant: "a", Model: "z", BlockSize: 16},
+		{Tenant: "a", Model: "a", Lora: "x", BlockSize: 16},
+		{Tenant: "a", Model: "a", BlockSize: 32},
+		{Tenant: "a", Model: "a", BlockSize: 16},
+	}
+	for _, c := range ctxs {
+		ix.EnsureTable(c, hashing.Profile{})
+	}
+	var got []ContextKey
+	for _, tb := range ix.Tables() {
+		got = append(got, tb.Context())
+	}
+	want := []ContextKey{ctxs[4], ctxs[3], ctxs[2], ctxs[1], ctxs[0]}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("order %v", got)
+	}
+
+	tb := ix.Table(ctxs[0])
+	if len(tb.stripes) != 4 {
+		t.Fatalf("stripes %d, want rounded up to 4", len(tb.stripes))
+	}
+	a := tb.AddEngineOwner("a", 0)
+	tb.Store(a, Device, 1)
+	tb.AcquireShared(Disk, 2)
+	ix.DropTable(ctxs[0])
+	ix.DropTable(ctxs[0])
+	if ix.Table(ctxs[0]) != nil || len(ix.Tables()) != 4 {
+		t.Fatal("table not dropped")
+	}
+	// Late operations on the dropped table stay harmless.
+	tb.Store(a, Device, 3)
+	tb.Remove(a, Device, 1)
+	tb.AcquireShared(CPUShare, 4)
+	tb.ReleaseShared(Disk, 2)
+	tb.ClearOwner(a, AllEngineTiers)
+	b := tb.AddEngineOwner("b", 0)
+	tb.Store(b, Device, 5)
+	tb.RemoveEngineOwner(a)
+	var res QueryResult
+	tb.Query(chainOf(1, 2, 3), "", &res)
+	if len(res.Instances) != 0 || tb.PrefixCount() != 0 || tb.TierBlocks() != [4]int{} || len(tb.Instances()) != 0 {
+		t.Fatalf("dropped table answers %+v", res.Instances)
+	}
+	checkInvariants(t, tb)
+	fresh := ix.EnsureTable(ctxs[0], hashing.Profile{})
+	if fresh == tb || fresh.PrefixCount() != 0 {
+		t.Fatal("EnsureTable after drop must start empty")
+	}
+}
+
+func (t *Table) stripesOrNil() []stripe {
+	if t == nil {
+		return nil
+	}
+	return t.stripes
+}
+
+func TestStats(t *testing.T) {
+	f := newFixture(t)
+	a0, a1, b := f.own("a", 0), f.own("a", 1), f.own("b", 3)
+	if f.t.AddEngineOwner("a", 1) != a1 {
+		t.Fatal("AddEngineOwner is not idempotent")
+	}
+	f.t.Store(a0, Device, 1)
+	f.t.Store(a1, Device, 1)
+	f.t.Store(a1, CPULocal, 2)
+	f.t.Store(b, Disk, 3)
+	f.t.AcquireShared(Disk, 3)
+	f.t.AcquireShared(CPUShare, 4)
+	if got := f.t.PrefixCount(); got != 4 {
+		t.Errorf("PrefixCount %d", got)
+	}
+	if got := f.t.TierBlocks(); got != [4]int{1, 1, 1, 1} {
+		t.Errorf("TierBlocks %v", got)
+	}
+	if got := f.t.Instances(); !reflect.DeepEqual(got, map[string][]int{"a": {0, 1}, "b": {3}}) {
+		t.Errorf("Instances %v", got)
+	}
+	f.t.RemoveEngineOwner(a1)
+	f.t.ReleaseShared(Disk, 3)
+	if got := f.t.PrefixCount(); got != 3 {
+		t.Errorf("PrefixCount after removal %d", got)
+	}
+	if got := f.t.TierBlocks(); got != [4]int{1, 0, 1, 1} {
+		t.Errorf("TierBlocks after removal %v", got)
+	}
+	checkInvariants(t, f.t)
+}
+
+// TestManyOwnersPerBlock exercises the overflow lists and the reverse-list
+// swaps with blocks shared by many owners.
+func TestManyOwnersPerBlock(t *testing.T) {
+	f := newFixture(t)
+	var ids []OwnerID
+	for i := range 40 {
+		ids = append(ids, f.own(string(rune('a'+i%5)), i/5))
+	}
+	for _, id := range ids {
+		for key := range uint64(300) {
+			f.t.Store(id, Device, key)
+			if key%3 == 0 {
+				f.t.Store(id, CPULocal, key)
+			}
+		}
+		f.t.AcquireShared(CPUShare, uint64(id))
+	}
+	checkInvariants(t, f.t)
+	for i, id := range ids {
+		switch i % 4 {
+		case 0:
+			f.t.RemoveEngineOwner(id)
+		case 1:
+			f.t.ClearOwner(id, 1<<Device)
+		case 2:
+			for key := uint64(0); key < 300; key += 2 {
+				f.t.Remove(id, Device, key)
+			}
+		}
+		checkInvariants(t, f.t)
+	}
+	var res QueryResult
+	f.t.Query(chainOf(0, 1, 2, 3), "b", &res)
+	// b: ranks 0..7 hold owners i = 1, 6, 11, ... (i%5 == 1).
+	if len(res.Instances) != 1 || len(res.Instances[0].Ranks) != 6 {
+		t.Fatalf("%+v", res.Instances)
+	}
+}
+
+func TestQueryDoesNotAllocate(t *testing.T) {
+	f := newFixture(t)
+	var keys []uint64
+	for i := range 4 {
+		for r := range 2 {
+			id := f.own(string(rune('a'+i)), r)
+			for k := range uint64(64) {
+				f.t.Store(id, Device, k)
+			}
+		}
+	}
+	for k := range uint64(64) {
+		keys = append(keys, k)
+	}
+	f.t.AcquireShared(CPUShare, 64)
+	c := chainOf(append(keys, 64)...)
+	var res QueryResult
+	f.t.Query(c, "", &res)
+	allocs := testing.AllocsPerRun(100, func() {
+		c.reset()
+		f.t.Query(c, "", &res)
+	})
+	if allocs != 0 {
+		t.Fatalf("Query allocates %v times per run", allocs)
+	}
+	if got := res.Instances[3].Ranks[1].TierCounts; got != tc(1024, 1024, 1040, 1040) {
+		t.Fatalf("counts %+v", got)
+	}
+	// Shrinking and growing the answer again reuses the buffers too.
+	allocs = testing.AllocsPerRun(100, func() {
+		c.reset()
+		f.t.Query(c, "b", &res)
+		c.reset()
+		f.t.Query(c, "", &res)
+	})
+	if allocs != 0 {
+		t.Fatalf("filtered Query allocates %v times per run", allocs)
+	}
+}
