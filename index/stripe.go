@@ -224,6 +224,9 @@ const noPair = -2
 
 // findEngine returns the position of engine owner id's pair, or noPair.
 func (s *stripe) findEngine(b *block, id OwnerID) int {
+	if id == 0 { // the shared pseudo-owner is never an engine owner
+		return noPair
+	}
 	if b.first.own != 0 && b.first.id() == id {
 		return -1
 	}

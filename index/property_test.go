@@ -1,0 +1,283 @@
+package index
+
+import (
+	"cmp"
+
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"pgregory.net/rapid"
+)
+
+// refModel is the naive reference: plain maps, no striping, no reverse
+// lists, recomputed from scratch on every query.
+type refModel struct {
+	reg    map[ownerKey]OwnerID
+	held   map[OwnerID]map[uint64]uint8 // engine tier bits per key
+	shared [numTiers]map[uint64]int     // reference counts (CPUShare, Disk)
+}
+
+func newRefModel() *refModel {
+	m := &refModel{reg: map[ownerKey]OwnerID{}, held: map[OwnerID]map[uint64]uint8{}}
+	m.shared[CPUShare] = map[uint64]int{}
+	m.shared[Disk] = map[uint64]int{}
+	return m
+}
+
+func (m *refModel) registered(id OwnerID) bool {
+	for _, v := range m.reg {
+		if v == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *refModel) store(id OwnerID, tier Tier, key uint64) {
+	if tier == CPUShare || !m.registered(id) {
+		return
+	}
+	if m.held[id] == nil {
+		m.held[id] = map[uint64]uint8{}
+	}
+	m.held[id][key] |= 1 << tier
+}
+
+func (m *refModel) remove(id OwnerID, tier Tier, key uint64) {
+	if h := m.held[id]; h != nil {
+		h[key] &^= 1 << tier
+		if h[key] == 0 {
+			delete(h, key)
+		}
+	}
+}
+
+func (m *refModel) clearOwner(id OwnerID, tiers TierMask) {
+	for _, tier := range []Tier{Device, CPULocal, Disk} {
+		if tiers&(1<<tier) != 0 {
+			for key := range m.held[id] {
+				m.remove(id, tier, key)
+			}
+		}
+	}
+}
+
+func (m *refModel) removeOwner(id OwnerID) {
+	for k, v := range m.reg {
+		if v == id {
+			delete(m.reg, k)
+		}
+	}
+	delete(m.held, id)
+}
+
+func (m *refModel) acquire(tier Tier, key uint64) {
+	if tier == CPUShare || tier == Disk {
+		m.shared[tier][key]++
+	}
+}
+
+func (m *refModel) release(tier Tier, key uint64) {
+	if (tier == CPUShare || tier == Disk) && m.shared[tier][key] > 0 {
+		if m.shared[tier][key]--; m.shared[tier][key] == 0 {
+			delete(m.shared[tier], key)
+		}
+	}
+}
+
+// tiersOf returns every tier bit anyone holds key in.
+func (m *refModel) tiersOf(key uint64) uint8 {
+	var b uint8
+	for _, h := range m.held {
+		b |= h[key]
+	}
+	if m.shared[CPUShare][key] > 0 {
+		b |= bitShare
+	}
+	if m.shared[Disk][key] > 0 {
+		b |= bitDisk
+	}
+	return b
+}
+
+func (m *refModel) stats() (prefixes int, tiers [4]int) {
+	keys := map[uint64]bool{}
+	for _, h := range m.held {
+		for k := range h {
+			keys[k] = true
+		}
+	}
+	for _, t := range []Tier{CPUShare, Disk} {
+		for k := range m.shared[t] {
+			keys[k] = true
+		}
+	}
+	for k := range keys {
+		b := m.tiersOf(k)
+		for t := range numTiers {
+			if b&(1<<t) != 0 {
+				tiers[t]++
+			}
+		}
+	}
+	return len(keys), tiers
+}
+
+// query answers literally from the contract and returns how many times the
+// chain may be advanced: up to and including the first block that ends
+// every reported owner's disk prefix.
+func (m *refModel) query(keys []uint64, cov []int, filter string) ([]InstanceHits, int) {
+	var owners []ownerRef
+	for k, id := range m.reg {
+		if filter == "" || filter == k.instance {
+			owners = append(owners, ownerRef{id, k.instance, k.rank})
+		}
+	}
+	slices.SortFunc(owners, func(a, b ownerRef) int {
+		return cmp.Or(cmp.Compare(a.instance, b.instance), cmp.Compare(a.rank, b.rank))
+	})
+	out := []InstanceHits{}
+	longest := -1
+	for _, o := range owners {
+		var c TierCounts
+		dev, loc, sh, dk := true, true, true, true
+		blocks := 0
+		for i, key := range keys {
+			h := m.held[o.id][key]
+			shC, shD := m.shared[CPUShare][key] > 0, m.shared[Disk][key] > 0
+			dev = dev && h&bitDevice != 0
+			loc = loc && h&(bitDevice|bitLocal) != 0
+			sh = sh && (h&(bitDevice|bitLocal) != 0 || shC)
+			dk = dk && (h != 0 || shC || shD)
+			if dev {
+				c.Device += cov[i]
+			}
+			if loc {
+				c.CPULocal += cov[i]
+			}
+			if sh {
+				c.CPUShare += cov[i]
+			}
+			if dk {
+				c.Disk += cov[i]
+				blocks++
+			}
+		}
+		longest = max(longest, blocks)
+		if n := len(out); n == 0 || out[n-1].Instance != o.instance {
+			out = append(out, InstanceHits{Instance: o.instance})
+		}
+		ih := &out[len(out)-1]
+		ih.Ranks = append(ih.Ranks, RankHits{Rank: o.rank, TierCounts: c})
+	}
+	for i := range out {
+		out[i] = inst(out[i].Instance, out[i].Ranks...)
+	}
+	return out, longest + 1
+}
+
+func (m *refModel) instances() map[string][]int {
+	out := map[string][]int{}
+	for k := range m.reg {
+		out[k.instance] = append(out[k.instance], k.rank)
+	}
+	for _, r := range out {
+		slices.Sort(r)
+	}
+	return out
+}
+
+func TestPropertyAgainstReference(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		stripes := rapid.SampledFrom([]int{1, 2, 8}).Draw(rt, "stripes")
+		tb := New(Options{Stripes: stripes}).EnsureTable(testCtx, hashing.Profile{})
+		m := newRefModel()
+		ids := []OwnerID{0, 999} // never issued: every use is a no-op
+		key := rapid.Uint64Range(0, 11)
+		tier := rapid.SampledFrom([]Tier{Device, CPULocal, CPUShare, Disk})
+		anyID := rapid.Custom(func(rt *rapid.T) OwnerID { return rapid.SampledFrom(ids).Draw(rt, "id") })
+		var res QueryResult // reused across queries, as the server does
+
+		rt.Repeat(map[string]func(*rapid.T){
+			"add": func(rt *rapid.T) {
+				k := ownerKey{rapid.SampledFrom([]string{"a", "b", "c"}).Draw(rt, "inst"), rapid.IntRange(0, 2).Draw(rt, "rank")}
+				id := tb.AddEngineOwner(k.instance, k.rank)
+				if old, ok := m.reg[k]; ok && old != id {
+					rt.Fatalf("re-add gave %d, had %d", id, old)
+				}
+				m.reg[k] = id
+				ids = append(ids, id)
+			},
+			"removeOwner": func(rt *rapid.T) {
+				id := anyID.Draw(rt, "id")
+				tb.RemoveEngineOwner(id)
+				m.removeOwner(id)
+			},
+			"store": func(rt *rapid.T) {
+				id, tr, k := anyID.Draw(rt, "id"), tier.Draw(rt, "tier"), key.Draw(rt, "key")
+				tb.Store(id, tr, k)
+				m.store(id, tr, k)
+			},
+			"remove": func(rt *rapid.T) {
+				id, tr, k := anyID.Draw(rt, "id"), tier.Draw(rt, "tier"), key.Draw(rt, "key")
+				tb.Remove(id, tr, k)
+				m.remove(id, tr, k)
+			},
+			"clear": func(rt *rapid.T) {
+				id := anyID.Draw(rt, "id")
+				mask := TierMask(rapid.IntRange(0, 15).Draw(rt, "mask"))
+				tb.ClearOwner(id, mask)
+				m.clearOwner(id, mask)
+			},
+			"acquire": func(rt *rapid.T) {
+				tr, k := tier.Draw(rt, "tier"), key.Draw(rt, "key")
+				tb.AcquireShared(tr, k)
+				m.acquire(tr, k)
+			},
+			"release": func(rt *rapid.T) {
+				tr, k := tier.Draw(rt, "tier"), key.Draw(rt, "key")
+				tb.ReleaseShared(tr, k)
+				m.release(tr, k)
+			},
+			"query": func(rt *rapid.T) {
+				n := rapid.IntRange(0, 6).Draw(rt, "n")
+				c := &keyChain{}
+				for range n {
+					c.keys = append(c.keys, key.Draw(rt, "key"))
+					c.cov = append(c.cov, rapid.IntRange(1, 16).Draw(rt, "covered"))
+				}
+				filter := rapid.SampledFrom([]string{"", "", "a", "b", "z"}).Draw(rt, "filter")
+				tb.Query(c, filter, &res)
+				want, calls := m.query(c.keys, c.cov, filter)
+				got := res.Instances
+				if got == nil {
+					got = []InstanceHits{}
+				}
+				if !reflect.DeepEqual(got, want) {
+					rt.Fatalf("query %v %q:\n got  %+v\n want %+v", c.keys, filter, got, want)
+				}
+				if c.calls != calls {
+					rt.Fatalf("chain advanced %d times, reference allows %d", c.calls, calls)
+				}
+			},
+			"": func(rt *rapid.T) {
+				if err := invariantErr(tb); err != nil {
+					rt.Fatal(err)
+				}
+				pc, tiers := m.stats()
+				if got := tb.PrefixCount(); got != pc {
+					rt.Fatalf("PrefixCount %d, want %d", got, pc)
+				}
+				if got := tb.TierBlocks(); got != tiers {
+					rt.Fatalf("TierBlocks %v, want %v", got, tiers)
+				}
+				if got, want := tb.Instances(), m.instances(); !reflect.DeepEqual(got, want) {
+					rt.Fatalf("Instances %v, want %v", got, want)
+				}
+			},
+		})
+	})
+}
+
