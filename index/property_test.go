@@ -280,4 +280,3 @@ func TestPropertyAgainstReference(t *testing.T) {
 		})
 	})
 }
-

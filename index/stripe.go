@@ -28,7 +28,7 @@ type pair struct {
 	aux uint32
 }
 
-func (p pair) id() OwnerID  { return OwnerID(p.own >> maskBits) }
+func (p pair) id() OwnerID { return OwnerID(p.own >> maskBits) }
 func (p pair) mask() uint8 { return uint8(p.own & tierBits) }
 
 // block is one distinct key of a stripe, 24 bytes. The first holder lives
