@@ -1,0 +1,67 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "conductor_config.json")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const static = `{"kvevent_instance": {"p0": {"endpoint": "tcp://127.0.0.1:5557", "type": "vLLM", "modelname": "m",
+  "instance_id": "p0", "block_size": 16, "dp_rank": 0,
+  "hash_profile": {"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"}}}}`
+
+func TestLoad(t *testing.T) {
+	withPort := writeFile(t, `{"http_server_port": 14000}`)
+	tests := []struct {
+		name     string
+		args     []string
+		env      map[string]string
+		port     int
+		level    zerolog.Level
+		warnings int
+		static   int
+		err      string
+	}{
+		{name: "missing file warns and keeps defaults", env: map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent/c.json"}, port: 13333, level: zerolog.InfoLevel, warnings: 1},
+		{name: "file without port keeps 13333", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, static)}, port: 13333, level: zerolog.InfoLevel, static: 1},
+		{name: "file port", env: map[string]string{"CONDUCTOR_CONFIG_PATH": withPort}, port: 14000, level: zerolog.InfoLevel},
+		{name: "env beats file", env: map[string]string{"CONDUCTOR_CONFIG_PATH": withPort, "CONDUCTOR_HTTP_PORT": "15000", "CONDUCTOR_LOG_LEVEL": "debug"}, port: 15000, level: zerolog.DebugLevel},
+		{name: "flag beats env", args: []string{"--port", "16000", "--log-level", "ERROR"}, env: map[string]string{"CONDUCTOR_CONFIG_PATH": withPort, "CONDUCTOR_HTTP_PORT": "15000", "CONDUCTOR_LOG_LEVEL": "DEBUG"}, port: 16000, level: zerolog.ErrorLevel},
+		{name: "flag config path", args: []string{"--config", withPort}, env: map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}, port: 14000, level: zerolog.InfoLevel},
+		{name: "bad level", env: map[string]string{"CONDUCTOR_CONFIG_PATH": withPort, "CONDUCTOR_LOG_LEVEL": "LOUD"}, err: "invalid log level"},
+		{name: "bad json", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, `{`)}, err: "parse config"},
+		{name: "bad static registration names it", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"block_size": 16`, `"block_size": 0`, 1))}, err: `kvevent_instance "p0": invalid_value: block_size`},
+		{name: "static registration with unknown field", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"dp_rank": 0`, `"dp_rank": 0, "extra": 1`, 1))}, err: "unknown_field"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Port != tc.port || c.LogLevel != tc.level || len(c.Warnings) != tc.warnings || len(c.Static) != tc.static {
+				t.Errorf("got port=%d level=%v warnings=%v static=%d", c.Port, c.LogLevel, c.Warnings, len(c.Static))
+			}
+		})
+	}
+}
