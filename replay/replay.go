@@ -1,0 +1,408 @@
+// Package replay fetches the batches a subscriber missed from a vLLM or SGLang
+// publisher's replay ROUTER socket.
+//
+// The publisher keeps its last few thousand batches and streams every one at
+// or after a requested sequence, oldest first, followed by an end marker. The
+// stream has no upper bound, so this package applies the subscriber's
+// sequencing rules while reading (ignore what is not needed, detect holes that
+// replay cannot fill) and gives back only the contiguous run the caller asked
+// for. It owns one DEALER socket and must be used from a single goroutine,
+// like every ZMQ socket.
+package replay
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// EndMarker is the sequence value of the reply that ends a replay stream
+// (the 8-byte two's-complement encoding of -1). It is never a data sequence.
+const EndMarker = ^uint64(0)
+
+// Default limits follow upstream Conductor, so recovery behaves the same way
+// operators already expect from it.
+const (
+	DefaultReceiveTimeout = 5 * time.Second
+	DefaultTotalTimeout   = 30 * time.Second
+	DefaultMaxMessages    = 10000
+	DefaultMaxBytes       = 64 << 20
+)
+
+// ErrUnrecoverable means the publisher cannot supply the missing range any
+// more (its window moved past it, it restarted, or its stream conflicts with
+// what the subscriber already holds). Retrying cannot help; the caller should
+// mark the source stale.
+var ErrUnrecoverable = errors.New("replay unrecoverable")
+
+// ErrDeadline means the total recovery deadline passed before a complete
+// replay was received (every attempt timed out or was malformed).
+var ErrDeadline = errors.New("replay deadline exceeded")
+
+// ErrBudget means the replayed records would exceed the caller's buffer
+// limits. It wraps ErrUnrecoverable: a range that does not fit never will.
+var ErrBudget = fmt.Errorf("%w: buffer limit exceeded", ErrUnrecoverable)
+
+// Record is one replayed batch. Payload is byte-identical to the live frame 2
+// of the same sequence.
+type Record struct {
+	Seq     uint64
+	Payload []byte
+}
+
+// Budget bounds how much a recovery may hold in memory, shared between live
+// messages buffered by the caller and records kept by Fetch, so one limit
+// covers both (upstream counts them together). It is not safe for concurrent
+// use; the zero value is unlimited.
+type Budget struct {
+	MaxMessages int
+	MaxBytes    int
+	messages    int
+	bytes       int
+}
+
+// Take reserves room for one message of n bytes and reports whether it fit;
+// on false nothing is reserved.
+func (b *Budget) Take(n int) bool {
+	if b == nil {
+		return true
+	}
+	if b.MaxMessages > 0 && b.messages+1 > b.MaxMessages {
+		return false
+	}
+	if b.MaxBytes > 0 && b.bytes+n > b.MaxBytes {
+		return false
+	}
+	b.messages++
+	b.bytes += n
+	return true
+}
+
+// Give returns the room of one message of n bytes taken earlier.
+func (b *Budget) Give(n int) {
+	if b == nil {
+		return
+	}
+	b.messages--
+	b.bytes -= n
+}
+
+// Reset forgets every reservation, for the start of a new recovery.
+func (b *Budget) Reset() {
+	if b != nil {
+		b.messages, b.bytes = 0, 0
+	}
+}
+
+// Used reports the reserved message count and bytes (for logs and tests).
+func (b *Budget) Used() (messages, bytes int) { return b.messages, b.bytes }
+
+// Request describes one recovery: the missing range and how to wait for it.
+type Request struct {
+	// From is the first sequence wanted (last applied + 1).
+	From uint64
+	// Until, when HasUntil, is the lowest sequence the caller already holds
+	// from the live stream; replies at or after it are not kept.
+	Until    uint64
+	HasUntil bool
+	// Deadline bounds the whole recovery, across retries.
+	Deadline time.Time
+	// ReceiveTimeout bounds each wait for the next reply; zero means
+	// DefaultReceiveTimeout.
+	ReceiveTimeout time.Duration
+	// Budget, if set, is charged for every kept record.
+	Budget *Budget
+	// Beyond, if set, is called for replies at or after Until so the caller
+	// can compare them with what it buffered; an error aborts the replay as
+	// unrecoverable (conflicting payloads for one sequence).
+	Beyond func(seq uint64, payload []byte) error
+	// Watch are other sockets to poll while waiting (the live SUB socket so
+	// live traffic keeps being buffered, a stop socket so Stop is prompt).
+	// OnWatch is called when one is readable; an error aborts Fetch and is
+	// returned unchanged.
+	Watch   []*zmq.Socket
+	OnWatch func(*zmq.Socket) error
+	// OnRetry, if set, is told about every retryable failure (for counters
+	// and logs).
+	OnRetry func(err error)
+}
+
+// Client requests replays from one publisher's replay endpoint over a DEALER
+// socket. A REQ socket cannot be used: the publisher answers one request with
+// many replies and REQ accepts only the first.
+type Client struct {
+	endpoint string
+	dealer   *zmq.Socket
+	req      [8]byte
+}
+
+// NewClient returns a client for endpoint; the socket is created lazily by
+// Fetch so an idle source holds no replay connection.
+func NewClient(endpoint string) *Client {
+	return &Client{endpoint: endpoint}
+}
+
+// Endpoint is the replay endpoint the client talks to.
+func (c *Client) Endpoint() string { return c.endpoint }
+
+// Close releases the DEALER socket. The client can still be used afterwards;
+// the next Fetch reconnects.
+func (c *Client) Close() {
+	if c.dealer != nil {
+		_ = c.dealer.Close()
+		c.dealer = nil
+	}
+}
+
+func (c *Client) open() error {
+	if c.dealer != nil {
+		return nil
+	}
+	d, err := zmq.NewSocket(zmq.DEALER)
+	if err != nil {
+		return fmt.Errorf("create replay DEALER: %w", err)
+	}
+	// Linger 0: abandoned requests must never delay Close or Stop.
+	if err := d.SetLinger(0); err != nil {
+		_ = d.Close()
+		return fmt.Errorf("set replay DEALER linger: %w", err)
+	}
+	_ = d.SetIpv6(true)
+	_ = d.SetRcvhwm(0) // the reply stream is bounded by the publisher's buffer
+	if err := d.Connect(c.endpoint); err != nil {
+		_ = d.Close()
+		return fmt.Errorf("connect replay DEALER to %s: %w", c.endpoint, err)
+	}
+	c.dealer = d
+	return nil
+}
+
+// retryable marks failures after which a fresh DEALER and a new request may
+// succeed (timeouts, malformed replies, send errors).
+type retryable struct{ err error }
+
+func (r retryable) Error() string { return r.err.Error() }
+func (r retryable) Unwrap() error { return r.err }
+
+// Fetch runs one recovery: it sends ["", From] and reads replies until the end
+// marker, retrying with a fresh DEALER after a timeout or malformed reply until
+// req.Deadline. It returns the records From, From+1, ... (stopping before
+// Until), which may be empty when the publisher had nothing newer.
+//
+// Errors: ErrUnrecoverable (wrapped, with the reason), ErrDeadline (wrapped,
+// with the last retryable failure), or whatever OnWatch returned.
+func (c *Client) Fetch(req Request) ([]Record, error) {
+	recvTimeout := req.ReceiveTimeout
+	if recvTimeout <= 0 {
+		recvTimeout = DefaultReceiveTimeout
+	}
+	var (
+		records []Record
+		lastErr error
+	)
+	for {
+		if !time.Now().Before(req.Deadline) {
+			c.Close()
+			if lastErr == nil {
+				lastErr = errors.New("no attempt completed")
+			}
+			return nil, fmt.Errorf("%w: from %d: %w", ErrDeadline, req.From, lastErr)
+		}
+		for _, r := range records {
+			req.Budget.Give(len(r.Payload))
+		}
+		records = records[:0]
+		var err error
+		records, err = c.attempt(&req, recvTimeout, records)
+		if err == nil {
+			return records, nil
+		}
+		var rt retryable
+		if !errors.As(err, &rt) {
+			for _, r := range records {
+				req.Budget.Give(len(r.Payload))
+			}
+			c.Close()
+			return nil, err
+		}
+		// A late reply to the abandoned request must not be taken for an
+		// answer to the next one, so the socket goes with the request.
+		c.Close()
+		lastErr = rt.err
+		if req.OnRetry != nil {
+			req.OnRetry(rt.err)
+		}
+	}
+}
+
+func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Record) ([]Record, error) {
+	if err := c.open(); err != nil {
+		return records, retryable{err}
+	}
+	binary.BigEndian.PutUint64(c.req[:], req.From)
+	if _, err := c.dealer.SendBytes(nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
+		return records, retryable{fmt.Errorf("send replay request: %w", err)}
+	}
+	if _, err := c.dealer.SendBytes(c.req[:], zmq.DONTWAIT); err != nil {
+		return records, retryable{fmt.Errorf("send replay request: %w", err)}
+	}
+	poller := zmq.NewPoller()
+	poller.Add(c.dealer, zmq.POLLIN)
+	for _, s := range req.Watch {
+		poller.Add(s, zmq.POLLIN)
+	}
+	next := req.From
+	var frames [][]byte
+	for {
+		now := time.Now()
+		wait := recvTimeout
+		if left := req.Deadline.Sub(now); left < wait {
+			wait = left
+		}
+		if wait <= 0 {
+			return records, retryable{fmt.Errorf("no reply within the recovery deadline (next %d)", next)}
+		}
+		polled, err := poller.Poll(wait)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
+				continue
+			}
+			return records, retryable{fmt.Errorf("poll replay socket: %w", err)}
+		}
+		if len(polled) == 0 {
+			return records, retryable{fmt.Errorf("replay receive timeout after %s (next %d)", wait, next)}
+		}
+		dealerReady := false
+		for _, p := range polled {
+			if p.Socket == c.dealer {
+				dealerReady = true
+				continue
+			}
+			if req.OnWatch != nil {
+				if err := req.OnWatch(p.Socket); err != nil {
+					return records, err
+				}
+			}
+		}
+		if !dealerReady {
+			continue
+		}
+		// Drain what is queued so a long reply stream costs one poll per
+		// burst, not one per reply.
+		for range 1024 {
+			frames, err = recvFrames(c.dealer, frames[:0])
+			if err != nil {
+				if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+					break
+				}
+				return records, retryable{fmt.Errorf("receive replay reply: %w", err)}
+			}
+			seq, payload, perr := parseReply(frames)
+			if perr != nil {
+				return records, retryable{perr}
+			}
+			if seq == EndMarker {
+				if len(payload) != 0 {
+					return records, retryable{errors.New("replay end marker with a non-empty payload")}
+				}
+				if req.HasUntil && next < req.Until {
+					return records, fmt.Errorf("%w: end marker before seq %d (needed up to %d)", ErrUnrecoverable, next, req.Until-1)
+				}
+				return records, nil
+			}
+			switch {
+			case seq < req.From:
+				// older than asked: ignore
+			case req.HasUntil && seq >= req.Until:
+				if req.Beyond != nil {
+					if err := req.Beyond(seq, payload); err != nil {
+						return records, fmt.Errorf("%w: %w", ErrUnrecoverable, err)
+					}
+				}
+			case seq < next:
+				// duplicate reply: ignore
+			case seq > next:
+				return records, fmt.Errorf("%w: replay skipped a sequence (got %d, expected %d)", ErrUnrecoverable, seq, next)
+			default:
+				if !req.Budget.Take(len(payload)) {
+					return records, fmt.Errorf("%w at seq %d", ErrBudget, seq)
+				}
+				records = append(records, Record{Seq: seq, Payload: payload})
+				next++
+			}
+		}
+	}
+}
+
+// recvFrames reads one whole multipart message without blocking; frames
+// beyond the fourth are read and dropped so an oversized message is still
+// consumed as a unit and reported as malformed by its count.
+func recvFrames(s *zmq.Socket, frames [][]byte) ([][]byte, error) {
+	flags := zmq.DONTWAIT
+	n := 0
+	for {
+		b, err := s.RecvBytes(flags)
+		if err != nil {
+			if n == 0 {
+				return frames, err
+			}
+			return frames, fmt.Errorf("receive frame %d: %w", n, err)
+		}
+		flags = 0 // the rest of a multipart message is already here
+		if n < 8 {
+			frames = append(frames, b)
+		}
+		n++
+		more, err := s.GetRcvmore()
+		if err != nil {
+			return frames, fmt.Errorf("read RCVMORE: %w", err)
+		}
+		if !more {
+			if n > len(frames) {
+				// keep the count visible to the parser
+				frames = append(frames, nil)
+			}
+			return frames, nil
+		}
+	}
+}
+
+// parseReply extracts sequence and payload from a reply as received on the
+// DEALER: ["", seq8, payload] (SGLang, older vLLM) or ["", topic, seq8,
+// payload] (vLLM with the topic frame). Reading from the end covers both.
+func parseReply(frames [][]byte) (uint64, []byte, error) {
+	if len(frames) != 3 && len(frames) != 4 {
+		return 0, nil, fmt.Errorf("malformed replay reply: %d frames, want 3 or 4", len(frames))
+	}
+	if len(frames[0]) != 0 {
+		return 0, nil, fmt.Errorf("malformed replay reply: first frame has %d bytes, want empty delimiter", len(frames[0]))
+	}
+	seqFrame := frames[len(frames)-2]
+	if len(seqFrame) != 8 {
+		return 0, nil, fmt.Errorf("malformed replay reply: sequence frame has %d bytes, want 8", len(seqFrame))
+	}
+	return binary.BigEndian.Uint64(seqFrame), frames[len(frames)-1], nil
+}
+
+// ParseReply is parseReply for callers that decode captured replies (tests,
+// tools); it applies the same frame rules Fetch does.
+func ParseReply(frames [][]byte) (seq uint64, payload []byte, err error) {
+	return parseReply(frames)
+}
+
+// EncodeRequest returns the two frames a subscriber sends to ask for every
+// batch at or after from: an empty delimiter and the 8-byte big-endian start.
+func EncodeRequest(from uint64) [][]byte {
+	seq := make([]byte, 8)
+	binary.BigEndian.PutUint64(seq, from)
+	return [][]byte{{}, seq}
+}
+
+// SamePayload reports whether two payloads for one sequence are identical;
+// differing bytes mean the live and replay streams disagree.
+func SamePayload(a, b []byte) bool { return bytes.Equal(a, b) }

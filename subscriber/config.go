@@ -1,0 +1,159 @@
+package subscriber
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/rs/zerolog"
+)
+
+// EngineSink is the part of an index table an engine (vLLM/SGLang) source
+// writes to. *index.Table satisfies it; tests substitute a recorder so fixture
+// effects can be asserted exactly.
+type EngineSink interface {
+	Store(id index.OwnerID, tier index.Tier, key uint64)
+	Remove(id index.OwnerID, tier index.Tier, key uint64)
+	ClearOwner(id index.OwnerID, tiers index.TierMask)
+}
+
+// SharedSink is the part of an index table a Mooncake source writes to:
+// shared-tier presence is reference counted, one reference per object
+// binding, because several objects (TP ranks, K/V parts) can carry one block.
+type SharedSink interface {
+	AcquireShared(tier index.Tier, key uint64)
+	ReleaseShared(tier index.Tier, key uint64)
+}
+
+// LookupFunc resolves a Mooncake event's context to the table that holds it
+// and the hash profile it was registered with; ok=false when no engine
+// registered the context. Mooncake events pick their context per event, so
+// the subscriber cannot be handed a single table.
+type LookupFunc func(index.ContextKey) (sink SharedSink, profile *hashing.Profile, ok bool)
+
+// SourceType is a registered publisher type. It alone selects the payload
+// decoder; topics and payload shapes never do.
+type SourceType uint8
+
+// Source types, in counter order.
+const (
+	TypeVLLM SourceType = iota
+	TypeSGLang
+	TypeMooncake
+	numSourceTypes
+)
+
+var sourceTypeNames = [numSourceTypes]string{"vLLM", "SGLang", "Mooncake"}
+
+// String returns the registration spelling ("vLLM", "SGLang", "Mooncake").
+func (t SourceType) String() string {
+	if t < numSourceTypes {
+		return sourceTypeNames[t]
+	}
+	return fmt.Sprintf("SourceType(%d)", t)
+}
+
+// ParseSourceType maps the case-sensitive registration `type` to a
+// SourceType, so the registry can validate it before calling Start.
+func ParseSourceType(s string) (SourceType, error) {
+	for i, n := range sourceTypeNames {
+		if n == s {
+			return SourceType(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown publisher type %q (want vLLM, SGLang or Mooncake)", s)
+}
+
+// Config is everything Start needs for one registration.
+type Config struct {
+	Key            string // service key "instance|tenant|rank", for logs
+	Type           string // "vLLM", "SGLang", "Mooncake" — selects the decoder, never topic/shape
+	Endpoint       string
+	ReplayEndpoint string // "" = none; ignored for Mooncake
+	DPRank         int
+	Context        index.ContextKey // the registration's own context
+	Profile        hashing.Profile
+	Engine         EngineSink    // the registration's table (engine types)
+	Owner          index.OwnerID // engine owner in that table
+	Lookup         LookupFunc    // Mooncake: event context -> table
+	Logger         zerolog.Logger
+	Counters       *Counters // shared, may be nil; counts by source type and reason
+	// Tuning overrides transport and recovery limits; the zero value means
+	// the upstream defaults. Tests shorten the timeouts with it.
+	Tuning Tuning
+
+	// onEvent, when set (tests only), is told the outcome of every decoded
+	// event so fixture expectations can be checked per event.
+	onEvent func(seq uint64, o EventOutcome)
+}
+
+// Tuning holds limits that default to upstream's values; zero fields take the
+// default.
+type Tuning struct {
+	RcvHWM               int           // SUB receive high-water mark (200000)
+	ReplayReceiveTimeout time.Duration // per reply (5 s)
+	ReplayTotalTimeout   time.Duration // per recovery (30 s)
+	MaxBufferedMessages  int           // live + replayed messages held during recovery (10000)
+	MaxBufferedBytes     int           // their payload bytes (64 MiB)
+}
+
+const defaultRcvHWM = 200000
+
+func (t Tuning) withDefaults() Tuning {
+	if t.RcvHWM <= 0 {
+		t.RcvHWM = defaultRcvHWM
+	}
+	if t.ReplayReceiveTimeout <= 0 {
+		t.ReplayReceiveTimeout = 5 * time.Second
+	}
+	if t.ReplayTotalTimeout <= 0 {
+		t.ReplayTotalTimeout = 30 * time.Second
+	}
+	if t.MaxBufferedMessages <= 0 {
+		t.MaxBufferedMessages = 10000
+	}
+	if t.MaxBufferedBytes <= 0 {
+		t.MaxBufferedBytes = 64 << 20
+	}
+	return t
+}
+
+// EventOutcome is what happened to one event of a batch; it is reported to
+// the test hook and mirrored in the counters.
+type EventOutcome struct {
+	Index  int
+	Result Result
+	Reason Reason
+}
+
+// Result classifies an event outcome.
+type Result uint8
+
+// Event results (events.md §0.3): applied changed or confirmed index state;
+// ignored is well-formed but deliberately not indexed; rejected failed
+// validation; noop had nothing to act on (e.g. removing an unknown object).
+const (
+	Applied Result = iota
+	Ignored
+	Rejected
+	NoOp
+)
+
+func (r Result) String() string {
+	switch r {
+	case Applied:
+		return "applied"
+	case Ignored:
+		return "ignored"
+	case Rejected:
+		return "rejected"
+	case NoOp:
+		return "no-op"
+	}
+	return "unknown"
+}
+
+// allEngineTiers is every tier an engine owner can hold; staleness and Stop
+// clear all of them.
+const allEngineTiers = index.AllEngineTiers

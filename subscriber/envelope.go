@@ -1,0 +1,123 @@
+package subscriber
+
+import (
+	"math"
+)
+
+// envelope is the decoded outer batch [timestamp, events, dp_rank] (§3.1).
+type envelope struct {
+	tsFloat   float64 // vLLM/SGLang: seconds
+	tsInt     uint64  // Mooncake: milliseconds
+	dpPresent bool
+	dp        uint64
+}
+
+// eventReader decodes the events of one batch into its own buffers; the
+// envelope walker calls it once per element of the events array. It returns
+// an error only for malformed MessagePack, which rejects the whole envelope;
+// a well-formed but invalid event is recorded as rejected and decoding goes
+// on with its siblings.
+type eventReader interface {
+	beginBatch()
+	readEvent(r *mpReader, env *envelope, i int) error
+}
+
+// decodeEnvelope walks one payload, handing each event to er. Nothing is
+// applied here: the batch dp_rank follows the events on the wire and a
+// truncated tail must reject the envelope, so effects wait until the whole
+// payload decoded.
+func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader, env *envelope) Reason {
+	*env = envelope{}
+	er.beginBatch()
+	if len(payload) == 0 {
+		return EnvEmpty
+	}
+	r.reset(payload)
+	k, err := r.peek()
+	if err != nil {
+		return EnvInvalid
+	}
+	if k != kArray {
+		if k == kInvalid {
+			return EnvInvalid
+		}
+		return EnvNotArray
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return EnvInvalid
+	}
+	if n != 3 {
+		return EnvLength
+	}
+	// timestamp: float seconds for engines, integer milliseconds for the master
+	if k, err = r.peek(); err != nil {
+		return EnvInvalid
+	}
+	if typ == TypeMooncake {
+		if !k.isInt() {
+			return EnvTimestamp
+		}
+		u, _, neg, err := r.integer(k)
+		if err != nil {
+			return EnvInvalid
+		}
+		if neg {
+			return EnvTimestamp
+		}
+		env.tsInt = u
+	} else {
+		if k != kFloat {
+			return EnvTimestamp
+		}
+		f, err := r.float()
+		if err != nil {
+			return EnvInvalid
+		}
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return EnvTimestamp
+		}
+		env.tsFloat = f
+	}
+	// events
+	if k, err = r.peek(); err != nil {
+		return EnvInvalid
+	}
+	if k != kArray {
+		return EnvEventsNotArray
+	}
+	m, err := r.arrayLen()
+	if err != nil {
+		return EnvInvalid
+	}
+	for i := 0; i < m; i++ {
+		if err := er.readEvent(r, env, i); err != nil {
+			return EnvInvalid
+		}
+	}
+	// dp_rank
+	if k, err = r.peek(); err != nil {
+		return EnvInvalid
+	}
+	switch {
+	case k == kNil:
+		if r.nil() != nil {
+			return EnvInvalid
+		}
+	case k.isInt():
+		u, _, neg, err := r.integer(k)
+		if err != nil {
+			return EnvInvalid
+		}
+		if neg {
+			return EnvDPRank
+		}
+		env.dpPresent, env.dp = true, u
+	default:
+		return EnvDPRank
+	}
+	if r.remaining() != 0 {
+		return EnvTrailingBytes
+	}
+	return ReasonNone
+}

@@ -1,0 +1,195 @@
+package subscriber
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// mkind classifies a MessagePack type byte. Decoders peek it before every
+// value so a wrong type becomes an event-level rejection (the value is then
+// skipped) rather than a decode error that would abort the whole envelope.
+type mkind uint8
+
+const (
+	kInvalid mkind = iota
+	kNil
+	kBool
+	kUint // positive fixint, uint8..uint64
+	kInt  // negative fixint, int8..int64 (the value may still be positive)
+	kFloat
+	kStr
+	kBin
+	kArray
+	kMap
+	kExt
+)
+
+func kindOf(c byte) mkind {
+	switch {
+	case c <= 0x7f:
+		return kUint
+	case c <= 0x8f:
+		return kMap
+	case c <= 0x9f:
+		return kArray
+	case c <= 0xbf:
+		return kStr
+	case c >= 0xe0:
+		return kInt
+	}
+	switch c {
+	case 0xc0:
+		return kNil
+	case 0xc2, 0xc3:
+		return kBool
+	case 0xc4, 0xc5, 0xc6:
+		return kBin
+	case 0xc7, 0xc8, 0xc9, 0xd4, 0xd5, 0xd6, 0xd7, 0xd8:
+		return kExt
+	case 0xca, 0xcb:
+		return kFloat
+	case 0xcc, 0xcd, 0xce, 0xcf:
+		return kUint
+	case 0xd0, 0xd1, 0xd2, 0xd3:
+		return kInt
+	case 0xd9, 0xda, 0xdb:
+		return kStr
+	case 0xdc, 0xdd:
+		return kArray
+	case 0xde, 0xdf:
+		return kMap
+	}
+	return kInvalid
+}
+
+func (k mkind) isInt() bool { return k == kUint || k == kInt }
+
+// errTruncated is returned when a length prefix points past the payload.
+var errTruncated = errors.New("msgpack: truncated value")
+
+// mpReader walks one payload with msgpack.Decoder's low-level calls. Strings
+// are returned as sub-slices of the payload (no copy): the decoder reads
+// straight from the bytes.Reader, which has no read-ahead, so the reader's
+// offset is always the decoder's.
+type mpReader struct {
+	buf []byte
+	br  bytes.Reader
+	dec *msgpack.Decoder
+}
+
+func newMPReader() *mpReader {
+	r := &mpReader{}
+	r.dec = msgpack.NewDecoder(&r.br)
+	return r
+}
+
+func (r *mpReader) reset(b []byte) {
+	r.buf = b
+	r.br.Reset(b)
+}
+
+func (r *mpReader) remaining() int { return r.br.Len() }
+
+func (r *mpReader) pos() int { return len(r.buf) - r.br.Len() }
+
+// peek returns the kind of the next value without consuming it.
+func (r *mpReader) peek() (mkind, error) {
+	c, err := r.dec.PeekCode()
+	if err != nil {
+		return kInvalid, err
+	}
+	return kindOf(c), nil
+}
+
+func (r *mpReader) skip() error { return r.dec.Skip() }
+
+func (r *mpReader) nil() error { return r.dec.DecodeNil() }
+
+func (r *mpReader) arrayLen() (int, error) { return r.dec.DecodeArrayLen() }
+
+func (r *mpReader) mapLen() (int, error) { return r.dec.DecodeMapLen() }
+
+// integer reads a value of kind kUint or kInt. neg reports a negative value
+// (then s holds it); otherwise u holds it. MessagePack producers may encode a
+// positive value in a signed format, so callers decide by value, not format.
+func (r *mpReader) integer(k mkind) (u uint64, s int64, neg bool, err error) {
+	if k == kUint {
+		u, err = r.dec.DecodeUint64()
+		return u, 0, false, err
+	}
+	s, err = r.dec.DecodeInt64()
+	if s < 0 {
+		return 0, s, true, err
+	}
+	return uint64(s), s, false, err
+}
+
+// str reads a str or bin value as a sub-slice of the payload.
+func (r *mpReader) str() ([]byte, error) {
+	n, err := r.dec.DecodeBytesLen()
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return nil, nil
+	}
+	if n > r.br.Len() {
+		return nil, errTruncated
+	}
+	start := r.pos()
+	if _, err := r.br.Seek(int64(n), io.SeekCurrent); err != nil {
+		return nil, fmt.Errorf("msgpack: skip string: %w", err)
+	}
+	return r.buf[start : start+n : start+n], nil
+}
+
+// float reads a float32/float64 value.
+func (r *mpReader) float() (float64, error) { return r.dec.DecodeFloat64() }
+
+// optStr reads str|nil; ok=false means the value had another type and was
+// skipped. present=false means nil.
+func (r *mpReader) optStr() (b []byte, present, ok bool, err error) {
+	k, err := r.peek()
+	if err != nil {
+		return nil, false, false, err
+	}
+	switch k {
+	case kNil:
+		return nil, false, true, r.nil()
+	case kStr:
+		b, err = r.str()
+		return b, true, true, err
+	}
+	return nil, false, false, r.skip()
+}
+
+// optInt reads int|nil as a signed value; ok=false means another type (or a
+// value beyond int64), skipped or consumed.
+func (r *mpReader) optInt() (v int64, present, ok bool, err error) {
+	k, err := r.peek()
+	if err != nil {
+		return 0, false, false, err
+	}
+	switch k {
+	case kNil:
+		return 0, false, true, r.nil()
+	case kUint, kInt:
+		u, s, neg, err := r.integer(k)
+		if err != nil {
+			return 0, false, false, err
+		}
+		if neg {
+			return s, true, true, nil
+		}
+		if u > math.MaxInt64 {
+			return 0, true, false, nil
+		}
+		return int64(u), true, true, nil
+	}
+	return 0, false, false, r.skip()
+}

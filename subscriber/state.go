@@ -1,0 +1,33 @@
+package subscriber
+
+import "fmt"
+
+// State is a subscriber's externally visible condition, so the registry and
+// metrics can tell a healthy source from one whose entries were retracted.
+type State int32
+
+// States. Stale is terminal until the service is registered again.
+const (
+	Connecting State = iota // socket connected, no batch seen yet
+	Live                    // applying batches in sequence
+	Recovering              // a gap is being filled from the replay endpoint
+	Stale                   // entries retracted, later messages ignored
+	Stopped                 // Stop returned; entries retracted
+)
+
+// String returns the lower-case state name used in logs and listings.
+func (s State) String() string {
+	switch s {
+	case Connecting:
+		return "connecting"
+	case Live:
+		return "live"
+	case Recovering:
+		return "recovering"
+	case Stale:
+		return "stale"
+	case Stopped:
+		return "stopped"
+	}
+	return fmt.Sprintf("State(%d)", int32(s))
+}

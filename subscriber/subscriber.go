@@ -1,0 +1,614 @@
+package subscriber
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mooncake-conductor-go/conductor/replay"
+	zmq "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
+)
+
+// Internal sentinels that end a replay early; neither is a replay failure.
+var (
+	errStopped      = errors.New("subscriber stopping")
+	errStaleInFetch = errors.New("source became stale during replay")
+)
+
+// drainBurst bounds how many queued messages are handled between two polls,
+// so a stop request is noticed promptly even under full-speed traffic.
+const drainBurst = 1024
+
+// pollInterval is a safety net: the run loop wakes at least this often to
+// check the stop flag even if the stop socket misbehaves.
+const pollInterval = 250 * time.Millisecond
+
+var stopEndpointSeq atomic.Uint64
+
+// Subscriber consumes one registered publisher. All sequence state and all
+// index writes belong to its goroutine, so no locks guard them; the exported
+// methods only read atomics.
+type Subscriber struct {
+	cfg     Config
+	typ     SourceType
+	tuning  Tuning
+	log     zerolog.Logger
+	sampled zerolog.Logger // per-message warnings, rate limited
+
+	state    atomic.Int32
+	lastSeq  atomic.Uint64
+	hasSeq   atomic.Bool
+	stopping atomic.Bool
+
+	stopOnce sync.Once
+	stopTx   *zmq.Socket // used only by Stop
+	done     chan struct{}
+
+	// Owned by the run goroutine.
+	sub       *zmq.Socket
+	stopRx    *zmq.Socket
+	poller    *zmq.Poller
+	replay    *replay.Client
+	r         *mpReader
+	env       envelope
+	engine    *engineDecoder
+	moon      *mooncakeDecoder
+	frames    [][]byte
+	applied   uint64 // A: last applied sequence
+	high      uint64 // L: highest live sequence received
+	started   bool   // A and L are set
+	retracted bool
+	buffered  []liveMsg
+	budget    replay.Budget
+}
+
+// liveMsg is a live batch held while a gap is being recovered.
+type liveMsg struct {
+	seq     uint64
+	payload []byte
+}
+
+// Start validates cfg, connects the SUB socket and starts the subscriber's
+// goroutine. The caller must eventually call Stop, which retracts everything
+// the source contributed.
+func Start(cfg Config) (*Subscriber, error) {
+	typ, err := ParseSourceType(cfg.Type)
+	if err != nil {
+		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
+	}
+	if cfg.Profile.Projection() == 0 {
+		return nil, fmt.Errorf("start subscriber %s: hash profile is not resolved", cfg.Key)
+	}
+	switch {
+	case typ == TypeMooncake && cfg.Lookup == nil:
+		return nil, fmt.Errorf("start subscriber %s: Mooncake source needs a context lookup", cfg.Key)
+	case typ != TypeMooncake && cfg.Engine == nil:
+		return nil, fmt.Errorf("start subscriber %s: engine source needs an index table", cfg.Key)
+	}
+	s := &Subscriber{
+		cfg:    cfg,
+		typ:    typ,
+		tuning: cfg.Tuning.withDefaults(),
+		done:   make(chan struct{}),
+		r:      newMPReader(),
+	}
+	s.log = cfg.Logger.With().Str("service", cfg.Key).Str("type", typ.String()).Str("endpoint", cfg.Endpoint).Logger()
+	s.sampled = s.log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute})
+	if typ == TypeMooncake {
+		s.moon = newMooncakeDecoder(&cfg)
+		if cfg.ReplayEndpoint != "" {
+			s.log.Warn().Str("replay_endpoint", cfg.ReplayEndpoint).Msg("the Mooncake master has no replay; replay_endpoint ignored")
+		}
+	} else {
+		s.engine = newEngineDecoder(typ, &cfg.Profile, cfg.Context.BlockSize, cfg.Context.Lora)
+		if cfg.ReplayEndpoint != "" {
+			s.replay = replay.NewClient(cfg.ReplayEndpoint)
+		}
+	}
+	if err := s.open(); err != nil {
+		s.closeSockets()
+		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
+	}
+	s.state.Store(int32(Connecting))
+	go s.run()
+	return s, nil
+}
+
+// open creates the SUB socket and the inproc pair Stop uses to wake the
+// goroutine out of a blocking poll.
+func (s *Subscriber) open() error {
+	sub, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		return fmt.Errorf("create SUB socket: %w", err)
+	}
+	s.sub = sub
+	if err := sub.SetLinger(0); err != nil {
+		return fmt.Errorf("set SUB linger: %w", err)
+	}
+	if err := sub.SetRcvhwm(s.tuning.RcvHWM); err != nil {
+		return fmt.Errorf("set SUB receive high-water mark: %w", err)
+	}
+	if err := sub.SetIpv6(true); err != nil {
+		return fmt.Errorf("enable IPv6 on SUB socket: %w", err)
+	}
+	if err := sub.SetSubscribe(""); err != nil {
+		return fmt.Errorf("subscribe to all topics: %w", err)
+	}
+	if err := sub.Connect(s.cfg.Endpoint); err != nil {
+		return fmt.Errorf("connect SUB socket to %s: %w", s.cfg.Endpoint, err)
+	}
+	name := fmt.Sprintf("inproc://conductor-subscriber-stop-%d", stopEndpointSeq.Add(1))
+	if s.stopRx, err = zmq.NewSocket(zmq.PAIR); err != nil {
+		return fmt.Errorf("create stop socket: %w", err)
+	}
+	_ = s.stopRx.SetLinger(0)
+	if err := s.stopRx.Bind(name); err != nil {
+		return fmt.Errorf("bind stop socket: %w", err)
+	}
+	if s.stopTx, err = zmq.NewSocket(zmq.PAIR); err != nil {
+		return fmt.Errorf("create stop socket: %w", err)
+	}
+	_ = s.stopTx.SetLinger(0)
+	if err := s.stopTx.Connect(name); err != nil {
+		return fmt.Errorf("connect stop socket: %w", err)
+	}
+	return nil
+}
+
+func (s *Subscriber) closeSockets() {
+	for _, p := range []**zmq.Socket{&s.sub, &s.stopRx, &s.stopTx} {
+		if *p != nil {
+			_ = (*p).Close()
+			*p = nil
+		}
+	}
+	if s.replay != nil {
+		s.replay.Close()
+	}
+}
+
+// Stop ends the subscription: it wakes the goroutine (even mid-replay),
+// waits for it, closes every socket and retracts everything the source
+// contributed. It is idempotent and safe to call concurrently.
+func (s *Subscriber) Stop() {
+	s.stopOnce.Do(func() {
+		s.stopping.Store(true)
+		if _, err := s.stopTx.SendBytes([]byte{1}, zmq.DONTWAIT); err != nil {
+			s.log.Warn().Err(err).Msg("stop signal not delivered; waiting for the poll interval")
+		}
+		<-s.done
+		_ = s.stopTx.Close()
+		s.stopTx = nil
+	})
+	<-s.done
+}
+
+// State reports the subscriber's condition.
+func (s *Subscriber) State() State { return State(s.state.Load()) }
+
+// Stale reports whether the source was marked stale (its entries retracted,
+// later messages ignored until it is registered again).
+func (s *Subscriber) Stale() bool { return s.State() == Stale }
+
+// LastSeq returns the last applied sequence number; ok is false before the
+// first batch.
+func (s *Subscriber) LastSeq() (seq uint64, ok bool) {
+	if !s.hasSeq.Load() {
+		return 0, false
+	}
+	return s.lastSeq.Load(), true
+}
+
+func (s *Subscriber) setState(st State) { s.state.Store(int32(st)) }
+
+func (s *Subscriber) run() {
+	defer func() {
+		if !s.retracted {
+			s.retract()
+		}
+		if s.sub != nil {
+			_ = s.sub.Close()
+			s.sub = nil
+		}
+		_ = s.stopRx.Close()
+		if s.replay != nil {
+			s.replay.Close()
+		}
+		s.buffered = nil
+		s.setState(Stopped)
+		s.log.Info().Msg("subscriber stopped")
+		close(s.done)
+	}()
+	s.log.Info().Bool("replay", s.replay != nil).Msg("subscriber started")
+	s.poller = zmq.NewPoller()
+	s.poller.Add(s.sub, zmq.POLLIN)
+	s.poller.Add(s.stopRx, zmq.POLLIN)
+	for {
+		if s.stopping.Load() {
+			return
+		}
+		polled, err := s.poller.Poll(pollInterval)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
+				continue
+			}
+			s.log.Error().Err(err).Msg("poll failed; subscriber exits")
+			return
+		}
+		for _, p := range polled {
+			if p.Socket == s.stopRx {
+				return
+			}
+		}
+		for _, p := range polled {
+			if p.Socket == s.sub && s.sub != nil {
+				if err := s.drain(s.onLive); errors.Is(err, errStopped) {
+					return
+				}
+			}
+		}
+		s.closeIfStale()
+	}
+}
+
+// closeIfStale drops the SUB and DEALER sockets of a stale source: its
+// messages are ignored anyway, and the publisher then stops queueing them.
+func (s *Subscriber) closeIfStale() {
+	if s.State() != Stale || s.sub == nil {
+		return
+	}
+	_ = s.poller.RemoveBySocket(s.sub)
+	_ = s.sub.Close()
+	s.sub = nil
+	if s.replay != nil {
+		s.replay.Close()
+	}
+}
+
+// drain handles up to drainBurst queued live messages with handle.
+func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
+	for range drainBurst {
+		if s.sub == nil {
+			return nil
+		}
+		frames, err := recvFrames(s.sub, s.frames[:0])
+		s.frames = frames
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+				return nil
+			}
+			s.cfg.Counters.add(MetricDropped, s.typ, DropReceiveError, 1)
+			s.sampled.Warn().Err(err).Msg("receive failed")
+			return nil
+		}
+		if err := handle(frames); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recvFrames reads one multipart message without blocking, keeping at most
+// four frames (more are read and counted so the message is consumed whole).
+func recvFrames(sock *zmq.Socket, frames [][]byte) ([][]byte, error) {
+	flags := zmq.DONTWAIT
+	n := 0
+	for {
+		b, err := sock.RecvBytes(flags)
+		if err != nil {
+			if n == 0 {
+				return frames, err
+			}
+			return frames, fmt.Errorf("receive frame %d: %w", n, err)
+		}
+		flags = 0
+		if n < 4 {
+			frames = append(frames, b)
+		}
+		n++
+		more, err := sock.GetRcvmore()
+		if err != nil {
+			return frames, fmt.Errorf("read RCVMORE: %w", err)
+		}
+		if !more {
+			for len(frames) < n && len(frames) < 5 {
+				frames = append(frames, nil)
+			}
+			return frames, nil
+		}
+	}
+}
+
+// frameSeq checks the framing rules of §1.2/§1.4 and returns the sequence;
+// ok=false means the message was dropped (and counted).
+func (s *Subscriber) frameSeq(frames [][]byte) (uint64, bool) {
+	s.cfg.Counters.add(MetricReceived, s.typ, ReasonNone, 1)
+	var why Reason
+	switch {
+	case len(frames) != 3:
+		why = DropFrameCount
+	case len(frames[1]) != 8:
+		why = DropSeqLength
+	}
+	if why == ReasonNone {
+		seq := binary.BigEndian.Uint64(frames[1])
+		if seq <= math.MaxInt64 {
+			return seq, true
+		}
+		why = DropSeqReserved
+	}
+	s.cfg.Counters.add(MetricDropped, s.typ, why, 1)
+	s.sampled.Warn().Str("reason", why.String()).Int("frames", len(frames)).Msg("malformed message dropped")
+	return 0, false
+}
+
+// onLive runs the sequence state machine of §1.5 for one live message.
+func (s *Subscriber) onLive(frames [][]byte) error {
+	seq, ok := s.frameSeq(frames)
+	if !ok {
+		return nil
+	}
+	payload := frames[2]
+	switch {
+	case s.State() == Stale:
+		s.cfg.Counters.add(MetricDropped, s.typ, DropStale, 1)
+	case !s.started:
+		s.started = true
+		s.high = seq
+		s.setState(Live)
+		s.applyBatch(seq, payload)
+	case seq <= s.high:
+		s.markStale(StaleRegression, seq)
+	case seq <= s.applied:
+		// already applied through replay
+		s.cfg.Counters.add(MetricDropped, s.typ, DropDuplicate, 1)
+		s.high = seq
+	case seq == s.applied+1:
+		s.high = seq
+		s.applyBatch(seq, payload)
+	default:
+		s.cfg.Counters.add(MetricGaps, s.typ, ReasonNone, 1)
+		if s.replay == nil {
+			s.markStale(StaleGap, seq)
+			return nil
+		}
+		s.high = seq
+		s.log.Info().Uint64("last_applied", s.applied).Uint64("received", seq).Msg("sequence gap; recovering through replay")
+		return s.recover(liveMsg{seq: seq, payload: payload})
+	}
+	return nil
+}
+
+// recover fills the gap before first from the replay endpoint (§2.6),
+// buffering live messages meanwhile, then applies replayed and buffered
+// batches in order. It returns errStopped if Stop interrupted it.
+func (s *Subscriber) recover(first liveMsg) error {
+	s.setState(Recovering)
+	s.budget = replay.Budget{MaxMessages: s.tuning.MaxBufferedMessages, MaxBytes: s.tuning.MaxBufferedBytes}
+	s.buffered = s.buffered[:0]
+	if !s.budget.Take(len(first.payload)) {
+		s.markStale(StaleBufferOverflow, first.seq)
+		return nil
+	}
+	s.buffered = append(s.buffered, first)
+	deadline := time.Now().Add(s.tuning.ReplayTotalTimeout)
+	for {
+		before := s.applied
+		recs, err := s.replay.Fetch(replay.Request{
+			From:           s.applied + 1,
+			Until:          s.buffered[0].seq,
+			HasUntil:       true,
+			Deadline:       deadline,
+			ReceiveTimeout: s.tuning.ReplayReceiveTimeout,
+			Budget:         &s.budget,
+			Beyond:         s.checkBuffered,
+			Watch:          []*zmq.Socket{s.sub, s.stopRx},
+			OnWatch:        s.onWatchDuringReplay,
+			OnRetry: func(err error) {
+				s.cfg.Counters.add(MetricReplays, s.typ, ReplayRetried, 1)
+				s.sampled.Warn().Err(err).Msg("replay attempt failed; retrying")
+			},
+		})
+		switch {
+		case err == nil:
+		case errors.Is(err, errStopped):
+			s.cfg.Counters.add(MetricReplays, s.typ, ReplayStopped, 1)
+			return errStopped
+		case errors.Is(err, errStaleInFetch):
+			return nil
+		case errors.Is(err, replay.ErrBudget):
+			s.cfg.Counters.add(MetricReplays, s.typ, ReplayUnrecoverable, 1)
+			s.log.Warn().Err(err).Msg("replay exceeds recovery buffer")
+			s.markStale(StaleBufferOverflow, 0)
+			return nil
+		case errors.Is(err, replay.ErrDeadline):
+			s.cfg.Counters.add(MetricReplays, s.typ, ReplayDeadline, 1)
+			s.log.Warn().Err(err).Msg("replay did not complete in time")
+			s.markStale(StaleDeadline, 0)
+			return nil
+		default:
+			s.cfg.Counters.add(MetricReplays, s.typ, ReplayUnrecoverable, 1)
+			s.log.Warn().Err(err).Msg("replay cannot fill the gap")
+			s.markStale(StaleReplay, 0)
+			return nil
+		}
+		for _, rec := range recs {
+			s.budget.Give(len(rec.Payload))
+			if s.State() == Stale {
+				return nil
+			}
+			s.applyBatch(rec.Seq, rec.Payload)
+		}
+		i := 0
+		for ; i < len(s.buffered) && s.State() != Stale; i++ {
+			m := s.buffered[i]
+			if m.seq > s.applied+1 {
+				break
+			}
+			s.budget.Give(len(m.payload))
+			if m.seq == s.applied+1 {
+				s.applyBatch(m.seq, m.payload)
+			}
+		}
+		if s.State() == Stale {
+			return nil
+		}
+		n := copy(s.buffered, s.buffered[i:])
+		clear(s.buffered[n:])
+		s.buffered = s.buffered[:n]
+		if len(s.buffered) == 0 {
+			s.cfg.Counters.add(MetricReplays, s.typ, ReplayRecovered, 1)
+			s.log.Info().Uint64("last_applied", s.applied).Msg("gap recovered")
+			s.setState(Live)
+			return nil
+		}
+		if s.applied == before {
+			s.cfg.Counters.add(MetricReplays, s.typ, ReplayUnrecoverable, 1)
+			s.log.Warn().Uint64("last_applied", s.applied).Uint64("next_buffered", s.buffered[0].seq).Msg("replay advanced nothing; gap remains")
+			s.markStale(StaleReplay, 0)
+			return nil
+		}
+		// A further hole among the buffered messages: recover from A+1 again.
+	}
+}
+
+// checkBuffered compares a replayed batch at or after the first buffered
+// sequence with the live copy: different bytes for one sequence mean the two
+// streams disagree and nothing can be trusted (§2.6 step 6).
+func (s *Subscriber) checkBuffered(seq uint64, payload []byte) error {
+	i := sort.Search(len(s.buffered), func(i int) bool { return s.buffered[i].seq >= seq })
+	if i < len(s.buffered) && s.buffered[i].seq == seq && !bytes.Equal(s.buffered[i].payload, payload) {
+		return fmt.Errorf("replayed seq %d differs from the live message", seq)
+	}
+	return nil
+}
+
+// onWatchDuringReplay keeps consuming the live stream while a replay runs,
+// so the SUB queue cannot overflow and Stop stays prompt.
+func (s *Subscriber) onWatchDuringReplay(sock *zmq.Socket) error {
+	if sock == s.stopRx || s.stopping.Load() {
+		return errStopped
+	}
+	if sock != s.sub {
+		return nil
+	}
+	return s.drain(func(frames [][]byte) error {
+		seq, ok := s.frameSeq(frames)
+		if !ok {
+			return nil
+		}
+		if seq <= s.high {
+			s.markStale(StaleRegression, seq)
+			return errStaleInFetch
+		}
+		s.high = seq
+		if !s.budget.Take(len(frames[2])) {
+			s.markStale(StaleBufferOverflow, seq)
+			return errStaleInFetch
+		}
+		s.buffered = append(s.buffered, liveMsg{seq: seq, payload: frames[2]})
+		return nil
+	})
+}
+
+// markStale retracts everything the source contributed and ignores it from
+// now on (§5.2). seq is the message that triggered it, if any.
+func (s *Subscriber) markStale(why Reason, seq uint64) {
+	if s.State() == Stale {
+		return
+	}
+	s.setState(Stale)
+	s.cfg.Counters.add(MetricStale, s.typ, why, 1)
+	ev := s.log.Warn().Str("reason", why.String())
+	if s.started {
+		ev = ev.Uint64("last_applied", s.applied)
+	}
+	if seq != 0 {
+		ev = ev.Uint64("seq", seq)
+	}
+	ev.Msg("source is stale; its entries are retracted until it is registered again")
+	s.retract()
+	clear(s.buffered)
+	s.buffered = s.buffered[:0]
+	s.budget.Reset()
+}
+
+// retract removes everything the source put in the index.
+func (s *Subscriber) retract() {
+	s.retracted = true
+	if s.moon != nil {
+		s.moon.retract()
+		return
+	}
+	s.cfg.Engine.ClearOwner(s.cfg.Owner, allEngineTiers)
+}
+
+func (s *Subscriber) setApplied(seq uint64) {
+	s.applied = seq
+	s.lastSeq.Store(seq)
+	s.hasSeq.Store(true)
+}
+
+// applyBatch decodes one payload and dispatches its events; the sequence is
+// consumed whatever the outcome (§1.5 table).
+func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
+	s.setApplied(seq)
+	var rej Reason
+	if s.moon != nil {
+		rej = decodeEnvelope(s.r, s.typ, payload, s.moon, &s.env)
+	} else {
+		rej = decodeEnvelope(s.r, s.typ, payload, s.engine, &s.env)
+	}
+	if rej != ReasonNone {
+		s.cfg.Counters.add(MetricEnvelopeRejected, s.typ, rej, 1)
+		s.sampled.Warn().Uint64("seq", seq).Str("reason", rej.String()).Int("payload_bytes", len(payload)).Msg("batch envelope rejected")
+		return
+	}
+	if s.moon != nil {
+		s.moon.apply()
+		for i := range s.moon.events {
+			e := &s.moon.events[i]
+			s.report(seq, i, e.result, e.reason)
+		}
+		return
+	}
+	if s.env.dpPresent && s.env.dp != uint64(s.cfg.DPRank) {
+		s.cfg.Counters.add(MetricBatchRejected, s.typ, BatchDPMismatch, 1)
+		s.log.Warn().Uint64("seq", seq).Uint64("batch_dp_rank", s.env.dp).Int("registered_dp_rank", s.cfg.DPRank).Msg("batch dp_rank does not match the registration")
+		s.markStale(StaleBatchRejected, seq)
+		return
+	}
+	s.engine.apply(s.cfg.Engine, s.cfg.Owner)
+	for i := range s.engine.events {
+		e := &s.engine.events[i]
+		s.report(seq, i, e.result, e.reason)
+	}
+}
+
+// report counts one event outcome and logs rejections (rate limited).
+func (s *Subscriber) report(seq uint64, i int, res Result, why Reason) {
+	switch res {
+	case Applied:
+		s.cfg.Counters.add(MetricApplied, s.typ, ReasonNone, 1)
+	case Ignored, NoOp:
+		s.cfg.Counters.add(MetricIgnored, s.typ, why, 1)
+	case Rejected:
+		s.cfg.Counters.add(MetricRejected, s.typ, why, 1)
+		if why == EvArrayEncoded {
+			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Msg("array-encoded event rejected: this engine release predates map-encoded KV events and is not supported")
+		} else {
+			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Str("reason", why.String()).Msg("event rejected")
+		}
+	}
+	if s.cfg.onEvent != nil {
+		s.cfg.onEvent(seq, EventOutcome{Index: i, Result: res, Reason: why})
+	}
+}
