@@ -35,11 +35,44 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg)
+	a, err := newApp(cfg, newLogger(cfg))
+	if err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- a.serve() }()
+
+	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	select {
+	case err := <-served:
+		a.close()
+		return fmt.Errorf("serve: %w", err)
+	case <-sig.Done():
+	}
+	a.log.Info().Msg("shutting down")
+	done := make(chan struct{})
+	go func() { a.close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		a.log.Warn().Msg("shutdown took longer than 5s; exiting")
+	}
+	return nil
+}
+
+// app is the wired service: one index, one registry, one HTTP server.
+type app struct {
+	log zerolog.Logger
+	reg *registry.Registry
+	srv *server.Server
+	ln  net.Listener
+}
+
+func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn().Msg(w)
 	}
-
 	ix := index.New(index.Options{})
 	counters := subscriber.NewCounters()
 	reg := registry.New(registry.Options{
@@ -47,44 +80,30 @@ func run(args []string) error {
 		Start:  sourceFactory(log, counters),
 		Logger: log,
 	})
-	defer reg.Close()
 	for _, st := range cfg.Static {
 		if _, err := reg.Register(st.Service); err != nil {
-			return fmt.Errorf("static registration %q: %w", st.Name, err)
+			reg.Close()
+			return nil, fmt.Errorf("static registration %q: %w", st.Name, err)
 		}
 	}
-
-	srv := server.New(server.Options{Registry: reg, Index: ix, Logger: log})
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
-
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-
-	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	case <-sig.Done():
-	}
-	log.Info().Msg("shutting down")
-	done := make(chan struct{})
-	go func() {
-		_ = srv.Shutdown()
 		reg.Close()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		log.Warn().Msg("shutdown took longer than 5s; exiting")
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	return nil
+	srv := server.New(server.Options{Registry: reg, Index: ix, Logger: log})
+	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
+	return &app{log: log, reg: reg, srv: srv, ln: ln}, nil
+}
+
+func (a *app) serve() error { return a.srv.Serve(a.ln) }
+
+// close stops accepting, lets in-flight requests finish, then stops every
+// subscriber and closes its sockets.
+func (a *app) close() {
+	_ = a.srv.Shutdown()
+	a.reg.Close()
 }
 
 func newLogger(cfg *config.Config) zerolog.Logger {

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"encoding/binary"
+	"io"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"github.com/vmihailenco/msgpack/v5"
+	"go.uber.org/goleak"
+
+	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// These tests run the wired service as main does, with real ZMQ publishers
+// on loopback, and talk to it over HTTP only.
+
+type e2e struct {
+	t    *testing.T
+	app  *app
+	base string
+	c    fasthttp.Client
+	done chan error
+}
+
+func startApp(t *testing.T) *e2e {
+	t.Helper()
+	cfg := &config.Config{Addr: "127.0.0.1", Port: 0}
+	a, err := newApp(cfg, zerolog.New(io.Discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &e2e{t: t, app: a, base: "http://" + a.ln.Addr().String(), done: make(chan error, 1)}
+	go func() { e.done <- a.serve() }()
+	t.Cleanup(func() {
+		a.close()
+		<-e.done
+	})
+	return e
+}
+
+func (e *e2e) post(path string, body any) (int, map[string]any) {
+	e.t.Helper()
+	b, err := msgpack.Marshal(body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(e.base + path)
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/msgpack")
+	req.SetBody(b)
+	if err := e.c.DoTimeout(req, resp, 10*time.Second); err != nil {
+		e.t.Fatal(err)
+	}
+	var out map[string]any
+	if err := msgpack.Unmarshal(resp.Body(), &out); err != nil {
+		e.t.Fatalf("%s: %v", path, err)
+	}
+	return resp.StatusCode(), out
+}
+
+func (e *e2e) get(path string) map[string]any {
+	e.t.Helper()
+	status, body, err := e.c.GetTimeout(nil, e.base+path, 10*time.Second)
+	if err != nil || status != 200 {
+		e.t.Fatalf("GET %s: %d %v", path, status, err)
+	}
+	var out map[string]any
+	if err := msgpack.Unmarshal(body, &out); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// publisher is a real ZMQ PUB socket speaking the engines' three-frame
+// messages.
+type publisher struct {
+	t        *testing.T
+	sock     *zmq.Socket
+	endpoint string
+	seq      uint64
+}
+
+func newPublisher(t *testing.T) *publisher {
+	t.Helper()
+	s, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, err := s.GetLastEndpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &publisher{t: t, sock: s, endpoint: ep}
+	t.Cleanup(func() { s.SetLinger(0); s.Close() })
+	return p
+}
+
+func (p *publisher) send(dpRank int, events ...map[string]any) {
+	p.t.Helper()
+	payload, err := msgpack.Marshal([]any{float64(time.Now().UnixNano()) / 1e9, events, dpRank})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.seq++
+	var seq [8]byte
+	binary.BigEndian.PutUint64(seq[:], p.seq)
+	if _, err := p.sock.SendMessage([]byte("kv"), seq[:], payload); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func vllmKeys(t *testing.T, tokens []int32) []uint64 {
+	t.Helper()
+	seed := "0"
+	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := hashing.AcquireChain()
+	defer hashing.ReleaseChain(ch)
+	ch.Reset(&prof, 16, tokens, "", "")
+	var keys []uint64
+	for {
+		k, _, ok := ch.Next()
+		if !ok {
+			return keys
+		}
+		keys = append(keys, k)
+	}
+}
+
+func vllmRegistration(instance, endpoint string) map[string]any {
+	return map[string]any{
+		"endpoint": endpoint, "type": "vLLM", "modelname": "deepseek", "instance_id": instance,
+		"block_size": 16, "dp_rank": 0,
+		"hash_profile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"},
+	}
+}
+
+func (e *e2e) deviceHits(instance string, tokens []int32) int64 {
+	e.t.Helper()
+	status, out := e.post("/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tokens, "instance_id": instance})
+	if status != 200 {
+		e.t.Fatalf("query: %d %v", status, out)
+	}
+	insts := out["instances"].(map[string]any)
+	in, ok := insts[instance].(map[string]any)
+	if !ok {
+		e.t.Fatalf("instance %s missing from %v", instance, out)
+	}
+	v, _ := msgpackInt(in["device"])
+	return v
+}
+
+func msgpackInt(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint64:
+		return int64(n), true
+	}
+	return 0, false
+}
+
+// eventually retries publish-then-check until check holds: a SUB socket
+// joins a PUB asynchronously, so the first messages may be lost before the
+// subscription exists.
+func eventually(t *testing.T, what string, step func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !step() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fasthttpGlobals are fasthttp's process-wide housekeeping goroutines (the
+// Date header ticker, the test client's cleaners, and the worker pool's
+// cleaner, which exits on its next 10 s tick after Shutdown). They are not
+// ours to stop; everything else must be gone after unregistration and
+// shutdown.
+var fasthttpGlobals = []goleak.Option{
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*Client).mCleaner"),
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+	goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+}
+
+func TestEndToEndVLLM(t *testing.T) {
+	// Registered first, so it runs after the app's own cleanup.
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() {
+		goleak.VerifyNone(t, append([]goleak.Option{ignore}, fasthttpGlobals...)...)
+	})
+	e := startApp(t)
+	pub := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("p0", pub.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	tokens := make([]int32, 40)
+	for i := range tokens {
+		tokens[i] = int32(1000 + i)
+	}
+	keys := vllmKeys(t, tokens)
+	if len(keys) != 2 {
+		t.Fatalf("%d keys", len(keys))
+	}
+	stored := map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": nil, "token_ids": tokens[:32],
+		"block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+
+	// Until the subscription is up, published messages are lost; the
+	// first one that arrives is the sequence baseline.
+	eventually(t, "BlockStored to reach /query", func() bool {
+		pub.send(0, stored)
+		return e.deviceHits("p0", tokens) == 32
+	})
+
+	pub.send(0, map[string]any{"type": "BlockRemoved", "block_hashes": keys[1:], "medium": "GPU"})
+	eventually(t, "BlockRemoved", func() bool { return e.deviceHits("p0", tokens) == 16 })
+
+	pub.send(0, map[string]any{"type": "AllBlocksCleared"})
+	eventually(t, "AllBlocksCleared", func() bool { return e.deviceHits("p0", tokens) == 0 })
+
+	// A gap without a replay endpoint makes the source stale: entries are
+	// retracted and later messages ignored, while the service stays listed.
+	pub.send(0, stored)
+	eventually(t, "re-store", func() bool { return e.deviceHits("p0", tokens) == 32 })
+	pub.seq += 5
+	pub.send(0, stored)
+	eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
+	pub.send(0, stored)
+	time.Sleep(100 * time.Millisecond)
+	if got := e.deviceHits("p0", tokens); got != 0 {
+		t.Errorf("stale source applied a later message: device=%d", got)
+	}
+	if svcs := e.get("/services"); svcs["count"] != int8(1) {
+		t.Errorf("stale service not listed: %v", svcs)
+	}
+
+	// An identical registration restarts a stale source.
+	if status, out := e.post("/register", vllmRegistration("p0", pub.endpoint)); status != 200 {
+		t.Fatalf("re-register: %d %v", status, out)
+	}
+	eventually(t, "restarted source", func() bool {
+		pub.send(0, stored)
+		return e.deviceHits("p0", tokens) == 32
+	})
+
+	if status, out := e.post("/unregister", map[string]any{"instance_id": "p0", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister: %d %v", status, out)
+	}
+	if gv := e.get("/global_view"); gv["context_count"] != int8(0) {
+		t.Errorf("global_view after unregister: %v", gv)
+	}
+}
+
+func TestDefaultRunAnswersServices(t *testing.T) {
+	e := startApp(t)
+	got := e.get("/services")
+	if len(got) != 2 || got["count"] != int8(0) || len(got["services"].([]any)) != 0 {
+		t.Errorf("GET /services = %v, want {count: 0, services: []}", got)
+	}
+}
