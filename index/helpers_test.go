@@ -65,7 +65,13 @@ func stripeErr(tb *Table, s *stripe) error {
 		if v == 0 {
 			continue
 		}
-		idx := int(v - 1)
+		idx := int(v&s.idxMask) - 1
+		if idx < 0 || idx >= len(s.blocks) {
+			return fmt.Errorf("slot %#x outside the slab (%d)", v, len(s.blocks))
+		}
+		if v&^s.idxMask != s.fingerprint(mix(s.blocks[idx].key)) {
+			return fmt.Errorf("slot %#x has a stale fingerprint", v)
+		}
 		if inIndex[idx] {
 			return fmt.Errorf("slab %d indexed twice", idx)
 		}

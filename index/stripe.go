@@ -52,15 +52,18 @@ type stripe struct {
 	mu sync.RWMutex
 	// dead is set when the table is dropped; every later operation is a no-op.
 	dead bool
-	// slots is a linear-probing table: 0 empty, otherwise slab index + 1.
-	// Its length is arbitrary (fastrange addressing), which lets it grow by
-	// 25% steps and stay between 64% and 80% full.
-	slots  []uint32
-	blocks []block
-	nlive  int
-	free   uint32 // 1-based head of the free block list
-	ext    [][]pair
-	extFre []uint32
+	// slots is a linear-probing table: 0 empty, otherwise a fingerprint in
+	// the bits above idxBits and slab index + 1 below. Its length is
+	// arbitrary (fastrange addressing), which lets it grow by 25% steps and
+	// stay between 64% and 80% full.
+	slots   []uint32
+	idxBits uint
+	idxMask uint32
+	blocks  []block
+	nlive   int
+	free    uint32 // 1-based head of the free block list
+	ext     [][]pair
+	extFre  []uint32
 	// owned[id] lists the slab indices of blocks engine owner id holds here.
 	owned    [][]uint32
 	tierKeys [numTiers]int
@@ -84,20 +87,30 @@ func home(h uint64, n int) int {
 	return int((uint64(uint32(h)) * uint64(n)) >> 32)
 }
 
+// fingerprint is the tag a key's hash leaves in the slot bits above the
+// slab index; probes compare it before touching the slab, so a miss (every
+// new key, every query's last block) costs no slab cache misses.
+func (s *stripe) fingerprint(h uint64) uint32 {
+	return uint32(h>>32) << s.idxBits
+}
+
 // find returns the slab index of key, or -1.
 func (s *stripe) find(key, h uint64) int {
 	n := len(s.slots)
 	if n == 0 {
 		return -1
 	}
+	fp, mask := s.fingerprint(h), s.idxMask
 	i := home(h, n)
 	for {
 		v := s.slots[i]
 		if v == 0 {
 			return -1
 		}
-		if s.blocks[v-1].key == key {
-			return int(v - 1)
+		if v&^mask == fp {
+			if idx := int(v&mask) - 1; s.blocks[idx].key == key {
+				return idx
+			}
 		}
 		if i++; i == n {
 			i = 0
@@ -111,14 +124,17 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 		s.resize(s.nlive + 1)
 	}
 	n := len(s.slots)
+	fp, mask := s.fingerprint(h), s.idxMask
 	i := home(h, n)
 	for {
 		v := s.slots[i]
 		if v == 0 {
 			break
 		}
-		if s.blocks[v-1].key == key {
-			return int(v - 1)
+		if v&^mask == fp {
+			if idx := int(v&mask) - 1; s.blocks[idx].key == key {
+				return idx
+			}
 		}
 		if i++; i == n {
 			i = 0
@@ -133,30 +149,43 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 		idx = uint32(len(s.blocks))
 		s.blocks = append(s.blocks, block{key: key})
 	}
-	s.slots[i] = idx + 1
+	s.slots[i] = fp | (idx + 1)
 	s.nlive++
 	return int(idx)
 }
 
 // resize rebuilds slots for want live keys at 64% load: growth steps are
 // 25%, so the table never holds more than ~1.56 slots per key (≤ 6.25 B).
+// It also re-splits the slot word: the slab index gets just enough bits for
+// the slab to reach the next resize, the fingerprint the rest.
 func (s *stripe) resize(want int) {
 	n := want * 100 / 64
 	if n < 8 {
 		n = 8
 	}
+	// The slab grows only while the free list is empty, i.e. to at most
+	// 80% of n blocks before the next resize.
+	s.idxBits = 1
+	for limit := uint64(max(len(s.blocks), n)) + 1; uint64(1)<<s.idxBits <= limit; {
+		s.idxBits++
+	}
+	s.idxMask = uint32(uint64(1)<<s.idxBits - 1)
 	slots := make([]uint32, n)
-	for _, v := range s.slots {
-		if v == 0 {
+	// Walk the slab rather than the old slots: sequential reads of keys
+	// instead of one cache miss per entry.
+	for idx := range s.blocks {
+		b := &s.blocks[idx]
+		if b.first.own == 0 { // free (a live block always has a holder here)
 			continue
 		}
-		i := home(mix(s.blocks[v-1].key), n)
+		h := mix(b.key)
+		i := home(h, n)
 		for slots[i] != 0 {
 			if i++; i == n {
 				i = 0
 			}
 		}
-		slots[i] = v
+		slots[i] = s.fingerprint(h) | uint32(idx+1)
 	}
 	s.slots = slots
 }
@@ -164,9 +193,9 @@ func (s *stripe) resize(want int) {
 // deleteBlock removes an empty block from the index (backward-shift, no
 // tombstones) and puts its slab entry on the free list.
 func (s *stripe) deleteBlock(idx int, h uint64) {
-	n := len(s.slots)
+	n, mask := len(s.slots), s.idxMask
 	i := home(h, n)
-	for s.slots[i] != uint32(idx+1) {
+	for s.slots[i]&mask != uint32(idx+1) {
 		if i++; i == n {
 			i = 0
 		}
@@ -180,7 +209,7 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 		if v == 0 {
 			break
 		}
-		hj := home(mix(s.blocks[v-1].key), n)
+		hj := home(mix(s.blocks[v&mask-1].key), n)
 		// The entry at j may fill the hole at i when i lies cyclically in
 		// [hj, j], i.e. moving it keeps it reachable from its home.
 		if (j-hj+n)%n >= (j-i+n)%n {

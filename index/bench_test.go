@@ -1,0 +1,188 @@
+package index
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// benchKey spreads sequential ids like real projected hashes.
+func benchKey(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
+
+// walkTable registers instances x ranks owners holding the first held(i)
+// blocks of an n-block prompt in Device.
+func walkTable(b *testing.B, instances, ranks, n int, held func(owner int) int) (*Table, *keyChain) {
+	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	c := &keyChain{}
+	for i := range n {
+		c.keys = append(c.keys, benchKey(i))
+	}
+	o := 0
+	for i := range instances {
+		for r := range ranks {
+			id := tb.AddEngineOwner(fmt.Sprintf("inst-%03d", i), r)
+			for k := range held(o) {
+				tb.Store(id, Device, c.keys[k])
+			}
+			o++
+		}
+	}
+	return tb, c
+}
+
+func runWalk(b *testing.B, tb *Table, c *keyChain, blocks int) {
+	var res QueryResult
+	tb.Query(c, "", &res)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		c.reset()
+		tb.Query(c, "", &res)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
+}
+
+// BenchmarkWalk measures the per-block cost of a fully matched 8K-token
+// prompt (512 blocks of 16) with hashing excluded, by owner count.
+func BenchmarkWalk(b *testing.B) {
+	const blocks = 512
+	for _, sh := range [][2]int{{1, 1}, {1, 8}, {8, 1}, {8, 2}, {8, 8}, {64, 1}, {64, 2}, {64, 8}} {
+		b.Run(fmt.Sprintf("inst=%d/ranks=%d", sh[0], sh[1]), func(b *testing.B) {
+			tb, c := walkTable(b, sh[0], sh[1], blocks, func(int) int { return blocks })
+			runWalk(b, tb, c, blocks)
+		})
+	}
+}
+
+// BenchmarkWalkMixed is 8 instances x 2 ranks with staggered device
+// prefixes and the whole prompt in the shared pool, so owners die at
+// different blocks and the shared tier carries them to the end.
+func BenchmarkWalkMixed(b *testing.B) {
+	const blocks = 512
+	tb, c := walkTable(b, 8, 2, blocks, func(o int) int { return (o + 1) * blocks / 16 })
+	for _, k := range c.keys {
+		tb.AcquireShared(CPUShare, k)
+	}
+	runWalk(b, tb, c, blocks)
+}
+
+// BenchmarkStore measures inserting new keys for one owner (the hot
+// ingestion path), re-asserting existing ones, and parallel inserts.
+func BenchmarkStore(b *testing.B) {
+	b.Run("new", func(b *testing.B) {
+		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		id := tb.AddEngineOwner("a", 0)
+		i := 0
+		for b.Loop() {
+			tb.Store(id, Device, benchKey(i))
+			i++
+		}
+	})
+	b.Run("existing", func(b *testing.B) {
+		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		id := tb.AddEngineOwner("a", 0)
+		for i := range 1 << 16 {
+			tb.Store(id, Device, benchKey(i))
+		}
+		i := 0
+		for b.Loop() {
+			tb.Store(id, Device, benchKey(i&(1<<16-1)))
+			i++
+		}
+	})
+	b.Run("store-remove", func(b *testing.B) {
+		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		id := tb.AddEngineOwner("a", 0)
+		i := 0
+		for b.Loop() {
+			tb.Store(id, Device, benchKey(i))
+			tb.Remove(id, Device, benchKey(i-4096))
+			i++
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			id := tb.AddEngineOwner(fmt.Sprint("p", next.Add(1)), 0)
+			i := 0
+			for pb.Next() {
+				tb.Store(id, Device, benchKey(i))
+				i++
+			}
+		})
+	})
+}
+
+func rssBytes() uint64 {
+	data, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	pages, _ := strconv.ParseUint(f[1], 10, 64)
+	return pages * uint64(os.Getpagesize())
+}
+
+func settle() (heap, rss uint64) {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc, rssBytes()
+}
+
+// measureMemory fills a table with blocks keys, each held in Device by
+// every one of owners engine owners, and returns live heap and RSS growth
+// per (block, owner).
+func measureMemory(blocks, owners int) (heap, rss float64) {
+	h0, r0 := settle()
+	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	for o := range owners {
+		id := tb.AddEngineOwner("inst", o)
+		for i := range blocks {
+			tb.Store(id, Device, benchKey(i))
+		}
+	}
+	h1, r1 := settle()
+	runtime.KeepAlive(tb)
+	pairs := float64(blocks * owners)
+	return (float64(h1) - float64(h0)) / pairs, (float64(r1) - float64(r0)) / pairs
+}
+
+// BenchmarkMemory reports bytes per (block, owner) at 1M blocks; run it
+// with -benchtime=1x (each iteration rebuilds the table).
+func BenchmarkMemory(b *testing.B) {
+	for _, owners := range []int{1, 4} {
+		b.Run(fmt.Sprintf("owners=%d", owners), func(b *testing.B) {
+			var heap, rss float64
+			for range b.N {
+				heap, rss = measureMemory(1<<20, owners)
+			}
+			b.ReportMetric(heap, "heapB/pair")
+			b.ReportMetric(rss, "rssB/pair")
+		})
+	}
+}
+
+// TestMemoryBudget enforces the 48 B per (block, owner) target at 1M blocks.
+// It needs a quiet process, so it runs only with INDEX_MEMORY=1.
+func TestMemoryBudget(t *testing.T) {
+	if os.Getenv("INDEX_MEMORY") == "" || testing.Short() {
+		t.Skip("set INDEX_MEMORY=1 to measure memory at 1M blocks")
+	}
+	for _, owners := range []int{1, 4} {
+		heap, rss := measureMemory(1<<20, owners)
+		t.Logf("1M blocks x %d owners: heap %.1f B/pair, rss %.1f B/pair", owners, heap, rss)
+		if heap > 48 {
+			t.Errorf("%d owners: %.1f B per (block, owner) exceeds 48", owners, heap)
+		}
+	}
+}
