@@ -86,6 +86,9 @@ type Config struct {
 	// onEvent, when set (tests only), is told the outcome of every decoded
 	// event so fixture expectations can be checked per event.
 	onEvent func(seq uint64, o EventOutcome)
+	// onApply, when set (tests only), is told every sequence applied, in
+	// order, including empty and rejected batches.
+	onApply func(seq uint64)
 }
 
 // Tuning holds limits that default to upstream's values; zero fields take the
@@ -157,3 +160,15 @@ func (r Result) String() string {
 // allEngineTiers is every tier an engine owner can hold; staleness and Stop
 // clear all of them.
 const allEngineTiers = index.AllEngineTiers
+
+// TableLookup adapts a registry lookup that returns index tables to the
+// LookupFunc a Mooncake source needs, so callers need not write the glue.
+func TableLookup(lookup func(index.ContextKey) (*index.Table, bool)) LookupFunc {
+	return func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
+		t, ok := lookup(ctx)
+		if !ok || t == nil {
+			return nil, nil, false
+		}
+		return t, t.Profile(), true
+	}
+}

@@ -149,8 +149,8 @@ func (e *mcEvent) fail(r Reason) {
 	}
 }
 
-func (e *mcEvent) has(f uint8) bool     { return e.seen&(1<<f) != 0 }
-func (e *mcEvent) hasVal(f uint8) bool  { return e.nonNil&(1<<f) != 0 }
+func (e *mcEvent) has(f uint8) bool    { return e.seen&(1<<f) != 0 }
+func (e *mcEvent) hasVal(f uint8) bool { return e.nonNil&(1<<f) != 0 }
 func (e *mcEvent) tenantID() string {
 	// The master normalizes an empty tenant to "default"; so does the
 	// contract ("Empty or omitted means default").

@@ -80,6 +80,21 @@ type liveMsg struct {
 // goroutine. The caller must eventually call Stop, which retracts everything
 // the source contributed.
 func Start(cfg Config) (*Subscriber, error) {
+	s, err := newSubscriber(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.open(); err != nil {
+		s.closeSockets()
+		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
+	}
+	s.state.Store(int32(Connecting))
+	go s.run()
+	return s, nil
+}
+
+// newSubscriber validates cfg and builds the decoders, without sockets.
+func newSubscriber(cfg Config) (*Subscriber, error) {
 	typ, err := ParseSourceType(cfg.Type)
 	if err != nil {
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
@@ -113,12 +128,6 @@ func Start(cfg Config) (*Subscriber, error) {
 			s.replay = replay.NewClient(cfg.ReplayEndpoint)
 		}
 	}
-	if err := s.open(); err != nil {
-		s.closeSockets()
-		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
-	}
-	s.state.Store(int32(Connecting))
-	go s.run()
 	return s, nil
 }
 
@@ -561,6 +570,9 @@ func (s *Subscriber) setApplied(seq uint64) {
 // consumed whatever the outcome (§1.5 table).
 func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
 	s.setApplied(seq)
+	if s.cfg.onApply != nil {
+		s.cfg.onApply(seq)
+	}
 	var rej Reason
 	if s.moon != nil {
 		rej = decodeEnvelope(s.r, s.typ, payload, s.moon, &s.env)

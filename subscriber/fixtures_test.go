@@ -1,0 +1,252 @@
+package subscriber
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+// checkFixture compares what one fixture message did with its manifest
+// expectation. prior are the ops its requires recorded, got the ops it
+// recorded itself.
+func checkFixture(t *testing.T, f *fxFixture, e *env, s *Subscriber, seq uint64, prior, got []op, envRejectedBefore uint64, exactSeq bool) {
+	t.Helper()
+	typ, _ := ParseSourceType(f.SourceType)
+	outcomes := e.outcomesOf(seq)
+	switch {
+	case f.Expect.Envelope == "reject":
+		if n := e.counters.Total(MetricEnvelopeRejected, typ); n != envRejectedBefore+1 {
+			t.Errorf("envelope rejections = %d, want %d", n, envRejectedBefore+1)
+		}
+		if len(outcomes) != 0 || len(got) != 0 {
+			t.Errorf("rejected envelope produced outcomes %v / ops %v", outcomes, got)
+		}
+	case f.Expect.Batch == "reject":
+		if s.State() != Stale {
+			t.Errorf("state = %v, want stale", s.State())
+		}
+		if len(outcomes) != 0 {
+			t.Errorf("rejected batch produced outcomes %v", outcomes)
+		}
+		want := []op{{Kind: "clear", Owner: testOwner, Mask: index.AllEngineTiers}}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("stale retraction ops (-want +got):\n%s", diff)
+		}
+	default:
+		if f.Expect.Events != nil {
+			var gotRes []string
+			for _, o := range outcomes {
+				gotRes = append(gotRes, o.Result.String())
+			}
+			var wantRes []string
+			for _, ev := range f.Expect.Events {
+				wantRes = append(wantRes, resultOf(ev).String())
+			}
+			if diff := cmp.Diff(wantRes, gotRes); diff != "" {
+				t.Errorf("event outcomes (-want +got):\n%s\noutcomes %+v", diff, outcomes)
+			}
+		}
+		want := expectedOps(t, f, prior)
+		if diff := cmp.Diff(sortOps(want), sortOps(got)); diff != "" {
+			t.Errorf("index ops (-want +got):\n%s", diff)
+		}
+		if s.State() == Stale {
+			t.Errorf("source became stale")
+		}
+	}
+	if last, ok := s.LastSeq(); !ok || last < seq || (exactSeq && last != seq) {
+		t.Errorf("last applied = %d,%v, want %d (sequence advances)", last, ok, seq)
+	}
+}
+
+// checkBindings verifies the shared owners named by Mooncake effects exist
+// (store) or are gone (remove) in the source's binding table.
+func checkBindings(t *testing.T, f *fxFixture, d *mooncakeDecoder) {
+	t.Helper()
+	for _, ef := range f.Expect.Effects {
+		if !strings.HasPrefix(ef.Owner, "shared ") {
+			continue
+		}
+		var backend, identity string
+		rest := strings.TrimPrefix(ef.Owner, "shared backend=")
+		backend, rest, _ = strings.Cut(rest, " ")
+		if _, after, ok := strings.Cut(rest, ") object="); ok {
+			identity = after
+		} else if _, after, ok := strings.Cut(rest, ") logical="); ok {
+			identity = after
+		} else {
+			t.Fatalf("cannot parse owner %q", ef.Owner)
+		}
+		k := bindingKey{backend: backend, tenant: "default", identity: identity, tier: tierNames[ef.Tier]}
+		b, ok := d.bindings[k]
+		switch ef.Op {
+		case "store":
+			if !ok {
+				t.Errorf("no binding %+v after store", k)
+			} else if b.prefix != parseU64(t, ef.Prefixes[0]) {
+				t.Errorf("binding %+v prefix %d, want %s", k, b.prefix, ef.Prefixes[0])
+			}
+		case "remove":
+			if ok {
+				t.Errorf("binding %+v still present after remove", k)
+			}
+		}
+	}
+}
+
+// TestFixturesDirect feeds every payload fixture (after its requires) to a
+// subscriber's batch path without sockets and checks events, index ops and
+// the Mooncake binding table exactly.
+func TestFixturesDirect(t *testing.T) {
+	m := loadManifest(t)
+	n := 0
+	for i := range m.Fixtures {
+		f := &m.Fixtures[i]
+		if f.PayloadFile == "" {
+			continue
+		}
+		n++
+		t.Run(f.ID, func(t *testing.T) {
+			e := newEnv(t, m, f.Registration, f.AlsoRegistered, "inproc://unused", "")
+			s, err := newSubscriber(e.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.started = true
+			s.setState(Live)
+			seq := uint64(0)
+			for _, r := range f.Requires {
+				seq++
+				s.applyBatch(seq, payloadOf(t, m.fixture(t, r)))
+			}
+			prior := append(e.engine.take(), e.shared.take()...)
+			typ, _ := ParseSourceType(f.SourceType)
+			before := e.counters.Total(MetricEnvelopeRejected, typ)
+			seq++
+			s.applyBatch(seq, payloadOf(t, f))
+			got := append(e.engine.take(), e.shared.take()...)
+			checkFixture(t, f, e, s, seq, prior, got, before, true)
+			if s.moon != nil && f.Expect.Envelope != "reject" {
+				checkBindings(t, f, s.moon)
+			}
+			// retraction leaves nothing behind
+			s.retract()
+			all := append(append(prior, got...), e.engine.take()...)
+			all = append(all, e.shared.take()...)
+			if bal := sharedBalance(all); len(bal) != 0 {
+				t.Errorf("shared references left after retract: %v", bal)
+			}
+		})
+	}
+	if n < 90 {
+		t.Errorf("only %d payload fixtures found", n)
+	}
+}
+
+// TestFixturesOverZMQ replays every fixture through a real PUB socket on ipc
+// (requires first, consecutive sequences) and checks the same expectations,
+// plus that the sequence moved on normally afterwards.
+func TestFixturesOverZMQ(t *testing.T) {
+	m := loadManifest(t)
+	for i := range m.Fixtures {
+		f := &m.Fixtures[i]
+		if f.Expect.Role != "" {
+			continue // replay frame layouts, covered by the replay tests
+		}
+		t.Run(f.ID, func(t *testing.T) {
+			t.Parallel()
+			runFixtureOverZMQ(t, m, f)
+		})
+	}
+}
+
+func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
+	pub := newPublisher(t, ipcEndpoint(t, "pub"))
+	e := newEnv(t, m, f.Registration, f.AlsoRegistered, pub.endpoint, "")
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	typ, _ := ParseSourceType(f.SourceType)
+
+	if f.FramesFile != "" {
+		frames := framesOf(t, f)
+		if f.Expect.Message == "drop" {
+			// baseline, the malformed message, then the next sequence: if
+			// the drop touched sequence state, seq 11 would not be in order.
+			pub.send(10, emptyBatch(f.SourceType))
+			pub.sendFrames(frames...)
+			pub.send(11, emptyBatch(f.SourceType))
+			waitSeq(t, s, 11)
+			if got := e.counters.Total(MetricDropped, typ); got != 1 {
+				t.Errorf("dropped = %d, want 1", got)
+			}
+			if st := s.State(); st != Live {
+				t.Errorf("state = %v, want live", st)
+			}
+			if got := e.appliedOrder(); !slices.Equal(got, []uint64{10, 11}) {
+				t.Errorf("applied %v, want [10 11]", got)
+			}
+			return
+		}
+		pub.sendFrames(frames...)
+		seq := uint64(0)
+		waitFor(t, "first message", 5*time.Second, func() bool { var ok bool; seq, ok = s.LastSeq(); return ok })
+		got := e.engine.take()
+		checkFixture(t, f, e, s, seq, nil, got, 0, true)
+		return
+	}
+
+	seq := uint64(100)
+	for _, r := range f.Requires {
+		pub.send(seq, payloadOf(t, m.fixture(t, r)))
+		seq++
+	}
+	if len(f.Requires) > 0 {
+		waitSeq(t, s, seq-1)
+	}
+	prior := append(e.engine.take(), e.shared.take()...)
+	before := e.counters.Total(MetricEnvelopeRejected, typ)
+	pub.send(seq, payloadOf(t, f))
+	if f.Expect.SourceState == "stale" {
+		waitFor(t, "stale", 5*time.Second, s.Stale)
+	} else {
+		// a following empty batch proves the fixture was consumed in order
+		pub.send(seq+1, emptyBatch(f.SourceType))
+		waitSeq(t, s, seq+1)
+	}
+	got := append(e.engine.take(), e.shared.take()...)
+	if f.Expect.SourceState != "stale" {
+		// the trailing empty batch adds nothing
+		e.mu.Lock()
+		e.applied = e.applied[:len(e.applied)-1]
+		e.mu.Unlock()
+		last, _ := s.LastSeq()
+		if last != seq+1 {
+			t.Errorf("last applied %d, want %d", last, seq+1)
+		}
+		checkFixture(t, f, e, s, seq, prior, got, before, false)
+	} else {
+		checkFixture(t, f, e, s, seq, prior, got, before, true)
+	}
+	s.Stop()
+	if st := s.State(); st != Stopped {
+		t.Errorf("state after Stop = %v", st)
+	}
+	all := append(append(prior, got...), e.engine.take()...)
+	all = append(all, e.shared.take()...)
+	if bal := sharedBalance(all); len(bal) != 0 {
+		t.Errorf("shared references left after Stop: %v", bal)
+	}
+	if typ != TypeMooncake {
+		if ops := all[len(all)-1]; ops.Kind != "clear" || ops.Mask != index.AllEngineTiers {
+			t.Errorf("Stop did not clear the engine owner: last op %v", ops)
+		}
+	}
+}
