@@ -1,0 +1,387 @@
+package replay
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// router is an in-process replay publisher (ROUTER) on loopback TCP.
+type router struct {
+	t    *testing.T
+	sock *zmq.Socket
+	ep   string
+}
+
+func newRouter(t *testing.T) *router {
+	t.Helper()
+	s, err := zmq.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.SetLinger(0)
+	if err := s.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := s.GetLastEndpoint()
+	t.Cleanup(func() { _ = s.Close() })
+	return &router{t: t, sock: s, ep: ep}
+}
+
+// request returns the next request's identity and frames.
+func (r *router) request() ([]byte, [][]byte) {
+	r.t.Helper()
+	p := zmq.NewPoller()
+	p.Add(r.sock, zmq.POLLIN)
+	polled, err := p.Poll(5 * time.Second)
+	if err != nil || len(polled) == 0 {
+		r.t.Fatalf("no request (err %v)", err)
+	}
+	msg, err := r.sock.RecvMessageBytes(0)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return msg[0], msg[1:]
+}
+
+func (r *router) send(id []byte, frames ...[]byte) {
+	r.t.Helper()
+	all := append([][]byte{id}, frames...)
+	for i, f := range all {
+		fl := zmq.SNDMORE
+		if i == len(all)-1 {
+			fl = 0
+		}
+		if _, err := r.sock.SendBytes(f, fl); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+}
+
+func seq8(s uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, s)
+	return b
+}
+
+var end = seq8(EndMarker)
+
+func fixtureFrames(t *testing.T, id string) [][]byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("../testdata/events/payloads", id+".frames.msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frames [][]byte
+	if err := msgpack.Unmarshal(b, &frames); err != nil {
+		t.Fatal(err)
+	}
+	return frames
+}
+
+// fetchAsync runs Fetch in a goroutine (the router runs in the test one).
+func fetchAsync(c *Client, req Request) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		recs, err := c.Fetch(req)
+		ch <- result{recs, err}
+	}()
+	return ch
+}
+
+type result struct {
+	recs []Record
+	err  error
+}
+
+func wait(t *testing.T, ch <-chan result) result {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("Fetch did not return")
+	}
+	return result{}
+}
+
+func TestFixtureFrameLayouts(t *testing.T) {
+	req := fixtureFrames(t, "replay_request_dealer")
+	if want := EncodeRequest(6); len(req) != 2 || !bytes.Equal(req[0], want[0]) || !bytes.Equal(req[1], want[1]) {
+		t.Errorf("request fixture %x, encoder %x", req, want)
+	}
+	for _, id := range []string{"replay_response_vllm_new", "replay_response_legacy"} {
+		seq, payload, err := ParseReply(fixtureFrames(t, id))
+		if err != nil || seq == EndMarker || len(payload) == 0 {
+			t.Errorf("%s: seq %d, %d payload bytes, err %v", id, seq, len(payload), err)
+		}
+	}
+	for _, id := range []string{"replay_end_vllm_new", "replay_end_legacy"} {
+		seq, payload, err := ParseReply(fixtureFrames(t, id))
+		if err != nil || seq != EndMarker || len(payload) != 0 {
+			t.Errorf("%s: seq %x, payload %d, err %v", id, seq, len(payload), err)
+		}
+	}
+}
+
+// TestFetchBothGenerations replays the fixture replies of both publisher
+// generations and checks the request bytes and the records returned.
+func TestFetchBothGenerations(t *testing.T) {
+	for _, gen := range []struct{ data, end string }{
+		{"replay_response_vllm_new", "replay_end_vllm_new"},
+		{"replay_response_legacy", "replay_end_legacy"},
+	} {
+		t.Run(gen.data, func(t *testing.T) {
+			r := newRouter(t)
+			data := fixtureFrames(t, gen.data)
+			seq, payload, _ := ParseReply(data)
+			c := NewClient(r.ep)
+			defer c.Close()
+			ch := fetchAsync(c, Request{From: seq, Deadline: time.Now().Add(5 * time.Second)})
+			id, req := r.request()
+			if want := fixtureFrames(t, "replay_request_dealer"); seq == 6 && (!bytes.Equal(req[0], want[0]) || !bytes.Equal(req[1], want[1])) {
+				t.Errorf("request %x, want %x", req, want)
+			}
+			r.send(id, data...)
+			r.send(id, fixtureFrames(t, gen.end)...)
+			res := wait(t, ch)
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if len(res.recs) != 1 || res.recs[0].Seq != seq || !bytes.Equal(res.recs[0].Payload, payload) {
+				t.Errorf("records %+v", res.recs)
+			}
+		})
+	}
+}
+
+// TestFetchSequencing covers the keep/ignore rules of §2.6 step 3.
+func TestFetchSequencing(t *testing.T) {
+	r := newRouter(t)
+	c := NewClient(r.ep)
+	defer c.Close()
+	var beyond []uint64
+	ch := fetchAsync(c, Request{
+		From: 5, Until: 8, HasUntil: true, Deadline: time.Now().Add(5 * time.Second),
+		Beyond: func(s uint64, _ []byte) error { beyond = append(beyond, s); return nil },
+	})
+	id, _ := r.request()
+	for _, s := range []uint64{3, 4, 5, 5, 6, 7, 8, 9} { // older, dup, beyond
+		r.send(id, nil, seq8(s), []byte{byte(s)})
+	}
+	r.send(id, nil, end, nil)
+	res := wait(t, ch)
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	var got []uint64
+	for _, rec := range res.recs {
+		got = append(got, rec.Seq)
+	}
+	if len(got) != 3 || got[0] != 5 || got[2] != 7 {
+		t.Errorf("kept %v, want [5 6 7]", got)
+	}
+	if len(beyond) != 2 {
+		t.Errorf("beyond %v, want [8 9]", beyond)
+	}
+}
+
+func TestFetchUnrecoverable(t *testing.T) {
+	cases := []struct {
+		name    string
+		replies [][][]byte
+		until   uint64
+	}{
+		{"window expired", [][][]byte{{nil, []byte("t"), seq8(10000), {1}}}, 0},
+		{"early end", [][][]byte{{nil, nil, end, nil}}, 9},
+		{"end before until", [][][]byte{{nil, seq8(6), {1}}, {nil, end, nil}}, 9},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(t)
+			c := NewClient(r.ep)
+			defer c.Close()
+			req := Request{From: 6, Deadline: time.Now().Add(5 * time.Second)}
+			if tc.until != 0 {
+				req.Until, req.HasUntil = tc.until, true
+			}
+			ch := fetchAsync(c, req)
+			id, _ := r.request()
+			for _, rep := range tc.replies {
+				r.send(id, rep...)
+			}
+			res := wait(t, ch)
+			if !errors.Is(res.err, ErrUnrecoverable) {
+				t.Errorf("err = %v, want ErrUnrecoverable", res.err)
+			}
+		})
+	}
+}
+
+// TestFetchRetriesWithFreshDealer: a timed-out or malformed attempt is
+// retried from a new DEALER (new identity), and a late reply to the old
+// request is never mixed into the new one.
+func TestFetchRetriesWithFreshDealer(t *testing.T) {
+	for _, bad := range []struct {
+		name  string
+		reply [][]byte // nil = stay silent
+	}{
+		{"timeout", nil},
+		{"two frames", [][]byte{nil, seq8(6)}},
+		{"non-empty delimiter", [][]byte{{1}, seq8(6), {1}}},
+		{"short sequence", [][]byte{nil, {0, 6}, {1}}},
+		{"end marker with payload", [][]byte{nil, end, {1}}},
+	} {
+		t.Run(bad.name, func(t *testing.T) {
+			r := newRouter(t)
+			c := NewClient(r.ep)
+			defer c.Close()
+			retries := 0
+			ch := fetchAsync(c, Request{
+				From: 6, Deadline: time.Now().Add(5 * time.Second), ReceiveTimeout: 100 * time.Millisecond,
+				OnRetry: func(error) { retries++ },
+			})
+			id1, _ := r.request()
+			if bad.reply != nil {
+				r.send(id1, bad.reply...)
+			}
+			id2, req := r.request()
+			if bytes.Equal(id1, id2) {
+				t.Errorf("retry reused the DEALER identity")
+			}
+			if binary.BigEndian.Uint64(req[1]) != 6 {
+				t.Errorf("retry asked for %x", req[1])
+			}
+			r.send(id1, nil, seq8(6), []byte("stale")) // late reply to the old request: must be lost
+			r.send(id2, nil, seq8(6), []byte("good"))
+			r.send(id2, nil, end, nil)
+			res := wait(t, ch)
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if len(res.recs) != 1 || string(res.recs[0].Payload) != "good" {
+				t.Errorf("records %+v", res.recs)
+			}
+			if retries != 1 {
+				t.Errorf("retries = %d", retries)
+			}
+		})
+	}
+}
+
+func TestFetchDeadline(t *testing.T) {
+	r := newRouter(t)
+	c := NewClient(r.ep)
+	defer c.Close()
+	start := time.Now()
+	_, err := c.Fetch(Request{From: 1, Deadline: start.Add(300 * time.Millisecond), ReceiveTimeout: 100 * time.Millisecond})
+	if !errors.Is(err, ErrDeadline) {
+		t.Fatalf("err = %v, want ErrDeadline", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("took %v", el)
+	}
+}
+
+func TestFetchBudget(t *testing.T) {
+	r := newRouter(t)
+	c := NewClient(r.ep)
+	defer c.Close()
+	b := &Budget{MaxMessages: 2}
+	ch := fetchAsync(c, Request{From: 1, Deadline: time.Now().Add(5 * time.Second), Budget: b})
+	id, _ := r.request()
+	for s := uint64(1); s <= 3; s++ {
+		r.send(id, nil, seq8(s), []byte{1})
+	}
+	r.send(id, nil, end, nil)
+	res := wait(t, ch)
+	if !errors.Is(res.err, ErrBudget) || !errors.Is(res.err, ErrUnrecoverable) {
+		t.Errorf("err = %v, want ErrBudget", res.err)
+	}
+	if n, _ := b.Used(); n != 0 {
+		t.Errorf("budget still holds %d messages after failure", n)
+	}
+}
+
+func TestFetchBeyondConflict(t *testing.T) {
+	r := newRouter(t)
+	c := NewClient(r.ep)
+	defer c.Close()
+	ch := fetchAsync(c, Request{
+		From: 1, Until: 2, HasUntil: true, Deadline: time.Now().Add(5 * time.Second),
+		Beyond: func(s uint64, p []byte) error { return errors.New("differs") },
+	})
+	id, _ := r.request()
+	r.send(id, nil, seq8(1), []byte{1})
+	r.send(id, nil, seq8(2), []byte{2})
+	res := wait(t, ch)
+	if !errors.Is(res.err, ErrUnrecoverable) {
+		t.Errorf("err = %v", res.err)
+	}
+}
+
+// TestFetchWatchAbort: a watched socket's handler can end a replay at once
+// (this is how Stop interrupts recovery).
+func TestFetchWatchAbort(t *testing.T) {
+	r := newRouter(t)
+	rx, _ := zmq.NewSocket(zmq.PAIR)
+	tx, _ := zmq.NewSocket(zmq.PAIR)
+	_ = rx.SetLinger(0)
+	_ = tx.SetLinger(0)
+	defer rx.Close()
+	defer tx.Close()
+	if err := rx.Bind("inproc://replay-watch-test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Connect("inproc://replay-watch-test"); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(r.ep)
+	defer c.Close()
+	stop := errors.New("stop")
+	ch := fetchAsync(c, Request{
+		From: 1, Deadline: time.Now().Add(10 * time.Second), Watch: []*zmq.Socket{rx},
+		OnWatch: func(*zmq.Socket) error { return stop },
+	})
+	r.request()
+	start := time.Now()
+	if _, err := tx.SendBytes([]byte{1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	res := wait(t, ch)
+	if !errors.Is(res.err, stop) {
+		t.Errorf("err = %v", res.err)
+	}
+	if el := time.Since(start); el > 100*time.Millisecond {
+		t.Errorf("abort took %v", el)
+	}
+}
+
+func TestBudget(t *testing.T) {
+	var nilB *Budget
+	if !nilB.Take(1 << 30) {
+		t.Error("nil budget must be unlimited")
+	}
+	b := &Budget{MaxMessages: 3, MaxBytes: 10}
+	if !b.Take(6) || b.Take(6) || !b.Take(4) || b.Take(1) || !b.Take(0) || b.Take(0) {
+		t.Errorf("budget accounting wrong: %+v", b)
+	}
+	b.Give(4)
+	if m, n := b.Used(); m != 2 || n != 6 {
+		t.Errorf("used %d/%d", m, n)
+	}
+	b.Reset()
+	if m, n := b.Used(); m != 0 || n != 0 {
+		t.Errorf("reset left %d/%d", m, n)
+	}
+}
