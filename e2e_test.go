@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/binary"
 	"io"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -286,5 +288,90 @@ func TestDefaultRunAnswersServices(t *testing.T) {
 	got := e.get("/services")
 	if len(got) != 2 || got["count"] != int8(0) || len(got["services"].([]any)) != 0 {
 		t.Errorf("GET /services = %v, want {count: 0, services: []}", got)
+	}
+}
+
+func (e *e2e) scrape() string {
+	e.t.Helper()
+	status, body, err := e.c.GetTimeout(nil, e.base+"/metrics", 10*time.Second)
+	if err != nil || status != 200 {
+		e.t.Fatalf("GET /metrics: %d %v", status, err)
+	}
+	return string(body)
+}
+
+// metricValue returns the value of the sample whose line starts with
+// series (name and labels exactly as exposed), or -1.
+func metricValue(text, series string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(rest, 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+func TestMetricsMove(t *testing.T) {
+	e := startApp(t)
+	before := e.scrape()
+	for _, name := range []string{"conductor_contexts", "conductor_stale_sources", "go_goroutines", "process_resident_memory_bytes"} {
+		if metricValue(before, name) < 0 {
+			t.Errorf("%s missing from the first scrape", name)
+		}
+	}
+	pub := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("m0", pub.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	tokens := make([]int32, 32)
+	for i := range tokens {
+		tokens[i] = int32(7 + i)
+	}
+	keys := vllmKeys(t, tokens)
+	eventually(t, "BlockStored", func() bool {
+		pub.send(0, map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": nil, "token_ids": tokens,
+			"block_size": 16, "lora_id": nil, "medium": "gpu", "lora_name": nil})
+		return e.deviceHits("m0", tokens) == 32
+	})
+	pub.send(0, map[string]any{"type": "BlockStored", "block_hashes": []any{"not a hash"}, "parent_block_hash": nil, "token_ids": nil,
+		"block_size": 16, "lora_id": nil, "medium": "gpu", "lora_name": nil})
+	eventually(t, "rejection counted", func() bool {
+		return strings.Contains(e.scrape(), `conductor_events_rejected_total{reason=`)
+	})
+	after := e.scrape()
+	checks := []struct {
+		series string
+		min    float64
+	}{
+		{`conductor_http_requests_total{endpoint="/register",status="200"}`, 1},
+		{`conductor_http_requests_total{endpoint="/query",status="200"}`, 1},
+		{`conductor_query_duration_seconds_count`, 1},
+		{`conductor_contexts`, 1},
+		{`conductor_index_blocks{block_size="16",lora="",model="deepseek",tenant="default",tier="device"}`, 2},
+		{`conductor_events_applied_total{reason="",source_type="vLLM"}`, 1},
+		{`conductor_messages_received_total{reason="",source_type="vLLM"}`, 2},
+		{`conductor_subscriber_state{service="m0|default|0",state="live",type="vLLM"}`, 1},
+		{`conductor_services{type="vLLM"}`, 1},
+	}
+	for _, c := range checks {
+		if got := metricValue(after, c.series); got < c.min {
+			t.Errorf("%s = %v, want >= %v", c.series, got, c.min)
+		}
+	}
+	if metricValue(before, `conductor_http_requests_total{endpoint="/query",status="200"}`) >= 0 {
+		t.Error("query counter existed before any query")
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	e := startApp(t)
+	if got := e.get("/healthz"); got["status"] != "ok" {
+		t.Errorf("/healthz = %v", got)
+	}
+	if got := e.get("/readyz"); got["status"] != "ready" || got["stale_sources"] != int8(0) {
+		t.Errorf("/readyz = %v", got)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/metrics"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
@@ -92,7 +93,16 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		reg.Close()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	srv := server.New(server.Options{Registry: reg, Index: ix, Logger: log})
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters})
+	static := make([]registry.ServiceKey, len(cfg.Static))
+	for i, st := range cfg.Static {
+		static[i] = st.Service.Key()
+	}
+	srv := server.New(server.Options{
+		Registry: reg, Index: ix, Logger: log,
+		Observer: m, Metrics: m.Serve,
+		Ready: func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
+	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
 	return &app{log: log, reg: reg, srv: srv, ln: ln}, nil
 }
@@ -119,7 +129,7 @@ func newLogger(cfg *config.Config) zerolog.Logger {
 func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
-		return subscriber.Start(subscriber.Config{
+		sub, err := subscriber.Start(subscriber.Config{
 			Key:            key,
 			Type:           svc.Type,
 			Endpoint:       svc.Endpoint,
@@ -139,5 +149,14 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.S
 			Logger:   log.With().Str("service", key).Logger(),
 			Counters: counters,
 		})
+		if err != nil {
+			return nil, err
+		}
+		return source{sub}, nil
 	}
 }
+
+// source adapts a subscriber to the registry's view of a source.
+type source struct{ *subscriber.Subscriber }
+
+func (s source) State() string { return s.Subscriber.State().String() }

@@ -234,3 +234,17 @@ func sortedKeys(m map[string][]int) []string {
 	slices.Sort(keys)
 	return keys
 }
+
+// AppendStatus writes the health bodies {status[, stale_sources]}; stale < 0
+// omits the count.
+func AppendStatus(b []byte, status string, stale int) []byte {
+	n := 1
+	if stale >= 0 {
+		n = 2
+	}
+	b = appendStr(appendStr(appendMapLen(b, n), "status"), status)
+	if stale >= 0 {
+		b = appendInt(appendStr(b, "stale_sources"), int64(stale))
+	}
+	return b
+}

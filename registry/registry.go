@@ -72,6 +72,9 @@ func sameConfig(a, b *Service) bool {
 type Source interface {
 	Stop()
 	Stale() bool
+	// State names the source's condition for listings and metrics
+	// ("connecting", "live", "recovering", "stale", ...).
+	State() string
 }
 
 // Binding is what a source needs from the registry: its table and engine
@@ -302,6 +305,8 @@ func (r *Registry) Close() {
 type ServiceStatus struct {
 	Service
 	Stale bool
+	// State is the source's state name ("none" when no source runs).
+	State string
 }
 
 // Services lists registrations ordered by service key.
@@ -309,7 +314,11 @@ func (r *Registry) Services() []ServiceStatus {
 	r.mu.Lock()
 	out := make([]ServiceStatus, 0, len(r.services))
 	for _, e := range r.services {
-		out = append(out, ServiceStatus{Service: e.svc, Stale: e.source != nil && e.source.Stale()})
+		st := ServiceStatus{Service: e.svc, State: "none"}
+		if e.source != nil {
+			st.Stale, st.State = e.source.Stale(), e.source.State()
+		}
+		out = append(out, st)
 	}
 	r.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
@@ -359,4 +368,22 @@ func (r *Registry) Contexts() []ContextView {
 		return a.BlockSize < b.BlockSize
 	})
 	return out
+}
+
+// Connected reports whether every named service is registered and its source
+// has connected to its publisher. Sources that cannot tell (no Connected
+// method) count as connected once started.
+func (r *Registry) Connected(keys ...ServiceKey) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range keys {
+		e, ok := r.services[k]
+		if !ok || e.source == nil {
+			return false
+		}
+		if c, ok := e.source.(interface{ Connected() bool }); ok && !c.Connected() {
+			return false
+		}
+	}
+	return true
 }

@@ -17,6 +17,12 @@ type fakeSource struct {
 
 func (f *fakeSource) Stop()       { f.mu.Lock(); f.stopped++; f.mu.Unlock() }
 func (f *fakeSource) Stale() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.stale }
+func (f *fakeSource) State() string {
+	if f.Stale() {
+		return "stale"
+	}
+	return "live"
+}
 
 type factory struct {
 	started []*fakeSource

@@ -36,6 +36,19 @@ type Options struct {
 	// (0 = unlimited).
 	MaxConnsPerIP int
 	Logger        zerolog.Logger
+	// Observer, when set, sees every request's endpoint, status and time.
+	Observer Observer
+	// Metrics, when set, serves GET /metrics.
+	Metrics fasthttp.RequestHandler
+	// Ready reports readiness for GET /readyz: whether every static
+	// registration has connected, and how many sources are stale.
+	Ready func() (ready bool, staleSources int)
+}
+
+// Observer receives per-request measurements (metrics live outside this
+// package so the server does not depend on an exporter).
+type Observer interface {
+	ObserveRequest(endpoint string, status int, elapsed time.Duration)
 }
 
 // DefaultMaxBodyBytes is the default request body limit (64 MiB), enough
@@ -117,12 +130,20 @@ var routes = map[string]route{
 	"/query":       {fasthttp.MethodPost, true, (*Server).query},
 	"/services":    {fasthttp.MethodGet, false, (*Server).services},
 	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView},
+	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz},
+	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz},
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
 // Handle is the fasthttp handler for every request.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	if s.opts.Metrics != nil && string(ctx.Path()) == "/metrics" && ctx.IsGet() {
+		s.opts.Metrics(ctx)
+		s.observe("/metrics", ctx.Response.StatusCode(), start)
+		return
+	}
 	bp := bufPool.Get().(*[]byte)
 	out := (*bp)[:0]
 	out, apiErr := s.dispatch(ctx, out)
@@ -143,6 +164,17 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(out)
 	*bp = out
 	bufPool.Put(bp)
+	s.observe(string(ctx.Path()), status, start)
+}
+
+func (s *Server) observe(path string, status int, start time.Time) {
+	if s.opts.Observer == nil {
+		return
+	}
+	if _, known := routes[path]; !known && path != "/metrics" {
+		path = "other" // client-chosen paths must not become label values
+	}
+	s.opts.Observer.ObserveRequest(path, status, time.Since(start))
 }
 
 func (s *Server) dispatch(ctx *fasthttp.RequestCtx, out []byte) (res []byte, apiErr *apiError) {
@@ -268,4 +300,21 @@ func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError
 
 func (s *Server) globalView(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
 	return codec.AppendGlobalView(out, s.opts.Registry.Contexts()), nil
+}
+
+func (s *Server) healthz(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	return codec.AppendStatus(out, "ok", -1), nil
+}
+
+// readyz is 200 once every static registration has connected; until then,
+// 503 with the same body, so orchestrators hold traffic back.
+func (s *Server) readyz(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+	ready, stale := true, 0
+	if s.opts.Ready != nil {
+		ready, stale = s.opts.Ready()
+	}
+	if !ready {
+		return nil, serviceError(fasthttp.StatusServiceUnavailable, "static registrations are not connected yet")
+	}
+	return codec.AppendStatus(out, "ready", stale), nil
 }

@@ -1,0 +1,173 @@
+// Package metrics exports the service's state and traffic in the Prometheus
+// text format, reading the index, registry and ingestion counters at scrape
+// time so that the hot paths pay nothing for what is only read on scrape.
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
+)
+
+// Options name what is exported; any may be nil.
+type Options struct {
+	Index    *index.Index
+	Registry *registry.Registry
+	Counters *subscriber.Counters
+}
+
+// Metrics owns one Prometheus registry (not the global one, so tests and
+// several instances in one process never collide).
+type Metrics struct {
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	query    prometheus.Histogram
+	handler  fasthttp.RequestHandler
+}
+
+// New builds the metric set.
+func New(opts Options) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conductor_http_requests_total",
+		Help: "HTTP requests by endpoint and status code.",
+	}, []string{"endpoint", "status"})
+	m.query = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "conductor_query_duration_seconds",
+		Help: "Server time per /query request, decoding to encoding.",
+		// 10 µs to ~100 ms.
+		Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 11),
+	})
+	m.reg.MustRegister(m.requests, m.query,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{opts: opts})
+	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	return m
+}
+
+// ObserveRequest counts one HTTP request; /query latencies also feed the
+// histogram.
+func (m *Metrics) ObserveRequest(endpoint string, status int, elapsed time.Duration) {
+	m.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+	if endpoint == "/query" {
+		m.query.Observe(elapsed.Seconds())
+	}
+}
+
+// Serve answers a scrape.
+func (m *Metrics) Serve(ctx *fasthttp.RequestCtx) { m.handler(ctx) }
+
+// Gatherer exposes the registry to tests.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }
+
+var (
+	descBlocks = prometheus.NewDesc("conductor_index_blocks",
+		"Blocks held in a tier, per context.", []string{"tenant", "model", "lora", "block_size", "tier"}, nil)
+	descPrefixes = prometheus.NewDesc("conductor_index_prefixes",
+		"Distinct block keys held in any tier, per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descOwners = prometheus.NewDesc("conductor_index_engine_owners",
+		"Registered engine owners (instance, dp rank), per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descContexts = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
+	descServices = prometheus.NewDesc("conductor_services", "Registered services by type.", []string{"type"}, nil)
+	descState    = prometheus.NewDesc("conductor_subscriber_state",
+		"1 for the current state of each service's subscriber.", []string{"service", "type", "state"}, nil)
+	descStale  = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descIngest = map[string]*prometheus.Desc{}
+)
+
+var tierNames = [...]string{"device", "cpu_local", "cpu_share", "disk"}
+
+// ingestFamilies maps subscriber counter families to exported names.
+var ingestFamilies = map[string]string{
+	"messages_received":  "conductor_messages_received_total",
+	"messages_dropped":   "conductor_messages_dropped_total",
+	"envelopes_rejected": "conductor_envelopes_rejected_total",
+	"batches_rejected":   "conductor_batches_rejected_total",
+	"events_applied":     "conductor_events_applied_total",
+	"events_ignored":     "conductor_events_ignored_total",
+	"events_rejected":    "conductor_events_rejected_total",
+	"sequence_gaps":      "conductor_sequence_gaps_total",
+	"replays":            "conductor_replays_total",
+	"stale_transitions":  "conductor_stale_transitions_total",
+}
+
+func init() {
+	for fam, name := range ingestFamilies {
+		descIngest[fam] = prometheus.NewDesc(name, "Ingestion counter "+fam+" by source type and reason.", []string{"source_type", "reason"}, nil)
+	}
+}
+
+// maxLabel bounds label values taken from client input (LoRA names may be
+// 256 KiB) so one registration cannot bloat every scrape.
+const maxLabel = 128
+
+func clip(s string) string {
+	if len(s) > maxLabel {
+		return s[:maxLabel] + "…"
+	}
+	return s
+}
+
+type stateCollector struct{ opts Options }
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale} {
+		ch <- d
+	}
+	for _, d := range descIngest {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if ix := c.opts.Index; ix != nil {
+		tables := ix.Tables()
+		ch <- prometheus.MustNewConstMetric(descContexts, prometheus.GaugeValue, float64(len(tables)))
+		for _, t := range tables {
+			k := t.Context()
+			bs := strconv.Itoa(k.BlockSize)
+			lbl := []string{clip(k.Tenant), clip(k.Model), clip(k.Lora), bs}
+			for i, n := range t.TierBlocks() {
+				ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.GaugeValue, float64(n), append(lbl[:4:4], tierNames[i])...)
+			}
+			ch <- prometheus.MustNewConstMetric(descPrefixes, prometheus.GaugeValue, float64(t.PrefixCount()), lbl...)
+			owners := 0
+			for _, ranks := range t.Instances() {
+				owners += len(ranks)
+			}
+			ch <- prometheus.MustNewConstMetric(descOwners, prometheus.GaugeValue, float64(owners), lbl...)
+		}
+	}
+	if r := c.opts.Registry; r != nil {
+		byType := map[string]int{registry.TypeVLLM: 0, registry.TypeSGLang: 0, registry.TypeMooncake: 0}
+		stale := 0
+		for _, s := range r.Services() {
+			byType[s.Type]++
+			if s.Stale {
+				stale++
+			}
+			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type, s.State)
+		}
+		for typ, n := range byType {
+			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), typ)
+		}
+		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(stale))
+	}
+	for _, s := range c.opts.Counters.Snapshot() {
+		d, ok := descIngest[s.Metric]
+		if !ok {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(s.Value), s.Source, s.Reason)
+	}
+}
