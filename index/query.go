@@ -1,24 +1,20 @@
 package index
 
-// queryScratch is per-QueryResult working memory, so a reused result makes
-// the walk allocation-free. Indices are positions within the queried span
-// of the registration snapshot.
-type queryScratch struct {
-	alive []uint8 // tier bits whose prefix is still unbroken
-	hold  []uint8 // engine tier bits held on the current block
-	live  []int32 // owners with any alive tier
-	cnt   []TierCounts
-}
+import "math/bits"
 
-// extends[m] is the set of cumulative tiers a block extends for a holder
-// whose (engine | shared) tier bits are m: every tier at or after the lowest
-// held one, because tier t's count admits all tiers before it.
-var extends = func() (tab [1 << maskBits]uint8) {
-	for m := 1; m < len(tab); m++ {
-		tab[m] = uint8(-(m & -m)) & tierBits
-	}
-	return
-}()
+// queryScratch is per-QueryResult working memory, so a reused result makes
+// the walk allocation-free. Owners are numbered by their position f within
+// the queried span of the registration snapshot and kept in bitsets: bit f
+// of word f/64.
+type queryScratch struct {
+	// hold is, for the current block, which owners hold it in Device,
+	// CPULocal and (engine) Disk.
+	hold [3][]uint64
+	// alive is, per cumulative tier, which owners' prefixes are unbroken.
+	alive [numTiers][]uint64
+	// cnt is filled in when an owner's tier prefix breaks (or at the end).
+	cnt [][numTiers]int
+}
 
 // Query walks chain and reports, for every registered (instance, rank) —
 // or only those of instance when it is not "" — the cumulative tier counts
@@ -46,17 +42,22 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 	lo, hi := v.insts[i0].lo, v.insts[i1-1].hi
 	n := hi - lo
 	sc := &res.scratch
-	sc.alive = resize(sc.alive, n)
-	sc.hold = resize(sc.hold, n)
-	sc.live = resize(sc.live, n)
-	sc.cnt = resize(sc.cnt, n)
-	for f := range n {
-		sc.alive[f] = tierBits
-		sc.hold[f] = 0
-		sc.live[f] = int32(f)
-		sc.cnt[f] = TierCounts{}
+	words := (n + 63) / 64
+	for i := range sc.hold {
+		sc.hold[i] = resize(sc.hold[i], words)
 	}
-	t.walk(v, chain, lo, sc)
+	for t := range sc.alive {
+		a := resize(sc.alive[t], words)
+		for w := range a {
+			a[w] = ^uint64(0)
+		}
+		if n%64 != 0 {
+			a[words-1] = 1<<(n%64) - 1
+		}
+		sc.alive[t] = a
+	}
+	sc.cnt = resize(sc.cnt, n)
+	t.walk(v, chain, lo, n, sc)
 
 	res.Instances = resize(res.Instances, i1-i0)
 	for i := i0; i < i1; i++ {
@@ -66,7 +67,7 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 		ih.Max = TierCounts{}
 		ih.Ranks = ih.Ranks[:0]
 		for f := sp.lo; f < sp.hi; f++ {
-			c := sc.cnt[f-lo]
+			c := TierCounts{sc.cnt[f-lo][Device], sc.cnt[f-lo][CPULocal], sc.cnt[f-lo][CPUShare], sc.cnt[f-lo][Disk]}
 			ih.Ranks = append(ih.Ranks, RankHits{Rank: v.owners[f].rank, TierCounts: c})
 			ih.Max.Device = max(ih.Max.Device, c.Device)
 			ih.Max.CPULocal = max(ih.Max.CPULocal, c.CPULocal)
@@ -76,12 +77,15 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 	}
 }
 
-// walk advances the chain block by block, updating sc for owners
-// v.owners[lo:lo+len(sc.alive)].
-func (t *Table) walk(v *ownerView, chain Chain, lo int, sc *queryScratch) {
-	n := len(sc.alive)
-	live := sc.live
-	for len(live) > 0 {
+// walk advances the chain block by block for owners v.owners[lo:lo+n].
+// Per block it costs one stripe lookup, one pass over the block's holders
+// and a few word operations per 64 owners; an owner's count is written
+// once, when its prefix in a tier breaks, instead of being added to on
+// every block.
+func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
+	dev, loc, dsk := sc.hold[0], sc.hold[1], sc.hold[2]
+	total := 0 // tokens covered by the blocks matched so far
+	for any := true; any; {
 		key, covered, ok := chain.Next()
 		if !ok {
 			break
@@ -94,58 +98,82 @@ func (t *Table) walk(v *ownerView, chain Chain, lo int, sc *queryScratch) {
 			s.mu.RUnlock()
 			break
 		}
+		clear(dev)
+		clear(loc)
+		clear(dsk)
 		b := &s.blocks[idx]
-		var shared uint8
-		if p := b.first; p.own != 0 {
-			shared = sc.note(v, p, lo, n)
-		}
-		for _, p := range s.overflow(b) {
-			shared |= sc.note(v, p, lo, n)
-		}
+		first := [1]pair{b.first}
+		shared := sc.note(v.byID, lo, uint(n), first[:]) | sc.note(v.byID, lo, uint(n), s.overflow(b))
 		s.mu.RUnlock()
 
-		for i := 0; i < len(live); {
-			f := live[i]
-			a := sc.alive[f] & extends[sc.hold[f]|shared]
-			sc.hold[f] = 0
-			sc.alive[f] = a
-			if a == 0 {
-				live[i] = live[len(live)-1]
-				live = live[:len(live)-1]
-				continue
+		var allShare, allDisk uint64
+		if shared&bitShare != 0 {
+			allShare = ^uint64(0)
+		}
+		if shared&bitDisk != 0 {
+			allDisk = ^uint64(0)
+		}
+		any = false
+		for w := range dev {
+			d := dev[w]
+			l := d | loc[w]
+			sh := l | allShare
+			sc.cut(Device, w, d, total)
+			sc.cut(CPULocal, w, l, total)
+			sc.cut(CPUShare, w, sh, total)
+			any = sc.cut(Disk, w, sh|dsk[w]|allDisk, total) || any
+		}
+		total += covered
+	}
+	for tier := range sc.alive {
+		for w, a := range sc.alive[tier] {
+			for ; a != 0; a &= a - 1 {
+				sc.cnt[w*64+bits.TrailingZeros64(a)][tier] = total
 			}
-			c := &sc.cnt[f]
-			switch {
-			case a&bitDevice != 0:
-				c.Device += covered
-				fallthrough
-			case a&bitLocal != 0:
-				c.CPULocal += covered
-				fallthrough
-			case a&bitShare != 0:
-				c.CPUShare += covered
-				fallthrough
-			default:
-				c.Disk += covered
-			}
-			i++
 		}
 	}
 }
 
-// note records an engine pair's tiers for its owner if that owner is being
-// reported and still alive, and returns a shared pair's tier bit.
-func (sc *queryScratch) note(v *ownerView, p pair, lo, n int) uint8 {
-	id := p.id()
-	if id == 0 {
-		return p.mask()
-	}
-	if int(id) < len(v.byID) {
-		if f := int(v.byID[id]) - lo; f >= 0 && f < n && sc.alive[f] != 0 {
-			sc.hold[f] |= p.mask()
+// cut keeps the owners of word w alive in tier only if they hold the
+// current block there, records the count of those whose prefix just broke,
+// and reports whether any remain.
+func (sc *queryScratch) cut(tier Tier, w int, held uint64, total int) bool {
+	old := sc.alive[tier][w]
+	now := old & held
+	if now != old {
+		for died := old &^ now; died != 0; died &= died - 1 {
+			sc.cnt[w*64+bits.TrailingZeros64(died)][tier] = total
 		}
+		sc.alive[tier][w] = now
 	}
-	return 0
+	return now != 0
+}
+
+// note records the engine pairs' tiers in the holder sets for owners being
+// reported, and returns the shared pairs' tier bits. It is the inner loop of
+// the walk (one iteration per holder per block), hence branch-free bit
+// setting and one call per slice rather than per pair.
+func (sc *queryScratch) note(byID []int32, lo int, n uint, ps []pair) (shared uint8) {
+	dev, loc, dsk := sc.hold[0], sc.hold[1], sc.hold[2]
+	for _, p := range ps {
+		id, m := p.own>>maskBits, uint64(p.own&tierBits)
+		if id == 0 {
+			shared |= uint8(m) // 0 for the empty inline pair of a shared-only block
+			continue
+		}
+		if uint(id) >= uint(len(byID)) {
+			continue // registered after the snapshot was taken
+		}
+		f := uint(int(byID[id]) - lo)
+		if f >= n {
+			continue // not reported (other instance, or removed)
+		}
+		w, bit := f>>6, uint64(1)<<(f&63)
+		dev[w] |= bit & -(m & 1 >> Device)
+		loc[w] |= bit & -(m >> CPULocal & 1)
+		dsk[w] |= bit & -(m >> Disk & 1)
+	}
+	return shared
 }
 
 // resize returns s with length n, reusing its backing array (and the
