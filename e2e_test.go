@@ -375,3 +375,23 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Errorf("/readyz = %v", got)
 	}
 }
+
+// rawQuery posts one /query and returns the status or the transport error.
+func (e *e2e) rawQuery(tokens []int32) (int, error) {
+	b, err := msgpack.Marshal(map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tokens})
+	if err != nil {
+		return 0, err
+	}
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(e.base + "/query")
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/msgpack")
+	req.SetBody(b)
+	if err := e.c.DoTimeout(req, resp, 5*time.Second); err != nil {
+		return 0, err
+	}
+	return resp.StatusCode(), nil
+}

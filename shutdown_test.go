@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestShutdownUnderLoad closes the app while queries are in flight: every
+// request either completes with 200 or is refused after close, and nothing
+// of ours keeps running.
+func TestShutdownUnderLoad(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, append([]goleak.Option{ignore}, fasthttpGlobals...)...) })
+	e := startApp(t)
+	pub := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("s0", pub.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	tokens := make([]int32, 4096)
+	for i := range tokens {
+		tokens[i] = int32(i)
+	}
+	var ok, failed atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10000; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				status, err := e.rawQuery(tokens)
+				switch {
+				case err == nil && status == 200:
+					ok.Add(1)
+				case err != nil:
+					failed.Add(1) // refused or closed after shutdown
+				default:
+					t.Errorf("status %d during shutdown", status)
+					return
+				}
+			}
+		}()
+	}
+	for ok.Load() < 20 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.app.close()
+	close(stop)
+	wg.Wait()
+	if ok.Load() == 0 {
+		t.Fatal("no query succeeded")
+	}
+}
+
+// TestSignalShutdown runs the real binary and sends SIGTERM: it must exit 0
+// within 5 seconds.
+func TestSignalShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "conductor")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--addr", "127.0.0.1", "--port", "0")
+	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"), "CONDUCTOR_LOG_LEVEL=INFO")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(stderr)
+	listening := false
+	for !listening && sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("log line is not JSON: %q", sc.Text())
+		}
+		listening = line["message"] == "conductor listening"
+	}
+	if !listening {
+		t.Fatal("never logged that it listens")
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(6 * time.Second):
+		t.Fatal("did not exit within 5 s of SIGTERM")
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+}
