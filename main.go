@@ -100,7 +100,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
-		Observer: m, Metrics: m.Serve,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken,
 		Ready: func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
 	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")

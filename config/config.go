@@ -34,6 +34,9 @@ type Config struct {
 	Port      int
 	LogLevel  zerolog.Level
 	LogFormat string // "json" or "console"
+	// AuthToken, when set, is required as a bearer token on /register and
+	// /unregister.
+	AuthToken string
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.
@@ -62,6 +65,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	addr := fl.String("addr", "", "HTTP listen address (env CONDUCTOR_HTTP_ADDR, default all interfaces)")
 	level := fl.String("log-level", "", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL, default INFO)")
 	format := fl.String("log-format", "", "json or console (env CONDUCTOR_LOG_FORMAT, default json)")
+	tokenFile := fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE or CONDUCTOR_AUTH_TOKEN; default off)")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
 	}
@@ -103,6 +107,18 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("invalid log format %q: want json or console", v)
 		}
 		c.LogFormat = v
+	}
+	if f := first(*tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("read auth token: %w", err)
+		}
+		c.AuthToken = strings.TrimSpace(string(b))
+		if c.AuthToken == "" {
+			return nil, fmt.Errorf("auth token file %s is empty", f)
+		}
+	} else {
+		c.AuthToken = getenv("CONDUCTOR_AUTH_TOKEN")
 	}
 	return c, nil
 }

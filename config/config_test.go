@@ -65,3 +65,33 @@ func TestLoad(t *testing.T) {
 		})
 	}
 }
+
+func TestAuthToken(t *testing.T) {
+	tokenFile := writeFile(t, "  tok-123\n")
+	empty := writeFile(t, "\n")
+	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+		err  bool
+	}{
+		{"off by default", nil, base, "", false},
+		{"flag file", []string{"--auth-token-file", tokenFile}, base, "tok-123", false},
+		{"env file", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_AUTH_TOKEN_FILE": tokenFile}, "tok-123", false},
+		{"env value", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_AUTH_TOKEN": "v"}, "v", false},
+		{"empty file", []string{"--auth-token-file", empty}, base, "", true},
+		{"missing file", []string{"--auth-token-file", "/nonexistent/tok"}, base, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v", err)
+			}
+			if err == nil && c.AuthToken != tc.want {
+				t.Errorf("token %q, want %q", c.AuthToken, tc.want)
+			}
+		})
+	}
+}

@@ -315,3 +315,25 @@ func TestGoldenAPI(t *testing.T) {
 		})
 	}
 }
+
+func (h *harness) doAuth(method, path, auth string, body []byte) (int, any) {
+	h.t.Helper()
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := &fasthttp.Response{}
+	req.SetRequestURI("http://" + h.addr + path)
+	req.Header.SetMethod(method)
+	req.Header.SetContentType("application/msgpack")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	req.SetBody(body)
+	if err := h.c.Do(req, resp); err != nil {
+		h.t.Fatal(err)
+	}
+	var v any
+	if err := msgpack.Unmarshal(resp.Body(), &v); err != nil {
+		h.t.Fatal(err)
+	}
+	return resp.StatusCode(), normalize(v)
+}

@@ -5,6 +5,8 @@ package server
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"net"
 	"sync"
@@ -40,6 +42,9 @@ type Options struct {
 	Observer Observer
 	// Metrics, when set, serves GET /metrics.
 	Metrics fasthttp.RequestHandler
+	// AuthToken, when non-empty, is the bearer token /register and
+	// /unregister require. Off by default so the drop-in stays compatible.
+	AuthToken string
 	// Ready reports readiness for GET /readyz: whether every static
 	// registration has connected, and how many sources are stale.
 	Ready func() (ready bool, staleSources int)
@@ -122,16 +127,17 @@ type route struct {
 	method  string
 	msgpack bool // requires a MessagePack body
 	h       handler
+	mutates bool // changes registrations; needs the bearer token when one is set
 }
 
 var routes = map[string]route{
-	"/register":    {fasthttp.MethodPost, true, (*Server).register},
-	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister},
-	"/query":       {fasthttp.MethodPost, true, (*Server).query},
-	"/services":    {fasthttp.MethodGet, false, (*Server).services},
-	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView},
-	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz},
-	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz},
+	"/register":    {fasthttp.MethodPost, true, (*Server).register, true},
+	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister, true},
+	"/query":       {fasthttp.MethodPost, true, (*Server).query, false},
+	"/services":    {fasthttp.MethodGet, false, (*Server).services, false},
+	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView, false},
+	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz, false},
+	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz, false},
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -192,10 +198,27 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, out []byte) (res []byte, api
 		ctx.Response.Header.Set("Allow", rt.method)
 		return nil, serviceError(fasthttp.StatusMethodNotAllowed, "method not allowed; use "+rt.method)
 	}
+	if rt.mutates && s.opts.AuthToken != "" && !s.authorized(ctx) {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="conductor"`)
+		return nil, serviceError(fasthttp.StatusUnauthorized, "a valid bearer token is required")
+	}
 	if rt.msgpack && !isMsgpack(ctx.Request.Header.ContentType()) {
 		return nil, validation(codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack"))
 	}
 	return rt.h(s, ctx, out)
+}
+
+// authorized compares the bearer token in constant time, so response timing
+// does not reveal how much of a guess was right.
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
+	if !ok {
+		return false
+	}
+	want := sha256.Sum256([]byte(s.opts.AuthToken))
+	got := sha256.Sum256(tok)
+	return subtle.ConstantTimeCompare(want[:], got[:]) == 1
 }
 
 var msgpackType = []byte("application/msgpack")

@@ -37,3 +37,34 @@ func TestIsMsgpack(t *testing.T) {
 		}
 	}
 }
+
+func TestBearerToken(t *testing.T) {
+	h := startServer(t, Options{AuthToken: "s3cret"})
+	body := []byte{0x80}
+	for _, tc := range []struct {
+		name, auth string
+		status     int
+	}{
+		{"no header", "", 401},
+		{"wrong token", "Bearer nope", 401},
+		{"prefix of token", "Bearer s3cre", 401},
+		{"basic scheme", "Basic s3cret", 401},
+		{"right token", "Bearer s3cret", 400}, // authorized, then the empty map is validated
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, got := h.doAuth("POST", "/unregister", tc.auth, body)
+			if status != tc.status {
+				t.Errorf("status %d, want %d (%v)", status, tc.status, got)
+			}
+			if tc.status == 401 {
+				if diff := cmp.Diff(map[string]any{"error": "a valid bearer token is required"}, got); diff != "" {
+					t.Errorf("body (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+	// Reads and queries stay open.
+	if status, _, _ := h.do("GET", "/services", "", nil); status != 200 {
+		t.Errorf("/services with auth on: %d", status)
+	}
+}
