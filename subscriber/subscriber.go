@@ -518,6 +518,9 @@ func (s *Subscriber) onWatchDuringReplay(sock *zmq.Socket) error {
 			s.markStale(StaleRegression, seq)
 			return errStaleInFetch
 		}
+		if seq > s.high+1 {
+			s.cfg.Counters.add(MetricGaps, s.typ, ReasonNone, 1)
+		}
 		s.high = seq
 		if !s.budget.Take(len(frames[2])) {
 			s.markStale(StaleBufferOverflow, seq)
@@ -534,7 +537,6 @@ func (s *Subscriber) markStale(why Reason, seq uint64) {
 	if s.State() == Stale {
 		return
 	}
-	s.setState(Stale)
 	s.cfg.Counters.add(MetricStale, s.typ, why, 1)
 	ev := s.log.Warn().Str("reason", why.String())
 	if s.started {
@@ -544,7 +546,10 @@ func (s *Subscriber) markStale(why Reason, seq uint64) {
 		ev = ev.Uint64("seq", seq)
 	}
 	ev.Msg("source is stale; its entries are retracted until it is registered again")
+	// Retract before publishing the state, so anyone who sees Stale also
+	// sees an index without the source's entries.
 	s.retract()
+	s.setState(Stale)
 	clear(s.buffered)
 	s.buffered = s.buffered[:0]
 	s.budget.Reset()
@@ -560,16 +565,18 @@ func (s *Subscriber) retract() {
 	s.cfg.Engine.ClearOwner(s.cfg.Owner, allEngineTiers)
 }
 
-func (s *Subscriber) setApplied(seq uint64) {
-	s.applied = seq
-	s.lastSeq.Store(seq)
+// publishApplied makes the last applied sequence visible to LastSeq; it runs
+// after the batch's effects, so a caller that sees seq also sees its effects.
+func (s *Subscriber) publishApplied() {
+	s.lastSeq.Store(s.applied)
 	s.hasSeq.Store(true)
 }
 
 // applyBatch decodes one payload and dispatches its events; the sequence is
 // consumed whatever the outcome (§1.5 table).
 func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
-	s.setApplied(seq)
+	s.applied = seq
+	defer s.publishApplied()
 	if s.cfg.onApply != nil {
 		s.cfg.onApply(seq)
 	}

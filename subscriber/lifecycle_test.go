@@ -1,0 +1,479 @@
+package subscriber
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	zmq "github.com/pebbe/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if any test leaves a goroutine behind: every
+// Subscriber must be fully gone once Stop returns.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// storedBatch encodes a vLLM BlockStored batch of the given hashes.
+func storedBatch(hashes []uint64, blockSize int, dp any) []byte {
+	tokens := make([]int32, len(hashes)*blockSize)
+	for i := range tokens {
+		tokens[i] = int32(1000 + i)
+	}
+	extra := make([]any, len(hashes))
+	ev := map[string]any{
+		"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
+		"token_ids": tokens, "block_size": blockSize, "lora_id": nil, "medium": "GPU",
+		"lora_name": nil, "extra_keys": extra, "group_idx": 0, "kv_cache_spec_kind": "full_attention",
+	}
+	b, err := msgpack.Marshal([]any{1789095808.5, []any{ev}, dp})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// replayService answers replay requests from a shared store in its own
+// goroutine, like a publisher's ROUTER thread.
+type replayService struct {
+	endpoint string
+	mu       sync.Mutex
+	store    map[uint64][]byte
+	hold     chan struct{} // while open, requests are received but not answered
+	requests []uint64
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func startReplayService(t *testing.T) *replayService {
+	t.Helper()
+	sock, err := zmq.NewSocket(zmq.ROUTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = sock.SetLinger(0)
+	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := sock.GetLastEndpoint()
+	rs := &replayService{endpoint: ep, store: map[uint64][]byte{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(rs.done)
+		defer sock.Close()
+		p := zmq.NewPoller()
+		p.Add(sock, zmq.POLLIN)
+		for {
+			select {
+			case <-rs.stop:
+				return
+			default:
+			}
+			polled, err := p.Poll(10 * time.Millisecond)
+			if err != nil || len(polled) == 0 {
+				continue
+			}
+			msg, err := sock.RecvMessageBytes(0)
+			if err != nil || len(msg) != 3 {
+				continue
+			}
+			from := binary.BigEndian.Uint64(msg[2])
+			rs.mu.Lock()
+			rs.requests = append(rs.requests, from)
+			hold := rs.hold
+			rs.mu.Unlock()
+			if hold != nil {
+				select {
+				case <-hold:
+				case <-rs.stop:
+					return
+				}
+			}
+			rs.mu.Lock()
+			var seqs []uint64
+			for s := range rs.store {
+				if s >= from {
+					seqs = append(seqs, s)
+				}
+			}
+			slices.Sort(seqs)
+			for _, s := range seqs {
+				_, _ = sock.SendMessage(msg[0], "", "kv-events", seqFrame(s), rs.store[s])
+			}
+			rs.mu.Unlock()
+			_, _ = sock.SendMessage(msg[0], "", "", seqFrame(^uint64(0)), "")
+		}
+	}()
+	t.Cleanup(rs.close)
+	return rs
+}
+
+func (rs *replayService) close() {
+	select {
+	case <-rs.stop:
+	default:
+		close(rs.stop)
+	}
+	<-rs.done
+}
+
+func (rs *replayService) put(seq uint64, payload []byte) {
+	rs.mu.Lock()
+	rs.store[seq] = payload
+	rs.mu.Unlock()
+}
+
+func (rs *replayService) requestCount() int {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return len(rs.requests)
+}
+
+func vllmEnv(t *testing.T, endpoint, replayEP string) *env {
+	t.Helper()
+	e := newEnv(t, loadManifest(t), "vllm-a", nil, endpoint, replayEP)
+	e.cfg.Tuning = Tuning{ReplayReceiveTimeout: time.Second, ReplayTotalTimeout: 5 * time.Second}
+	return e
+}
+
+// TestGapReplayLosesNothing drops single messages and runs of messages from
+// the live stream; every one must come back through replay, in order, with
+// every block stored exactly once.
+func TestGapReplayLosesNothing(t *testing.T) {
+	rs := startReplayService(t)
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, rs.endpoint)
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	const n = 600
+	var want []uint64
+	for seq := uint64(1); seq <= n; seq++ {
+		key := seq * 1000003
+		want = append(want, key)
+		p := storedBatch([]uint64{key}, 4, 0)
+		rs.put(seq, p)
+		lost := seq%37 == 0 || (seq >= 200 && seq < 205) || (seq >= 400 && seq%2 == 0 && seq < 420)
+		if !lost || seq == n {
+			pub.send(seq, p)
+		}
+	}
+	waitSeq(t, s, n)
+	if st := s.State(); st != Live {
+		t.Fatalf("state %v", st)
+	}
+	var got []uint64
+	for _, o := range e.engine.snapshot() {
+		if o.Kind == "store" {
+			got = append(got, o.Key)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("stored %d keys, want %d (first difference matters)", len(got), len(want))
+	}
+	order := e.appliedOrder()
+	for i, sq := range order {
+		if sq != uint64(i+1) {
+			t.Fatalf("applied order broken at %d: %d", i, sq)
+		}
+	}
+	if e.counters.Total(MetricGaps, TypeVLLM) == 0 || e.counters.Value(MetricReplays, TypeVLLM, ReplayRecovered) == 0 {
+		t.Errorf("counters %v", e.counters.Snapshot())
+	}
+	t.Logf("gaps %d, replay requests %d", e.counters.Total(MetricGaps, TypeVLLM), rs.requestCount())
+}
+
+// TestLiveBufferedDuringReplay: live messages that arrive while the replay
+// is outstanding are held and applied after the replayed range; a second
+// hole among them triggers another round from the new last-applied seq.
+func TestLiveBufferedDuringReplay(t *testing.T) {
+	rs := startReplayService(t)
+	hold := make(chan struct{})
+	rs.hold = hold
+	pub := newPublisher(t, ipcEndpoint(t, "pub"))
+	e := vllmEnv(t, pub.endpoint, rs.endpoint)
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	for seq := uint64(1); seq <= 12; seq++ {
+		rs.put(seq, storedBatch([]uint64{seq}, 4, 0))
+	}
+	pub.send(1, rs.store[1])
+	pub.send(3, rs.store[3]) // gap at 2
+	waitFor(t, "recovering", 5*time.Second, func() bool { return s.State() == Recovering })
+	for _, seq := range []uint64{4, 5, 7, 8, 12} { // 6 and 9-11 lost as well
+		pub.send(seq, rs.store[seq])
+	}
+	waitFor(t, "live messages drained while replay waits", 5*time.Second, func() bool {
+		return e.counters.Value(MetricReceived, TypeVLLM, ReasonNone) == 7
+	})
+	if got := e.appliedOrder(); !slices.Equal(got, []uint64{1}) {
+		t.Fatalf("applied before replay answered: %v", got)
+	}
+	rs.mu.Lock()
+	rs.hold = nil
+	rs.mu.Unlock()
+	close(hold)
+	waitSeq(t, s, 12)
+	waitFor(t, "live", 5*time.Second, func() bool { return s.State() == Live })
+	want := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	if got := e.appliedOrder(); !slices.Equal(got, want) {
+		t.Errorf("applied %v", got)
+	}
+	if rs.requestCount() < 2 {
+		t.Errorf("expected a second recovery round, got %d requests", rs.requestCount())
+	}
+	// the stream goes on normally afterwards
+	pub.send(13, storedBatch([]uint64{13}, 4, 0))
+	waitSeq(t, s, 13)
+}
+
+// TestReplayConflictMakesStale: the replayed copy of a buffered sequence
+// differs from the live one.
+func TestReplayConflictMakesStale(t *testing.T) {
+	rs := startReplayService(t)
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, rs.endpoint)
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	rs.put(2, storedBatch([]uint64{2}, 4, 0))
+	rs.put(3, storedBatch([]uint64{333}, 4, 0))
+	pub.send(1, storedBatch([]uint64{1}, 4, 0))
+	pub.send(3, storedBatch([]uint64{3}, 4, 0))
+	waitFor(t, "stale", 5*time.Second, s.Stale)
+	if e.counters.Value(MetricStale, TypeVLLM, StaleReplay) != 1 {
+		t.Errorf("counters %v", e.counters.Snapshot())
+	}
+	assertRetracted(t, e)
+}
+
+// TestRecoveryBufferOverflow: more live messages than the recovery buffer
+// may hold while a replay is outstanding makes the source stale.
+func TestRecoveryBufferOverflow(t *testing.T) {
+	rs := startReplayService(t)
+	hold := make(chan struct{})
+	rs.hold = hold
+	defer close(hold)
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, rs.endpoint)
+	e.cfg.Tuning.MaxBufferedMessages = 3
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	pub.send(1, emptyBatch("vLLM"))
+	for seq := uint64(3); seq <= 8; seq++ {
+		pub.send(seq, emptyBatch("vLLM"))
+	}
+	waitFor(t, "stale", 5*time.Second, s.Stale)
+	if e.counters.Value(MetricStale, TypeVLLM, StaleBufferOverflow) != 1 {
+		t.Errorf("counters %v", e.counters.Snapshot())
+	}
+}
+
+// TestStopDuringReplay: Stop returns promptly while the subscriber waits on
+// a replay that will never be answered, retracts the source and leaks
+// nothing (goleak in TestMain).
+func TestStopDuringReplay(t *testing.T) {
+	for _, transport := range []string{"tcp", "ipc"} {
+		t.Run(transport, func(t *testing.T) {
+			r := newReplayServer(t, "tcp://127.0.0.1:*") // never answers
+			ep := "tcp://127.0.0.1:*"
+			if transport == "ipc" {
+				ep = ipcEndpoint(t, "pub")
+			}
+			pub := newPublisher(t, ep)
+			e := vllmEnv(t, pub.endpoint, r.endpoint)
+			e.cfg.Tuning.ReplayReceiveTimeout = 30 * time.Second
+			e.cfg.Tuning.ReplayTotalTimeout = time.Minute
+			s, err := Start(e.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pub.waitSubscribed()
+			pub.send(1, storedBatch([]uint64{11}, 4, 0))
+			pub.send(5, storedBatch([]uint64{55}, 4, 0))
+			r.request(5 * time.Second)
+			if st := s.State(); st != Recovering {
+				t.Fatalf("state %v", st)
+			}
+			start := time.Now()
+			s.Stop()
+			el := time.Since(start)
+			t.Logf("Stop during replay took %v", el)
+			if el > 500*time.Millisecond {
+				t.Errorf("Stop took %v", el)
+			}
+			if st := s.State(); st != Stopped {
+				t.Errorf("state %v", st)
+			}
+			assertRetracted(t, e)
+			if e.counters.Value(MetricReplays, TypeVLLM, ReplayStopped) != 1 {
+				t.Errorf("counters %v", e.counters.Snapshot())
+			}
+			s.Stop() // idempotent
+		})
+	}
+}
+
+// TestStopPromptAndIdempotent: concurrent Stops on an idle and a busy
+// subscriber all return quickly, and the engine owner is cleared once.
+func TestStopPromptAndIdempotent(t *testing.T) {
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, "")
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscribed()
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for seq := uint64(1); seq < 200; seq++ {
+			pub.send(seq, storedBatch([]uint64{seq}, 4, 0))
+		}
+	}()
+	defer func() { <-sent }()
+	waitSeq(t, s, 1)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.Stop() }()
+	}
+	wg.Wait()
+	if el := time.Since(start); el > 500*time.Millisecond {
+		t.Errorf("Stop took %v", el)
+	}
+	clears := 0
+	for _, o := range e.engine.snapshot() {
+		if o.Kind == "clear" {
+			clears++
+		}
+	}
+	if clears != 1 {
+		t.Errorf("%d clears", clears)
+	}
+	if _, ok := s.LastSeq(); !ok {
+		t.Error("LastSeq lost after Stop")
+	}
+}
+
+func TestStartErrors(t *testing.T) {
+	m := loadManifest(t)
+	base := newEnv(t, m, "vllm-a", nil, "tcp://127.0.0.1:1", "").cfg
+	cases := map[string]func(c *Config){
+		"unknown type":       func(c *Config) { c.Type = "vllm" },
+		"no engine sink":     func(c *Config) { c.Engine = nil },
+		"unresolved profile": func(c *Config) { c.Profile = hashing.Profile{} },
+		"bad endpoint":       func(c *Config) { c.Endpoint = "tcp://no-port" },
+		"mooncake no lookup": func(c *Config) { c.Type = "Mooncake" },
+	}
+	for name, mod := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := base
+			mod(&c)
+			s, err := Start(c)
+			if err == nil {
+				s.Stop()
+				t.Fatal("Start succeeded")
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// TestClearedDoesNotTouchOthers uses the real index: vLLM's clear empties
+// only its own device tier, a Mooncake cleared only its backend+tenant.
+func TestClearedDoesNotTouchOthers(t *testing.T) {
+	m := loadManifest(t)
+	ix := index.New(index.Options{})
+	reg := m.Registrations["vllm-a"]
+	prof := resolveProfile(t, reg)
+	tb := ix.EnsureTable(contextOf(reg), prof)
+	other := tb.AddEngineOwner("vllm-b", 0)
+	tb.Store(other, index.Device, 2164874634404590027)
+	tb.AcquireShared(index.CPUShare, 99) // another master's object
+
+	pubV := newPublisher(t, ipcEndpoint(t, "v"))
+	sv, err := Start(Config{Key: "vllm-a", Type: "vLLM", Endpoint: pubV.endpoint, Context: contextOf(reg),
+		Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sv.Stop()
+	pubM := newPublisher(t, ipcEndpoint(t, "m"))
+	sm, err := Start(Config{Key: "pool-a-sub", Type: "Mooncake", Endpoint: pubM.endpoint, Context: contextOf(reg),
+		Profile: prof, Logger: testLogger(t), Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
+			t := ix.Table(ctx)
+			return t, t != nil
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sm.Stop()
+	pubV.waitSubscribed()
+	pubM.waitSubscribed()
+
+	counts := func() [4]int { return tb.TierBlocks() }
+	pubV.send(1, payloadOf(t, m.fixture(t, "vllm_stored_gpu_2blocks")))
+	pubM.send(1, payloadOf(t, m.fixture(t, "mooncake_stored_vllm_cpu_disk")))
+	waitSeq(t, sv, 1)
+	waitSeq(t, sm, 1)
+	before := counts()
+	pubV.send(2, payloadOf(t, m.fixture(t, "vllm_all_cleared")))
+	pubM.send(2, payloadOf(t, m.fixture(t, "mooncake_cleared")))
+	waitSeq(t, sv, 2)
+	waitSeq(t, sm, 2)
+	after := counts()
+	t.Logf("tier blocks before %v after %v", before, after)
+	// vllm-b keeps V1 on device; the foreign shared reference on 99 stays
+	if after[index.Device] != 1 || after[index.CPUShare] != 1 || after[index.Disk] != 0 {
+		t.Errorf("after clears: %v", after)
+	}
+	sv.Stop()
+	sm.Stop()
+	if got := counts(); got[index.Device] != 1 || got[index.CPUShare] != 1 {
+		t.Errorf("after Stop: %v", got)
+	}
+}
+
+func TestCountersSnapshot(t *testing.T) {
+	c := NewCounters()
+	c.add(MetricRejected, TypeSGLang, EvArrayEncoded, 3)
+	c.add(MetricApplied, TypeVLLM, ReasonNone, 2)
+	snap := c.Snapshot()
+	want := []Sample{
+		{Metric: "events_applied", Source: "vLLM", Value: 2},
+		{Metric: "events_rejected", Source: "SGLang", Reason: "array_encoded_event", Value: 3},
+	}
+	if fmt.Sprint(snap) != fmt.Sprint(want) {
+		t.Errorf("snapshot %v", snap)
+	}
+	var nilC *Counters
+	nilC.add(MetricApplied, TypeVLLM, ReasonNone, 1)
+	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, TypeVLLM, ReasonNone) != 0 {
+		t.Error("nil counters must be inert")
+	}
+	for r := Reason(0); r < numReasons; r++ {
+		if reasonNames[r] == "" {
+			t.Errorf("reason %d has no name", r)
+		}
+	}
+}
