@@ -51,26 +51,33 @@ const cborTokenMax = 5
 // length, which keeps the loop free of data-dependent branches (token sizes
 // are random in real prompts, so branches would mispredict).
 func putCBORTokens(b []byte, w int, toks []int32) int {
+	// Local copies let the compiler address the tables off the stack
+	// pointer instead of materializing global addresses every iteration.
+	ai, shift, size := cborAI, cborShift, cborLen
+	out := b[w:]
 	for _, t := range toks {
-		neg := uint32(t >> 31)   // all ones for negatives
-		u := uint32(t) ^ neg     // -1-t for negatives (major type 1)
-		major := uint64(neg & cborMajorNeg)
-		cls := b2u(u >= 24) + b2u(u >= 256) + b2u(u >= 65536)
-		// Big-endian argument bytes, right-aligned to the argument width.
-		be := uint64(bits.ReverseBytes32(u)) >> cborShift[cls]
-		word := major | cborAI[cls] | be<<8
-		if cls == 0 {
-			word = major | uint64(u)
+		neg := uint32(t >> 31) // all ones for negatives
+		u := uint32(t) ^ neg   // -1-t for negatives (major type 1), < 2^31
+		// Width class 0..3 (u < 24, < 2^8, < 2^16, else) without branches:
+		// u + (2^31 - k) has its top bit set exactly when u ≥ k.
+		cls := ((u+(1<<31-24))>>31 + (u+(1<<31-256))>>31 + (u+(1<<31-65536))>>31) & 3
+		// ReverseBytes64 puts u's big-endian bytes at the top of the word;
+		// shifting them down to bytes 1..n leaves byte 0 zero for the head
+		// (n = argument width). For u < 24 the shift brings u itself to
+		// byte 0, which is then the whole item.
+		word := uint64(neg&cborMajorNeg) | ai[cls] | bits.ReverseBytes64(uint64(u))>>(shift[cls]&63)
+		if len(out) < 8 {
+			panic("hashing: CBOR token buffer too small")
 		}
-		binary.LittleEndian.PutUint64(b[w:], word)
-		w += int(cborLen[cls])
+		binary.LittleEndian.PutUint64(out, word)
+		out = out[size[cls]&7:]
 	}
-	return w
+	return len(b) - len(out)
 }
 
 var (
 	cborAI    = [4]uint64{0, 24, 25, 26}
-	cborShift = [4]uint8{0, 24, 16, 0}
+	cborShift = [4]uint8{56, 48, 40, 24}
 	cborLen   = [4]uint8{1, 2, 3, 5}
 )
 
@@ -92,10 +99,14 @@ func encodeCBORBlock(buf []byte, parent *[32]byte, toks []int32, lora, salt stri
 	if cap(buf) < need {
 		buf = make([]byte, 0, need+need/4)
 	}
-	b := buf[:3]
+	b := buf[:3+32]
 	b[0], b[1], b[2] = cborMajorArray|3, cborMajorBytes|24, 32
-	b = append(b, parent[:]...)
-	b = appendCBORHead(b, cborMajorArray, uint64(len(toks)))
+	*(*[32]byte)(b[3:]) = *parent
+	if len(toks) < 24 {
+		b = append(b, cborMajorArray|byte(len(toks)))
+	} else {
+		b = appendCBORHead(b, cborMajorArray, uint64(len(toks)))
+	}
 	w := putCBORTokens(b[:cap(b)], len(b), toks)
 	b = b[:w]
 	switch {

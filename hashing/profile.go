@@ -12,11 +12,11 @@ import (
 type kind uint8
 
 const (
-	kindNone        kind = iota // zero Profile: no blocks
-	kindVLLMCBOR                // vllm_v1 / sha256_cbor / low64_be
-	kindVLLMPickle              // vllm_v1 / sha256 / low64_be
-	kindSGLang                  // sglang / sha256_raw / first64_be
-	kindSGLangBigram            // sglang_bigram / sha256_raw / first64_be
+	kindNone         kind = iota // zero Profile: no blocks
+	kindVLLMCBOR                 // vllm_v1 / sha256_cbor / low64_be
+	kindVLLMPickle               // vllm_v1 / sha256 / low64_be
+	kindSGLang                   // sglang / sha256_raw / first64_be
+	kindSGLangBigram             // sglang_bigram / sha256_raw / first64_be
 )
 
 // Selector strings, case-sensitive, as registered.
