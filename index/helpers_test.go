@@ -136,7 +136,7 @@ func stripeErr(tb *Table, s *stripe) error {
 			}
 			seen[key] = true
 			pairs[p.id()]++
-			l := s.owned[p.id()]
+			l := s.ownerList(p.id())
 			if int(p.aux) >= len(l) || l[p.aux] != uint32(idx) {
 				return fmt.Errorf("owner %d back pointer %d broken", p.id(), p.aux)
 			}
@@ -156,9 +156,13 @@ func stripeErr(tb *Table, s *stripe) error {
 	if tiers != s.tierKeys {
 		return fmt.Errorf("tierKeys %v, actual %v", s.tierKeys, tiers)
 	}
-	for id, l := range s.owned {
-		if len(l) != pairs[OwnerID(id)] {
-			return fmt.Errorf("owner %d list %d, pairs %d", id, len(l), pairs[OwnerID(id)])
+	bySlot := map[int]int{}
+	for id, n := range pairs {
+		bySlot[id.slot()] += n
+	}
+	for sl, l := range s.owned {
+		if len(l) != bySlot[sl] {
+			return fmt.Errorf("slot %d list %d, pairs %d", sl, len(l), bySlot[sl])
 		}
 	}
 	return nil

@@ -321,6 +321,26 @@ func TestQueryRules(t *testing.T) {
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))},
 		},
 		{
+			name: "a retired id never touches the owner reusing its slot",
+			setup: func(f *fixture) {
+				a := f.own("a", 0)
+				f.t.RemoveEngineOwner(a)
+				b := f.own("b", 0)
+				if b.slot() != a.slot() || b == a {
+					panic("slot not reused with a new generation")
+				}
+				f.t.Store(b, Device, k[0])
+				f.t.Store(b, CPULocal, k[1])
+				f.t.Store(a, Device, k[1])
+				f.t.ClearOwner(a, 1<<Device)
+				f.t.ClearOwner(a, AllEngineTiers)
+				f.t.Remove(a, Device, k[0])
+				f.t.RemoveEngineOwner(a)
+			},
+			chain: chainOf(k...),
+			want:  []InstanceHits{inst("b", rk(0, tc(16, 32, 32, 32)))},
+		},
+		{
 			name: "shared tiers ignore engine tiers and vice versa",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)

@@ -103,7 +103,7 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 		clear(dsk)
 		b := &s.blocks[idx]
 		first := [1]pair{b.first}
-		shared := sc.note(v.byID, lo, uint(n), first[:]) | sc.note(v.byID, lo, uint(n), s.overflow(b))
+		shared := sc.note(v.bySlot, lo, uint(n), first[:]) | sc.note(v.bySlot, lo, uint(n), s.overflow(b))
 		s.mu.RUnlock()
 
 		var allShare, allDisk uint64
@@ -153,7 +153,7 @@ func (sc *queryScratch) cut(tier Tier, w int, held uint64, total int) bool {
 // reported, and returns the shared pairs' tier bits. It is the inner loop of
 // the walk (one iteration per holder per block), hence branch-free bit
 // setting and one call per slice rather than per pair.
-func (sc *queryScratch) note(byID []int32, lo int, n uint, ps []pair) (shared uint8) {
+func (sc *queryScratch) note(bySlot []uint64, lo int, n uint, ps []pair) (shared uint8) {
 	dev, loc, dsk := sc.hold[0], sc.hold[1], sc.hold[2]
 	for _, p := range ps {
 		id, m := p.own>>maskBits, uint64(p.own&tierBits)
@@ -161,12 +161,14 @@ func (sc *queryScratch) note(byID []int32, lo int, n uint, ps []pair) (shared ui
 			shared |= uint8(m) // 0 for the empty inline pair of a shared-only block
 			continue
 		}
-		if uint(id) >= uint(len(byID)) {
+		sl := uint(id & slotMask)
+		if sl >= uint(len(bySlot)) {
 			continue // registered after the snapshot was taken
 		}
-		f := uint(int(byID[id]) - lo)
-		if f >= n {
-			continue // not reported (other instance, or removed)
+		e := bySlot[sl]
+		f := uint(int(uint32(e)) - lo)
+		if uint32(e>>32) != id || f >= n {
+			continue // other generation, other instance, or not registered
 		}
 		w, bit := f>>6, uint64(1)<<(f&63)
 		dev[w] |= bit & -(m & 1 >> Device)

@@ -64,7 +64,8 @@ type stripe struct {
 	free    uint32 // 1-based head of the free block list
 	ext     [][]pair
 	extFre  []uint32
-	// owned[id] lists the slab indices of blocks engine owner id holds here.
+	// owned[slot] lists the slab indices of blocks the engine owner in that
+	// registration slot holds here (see OwnerID's layout in table.go).
 	owned    [][]uint32
 	tierKeys [numTiers]int
 	_        [64]byte // keep neighbouring stripes' locks off one cache line
@@ -356,20 +357,29 @@ func (s *stripe) setMask(b *block, m uint8) {
 
 // ownerAppend records that id holds slab index idx and returns its position.
 func (s *stripe) ownerAppend(id OwnerID, idx int) uint32 {
-	if int(id) >= len(s.owned) {
-		n := max(int(id)+1, 2*len(s.owned))
-		owned := make([][]uint32, n)
+	sl := id.slot()
+	if sl >= len(s.owned) {
+		owned := make([][]uint32, max(sl+1, 2*len(s.owned)))
 		copy(owned, s.owned)
 		s.owned = owned
 	}
-	s.owned[id] = append(s.owned[id], uint32(idx))
-	return uint32(len(s.owned[id]) - 1)
+	s.owned[sl] = append(s.owned[sl], uint32(idx))
+	return uint32(len(s.owned[sl]) - 1)
+}
+
+// ownerList returns the slab indices id holds in this stripe.
+func (s *stripe) ownerList(id OwnerID) []uint32 {
+	if sl := id.slot(); sl < len(s.owned) {
+		return s.owned[sl]
+	}
+	return nil
 }
 
 // ownerRemoveAt deletes position pos of id's list by moving the last entry
 // into it and fixing that entry's back-pointer.
 func (s *stripe) ownerRemoveAt(id OwnerID, pos uint32) {
-	list := s.owned[id]
+	sl := id.slot()
+	list := s.owned[sl]
 	last := len(list) - 1
 	if int(pos) != last {
 		moved := list[last]
@@ -381,12 +391,11 @@ func (s *stripe) ownerRemoveAt(id OwnerID, pos uint32) {
 	if cap(list) > 64 && len(list)*4 < cap(list) {
 		list = append([]uint32(nil), list...)
 	}
-	s.owned[id] = list
+	s.owned[sl] = list
 }
 
-// removeEngine drops engine owner id's pair at k of block idx (already
-// unlinked from the owner's list by the caller when needed) and deletes the
-// block when nobody is left.
+// settle refreshes a changed block's union mask and deletes it when nobody
+// holds it any more.
 func (s *stripe) settle(idx int, b *block) {
 	s.setMask(b, s.union(b))
 	if b.first.own == 0 {
@@ -396,21 +405,25 @@ func (s *stripe) settle(idx int, b *block) {
 
 // clearOwner removes tiers from every block id holds in this stripe.
 func (s *stripe) clearOwner(id OwnerID, tiers uint8) {
-	if int(id) >= len(s.owned) {
+	list := s.ownerList(id)
+	if len(list) == 0 || s.findEngine(&s.blocks[list[0]], id) == noPair {
+		// Nothing held, or the slot's list belongs to a later generation
+		// (a stale id): a slot is reissued only once fully cleaned, so one
+		// entry tells whose list it is.
 		return
 	}
 	if tiers&engineBit == engineBit {
 		// Everything goes: no need to maintain list positions.
-		for _, idx := range s.owned[id] {
+		for _, idx := range list {
 			b := &s.blocks[idx]
 			s.removePair(b, s.findEngine(b, id))
 			s.settle(int(idx), b)
 		}
-		s.owned[id] = nil
+		s.owned[id.slot()] = nil
 		return
 	}
-	for i := len(s.owned[id]) - 1; i >= 0; i-- {
-		idx := s.owned[id][i]
+	for i := len(list) - 1; i >= 0; i-- {
+		idx := s.owned[id.slot()][i]
 		b := &s.blocks[idx]
 		k := s.findEngine(b, id)
 		p := s.pairAt(b, k)

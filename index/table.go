@@ -21,12 +21,37 @@ type Table struct {
 
 	// view is the immutable registration snapshot queries and writers read
 	// without locks; it is replaced wholesale under regMu.
-	view    atomic.Pointer[ownerView]
-	regMu   sync.Mutex
-	ids     map[ownerKey]OwnerID
-	next    OwnerID
-	dropped bool // under regMu
+	view  atomic.Pointer[ownerView]
+	regMu sync.Mutex
+	ids   map[ownerKey]OwnerID
+	// slots holds, per registration slot, the id currently or last issued
+	// there and its key; freeSlots are slots whose owner has been fully
+	// retracted and may be reissued with the next generation.
+	slots     []slotInfo
+	freeSlots []int
+	dropped   bool // under regMu
 }
+
+type slotInfo struct {
+	id  OwnerID // 0 while free
+	gen OwnerID
+	key ownerKey
+}
+
+// An OwnerID is gen<<slotBits | slot. The slot is dense and reused, so
+// per-stripe owner lists and the query's owner map stay as small as the
+// number of live owners however often engines re-register; the generation
+// (never 0, so no id is 0, the shared pseudo-owner) makes a late event
+// carrying a retired id miss the slot's next owner.
+const (
+	slotBits = 18
+	genBits  = 32 - maskBits - slotBits
+	slotMask = 1<<slotBits - 1
+	// MaxEngineOwners is how many engine owners one context can hold at once.
+	MaxEngineOwners = 1 << slotBits
+)
+
+func (id OwnerID) slot() int { return int(id & slotMask) }
 
 type ownerKey struct {
 	instance string
@@ -37,7 +62,10 @@ type ownerKey struct {
 // rank), so every instance is a contiguous span and a query with an instance
 // filter touches only that span.
 type ownerView struct {
-	byID   []int32 // OwnerID -> position in owners, -1 when not registered
+	// bySlot[slot] packs the slot's registered OwnerID (high 32 bits) and
+	// its position in owners (low 32), so the query maps a pair to its
+	// owner with one load and one compare.
+	bySlot []uint64
 	owners []ownerRef
 	insts  []instSpan
 }
@@ -66,7 +94,6 @@ func newTable(ctx ContextKey, p hashing.Profile, nStripes int) *Table {
 		shift:   64 - bits,
 		stripes: make([]stripe, 1<<bits),
 		ids:     make(map[ownerKey]OwnerID),
-		next:    1, // 0 is the shared pseudo-owner inside pairs
 	}
 	t.view.Store(emptyView)
 	return t
@@ -133,9 +160,9 @@ func (t *Table) Instances() map[string][]int {
 
 // AddEngineOwner registers (instance, rank) as an engine owner and returns
 // its id; registering again returns the same id. From now on the pair
-// appears in query results, with zeros until it stores something. Ids are
-// never reused within a table, so a late Store carrying the id of a removed
-// owner can never land on a newer one.
+// appears in query results, with zeros until it stores something. On a
+// dropped table it returns 0, an id every operation ignores. It panics
+// beyond MaxEngineOwners live owners, which no deployment approaches.
 func (t *Table) AddEngineOwner(instance string, rank int) OwnerID {
 	t.regMu.Lock()
 	defer t.regMu.Unlock()
@@ -143,58 +170,67 @@ func (t *Table) AddEngineOwner(instance string, rank int) OwnerID {
 	if id, ok := t.ids[k]; ok {
 		return id
 	}
-	id := t.next
-	t.next++
 	if t.dropped {
-		return id // never registered: every use of it is a no-op
+		return 0
 	}
-	t.ids[k] = id
+	var sl int
+	if n := len(t.freeSlots); n > 0 {
+		sl = t.freeSlots[n-1]
+		t.freeSlots = t.freeSlots[:n-1]
+	} else {
+		if len(t.slots) == MaxEngineOwners {
+			panic("index: too many engine owners in one context")
+		}
+		sl = len(t.slots)
+		t.slots = append(t.slots, slotInfo{})
+	}
+	info := &t.slots[sl]
+	info.gen = info.gen%(1<<genBits-1) + 1
+	info.id = info.gen<<slotBits | OwnerID(sl)
+	info.key = k
+	t.ids[k] = info.id
 	t.publishLocked()
-	return id
+	return info.id
 }
 
 // RemoveEngineOwner retracts everything the owner holds and forgets it, for
 // /unregister. It is safe against concurrent Stores for the same id: the
 // owner leaves the view first and each stripe re-checks it under its lock.
+// The slot is reissued only after every stripe has been cleaned.
 func (t *Table) RemoveEngineOwner(id OwnerID) {
 	t.regMu.Lock()
-	found := false
-	for k, v := range t.ids {
-		if v == id {
-			delete(t.ids, k)
-			found = true
-			break
-		}
-	}
-	if found {
-		t.publishLocked()
-	}
-	t.regMu.Unlock()
-	if !found {
+	sl := id.slot()
+	if id == 0 || sl >= len(t.slots) || t.slots[sl].id != id {
+		t.regMu.Unlock()
 		return
 	}
+	delete(t.ids, t.slots[sl].key)
+	t.slots[sl].id = 0
+	t.publishLocked()
+	t.regMu.Unlock()
+
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
 		if !s.dead {
 			s.clearOwner(id, engineBit)
-			if int(id) < len(s.owned) {
-				s.owned[id] = nil
-			}
 		}
 		s.mu.Unlock()
 	}
+
+	t.regMu.Lock()
+	if !t.dropped {
+		t.freeSlots = append(t.freeSlots, sl)
+	}
+	t.regMu.Unlock()
 }
 
 // publishLocked rebuilds the registration snapshot. Registration changes
 // are rare, so a full rebuild keeps the query path free of locks.
 func (t *Table) publishLocked() {
 	v := &ownerView{
-		byID:   make([]int32, t.next),
+		bySlot: make([]uint64, len(t.slots)),
 		owners: make([]ownerRef, 0, len(t.ids)),
-	}
-	for i := range v.byID {
-		v.byID[i] = -1
 	}
 	for k, id := range t.ids {
 		v.owners = append(v.owners, ownerRef{id: id, instance: k.instance, rank: k.rank})
@@ -206,7 +242,7 @@ func (t *Table) publishLocked() {
 		return cmp.Compare(a.rank, b.rank)
 	})
 	for i, o := range v.owners {
-		v.byID[o.id] = int32(i)
+		v.bySlot[o.id.slot()] = uint64(o.id)<<32 | uint64(i)
 		if n := len(v.insts); n == 0 || v.insts[n-1].name != o.instance {
 			v.insts = append(v.insts, instSpan{name: o.instance, lo: i, hi: i + 1})
 		} else {
@@ -216,11 +252,21 @@ func (t *Table) publishLocked() {
 	t.view.Store(v)
 }
 
+// position returns id's index in v.owners, or -1 when id is not a
+// registered owner of this snapshot.
+func (v *ownerView) position(id OwnerID) int {
+	if sl := id.slot(); sl < len(v.bySlot) {
+		if e := v.bySlot[sl]; OwnerID(e>>32) == id && id != 0 {
+			return int(uint32(e))
+		}
+	}
+	return -1
+}
+
 // registered reports whether id is a current engine owner. Callers hold the
 // stripe lock, which is what orders it against RemoveEngineOwner.
 func (t *Table) registered(id OwnerID) bool {
-	v := t.view.Load()
-	return int(id) < len(v.byID) && v.byID[id] >= 0
+	return t.view.Load().position(id) >= 0
 }
 
 func engineTierBit(tier Tier) uint32 {
@@ -386,6 +432,7 @@ func (t *Table) drop() {
 	t.regMu.Lock()
 	t.dropped = true
 	clear(t.ids)
+	t.slots, t.freeSlots = nil, nil
 	t.view.Store(emptyView)
 	t.regMu.Unlock()
 	for i := range t.stripes {
