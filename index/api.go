@@ -1,14 +1,38 @@
 // Package index keeps, per context, which owners hold which projected block
 // keys in which storage tier, and walks a query's key chain against it.
+//
+// Layout, chosen for memory (~40 B per (block, owner) with one owner, less
+// when owners share blocks) and for operations that cost what they touch:
+//
+//   - A Table is split into power-of-two stripes by a mix of the key; each
+//     stripe has its own RWMutex, so writers of one stripe never stall
+//     readers of another and a query holds one read lock per block.
+//   - A stripe is a slab of 24-byte blocks (key, one inline holder, overflow
+//     handle, union tier mask) with stable indices, plus a linear-probing
+//     index of uint32 slots (slab index + hash fingerprint).
+//   - A holder is 8 bytes: engine owner id and tier bits, plus the block's
+//     position in that owner's per-stripe reverse list (which makes
+//     ClearOwner and RemoveEngineOwner proportional to what the owner holds
+//     and removal O(1)); shared tiers are one holder per tier whose second
+//     word is the reference count.
+//   - Registration is an immutable snapshot swapped atomically, so the query
+//     path maps holders to reported owners without locks, and walks with one
+//     bitset per cumulative tier.
 package index
 
 // Tier is one of the contract's four storage tiers, in cumulative order.
 type Tier uint8
 
 const (
+	// Device is engine accelerator memory of one (instance, dp rank).
 	Device Tier = iota
+	// CPULocal is engine-local host memory (SGLang cpu/cpu_pinned).
 	CPULocal
+	// CPUShare is the shared host pool (Mooncake memory replicas); it is
+	// never held by an engine owner and counts for every instance.
 	CPUShare
+	// Disk is disk-backed storage: an engine's own (SGLang HiCache L3),
+	// counting for that owner, or Mooncake's, counting for every instance.
 	Disk
 	numTiers
 )
@@ -29,6 +53,8 @@ type ContextKey struct {
 }
 
 // OwnerID is an engine owner (instance, dp_rank) interned within a table.
+// Once the owner is removed its id is retired: operations carrying it are
+// no-ops, even after its slot is reissued to a new owner.
 type OwnerID uint32
 
 // Chain yields a query's block keys lazily; the walk stops calling Next at the
@@ -58,7 +84,8 @@ type InstanceHits struct {
 }
 
 // QueryResult is reused across queries to keep /query allocation-free;
-// Instances is sorted by instance id.
+// Instances is sorted by instance id. It also carries the walk's working
+// memory, so one QueryResult must not be used by two queries at once.
 type QueryResult struct {
 	Instances []InstanceHits
 

@@ -47,9 +47,12 @@ const (
 	slotBits = 18
 	genBits  = 32 - maskBits - slotBits
 	slotMask = 1<<slotBits - 1
-	// MaxEngineOwners is how many engine owners one context can hold at once.
-	MaxEngineOwners = 1 << slotBits
 )
+
+// MaxEngineOwners is how many engine owners one context can hold at once;
+// the limit comes from packing an owner id and a tier mask in 32 bits per
+// (block, owner), which is what keeps the index compact.
+const MaxEngineOwners = 1 << slotBits
 
 func (id OwnerID) slot() int { return int(id & slotMask) }
 
