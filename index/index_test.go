@@ -589,3 +589,65 @@ func TestQueryDoesNotAllocate(t *testing.T) {
 		t.Fatalf("filtered Query allocates %v times per run", allocs)
 	}
 }
+
+// TestCompaction drives a single stripe through mass deletions from every
+// path (Remove, partial and full ClearOwner, ReleaseShared) so the slab is
+// compacted while owner lists are being walked.
+func TestCompaction(t *testing.T) {
+	ix := New(Options{Stripes: 1})
+	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	s := &tb.stripes[0]
+	a, b, c := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 0)
+	const n = 6000
+	for k := range uint64(n) {
+		tb.Store(a, Device, k)
+		if k%2 == 0 {
+			tb.Store(b, CPULocal, k)
+		}
+		if k%3 == 0 {
+			tb.AcquireShared(CPUShare, k)
+		}
+		tb.Store(c, Device, n+k)
+		if k%7 == 0 {
+			tb.Store(c, CPULocal, n+k)
+		}
+	}
+	checkInvariants(t, tb)
+	peak := len(s.blocks)
+	tb.ClearOwner(c, 1<<Device) // partial path: 6/7 of c's blocks vanish
+	checkInvariants(t, tb)
+	for k := range uint64(n) {
+		if k%10 != 0 {
+			tb.Remove(a, Device, k)
+		}
+	}
+	checkInvariants(t, tb)
+	tb.ClearOwner(b, AllEngineTiers)
+	checkInvariants(t, tb)
+	for k := uint64(0); k < n; k += 3 {
+		tb.ReleaseShared(CPUShare, k)
+	}
+	checkInvariants(t, tb)
+	want := n/10 + (n+6)/7
+	if got := tb.PrefixCount(); got != want {
+		t.Fatalf("PrefixCount %d, want %d", got, want)
+	}
+	if len(s.blocks) > 4*want || len(s.blocks) >= peak/4 {
+		t.Fatalf("slab of %d blocks for %d live (peak %d): not compacted", len(s.blocks), want, peak)
+	}
+	var res QueryResult
+	tb.Query(chainOf(0, 1), "a", &res)
+	if got := res.Instances[0].Max; got != tc(16, 16, 16, 16) {
+		t.Fatalf("a after compaction: %+v", got)
+	}
+	tb.Query(chainOf(n, n+7, n+14), "c", &res)
+	if got := res.Instances[0].Max; got != tc(0, 16, 16, 16) {
+		t.Fatalf("c after compaction: %+v", got)
+	}
+	tb.RemoveEngineOwner(a)
+	tb.RemoveEngineOwner(c)
+	checkInvariants(t, tb)
+	if tb.PrefixCount() != 0 || s.blocks != nil {
+		t.Fatalf("empty stripe keeps %d blocks", len(s.blocks))
+	}
+}

@@ -229,9 +229,56 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 		// Give everything back when a stripe empties (e.g. after a drop of
 		// all owners); a steady-state cache never gets here.
 		s.slots, s.blocks, s.free, s.ext, s.extFre = nil, nil, 0, nil, nil
-	} else if len(s.slots) > 64 && s.nlive*4 < len(s.slots) {
-		s.resize(s.nlive)
+	} else if len(s.blocks) > 256 && s.nlive*4 < len(s.blocks) {
+		s.compact()
 	}
+}
+
+// compact moves live blocks down into free holes and reallocates the slab,
+// the overflow handles and the index at their live size. Without it a
+// stripe would keep its peak memory forever; it runs only after three
+// quarters of the slab have been freed, so its cost is amortised over those
+// deletions.
+func (s *stripe) compact() {
+	mask := s.idxMask
+	hole := 0
+	for j := s.nlive; j < len(s.blocks); j++ {
+		b := &s.blocks[j]
+		if b.first.own == 0 {
+			continue
+		}
+		for s.blocks[hole].first.own != 0 {
+			hole++
+		}
+		// Repoint the index slot and every owner's reverse-list entry.
+		i := home(mix(b.key), len(s.slots))
+		for s.slots[i]&mask != uint32(j+1) {
+			if i++; i == len(s.slots) {
+				i = 0
+			}
+		}
+		s.slots[i] = s.slots[i]&^mask | uint32(hole+1)
+		if p := b.first; p.id() != 0 {
+			s.owned[p.id().slot()][p.aux] = uint32(hole)
+		}
+		for _, p := range s.overflow(b) {
+			if p.id() != 0 {
+				s.owned[p.id().slot()][p.aux] = uint32(hole)
+			}
+		}
+		s.blocks[hole] = *b
+	}
+	blocks := make([]block, s.nlive)
+	copy(blocks, s.blocks)
+	var ext [][]pair
+	for i := range blocks {
+		if b := &blocks[i]; b.ext != 0 {
+			ext = append(ext, s.ext[b.ext-1])
+			b.ext = uint32(len(ext))
+		}
+	}
+	s.blocks, s.free, s.ext, s.extFre = blocks, 0, ext, nil
+	s.resize(s.nlive)
 }
 
 // overflow returns the block's holders after the first.
