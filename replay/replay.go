@@ -11,7 +11,6 @@
 package replay
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -258,14 +257,22 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 	}
 	next := req.From
 	var frames [][]byte
+	// The receive timeout runs from the last reply, not from the last
+	// wake-up: live traffic on watched sockets must not keep a silent
+	// replay alive.
+	replyBy := time.Now().Add(recvTimeout)
 	for {
 		now := time.Now()
-		wait := recvTimeout
-		if left := req.Deadline.Sub(now); left < wait {
-			wait = left
+		until := replyBy
+		if req.Deadline.Before(until) {
+			until = req.Deadline
 		}
+		wait := until.Sub(now)
 		if wait <= 0 {
-			return records, retryable{fmt.Errorf("no reply within the recovery deadline (next %d)", next)}
+			if !now.Before(req.Deadline) {
+				return records, retryable{fmt.Errorf("no reply within the recovery deadline (next %d)", next)}
+			}
+			return records, retryable{fmt.Errorf("replay receive timeout after %s (next %d)", recvTimeout, next)}
 		}
 		polled, err := poller.Poll(wait)
 		if err != nil {
@@ -275,7 +282,7 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 			return records, retryable{fmt.Errorf("poll replay socket: %w", err)}
 		}
 		if len(polled) == 0 {
-			return records, retryable{fmt.Errorf("replay receive timeout after %s (next %d)", wait, next)}
+			continue // the timeouts are checked at the top of the loop
 		}
 		dealerReady := false
 		for _, p := range polled {
@@ -292,6 +299,7 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 		if !dealerReady {
 			continue
 		}
+		replyBy = time.Now().Add(recvTimeout)
 		// Drain what is queued so a long reply stream costs one poll per
 		// burst, not one per reply.
 		for range 1024 {
@@ -402,7 +410,3 @@ func EncodeRequest(from uint64) [][]byte {
 	binary.BigEndian.PutUint64(seq, from)
 	return [][]byte{{}, seq}
 }
-
-// SamePayload reports whether two payloads for one sequence are identical;
-// differing bytes mean the live and replay streams disagree.
-func SamePayload(a, b []byte) bool { return bytes.Equal(a, b) }

@@ -385,3 +385,51 @@ func TestBudget(t *testing.T) {
 		t.Errorf("reset left %d/%d", m, n)
 	}
 }
+
+// TestReceiveTimeoutIgnoresWatchTraffic: wake-ups from watched sockets do
+// not restart the per-reply timeout, so a silent publisher is retried on
+// time even while live traffic flows.
+func TestReceiveTimeoutIgnoresWatchTraffic(t *testing.T) {
+	r := newRouter(t)
+	rx, _ := zmq.NewSocket(zmq.PAIR)
+	tx, _ := zmq.NewSocket(zmq.PAIR)
+	_ = rx.SetLinger(0)
+	_ = tx.SetLinger(0)
+	defer rx.Close()
+	defer tx.Close()
+	_ = rx.Bind("inproc://replay-watch-traffic")
+	_ = tx.Connect("inproc://replay-watch-traffic")
+	c := NewClient(r.ep)
+	defer c.Close()
+	retried := make(chan struct{}, 4)
+	ch := fetchAsync(c, Request{
+		From: 1, Deadline: time.Now().Add(5 * time.Second), ReceiveTimeout: 200 * time.Millisecond,
+		Watch: []*zmq.Socket{rx},
+		OnWatch: func(s *zmq.Socket) error {
+			_, err := s.RecvBytes(0)
+			return err
+		},
+		OnRetry: func(error) { retried <- struct{}{} },
+	})
+	r.request()
+	start := time.Now()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-retried:
+			break loop
+		case <-tick.C:
+			_, _ = tx.SendBytes([]byte{1}, 0)
+			if time.Since(start) > 3*time.Second {
+				t.Fatal("no retry while watched traffic flowed")
+			}
+		}
+	}
+	id, _ := r.request()
+	r.send(id, nil, end, nil)
+	if res := wait(t, ch); res.err != nil {
+		t.Fatal(res.err)
+	}
+}

@@ -422,6 +422,13 @@ func (d *engineDecoder) readTokens(r *mpReader, f *engineFields) error {
 		return err
 	}
 	for i := 0; i < n; i++ {
+		run, ok := r.int32Run(n - i)
+		if !ok {
+			f.fail(EvTokenRange)
+		}
+		if i += run; i == n {
+			break
+		}
 		k, err := r.peek()
 		if err != nil {
 			return err
