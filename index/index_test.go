@@ -641,7 +641,7 @@ func TestCompaction(t *testing.T) {
 		t.Fatalf("a after compaction: %+v", got)
 	}
 	tb.Query(chainOf(n, n+7, n+14), "c", &res)
-	if got := res.Instances[0].Max; got != tc(0, 16, 16, 16) {
+	if got := res.Instances[0].Max; got != tc(0, 48, 48, 48) {
 		t.Fatalf("c after compaction: %+v", got)
 	}
 	tb.RemoveEngineOwner(a)
