@@ -84,8 +84,8 @@ func patchHashes(p []byte, offs []int, seq uint64) {
 
 type nopSink struct{}
 
-func (nopSink) Store(index.OwnerID, index.Tier, uint64)   {}
-func (nopSink) Remove(index.OwnerID, index.Tier, uint64)  {}
+func (nopSink) Store(index.OwnerID, index.Tier, uint64)  {}
+func (nopSink) Remove(index.OwnerID, index.Tier, uint64) {}
 func (nopSink) ClearOwner(index.OwnerID, index.TierMask) {}
 
 // BenchmarkDecodeVLLMBatch measures decoding and dispatch of one 16-block
