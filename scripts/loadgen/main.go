@@ -1,0 +1,634 @@
+// Command loadgen measures a running conductor end to end: it starts fake
+// engines that publish KV-cache events over real ZMQ sockets, waits until
+// the index has absorbed them, drives POST /query at several concurrency
+// levels while checking every answer against expectations it computed from
+// the tokens alone, then unregisters the engines under query load.
+//
+// Everything stays on loopback, every phase is bounded in time and count,
+// and all sockets (and a --spawn'ed server) are closed at exit. Any wrong
+// answer makes the exit status non-zero.
+//
+//	go run ./scripts/loadgen --spawn --publishers 8 --blocks 200000 --concurrency 1,4,16 --duration 5s
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+type options struct {
+	baseURL       string
+	authToken     string
+	spawn         bool
+	repo          string
+	serverLog     string
+	serverPID     int
+	engine        engine
+	model         string
+	corpus        corpusConfig
+	mixText       string
+	batch         int
+	levels        []int
+	duration      time.Duration
+	unregConc     int
+	maxSamples    int
+	ingestTimeout time.Duration
+	binTokens     bool
+	json          bool
+	quiet         bool
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	fs.StringVar(&o.baseURL, "base-url", "http://127.0.0.1:13333", "server base URL (loopback only); ignored with --spawn")
+	fs.StringVar(&o.authToken, "auth-token", "", "bearer token for /register and /unregister (with --spawn, also given to the server)")
+	fs.BoolVar(&o.spawn, "spawn", false, "build the server from the repository and start it on a free loopback port")
+	fs.StringVar(&o.repo, "repo", "", "repository root for --spawn (default: found from the working directory)")
+	fs.StringVar(&o.serverLog, "server-log-level", "WARN", "--log-level for a spawned server")
+	fs.IntVar(&o.serverPID, "server-pid", 0, "server process id, for CPU and RSS figures (set automatically with --spawn)")
+	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor) or sglang (sha256_raw)")
+	fs.StringVar(&o.model, "model", "", "model name of the context (default: loadgen-<random>, so runs never collide)")
+	fs.IntVar(&o.corpus.Publishers, "publishers", 8, "fake engine publishers")
+	fs.IntVar(&o.corpus.Blocks, "blocks", 200000, "blocks all publishers publish together (approximate, rounded up to whole prompts)")
+	fs.IntVar(&o.corpus.BlockSize, "block-size", 16, "tokens per block")
+	fs.IntVar(&o.corpus.PromptTokens, "prompt-tokens", 8192, "tokens per stored prompt and per query")
+	fs.IntVar(&o.corpus.SystemTokens, "system-tokens", 2048, "tokens of each group's shared system prompt")
+	fs.IntVar(&o.corpus.Groups, "groups", 8, "groups, each with its own system prompt")
+	fs.IntVar(&o.corpus.Replicas, "replicas", 1, "publishers storing each prompt")
+	fs.IntVar(&o.corpus.Queries, "queries", 512, "distinct queries in the pool the load cycles through")
+	fs.StringVar(&o.mixText, "mix", "full=4,partial=3,system=2,cold=1", "query kinds by weight")
+	seed := fs.Uint64("seed", 1, "corpus seed")
+	fs.IntVar(&o.batch, "batch", 16, "blocks per BlockStored event")
+	conc := fs.String("concurrency", "1,4,16", "comma-separated concurrency levels")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "duration of each level")
+	fs.IntVar(&o.unregConc, "unreg-concurrency", 0, "query concurrency while unregistering (default: the highest level)")
+	fs.IntVar(&o.maxSamples, "max-queries", 5_000_000, "cap on queries per level")
+	fs.DurationVar(&o.ingestTimeout, "ingest-timeout", 5*time.Minute, "give up waiting for the index after this long")
+	tokEnc := fs.String("token-encoding", "array", "token_ids as a msgpack array or as bin (little-endian int32)")
+	fs.BoolVar(&o.json, "json", false, "print the report as JSON on stdout (the Markdown goes to stderr)")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() != 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch engine(*eng) {
+	case engineVLLM, engineSGLang:
+		o.engine = engine(*eng)
+	default:
+		return nil, fmt.Errorf("--engine %q: want vllm or sglang", *eng)
+	}
+	switch *tokEnc {
+	case "array":
+	case "bin":
+		o.binTokens = true
+	default:
+		return nil, fmt.Errorf("--token-encoding %q: want array or bin", *tokEnc)
+	}
+	for _, f := range strings.Split(*conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 4096 {
+			return nil, fmt.Errorf("--concurrency %q: want positive integers up to 4096", *conc)
+		}
+		o.levels = append(o.levels, n)
+	}
+	if o.unregConc <= 0 {
+		o.unregConc = slices.Max(o.levels)
+	}
+	if o.duration <= 0 || o.duration > time.Hour {
+		return nil, fmt.Errorf("--duration must be in (0, 1h]")
+	}
+	if o.batch < 1 {
+		return nil, fmt.Errorf("--batch must be positive")
+	}
+	if o.corpus.Publishers > 4096 {
+		return nil, fmt.Errorf("--publishers: at most 4096 (the server's service limit)")
+	}
+	if o.maxSamples < 1 {
+		return nil, fmt.Errorf("--max-queries must be positive")
+	}
+	m, err := parseMix(o.mixText)
+	if err != nil {
+		return nil, err
+	}
+	o.corpus.Mix = m
+	o.corpus.Seed = *seed
+	o.corpus.Vocab = 151936
+	if o.model == "" {
+		o.model = fmt.Sprintf("loadgen-%08x", rand.Uint32())
+	}
+	return o, o.corpus.validate()
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	r, err := run(ctx, o)
+	if r != nil {
+		if o.json {
+			r.writeMarkdown(os.Stderr)
+			_ = r.writeJSON(os.Stdout)
+		} else {
+			r.writeMarkdown(os.Stdout)
+		}
+	}
+	code := 0
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		code = 1
+	}
+	if r != nil && r.Failures > 0 {
+		fmt.Fprintf(os.Stderr, "loadgen: %d wrong answers or failed queries\n", r.Failures)
+		code = 1
+	}
+	stop()
+	os.Exit(code)
+}
+
+// session holds what must be released at exit, whatever phase failed.
+type session struct {
+	o          *options
+	api        *api
+	server     *spawned
+	pubs       []*publisher
+	registered []bool
+}
+
+// close unregisters whatever is still registered (best effort: the run is
+// over), closes every socket and stops a spawned server.
+func (s *session) close() error {
+	if s.api != nil {
+		for i, p := range s.pubs {
+			if s.registered[i] {
+				_ = s.api.unregister(p.instance)
+			}
+		}
+		s.api.close()
+	}
+	for _, p := range s.pubs {
+		p.close()
+	}
+	if s.server != nil {
+		return s.server.cleanup()
+	}
+	return nil
+}
+
+// logf writes a progress note on stderr.
+func (s *session) logf(format string, args ...any) {
+	if !s.o.quiet {
+		fmt.Fprintf(os.Stderr, format+"\n", args...)
+	}
+}
+
+// sampler reads the server's CPU time and RSS, or -1 without a pid.
+type sampler struct{ pid int }
+
+func (m sampler) cpu() time.Duration {
+	if m.pid <= 0 {
+		return -1
+	}
+	d, err := procCPU(m.pid)
+	if err != nil {
+		return -1
+	}
+	return d
+}
+
+func (m sampler) rss() int64 {
+	if m.pid <= 0 {
+		return -1
+	}
+	b, err := procRSS(m.pid)
+	if err != nil {
+		return -1
+	}
+	return b
+}
+
+// perUnit divides a CPU delta by a count in µs, or -1 when unknown.
+func perUnit(c0, c1 time.Duration, n int) float64 {
+	if c0 < 0 || c1 < 0 || n == 0 {
+		return -1
+	}
+	return us(c1-c0) / float64(n)
+}
+
+func run(ctx context.Context, o *options) (rep *report, err error) {
+	s := &session{o: o}
+	defer func() {
+		if cerr := s.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	base := o.baseURL
+	if o.spawn {
+		repo := o.repo
+		if repo == "" {
+			if repo, err = findRepoRoot(); err != nil {
+				return nil, err
+			}
+		}
+		if s.server, err = spawnServer(ctx, repo, o.authToken, o.serverLog); err != nil {
+			return nil, err
+		}
+		base = s.server.base
+		o.serverPID = s.server.pid()
+		s.logf("server pid %d at %s", o.serverPID, base)
+	}
+	m := sampler{pid: o.serverPID}
+	if s.api, err = newAPI(base, o.authToken, max(slices.Max(o.levels), o.unregConc, o.corpus.Publishers)+8); err != nil {
+		return nil, err
+	}
+	if !s.api.healthy() {
+		return nil, fmt.Errorf("%s/healthz does not answer 200", base)
+	}
+
+	genStart := time.Now()
+	c, err := newCorpus(o.corpus)
+	if err != nil {
+		return nil, err
+	}
+	cfg := c.cfg
+	rep = &report{
+		Engine: string(o.engine), Publishers: cfg.Publishers, BlockSize: cfg.BlockSize,
+		PromptTokens: cfg.PromptTokens / cfg.BlockSize * cfg.BlockSize, SystemTokens: cfg.SystemTokens / cfg.BlockSize * cfg.BlockSize,
+		Groups: cfg.Groups, Replicas: cfg.Replicas, StoredPrompts: len(c.prompts), PoolQueries: len(c.queries),
+		PoolKinds: map[string]int{}, TokenEncoding: map[bool]string{false: "array", true: "bin"}[o.binTokens],
+	}
+	for k := range numKinds {
+		rep.PoolKinds[k.String()] = c.kinds[k]
+	}
+	rep.RSS.Start = m.rss()
+
+	prof, err := hashing.Resolve(o.engine.hashSpec())
+	if err != nil {
+		return rep, fmt.Errorf("hash profile: %w", err)
+	}
+	ids := make([]string, cfg.Publishers)
+	s.registered = make([]bool, cfg.Publishers)
+	for i := range cfg.Publishers {
+		ids[i] = fmt.Sprintf("%s-e%d", o.model, i)
+		p, err := newPublisher(i, ids[i])
+		if err != nil {
+			return rep, fmt.Errorf("publisher %d: %w", i, err)
+		}
+		s.pubs = append(s.pubs, p)
+	}
+	// Hashing and encoding are done before anything is timed; publishers
+	// are independent, so they are prepared in parallel.
+	if err := parallel(s.pubs, func(p *publisher) error { return p.prepare(c, o.engine, &prof, o.batch) }); err != nil {
+		return rep, err
+	}
+	pool := make([]preparedQuery, len(c.queries))
+	for i := range c.queries {
+		b, err := queryBody(o.model, cfg.BlockSize, c.queries[i].tokens, "", o.binTokens)
+		if err != nil {
+			return rep, err
+		}
+		pool[i] = preparedQuery{query: &c.queries[i], body: b}
+	}
+	for _, p := range s.pubs {
+		rep.Ingest.BlocksPublished += p.blocks
+		rep.Ingest.Messages += len(p.payloads)
+	}
+	rep.Ingest.DistinctBlocks = c.distinctBlocks()
+	s.logf("corpus: %d prompts, %d blocks in %d messages (%d distinct), %d queries, prepared in %v",
+		len(c.prompts), rep.Ingest.BlocksPublished, rep.Ingest.Messages, c.distinctBlocks(), len(pool), time.Since(genStart).Round(time.Millisecond))
+
+	// Register and wait for each subscription to carry a probe.
+	for i, p := range s.pubs {
+		if err := s.api.register(o.engine.registration(p.endpoint, o.model, p.instance, cfg.BlockSize)); err != nil {
+			return rep, err
+		}
+		s.registered[i] = true
+	}
+	if err := parallel(s.pubs, func(p *publisher) error { return s.awaitProbe(ctx, p, cfg.BlockSize) }); err != nil {
+		return rep, err
+	}
+	s.logf("all %d subscriptions carry events", len(s.pubs))
+
+	// Ingest.
+	rep.RSS.BeforeIngest = m.rss()
+	cpu0 := m.cpu()
+	if err := s.ingest(ctx, c.distinctBlocks()+len(s.pubs), rep); err != nil {
+		return rep, err
+	}
+	rep.Ingest.ServerCPUPerBlockUS = perUnit(cpu0, m.cpu(), rep.Ingest.BlocksPublished)
+	rep.RSS.AfterIngest = m.rss()
+
+	// One pass over the pool checks every answer once before load.
+	fails := &failures{}
+	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
+	t0 := time.Now()
+	verified, _ := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
+	rep.Checked += int64(len(verified))
+	s.logf("verified %d pool answers in %v, %d wrong", len(verified), time.Since(t0).Round(time.Millisecond), fails.count.Load())
+	if err := ctx.Err(); err != nil {
+		return rep, err
+	}
+
+	for _, conc := range o.levels {
+		f0, c0 := fails.count.Load(), m.cpu()
+		stopBar := s.bar(fmt.Sprintf("concurrency %d", conc), o.duration)
+		t0 := time.Now()
+		samples, elapsed := d.run(ctx, conc, t0, t0.Add(o.duration), o.maxSamples, nil)
+		stopBar()
+		c1 := m.cpu()
+		lat := latencies(samples)
+		l := levelResult{
+			Concurrency: conc, Queries: len(samples), Seconds: elapsed.Seconds(),
+			QPS:   float64(len(samples)) / elapsed.Seconds(),
+			P50US: us(percentile(lat, 0.50)), P99US: us(percentile(lat, 0.99)), P999US: us(percentile(lat, 0.999)),
+			MaxUS: us(percentile(lat, 1)), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
+			Failures: fails.count.Load() - f0,
+		}
+		rep.Levels = append(rep.Levels, l)
+		rep.Checked += int64(len(samples))
+		s.logf("concurrency %d: %d queries, %.0f/s, p50 %s p99 %s p999 %s, server CPU/query %s, %d wrong",
+			conc, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.ServerCPUPerQueryUS), l.Failures)
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+	}
+	rep.RSS.AfterLoad = m.rss()
+
+	if err := s.unregisterUnderLoad(ctx, d, rep); err != nil {
+		return rep, err
+	}
+	// Give the runtime a moment to return freed memory before reading RSS.
+	time.Sleep(time.Second)
+	rep.RSS.AfterUnreg = m.rss()
+
+	rep.Failures = fails.count.Load()
+	fails.mu.Lock()
+	rep.FailureNotes = fails.first
+	fails.mu.Unlock()
+	return rep, nil
+}
+
+// parallel runs f for every publisher concurrently and returns the first
+// error. Each publisher's socket is used by one goroutine only.
+func parallel(pubs []*publisher, f func(p *publisher) error) error {
+	errs := make([]error, len(pubs))
+	var wg sync.WaitGroup
+	for i, p := range pubs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f(p) }()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// probeTimeout bounds the wait for one subscription to connect.
+const probeTimeout = 15 * time.Second
+
+// awaitProbe publishes p's probe block until a /query for it, restricted
+// to p's instance, shows it on the device tier. A SUB socket joins a PUB
+// asynchronously and messages published before that are lost; sending the
+// corpus only after the probe arrived means none of it is lost, and the
+// first received probe is the server's sequence baseline.
+func (s *session) awaitProbe(ctx context.Context, p *publisher, blockSize int) error {
+	body, err := queryBody(s.o.model, blockSize, p.probeTok, p.instance, false)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(probeTimeout)
+	for time.Now().Before(deadline) {
+		if err := p.send(p.probe); err != nil {
+			return fmt.Errorf("%s: probe: %w", p.instance, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		status, resp, err := s.api.do("POST", "/query", body, false)
+		if err != nil {
+			return err
+		}
+		if status != 200 {
+			return fmt.Errorf("%s: probe query: %d %s", p.instance, status, describe(resp))
+		}
+		var r queryResponse
+		if err := msgpack.Unmarshal(resp, &r); err != nil {
+			return fmt.Errorf("%s: probe answer: %w", p.instance, err)
+		}
+		if r.Instances[p.instance].Device == int64(blockSize) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: probe not visible after %v", p.instance, probeTimeout)
+}
+
+// ingest sends every publisher's corpus concurrently and polls
+// /global_view until prefix_count reaches want. Every block prompt suffix
+// is unique, so the count can only reach want once every message arrived;
+// a lost message instead makes its source stale, which /readyz reports.
+func (s *session) ingest(ctx context.Context, want int, rep *report) error {
+	start := time.Now()
+	sendErr := make(chan error, 1)
+	go func() {
+		sendErr <- parallel(s.pubs, func(p *publisher) error {
+			for _, msg := range p.payloads {
+				if err := p.send(msg); err != nil {
+					return fmt.Errorf("%s: %w", p.instance, err)
+				}
+			}
+			return nil
+		})
+	}()
+	sent := false
+	bar := newProgress("ingest", s.o.quiet)
+	defer bar.done()
+	deadline := start.Add(s.o.ingestTimeout)
+	lastStale := time.Time{}
+	for {
+		n, found, err := s.api.prefixCount(s.o.model, s.cfgBlockSize())
+		if err != nil {
+			return err
+		}
+		elapsed := time.Since(start)
+		bar.update(float64(n), float64(want), fmt.Sprintf("%d/%d blocks, %.0f/s", n, want, float64(n)/elapsed.Seconds()))
+		if found && n == want {
+			if !sent {
+				if err := <-sendErr; err != nil {
+					return err
+				}
+			}
+			rep.Ingest.Seconds = elapsed.Seconds()
+			rep.Ingest.BlocksPerSec = float64(rep.Ingest.BlocksPublished) / elapsed.Seconds()
+			bar.done()
+			s.logf("ingested %d blocks in %v: %.0f blocks/s", rep.Ingest.BlocksPublished, elapsed.Round(time.Millisecond), rep.Ingest.BlocksPerSec)
+			return nil
+		}
+		if found && n > want {
+			return fmt.Errorf("prefix_count %d exceeds the %d distinct blocks published", n, want)
+		}
+		if !sent {
+			select {
+			case err := <-sendErr:
+				if err != nil {
+					return err
+				}
+				sent = true
+			default:
+			}
+		}
+		if time.Since(lastStale) > time.Second {
+			lastStale = time.Now()
+			stale, err := s.api.staleSources()
+			if err != nil {
+				return err
+			}
+			if stale > 0 {
+				return fmt.Errorf("%d source(s) went stale during ingest (a message was lost); prefix_count %d of %d", stale, n, want)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ingest timed out after %v: prefix_count %d of %d", s.o.ingestTimeout, n, want)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (s *session) cfgBlockSize() int { return s.o.corpus.BlockSize }
+
+// bar shows a time-based progress bar until the returned func is called.
+func (s *session) bar(label string, total time.Duration) func() {
+	if s.o.quiet {
+		return func() {}
+	}
+	p := newProgress(label, false)
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				e := time.Since(start)
+				p.update(e.Seconds(), total.Seconds(), fmt.Sprintf("%.1fs/%.0fs", e.Seconds(), total.Seconds()))
+			}
+		}
+	}()
+	return func() { close(quit); <-done; p.done() }
+}
+
+// unregLoadCap bounds the query load of the unregistration phase even if
+// unregister calls hang until their own timeouts.
+const unregLoadCap = 2 * time.Minute
+
+// unregisterUnderLoad unregisters every publisher, one after another, while
+// queries keep running, and measures how long that takes and how slow the
+// queries overlapping it get. Answers are still checked: an instance being
+// unregistered may vanish, one already unregistered must not appear, the
+// others must stay exact.
+func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *report) error {
+	conc := s.o.unregConc
+	d := &driver{api: d0.api, pool: d0.pool, ids: d0.ids, fails: d0.fails, states: make([]atomic.Uint32, len(d0.ids))}
+	f0 := d.fails.count.Load()
+	stop := make(chan struct{})
+	t0 := time.Now()
+	type result struct {
+		samples []sample
+	}
+	out := make(chan result, 1)
+	go func() {
+		smp, _ := d.run(ctx, conc, t0, t0.Add(unregLoadCap), s.o.maxSamples, stop)
+		out <- result{smp}
+	}()
+	// Let the load reach a steady state first.
+	time.Sleep(300 * time.Millisecond)
+	uStart := time.Since(t0)
+	var slowest time.Duration
+	var uerr error
+	for i, p := range s.pubs {
+		d.states[i].Store(uint32(mayVanish))
+		c0 := time.Now()
+		if err := s.api.unregister(p.instance); err != nil {
+			uerr = err
+			break
+		}
+		slowest = max(slowest, time.Since(c0))
+		s.registered[i] = false
+		d.states[i].Store(uint32(mustBeGone))
+	}
+	uEnd := time.Since(t0)
+	// Keep querying briefly: answers after the last unregistration must
+	// be empty.
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	res := <-out
+	if uerr != nil {
+		return uerr
+	}
+	var overlapping []sample
+	for _, smp := range res.samples {
+		if smp.start < uEnd && smp.start+smp.lat > uStart {
+			overlapping = append(overlapping, smp)
+		}
+	}
+	lat := latencies(overlapping)
+	rep.Unreg = unregResult{
+		Publishers: len(s.pubs), Concurrency: conc, Seconds: (uEnd - uStart).Seconds(),
+		MaxCallMS: float64(slowest) / float64(time.Millisecond),
+		Queries:   len(overlapping), P99US: us(percentile(lat, 0.99)), WorstUS: us(percentile(lat, 1)),
+		Failures: d.fails.count.Load() - f0,
+	}
+	rep.Checked += int64(len(res.samples))
+	s.logf("unregistered %d publishers in %v under %d concurrent queries; worst overlapping query %s",
+		len(s.pubs), (uEnd - uStart).Round(time.Microsecond), conc, fmtUS(rep.Unreg.WorstUS))
+
+	// The context disappears with its last service.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, found, err := s.api.prefixCount(s.o.model, s.cfgBlockSize())
+		if err != nil {
+			return err
+		}
+		if !found {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			d.fails.add("context %s still in /global_view 5s after its last service was unregistered", s.o.model)
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

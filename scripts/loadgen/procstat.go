@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat.
+// The kernel fixes it at 100 for user space on every architecture Go runs
+// Linux on, whatever CONFIG_HZ is.
+const clockTicks = 100
+
+// procCPU returns the CPU time (user plus system) process pid has used.
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatCPU(b)
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) from a
+// /proc/<pid>/stat line. The command name (field 2) is in parentheses and
+// may contain spaces and parentheses, so fields are counted from the last
+// ')'.
+func parseStatCPU(b []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("stat: no command name")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), so field n is f[n-3].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("stat: %d fields", len(f)+2)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("stat: bad utime/stime %q %q", f[11], f[12])
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
+
+// procRSS returns process pid's resident set size in bytes.
+func procRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatusRSS(b)
+}
+
+// parseStatusRSS finds "VmRSS:   1234 kB" in /proc/<pid>/status.
+func parseStatusRSS(b []byte) (int64, error) {
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "VmRSS:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("status: odd VmRSS line %q", line)
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("status: %w", err)
+		}
+		return kb * 1024, nil
+	}
+	return 0, fmt.Errorf("status: no VmRSS")
+}

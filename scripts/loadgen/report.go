@@ -1,0 +1,157 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// report is everything a run measured; it is printed as Markdown or JSON.
+// Durations are in microseconds or seconds as their names say; server
+// figures are -1 when no server pid was known.
+type report struct {
+	Engine        string         `json:"engine"`
+	Publishers    int            `json:"publishers"`
+	BlockSize     int            `json:"block_size"`
+	PromptTokens  int            `json:"prompt_tokens"`
+	SystemTokens  int            `json:"system_tokens"`
+	Groups        int            `json:"groups"`
+	Replicas      int            `json:"replicas"`
+	StoredPrompts int            `json:"stored_prompts"`
+	PoolQueries   int            `json:"pool_queries"`
+	PoolKinds     map[string]int `json:"pool_kinds"`
+	TokenEncoding string         `json:"token_encoding"`
+
+	Ingest  ingestResult  `json:"ingest"`
+	Levels  []levelResult `json:"levels"`
+	Unreg   unregResult   `json:"unregistration"`
+	RSS     rssResult     `json:"server_rss_bytes"`
+	Checked int64         `json:"answers_checked"`
+
+	Failures     int64    `json:"failures"`
+	FailureNotes []string `json:"failure_examples,omitempty"`
+}
+
+type ingestResult struct {
+	BlocksPublished int     `json:"blocks_published"`
+	Messages        int     `json:"messages"`
+	DistinctBlocks  int     `json:"distinct_blocks"`
+	Seconds         float64 `json:"seconds"`
+	BlocksPerSec    float64 `json:"blocks_per_s"`
+	// ServerCPUPerBlockUS is the server's CPU time during ingest divided by
+	// the blocks published.
+	ServerCPUPerBlockUS float64 `json:"server_cpu_per_block_us"`
+}
+
+type levelResult struct {
+	Concurrency int     `json:"concurrency"`
+	Queries     int     `json:"queries"`
+	Seconds     float64 `json:"seconds"`
+	QPS         float64 `json:"queries_per_s"`
+	P50US       float64 `json:"p50_us"`
+	P99US       float64 `json:"p99_us"`
+	P999US      float64 `json:"p999_us"`
+	MaxUS       float64 `json:"max_us"`
+	// ServerCPUPerQueryUS is the server's CPU time over the level divided
+	// by the queries answered.
+	ServerCPUPerQueryUS float64 `json:"server_cpu_per_query_us"`
+	Failures            int64   `json:"failures"`
+}
+
+type unregResult struct {
+	Publishers  int     `json:"publishers"`
+	Concurrency int     `json:"query_concurrency"`
+	Seconds     float64 `json:"seconds"`
+	MaxCallMS   float64 `json:"slowest_unregister_ms"`
+	// Queries and the latencies below cover queries in flight at any time
+	// between the first unregister call and the last answer.
+	Queries  int     `json:"queries_overlapping"`
+	P99US    float64 `json:"p99_us"`
+	WorstUS  float64 `json:"worst_query_us"`
+	Failures int64   `json:"failures"`
+}
+
+type rssResult struct {
+	Start        int64 `json:"start"`
+	BeforeIngest int64 `json:"before_ingest"`
+	AfterIngest  int64 `json:"after_ingest"`
+	AfterLoad    int64 `json:"after_load"`
+	AfterUnreg   int64 `json:"after_unregistration"`
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func fmtUS(v float64) string {
+	switch {
+	case v < 0:
+		return "n/a"
+	case v >= 10000:
+		return fmt.Sprintf("%.1f ms", v/1000)
+	}
+	return fmt.Sprintf("%.0f µs", v)
+}
+
+func fmtBytes(b int64) string {
+	if b < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+// writeMarkdown prints the per-level table and a summary table.
+func (r *report) writeMarkdown(w io.Writer) {
+	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s\n\n",
+		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding)
+	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | wrong |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, l := range r.Levels {
+		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %d |\n",
+			l.Concurrency, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.MaxUS), fmtUS(l.ServerCPUPerQueryUS), l.Failures)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| measure | value |")
+	fmt.Fprintln(w, "| --- | ---: |")
+	in := r.Ingest
+	fmt.Fprintf(w, "| ingest | %d blocks in %d messages (%d distinct) in %.2f s |\n", in.BlocksPublished, in.Messages, in.DistinctBlocks, in.Seconds)
+	fmt.Fprintf(w, "| ingest rate | %.0f blocks/s |\n", in.BlocksPerSec)
+	fmt.Fprintf(w, "| server CPU per ingested block | %s |\n", fmtFrac(in.ServerCPUPerBlockUS))
+	fmt.Fprintf(w, "| server RSS at start | %s |\n", fmtBytes(r.RSS.Start))
+	fmt.Fprintf(w, "| server RSS before ingest | %s |\n", fmtBytes(r.RSS.BeforeIngest))
+	fmt.Fprintf(w, "| server RSS after ingest | %s |\n", fmtBytes(r.RSS.AfterIngest))
+	fmt.Fprintf(w, "| server RSS after query load | %s |\n", fmtBytes(r.RSS.AfterLoad))
+	fmt.Fprintf(w, "| server RSS after unregistration | %s |\n", fmtBytes(r.RSS.AfterUnreg))
+	u := r.Unreg
+	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
+	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
+	fmt.Fprintf(w, "| answers checked | %d |\n", r.Checked)
+	fmt.Fprintf(w, "| wrong answers or errors | %d |\n", r.Failures)
+	for _, n := range r.FailureNotes {
+		fmt.Fprintf(w, "\n- %s", n)
+	}
+	if len(r.FailureNotes) > 0 {
+		fmt.Fprintln(w)
+	}
+}
+
+func fmtFrac(v float64) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f µs", v)
+}
+
+func kindsString(k map[string]int) string {
+	var parts []string
+	for _, name := range []string{"full", "partial", "system", "cold"} {
+		parts = append(parts, fmt.Sprintf("%s %d", name, k[name]))
+	}
+	return "(" + strings.Join(parts, ", ") + ")"
+}
+
+func (r *report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
