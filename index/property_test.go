@@ -2,6 +2,7 @@ package index
 
 import (
 	"cmp"
+	"math/rand/v2"
 
 	"reflect"
 	"slices"
@@ -279,4 +280,93 @@ func TestPropertyAgainstReference(t *testing.T) {
 			},
 		})
 	})
+}
+
+// TestRandomizedAgainstReference is the same differential check at a scale
+// rapid's shrinking makes impractical: enough keys per stripe for index
+// growth, shrinking and slab compaction to happen between queries.
+func TestRandomizedAgainstReference(t *testing.T) {
+	ops := 40000
+	if testing.Short() {
+		ops = 5000
+	}
+	for seed := range uint64(3) {
+		r := rand.New(rand.NewPCG(seed, 42))
+		tb := New(Options{Stripes: 1 << seed}).EnsureTable(testCtx, hashing.Profile{})
+		m := newRefModel()
+		ids := []OwnerID{0}
+		var res QueryResult
+		tiers := []Tier{Device, CPULocal, CPUShare, Disk}
+		for i := range ops {
+			id := ids[r.IntN(len(ids))]
+			tier := tiers[r.IntN(4)]
+			k := uint64(r.IntN(1500))
+			if r.IntN(4000) == 0 { // mass eviction: every owner cleared, most shared refs gone
+				for _, id := range m.reg {
+					tb.ClearOwner(id, AllEngineTiers)
+					m.clearOwner(id, AllEngineTiers)
+				}
+				for _, tier := range []Tier{CPUShare, Disk} {
+					for k, refs := range m.shared[tier] {
+						if k%8 != 0 {
+							for range refs {
+								tb.ReleaseShared(tier, k)
+								m.release(tier, k)
+							}
+						}
+					}
+				}
+			}
+			switch n := r.IntN(1000); {
+			case n < 450:
+				tb.Store(id, tier, k)
+				m.store(id, tier, k)
+			case n < 700:
+				tb.Remove(id, tier, k)
+				m.remove(id, tier, k)
+			case n < 780:
+				tb.AcquireShared(tier, k)
+				m.acquire(tier, k)
+			case n < 860:
+				tb.ReleaseShared(tier, k)
+				m.release(tier, k)
+			case n < 875:
+				mask := TierMask(r.IntN(16))
+				tb.ClearOwner(id, mask)
+				m.clearOwner(id, mask)
+			case n < 880:
+				tb.RemoveEngineOwner(id)
+				m.removeOwner(id)
+			case n < 900:
+				inst, rank := string(rune('a'+r.IntN(3))), r.IntN(2)
+				id := tb.AddEngineOwner(inst, rank)
+				m.reg[ownerKey{inst, rank}] = id
+				ids = append(ids, id)
+			default:
+				start := uint64(r.IntN(1500))
+				c := &keyChain{}
+				for j := range r.IntN(40) {
+					c.keys = append(c.keys, (start+uint64(j))%1500)
+					c.cov = append(c.cov, 1+r.IntN(16))
+				}
+				filter := []string{"", "a", "b", "c", "x"}[r.IntN(5)]
+				tb.Query(c, filter, &res)
+				want, calls := m.query(c.keys, c.cov, filter)
+				got := res.Instances
+				if got == nil {
+					got = []InstanceHits{}
+				}
+				if !reflect.DeepEqual(got, want) || c.calls != calls {
+					t.Fatalf("seed %d op %d query %q: got %+v (%d calls)\nwant %+v (%d calls)", seed, i, filter, got, c.calls, want, calls)
+				}
+			}
+			if i%2000 == 0 || i == ops-1 {
+				checkInvariants(t, tb)
+				pc, tiers := m.stats()
+				if tb.PrefixCount() != pc || tb.TierBlocks() != tiers {
+					t.Fatalf("seed %d op %d: stats %d %v, want %d %v", seed, i, tb.PrefixCount(), tb.TierBlocks(), pc, tiers)
+				}
+			}
+		}
+	}
 }
