@@ -328,6 +328,7 @@ func TestStopDuringReplay(t *testing.T) {
 				t.Errorf("counters %v", e.counters.Snapshot())
 			}
 			s.Stop() // idempotent
+			goleak.VerifyNone(t)
 		})
 	}
 }

@@ -672,6 +672,10 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		e.fail(EvObjectKey)
 		return
 	}
+	if !d.sglang && len(e.group) != 0 && string(e.group) != "0" {
+		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (§4.10)
+		return
+	}
 	identity, component := string(e.objectKey), ""
 	if d.sglang {
 		logical, comp, _, ok := parseSGLangKey(identity)
