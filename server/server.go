@@ -35,7 +35,7 @@ type Options struct {
 	// IdleTimeout closes keep-alive connections idle for longer.
 	IdleTimeout time.Duration
 	// MaxConnsPerIP bounds concurrent connections from one client address
-	// (0 = unlimited).
+	// (0 = the default 1024, negative = unlimited).
 	MaxConnsPerIP int
 	Logger        zerolog.Logger
 	// Observer, when set, sees every request's endpoint, status and time.
@@ -60,6 +60,10 @@ type Observer interface {
 // for the maximum token count in array form.
 const DefaultMaxBodyBytes = 64 << 20
 
+// DefaultMaxConnsPerIP bounds one client's concurrent connections: far
+// above a router's connection pool, far below what exhausts descriptors.
+const DefaultMaxConnsPerIP = 1024
+
 // Server serves the Conductor API.
 type Server struct {
 	opts Options
@@ -82,6 +86,12 @@ func New(opts Options) *Server {
 	}
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 120 * time.Second
+	}
+	switch {
+	case opts.MaxConnsPerIP == 0:
+		opts.MaxConnsPerIP = DefaultMaxConnsPerIP
+	case opts.MaxConnsPerIP < 0:
+		opts.MaxConnsPerIP = 0
 	}
 	s := &Server{opts: opts}
 	s.fs = &fasthttp.Server{

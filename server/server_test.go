@@ -1,8 +1,13 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
+	"net"
 	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -66,5 +71,88 @@ func TestBearerToken(t *testing.T) {
 	// Reads and queries stay open.
 	if status, _, _ := h.do("GET", "/services", "", nil); status != 200 {
 		t.Errorf("/services with auth on: %d", status)
+	}
+}
+
+// TestSlowClientIsCut: a client that trickles its request is disconnected
+// once the read timeout passes, and others are still served.
+func TestSlowClientIsCut(t *testing.T) {
+	h := startServer(t, Options{ReadTimeout: 300 * time.Millisecond})
+	conn, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\nContent-Length: 100\r\n\r\n\x83")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			break // closed by the server (any response before it is fine)
+		}
+	}
+	if el := time.Since(start); el > 3*time.Second {
+		t.Errorf("slow client held its connection for %v", el)
+	}
+	if status, _, _ := h.do("GET", "/services", "", nil); status != 200 {
+		t.Errorf("server stopped answering: %d", status)
+	}
+}
+
+// TestOversizedBodyRejectedEarly: a Content-Length over the limit is
+// answered 413 without the body being sent.
+func TestOversizedBodyRejectedEarly(t *testing.T) {
+	h := startServer(t, Options{MaxBodyBytes: 1 << 10})
+	conn, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\nContent-Length: 104857600\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var resp fasthttp.Response
+	if err := resp.Read(bufio.NewReader(conn)); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode() != 413 {
+		t.Errorf("status %d, want 413", resp.StatusCode())
+	}
+}
+
+// TestMaxConnsPerIP: connections over the per-client limit are refused
+// while the ones inside it keep working.
+func TestMaxConnsPerIP(t *testing.T) {
+	h := startServer(t, Options{MaxConnsPerIP: 2})
+	var conns []net.Conn
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("tcp", h.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	time.Sleep(50 * time.Millisecond) // let the server account for them
+	extra, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	_, _ = extra.Write([]byte("GET /services HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var resp fasthttp.Response
+	if err := resp.Read(bufio.NewReader(extra)); err == nil && resp.StatusCode() == 200 {
+		t.Error("third connection was served")
+	}
+	_, _ = conns[0].Write([]byte("GET /services HTTP/1.1\r\nHost: x\r\n\r\n"))
+	_ = conns[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	var ok fasthttp.Response
+	if err := ok.Read(bufio.NewReader(conns[0])); err != nil || ok.StatusCode() != 200 {
+		t.Errorf("connection inside the limit: %v %d", err, ok.StatusCode())
 	}
 }
