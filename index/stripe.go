@@ -240,7 +240,6 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 // quarters of the slab have been freed, so its cost is amortised over those
 // deletions.
 func (s *stripe) compact() {
-	mask := s.idxMask
 	hole := 0
 	for j := s.nlive; j < len(s.blocks); j++ {
 		b := &s.blocks[j]
@@ -250,14 +249,8 @@ func (s *stripe) compact() {
 		for s.blocks[hole].first.own != 0 {
 			hole++
 		}
-		// Repoint the index slot and every owner's reverse-list entry.
-		i := home(mix(b.key), len(s.slots))
-		for s.slots[i]&mask != uint32(j+1) {
-			if i++; i == len(s.slots) {
-				i = 0
-			}
-		}
-		s.slots[i] = s.slots[i]&^mask | uint32(hole+1)
+		// Repoint every owner's reverse-list entry; the index is rebuilt
+		// from the slab below.
 		if p := b.first; p.id() != 0 {
 			s.owned[p.id().slot()][p.aux] = uint32(hole)
 		}
