@@ -109,7 +109,8 @@ type Request struct {
 	// from the live stream; replies at or after it are not kept.
 	Until    uint64
 	HasUntil bool
-	// Deadline bounds the whole recovery, across retries.
+	// Deadline bounds the whole recovery, across retries; zero means
+	// DefaultTotalTimeout from the call.
 	Deadline time.Time
 	// ReceiveTimeout bounds each wait for the next reply; zero means
 	// DefaultReceiveTimeout.
@@ -200,11 +201,19 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 	if recvTimeout <= 0 {
 		recvTimeout = DefaultReceiveTimeout
 	}
+	if req.Deadline.IsZero() {
+		req.Deadline = time.Now().Add(DefaultTotalTimeout)
+	}
 	var (
 		records []Record
 		lastErr error
 	)
 	for {
+		// Records of a failed attempt are dropped; so is their reservation.
+		for _, r := range records {
+			req.Budget.Give(len(r.Payload))
+		}
+		records = records[:0]
 		if !time.Now().Before(req.Deadline) {
 			c.Close()
 			if lastErr == nil {
@@ -212,10 +221,6 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 			}
 			return nil, fmt.Errorf("%w: from %d: %w", ErrDeadline, req.From, lastErr)
 		}
-		for _, r := range records {
-			req.Budget.Give(len(r.Payload))
-		}
-		records = records[:0]
 		var err error
 		records, err = c.attempt(&req, recvTimeout, records)
 		if err == nil {
