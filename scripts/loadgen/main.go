@@ -286,6 +286,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.PoolKinds[k.String()] = c.kinds[k]
 	}
 	rep.RSS.Start = m.rss()
+	rep.LoadAverage[0] = loadAverage()
 
 	prof, err := hashing.Resolve(o.engine.hashSpec())
 	if err != nil {
@@ -386,6 +387,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	time.Sleep(time.Second)
 	rep.RSS.AfterUnreg = m.rss()
 
+	rep.LoadAverage[1] = loadAverage()
 	rep.Failures = fails.count.Load()
 	fails.mu.Lock()
 	rep.FailureNotes = fails.first

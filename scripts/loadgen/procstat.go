@@ -73,3 +73,20 @@ func parseStatusRSS(b []byte) (int64, error) {
 	}
 	return 0, fmt.Errorf("status: no VmRSS")
 }
+
+// loadAverage returns the 1-minute load average, or -1.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}

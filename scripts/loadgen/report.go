@@ -30,6 +30,10 @@ type report struct {
 	RSS     rssResult     `json:"server_rss_bytes"`
 	Checked int64         `json:"answers_checked"`
 
+	// LoadAverage is /proc/loadavg's 1-minute figure at the start and the
+	// end: on a shared machine other work skews every number here.
+	LoadAverage [2]float64 `json:"load_average_1m"`
+
 	Failures     int64    `json:"failures"`
 	FailureNotes []string `json:"failure_examples,omitempty"`
 }
@@ -125,6 +129,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
+	fmt.Fprintf(w, "| machine load average (1 min) at start / end | %.2f / %.2f |\n", r.LoadAverage[0], r.LoadAverage[1])
 	fmt.Fprintf(w, "| answers checked | %d |\n", r.Checked)
 	fmt.Fprintf(w, "| wrong answers or errors | %d |\n", r.Failures)
 	for _, n := range r.FailureNotes {

@@ -1,0 +1,329 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func smallCorpus(t *testing.T, replicas int) *corpus {
+	t.Helper()
+	c, err := newCorpus(corpusConfig{
+		Publishers: 3, BlockSize: 4, PromptTokens: 32, SystemTokens: 8, Groups: 2,
+		Blocks: 120, Replicas: replicas, Queries: 400, Mix: mix{Full: 1, Partial: 1, System: 1, Cold: 1},
+		Vocab: 50, Seed: 7,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// bruteExpect is the definition the trie must agree with: for each
+// publisher, the longest common whole-block prefix between the query and
+// any prompt it stores.
+func bruteExpect(c *corpus, q []int32) []int {
+	bs := c.cfg.BlockSize
+	out := make([]int, c.cfg.Publishers)
+	for _, p := range c.prompts {
+		n := 0
+		for n+bs <= len(q) && n+bs <= len(p.tokens) && equal(q[n:n+bs], p.tokens[n:n+bs]) {
+			n += bs
+		}
+		for _, h := range p.holders {
+			out[h] = max(out[h], n)
+		}
+	}
+	return out
+}
+
+func equal(a, b []int32) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return len(a) == len(b)
+}
+
+func TestCorpusExpectations(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		c := smallCorpus(t, replicas)
+		if c.published < 120 {
+			t.Fatalf("published %d blocks, want at least 120", c.published)
+		}
+		for k := range numKinds {
+			if c.kinds[k] == 0 {
+				t.Fatalf("no %s queries in the pool", k)
+			}
+		}
+		for i, q := range c.queries {
+			want := bruteExpect(c, q.tokens)
+			for p := range want {
+				if q.expect[p] != want[p] {
+					t.Fatalf("replicas %d, query %d (%s): publisher %d expects %d, brute force says %d", replicas, i, q.kind, p, q.expect[p], want[p])
+				}
+			}
+			best := 0
+			for _, e := range q.expect {
+				best = max(best, e)
+			}
+			switch q.kind {
+			case kindFull:
+				if best != 32 {
+					t.Errorf("full query %d: best match %d, want the whole prompt", i, best)
+				}
+			case kindPartial:
+				// With a 50-token vocabulary a fresh block may, rarely,
+				// extend the match; it can never reach the whole prompt
+				// unless it rebuilt a stored one.
+				if best < 4 {
+					t.Errorf("partial query %d: best match %d, want at least one block", i, best)
+				}
+			case kindSystem:
+				if best < 8 {
+					t.Errorf("system query %d: best match %d, want at least the system prompt", i, best)
+				}
+			case kindCold:
+				// Cold tokens are fresh; only a chance collision of the
+				// first block with a system prompt could match.
+			}
+		}
+	}
+}
+
+// TestCorpusLargeVocabulary checks exact structure where chance collisions
+// are out of the question: full prompts match their holders entirely and
+// their group peers on the system prompt only, cold prompts match nothing.
+func TestCorpusLargeVocabulary(t *testing.T) {
+	c, err := newCorpus(corpusConfig{
+		Publishers: 4, BlockSize: 16, PromptTokens: 256, SystemTokens: 64, Groups: 3,
+		Blocks: 2000, Replicas: 1, Queries: 300, Mix: mix{Full: 1, Partial: 1, System: 1, Cold: 1},
+		Vocab: 151936, Seed: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdsGroup := func(pub, g int) bool {
+		for _, pl := range c.perPub[pub] {
+			if c.prompts[pl.prompt].group == g {
+				return true
+			}
+		}
+		return false
+	}
+	for i, q := range c.queries {
+		switch q.kind {
+		case kindCold:
+			for p, e := range q.expect {
+				if e != 0 {
+					t.Errorf("cold query %d: publisher %d expects %d", i, p, e)
+				}
+			}
+		case kindFull:
+			var src *prompt
+			for j := range c.prompts {
+				if &c.prompts[j].tokens[0] == &q.tokens[0] {
+					src = &c.prompts[j]
+				}
+			}
+			if src == nil {
+				t.Fatalf("full query %d is not a stored prompt", i)
+			}
+			for p, e := range q.expect {
+				want := 0
+				switch {
+				case containsInt(src.holders, p):
+					want = 256
+				case holdsGroup(p, src.group):
+					want = 64
+				}
+				if e != want {
+					t.Errorf("full query %d: publisher %d expects %d, want %d", i, p, e, want)
+				}
+			}
+		}
+	}
+	// Each publisher announces a group's system prompt once: later prompts
+	// of the same group start at the first suffix block.
+	for p, pls := range c.perPub {
+		seen := map[int]bool{}
+		for _, pl := range pls {
+			g := c.prompts[pl.prompt].group
+			want := 0
+			if seen[g] {
+				want = 4
+			}
+			if pl.firstNew != want {
+				t.Errorf("publisher %d, prompt %d: first new block %d, want %d", p, pl.prompt, pl.firstNew, want)
+			}
+			seen[g] = true
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 1; i <= 1000; i++ {
+		s = append(s, time.Duration(i)*time.Millisecond)
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{0.5, 500}, {0.99, 990}, {0.999, 999}, {1, 1000}, {0, 1}} {
+		if got := percentile(s, c.p); got != c.want*time.Millisecond {
+			t.Errorf("p%v = %v, want %vms", c.p, got, int(c.want))
+		}
+	}
+	if got := percentile([]time.Duration{7}, 0.999); got != 7 {
+		t.Errorf("single sample: %v", got)
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("no samples: %v", got)
+	}
+	// Nearest rank over 10 samples: p99 and p999 are the maximum.
+	ten := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if percentile(ten, 0.99) != 10 || percentile(ten, 0.5) != 5 {
+		t.Errorf("ten samples: p50 %v p99 %v", percentile(ten, 0.5), percentile(ten, 0.99))
+	}
+}
+
+func TestProcParsing(t *testing.T) {
+	stat := "4242 (odd) name) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 130 0 0 20 0 9 0 100 0 0\n"
+	cpu, err := parseStatCPU([]byte(stat))
+	if err != nil || cpu != 3800*time.Millisecond {
+		t.Errorf("parseStatCPU = %v, %v; want 3.8s", cpu, err)
+	}
+	if _, err := parseStatCPU([]byte("4242 (x) S 1")); err == nil {
+		t.Error("short stat accepted")
+	}
+	status := "Name:\tconductor\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\nThreads:\t9\n"
+	rss, err := parseStatusRSS([]byte(status))
+	if err != nil || rss != 12345*1024 {
+		t.Errorf("parseStatusRSS = %v, %v", rss, err)
+	}
+}
+
+func TestCheckAnswer(t *testing.T) {
+	ids := []string{"a", "b"}
+	expect := []int{32, 0}
+	hits := func(n int64) instanceHits {
+		return instanceHits{LongestMatched: n, Device: n, CPULocal: n, CPUShare: n, Disk: n,
+			DP: map[string]int64{"0": n}, RankMatches: map[string]tiers{"0": {n, n, n, n}}}
+	}
+	all := func(presence) func(int) presence { return func(int) presence { return mustMatch } }
+	good := &queryResponse{Instances: map[string]instanceHits{"a": hits(32), "b": hits(0)}}
+	if err := checkAnswer(good, expect, ids, all(mustMatch)); err != nil {
+		t.Errorf("exact answer rejected: %v", err)
+	}
+	bad := &queryResponse{Instances: map[string]instanceHits{"a": hits(16), "b": hits(0)}}
+	if err := checkAnswer(bad, expect, ids, all(mustMatch)); err == nil {
+		t.Error("short match accepted")
+	}
+	dev := hits(32)
+	dev.Device = 16
+	if err := checkAnswer(&queryResponse{Instances: map[string]instanceHits{"a": dev, "b": hits(0)}}, expect, ids, all(mustMatch)); err == nil {
+		t.Error("wrong device count accepted")
+	}
+	extra := &queryResponse{Instances: map[string]instanceHits{"a": hits(32), "b": hits(0), "c": hits(0)}}
+	if err := checkAnswer(extra, expect, ids, all(mustMatch)); err == nil {
+		t.Error("unknown instance accepted")
+	}
+	if err := checkAnswer(&queryResponse{Instances: map[string]instanceHits{"b": hits(0)}}, expect, ids, all(mustMatch)); err == nil {
+		t.Error("missing instance accepted")
+	}
+	// During unregistration of a: absent is fine, a shorter consistent
+	// prefix is fine, a longer one is not; once gone it must stay gone.
+	vanishing := func(i int) presence { return []presence{mayVanish, mustMatch}[i] }
+	gone := func(i int) presence { return []presence{mustBeGone, mustMatch}[i] }
+	if err := checkAnswer(&queryResponse{Instances: map[string]instanceHits{"b": hits(0)}}, expect, ids, vanishing); err != nil {
+		t.Errorf("vanished instance rejected: %v", err)
+	}
+	if err := checkAnswer(bad, expect, ids, vanishing); err != nil {
+		t.Errorf("partially removed instance rejected: %v", err)
+	}
+	if err := checkAnswer(&queryResponse{Instances: map[string]instanceHits{"a": hits(48), "b": hits(0)}}, expect, ids, vanishing); err == nil {
+		t.Error("longer match during removal accepted")
+	}
+	if err := checkAnswer(good, expect, ids, gone); err == nil {
+		t.Error("unregistered instance accepted")
+	}
+	if presenceBetween(mustMatch, mayVanish) != mayVanish || presenceBetween(mustMatch, mustMatch) != mustMatch ||
+		presenceBetween(mustBeGone, mustBeGone) != mustBeGone || presenceBetween(mayVanish, mustBeGone) != mayVanish {
+		t.Error("presenceBetween")
+	}
+}
+
+// TestStoredPayloadShape decodes what a publisher sends with an
+// independent reader: [float ts, [event map], 0] with the vLLM keys, and
+// SGLang hashes as signed integers.
+func TestStoredPayloadShape(t *testing.T) {
+	e := newEncoder()
+	parent := uint64(1 << 63)
+	b, err := e.storedPayload(engineVLLM, 4, []uint64{1<<63 + 5, 7}, &parent, []int32{1, 2, 3, 4, 5, 6, 7, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env []any
+	if err := msgpack.Unmarshal(b, &env); err != nil {
+		t.Fatal(err)
+	}
+	if len(env) != 3 {
+		t.Fatalf("envelope has %d elements", len(env))
+	}
+	if _, ok := env[0].(float64); !ok {
+		t.Errorf("timestamp %T", env[0])
+	}
+	evs := env[1].([]any)
+	ev := evs[0].(map[string]any)
+	for _, k := range []string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"} {
+		if _, ok := ev[k]; !ok {
+			t.Errorf("vLLM event lacks %s", k)
+		}
+	}
+	if ev["type"] != "BlockStored" || ev["medium"] != "GPU" || ev["parent_block_hash"] != uint64(1<<63) {
+		t.Errorf("vLLM event %v", ev)
+	}
+	b, err = e.storedPayload(engineSGLang, 4, []uint64{1<<63 + 5}, nil, []int32{1, 2, 3, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env = nil
+	if err := msgpack.Unmarshal(b, &env); err != nil {
+		t.Fatal(err)
+	}
+	ev = env[1].([]any)[0].(map[string]any)
+	if h := ev["block_hashes"].([]any)[0]; h != int64(-1<<63+5) {
+		t.Errorf("SGLang hash %v (%T)", h, h)
+	}
+	if _, ok := ev["lora_name"]; ok {
+		t.Error("SGLang event carries lora_name")
+	}
+}
+
+func TestParseMix(t *testing.T) {
+	m, err := parseMix("full=4, cold=1")
+	if err != nil || m != (mix{Full: 4, Cold: 1}) {
+		t.Errorf("parseMix = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"full", "warm=1", "full=-1", "full=0,cold=0"} {
+		if _, err := parseMix(bad); err == nil {
+			t.Errorf("parseMix(%q) accepted", bad)
+		}
+	}
+}
+
+func TestNewAPILoopbackOnly(t *testing.T) {
+	for _, ok := range []string{"http://127.0.0.1:13333", "http://localhost:1", "http://[::1]:8080"} {
+		if _, err := newAPI(ok, "", 1); err != nil {
+			t.Errorf("%s rejected: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"http://10.0.0.1:13333", "http://example.com:80", "https://127.0.0.1:1", "http://127.0.0.1"} {
+		if _, err := newAPI(bad, "", 1); err == nil || !strings.Contains(err.Error(), "base URL") {
+			t.Errorf("%s accepted (%v)", bad, err)
+		}
+	}
+}
