@@ -84,8 +84,8 @@ func queryCtx(body []byte) *fasthttp.RequestCtx {
 // TestQueryHandlerAllocations pins the hot path: a warm /query through the
 // handler (decode, hash chain, walk, encode) allocates nothing.
 func TestQueryHandlerAllocations(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation count")
+	if testing.Short() || raceEnabled {
+		t.Skip("allocation counts need a normal build")
 	}
 	s, body := queryFixture(t, 8, 2, 1024)
 	ctx := queryCtx(body)

@@ -107,6 +107,7 @@ func New(opts Options) *Server {
 		NoDefaultContentType:          true,
 		DisablePreParseMultipartForm:  true,
 		DisableHeaderNamesNormalizing: false,
+		Logger:                        fasthttpLogger{opts.Logger},
 	}
 	return s
 }
@@ -350,4 +351,13 @@ func (s *Server) readyz(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) 
 		return nil, serviceError(fasthttp.StatusServiceUnavailable, "static registrations are not connected yet")
 	}
 	return codec.AppendStatus(out, "ready", stale), nil
+}
+
+// fasthttpLogger routes fasthttp's own messages (connection errors, limit
+// refusals) into the structured log at debug level: they are client faults,
+// already answered, and would otherwise bypass the configured format.
+type fasthttpLogger struct{ log zerolog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Debug().Str("component", "http").Msgf(format, args...)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -154,5 +155,43 @@ func TestMaxConnsPerIP(t *testing.T) {
 	var ok fasthttp.Response
 	if err := ok.Read(bufio.NewReader(conns[0])); err != nil || ok.StatusCode() != 200 {
 		t.Errorf("connection inside the limit: %v %d", err, ok.StatusCode())
+	}
+}
+
+// TestInternalErrorEnvelope: a handler panic becomes 500 {error} and the
+// server keeps serving.
+func TestInternalErrorEnvelope(t *testing.T) {
+	s := New(Options{}) // no registry: /services dereferences nil
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("GET")
+	ctx.Request.SetRequestURI("/services")
+	s.Handle(&ctx)
+	if ctx.Response.StatusCode() != 500 {
+		t.Fatalf("status %d", ctx.Response.StatusCode())
+	}
+	var got map[string]any
+	if err := msgpack.Unmarshal(ctx.Response.Body(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]any{"error": "internal error"}, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func TestReadyz(t *testing.T) {
+	ready, stale := false, 0
+	h := startServer(t, Options{Ready: func() (bool, int) { return ready, stale }})
+	status, got, _ := h.do("GET", "/readyz", "", nil)
+	if status != 503 || cmp.Diff(map[string]any{"error": "static registrations are not connected yet"}, got) != "" {
+		t.Errorf("not ready: %d %v", status, got)
+	}
+	ready, stale = true, 2
+	status, got, _ = h.do("GET", "/readyz", "", nil)
+	if status != 200 || cmp.Diff(map[string]any{"status": "ready", "stale_sources": int64(2)}, got) != "" {
+		t.Errorf("ready: %d %v", status, got)
+	}
+	status, got, _ = h.do("GET", "/healthz", "", nil)
+	if status != 200 || cmp.Diff(map[string]any{"status": "ok"}, got) != "" {
+		t.Errorf("healthz: %d %v", status, got)
 	}
 }
