@@ -180,14 +180,31 @@ func (r *mpReader) int32Run(max int) (n int, inRange bool) {
 	start := p
 	inRange = true
 	for n < max && p < len(buf) {
-		u, s, neg, size := intAt(buf, p)
-		if size == 0 {
-			break
+		// Fast paths for the encodings token ids actually use (fixint,
+		// uint8, uint16 — all within int32 — and uint32).
+		switch c := buf[p]; {
+		case c <= 0x7f:
+			p++
+		case c == 0xcd && p+3 <= len(buf):
+			p += 3
+		case c == 0xcc && p+2 <= len(buf):
+			p += 2
+		case c == 0xce && p+5 <= len(buf):
+			if binary.BigEndian.Uint32(buf[p+1:]) > math.MaxInt32 {
+				inRange = false
+			}
+			p += 5
+		default:
+			u, s, neg, size := intAt(buf, p)
+			if size == 0 {
+				r.advance(p - start)
+				return n, inRange
+			}
+			if (neg && s < math.MinInt32) || (!neg && u > math.MaxInt32) {
+				inRange = false
+			}
+			p += size
 		}
-		if (neg && s < math.MinInt32) || (!neg && u > math.MaxInt32) {
-			inRange = false
-		}
-		p += size
 		n++
 	}
 	r.advance(p - start)
