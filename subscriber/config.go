@@ -143,6 +143,8 @@ const (
 	NoOp
 )
 
+// String returns the result as fixture expectations spell it ("applied",
+// "ignored", "rejected", "no-op").
 func (r Result) String() string {
 	switch r {
 	case Applied:

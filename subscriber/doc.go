@@ -11,4 +11,21 @@
 //
 // The wire rules implemented here are those of spec/events.md; the names of
 // the rules in comments (§1.5, §4.8, …) refer to it.
+//
+// Concurrency: a Subscriber's goroutine is the only writer of its sequence
+// state, its Mooncake binding table and its index entries, so none of them
+// needs a lock; State, Stale and LastSeq read atomics that are published
+// only after the effects they describe. Stop wakes the goroutine through an
+// inproc PAIR socket polled next to the SUB (and the replay DEALER during a
+// recovery), so it returns promptly whatever the goroutine is waiting on.
+//
+// Decoding: a batch is decoded completely into reused buffers before any of
+// its events touches the index, because the batch dp_rank follows the events
+// on the wire and a malformed tail must reject the whole envelope. Strings
+// are sub-slices of the payload and integers are read in place, so
+// steady-state decoding does not allocate.
+//
+// Observability: every dropped message, rejected envelope or batch, and
+// ignored or rejected event is counted in Counters by source type and
+// Reason; warnings are rate limited and never include token ids.
 package subscriber
