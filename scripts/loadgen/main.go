@@ -27,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -194,6 +195,15 @@ func (s *session) close() error {
 	for _, p := range s.pubs {
 		p.close()
 	}
+	// With every socket closed (linger 0) terminating the ZMQ context is
+	// immediate; the timeout only guards against a socket we missed.
+	termed := make(chan struct{})
+	go func() { _ = zmq.Term(); close(termed) }()
+	select {
+	case <-termed:
+	case <-time.After(2 * time.Second):
+		fmt.Fprintln(os.Stderr, "loadgen: ZMQ context did not terminate; a socket was left open")
+	}
 	if s.server != nil {
 		return s.server.cleanup()
 	}
@@ -232,9 +242,11 @@ func (m sampler) rss() int64 {
 	return b
 }
 
-// perUnit divides a CPU delta by a count in µs, or -1 when unknown.
+// perUnit divides a CPU delta by a count in µs, or -1 when unknown. A zero
+// delta is unknown too: /proc counts in 10 ms ticks, and a phase shorter
+// than one tick of server work cannot be told apart from no work.
 func perUnit(c0, c1 time.Duration, n int) float64 {
-	if c0 < 0 || c1 < 0 || n == 0 {
+	if c0 < 0 || c1 <= c0 || n == 0 {
 		return -1
 	}
 	return us(c1-c0) / float64(n)
@@ -356,19 +368,20 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	}
 
 	for _, conc := range o.levels {
-		f0, c0 := fails.count.Load(), m.cpu()
+		f0, c0, self0 := fails.count.Load(), m.cpu(), selfCPU()
 		stopBar := s.bar(fmt.Sprintf("concurrency %d", conc), o.duration)
 		t0 := time.Now()
 		samples, elapsed := d.run(ctx, conc, t0, t0.Add(o.duration), o.maxSamples, nil)
 		stopBar()
-		c1 := m.cpu()
+		c1, self1 := m.cpu(), selfCPU()
 		lat := latencies(samples)
 		l := levelResult{
 			Concurrency: conc, Queries: len(samples), Seconds: elapsed.Seconds(),
 			QPS:   float64(len(samples)) / elapsed.Seconds(),
 			P50US: us(percentile(lat, 0.50)), P99US: us(percentile(lat, 0.99)), P999US: us(percentile(lat, 0.999)),
 			MaxUS: us(percentile(lat, 1)), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
-			Failures: fails.count.Load() - f0,
+			ClientCPUPerQueryUS: perUnit(self0, self1, len(samples)),
+			Failures:            fails.count.Load() - f0,
 		}
 		rep.Levels = append(rep.Levels, l)
 		rep.Checked += int64(len(samples))

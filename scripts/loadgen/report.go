@@ -61,6 +61,9 @@ type levelResult struct {
 	// ServerCPUPerQueryUS is the server's CPU time over the level divided
 	// by the queries answered.
 	ServerCPUPerQueryUS float64 `json:"server_cpu_per_query_us"`
+	// ClientCPUPerQueryUS is the load generator's own CPU per query
+	// (encoding is done up front; this is HTTP plus decoding and checking).
+	ClientCPUPerQueryUS float64 `json:"client_cpu_per_query_us"`
 	Failures            int64   `json:"failures"`
 }
 
@@ -108,11 +111,12 @@ func fmtBytes(b int64) string {
 func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s\n\n",
 		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding)
-	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | wrong |")
-	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | wrong |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, l := range r.Levels {
-		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %d |\n",
-			l.Concurrency, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.MaxUS), fmtUS(l.ServerCPUPerQueryUS), l.Failures)
+		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %d |\n",
+			l.Concurrency, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.MaxUS),
+			fmtUS(l.ServerCPUPerQueryUS), fmtUS(l.ClientCPUPerQueryUS), l.Failures)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| measure | value |")
