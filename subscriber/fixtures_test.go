@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"encoding/hex"
 	"slices"
 	"strings"
 	"testing"
@@ -213,7 +214,11 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	}
 	prior := append(e.engine.take(), e.shared.take()...)
 	before := e.counters.Total(MetricEnvelopeRejected, typ)
-	pub.send(seq, payloadOf(t, f))
+	topic, err := hex.DecodeString(f.TopicHex)
+	if err != nil {
+		t.Fatalf("topic_hex: %v", err)
+	}
+	pub.sendFrames(topic, seqFrame(seq), payloadOf(t, f)) // the fixture's own topic
 	if f.Expect.SourceState == "stale" {
 		waitFor(t, "stale", 5*time.Second, s.Stale)
 	} else {
