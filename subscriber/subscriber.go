@@ -288,6 +288,9 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 		if s.sub == nil {
 			return nil
 		}
+		if s.stopping.Load() {
+			return errStopped
+		}
 		frames, err := recvFrames(s.sub, s.frames[:0])
 		s.frames = frames
 		if err != nil {
@@ -453,6 +456,9 @@ func (s *Subscriber) recover(first liveMsg) error {
 			s.budget.Give(len(rec.Payload))
 			if s.State() == Stale {
 				return nil
+			}
+			if s.stopping.Load() {
+				return errStopped // up to 10000 records: do not make Stop wait
 			}
 			s.applyBatch(rec.Seq, rec.Payload)
 		}
