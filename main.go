@@ -36,15 +36,16 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// Signals are caught before anything listens, so a SIGTERM that
+	// follows the "listening" log line always takes the graceful path.
+	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	a, err := newApp(cfg, newLogger(cfg))
 	if err != nil {
 		return err
 	}
 	served := make(chan error, 1)
 	go func() { served <- a.serve() }()
-
-	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	select {
 	case err := <-served:
 		a.close()
