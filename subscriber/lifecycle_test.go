@@ -478,3 +478,40 @@ func TestCountersSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// slowSink makes every store take a while, like a contended index.
+type slowSink struct{ recorder }
+
+func (s *slowSink) Store(id index.OwnerID, t index.Tier, k uint64) {
+	time.Sleep(100 * time.Microsecond)
+	s.recorder.Store(id, t, k)
+}
+
+// TestStopPromptBehindBacklog: with thousands of batches queued and a slow
+// index, Stop still returns after at most one batch of work.
+func TestStopPromptBehindBacklog(t *testing.T) {
+	pub := newPublisher(t, ipcEndpoint(t, "pub"))
+	e := vllmEnv(t, pub.endpoint, "")
+	sink := &slowSink{}
+	e.cfg.Engine = sink
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscribed()
+	for seq := uint64(1); seq <= 3000; seq++ {
+		pub.send(seq, storedBatch([]uint64{seq, seq + 1<<40}, 4, 0))
+	}
+	waitSeq(t, s, 10)
+	start := time.Now()
+	s.Stop()
+	el := time.Since(start)
+	last, _ := s.LastSeq()
+	t.Logf("Stop behind a backlog took %v (applied %d of 3000)", el, last)
+	if el > 300*time.Millisecond {
+		t.Errorf("Stop took %v", el)
+	}
+	if ops := sink.snapshot(); ops[len(ops)-1].Kind != "clear" {
+		t.Errorf("not retracted")
+	}
+}
