@@ -18,7 +18,7 @@ func benchKey(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
 
 // walkTable registers instances x ranks owners holding the first held(i)
 // blocks of an n-block prompt in Device.
-func walkTable(b *testing.B, instances, ranks, n int, held func(owner int) int) (*Table, *keyChain) {
+func walkTable(_ testing.TB, instances, ranks, n int, held func(owner int) int) (*Table, *keyChain) {
 	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
 	c := &keyChain{}
 	for i := range n {

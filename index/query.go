@@ -57,7 +57,11 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 		sc.alive[t] = a
 	}
 	sc.cnt = resize(sc.cnt, n)
-	t.walk(v, chain, lo, n, sc)
+	if words == 1 {
+		t.walkSmall(v, chain, lo, n, sc)
+	} else {
+		t.walk(v, chain, lo, n, sc)
+	}
 
 	res.Instances = resize(res.Instances, i1-i0)
 	for i := i0; i < i1; i++ {
@@ -132,6 +136,71 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 			}
 		}
 	}
+}
+
+// walkSmall is walk for at most 64 reported owners, the common case: the
+// alive and holder sets live in registers instead of scratch slices.
+func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
+	bySlot, un := v.bySlot, uint(n)
+	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
+	total := 0
+	for alive[Disk] != 0 {
+		key, covered, ok := chain.Next()
+		if !ok {
+			break
+		}
+		h := mix(key)
+		s := t.stripeFor(h)
+		s.mu.RLock()
+		idx := s.find(key, h)
+		if idx < 0 {
+			s.mu.RUnlock()
+			break
+		}
+		b := &s.blocks[idx]
+		dev, loc, dsk, shared := noteSmall(bySlot, lo, un, b.first, 0, 0, 0, 0)
+		for _, p := range s.overflow(b) {
+			dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
+		}
+		s.mu.RUnlock()
+
+		loc |= dev
+		sh := loc | -uint64(shared>>CPUShare&1)
+		held := [numTiers]uint64{dev, loc, sh, sh | dsk | -uint64(shared>>Disk&1)}
+		for tier, a := range alive {
+			if died := a &^ held[tier]; died != 0 {
+				for ; died != 0; died &= died - 1 {
+					sc.cnt[bits.TrailingZeros64(died)][tier] = total
+				}
+				alive[tier] = a & held[tier]
+			}
+		}
+		total += covered
+	}
+	for tier, a := range alive {
+		for ; a != 0; a &= a - 1 {
+			sc.cnt[bits.TrailingZeros64(a)][tier] = total
+		}
+	}
+}
+
+// noteSmall adds one holder to walkSmall's holder sets (see note).
+func noteSmall(bySlot []uint64, lo int, n uint, p pair, dev, loc, dsk uint64, shared uint8) (uint64, uint64, uint64, uint8) {
+	id, m := p.own>>maskBits, uint64(p.own&tierBits)
+	if id == 0 {
+		return dev, loc, dsk, shared | uint8(m)
+	}
+	sl := uint(id & slotMask)
+	if sl >= uint(len(bySlot)) {
+		return dev, loc, dsk, shared
+	}
+	e := bySlot[sl]
+	f := uint(int(uint32(e)) - lo)
+	if uint32(e>>32) != id || f >= n {
+		return dev, loc, dsk, shared
+	}
+	bit := uint64(1) << (f & 63)
+	return dev | bit&-(m&1>>Device), loc | bit&-(m>>CPULocal&1), dsk | bit&-(m>>Disk&1), shared
 }
 
 // cut keeps the owners of word w alive in tier only if they hold the
