@@ -15,9 +15,10 @@ import (
 // address: the load generator floods whatever it is pointed at and must not
 // be aimed at a shared host by accident.
 type api struct {
-	base  string
-	token string
-	hc    *fasthttp.HostClient
+	base    string
+	token   string
+	hc      *fasthttp.HostClient
+	timeout time.Duration // for control requests; queries use requestTimeout
 }
 
 // requestTimeout bounds every HTTP exchange, so a hung server fails the run
@@ -43,8 +44,9 @@ func newAPI(base, token string, maxConns int) (*api, error) {
 		return nil, fmt.Errorf("base URL %q: port required", base)
 	}
 	return &api{
-		base:  "http://" + u.Host,
-		token: token,
+		base:    "http://" + u.Host,
+		token:   token,
+		timeout: requestTimeout,
 		hc: &fasthttp.HostClient{
 			Addr:                u.Host,
 			MaxConns:            maxConns,
@@ -74,7 +76,7 @@ func (a *api) do(method, path string, body []byte, auth bool) (int, []byte, erro
 	if auth && a.token != "" {
 		req.Header.Set("Authorization", "Bearer "+a.token)
 	}
-	if err := a.hc.DoTimeout(req, resp, requestTimeout); err != nil {
+	if err := a.hc.DoTimeout(req, resp, a.timeout); err != nil {
 		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil

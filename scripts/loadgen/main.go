@@ -185,6 +185,8 @@ type session struct {
 // over), closes every socket and stops a spawned server.
 func (s *session) close() error {
 	if s.api != nil {
+		// Cleanup after a failure must not hang on a hung server.
+		s.api.timeout = 3 * time.Second
 		for i, p := range s.pubs {
 			if s.registered[i] {
 				_ = s.api.unregister(p.instance)
@@ -297,6 +299,15 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	for k := range numKinds {
 		rep.PoolKinds[k.String()] = c.kinds[k]
 	}
+	rep.RSS = rssResult{-1, -1, -1, -1, -1} // phases not reached stay unknown
+	rep.LoadAverage[1] = -1
+	fails := &failures{}
+	defer func() {
+		rep.Failures = fails.count.Load()
+		fails.mu.Lock()
+		rep.FailureNotes = slices.Clone(fails.first)
+		fails.mu.Unlock()
+	}()
 	rep.RSS.Start = m.rss()
 	rep.LoadAverage[0] = loadAverage()
 
@@ -357,7 +368,6 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	rep.RSS.AfterIngest = m.rss()
 
 	// One pass over the pool checks every answer once before load.
-	fails := &failures{}
 	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
 	t0 := time.Now()
 	verified, _ := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
@@ -401,10 +411,6 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	rep.RSS.AfterUnreg = m.rss()
 
 	rep.LoadAverage[1] = loadAverage()
-	rep.Failures = fails.count.Load()
-	fails.mu.Lock()
-	rep.FailureNotes = fails.first
-	fails.mu.Unlock()
 	return rep, nil
 }
 
@@ -480,6 +486,13 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 		})
 	}()
 	sent := false
+	// Never return while senders still use the sockets: session.close
+	// closes them, and a ZMQ socket must not be used from two goroutines.
+	defer func() {
+		if !sent {
+			<-sendErr
+		}
+	}()
 	bar := newProgress("ingest", s.o.quiet)
 	defer bar.done()
 	deadline := start.Add(s.o.ingestTimeout)
@@ -493,6 +506,7 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 		bar.update(float64(n), float64(want), fmt.Sprintf("%d/%d blocks, %.0f/s", n, want, float64(n)/elapsed.Seconds()))
 		if found && n == want {
 			if !sent {
+				sent = true
 				if err := <-sendErr; err != nil {
 					return err
 				}
@@ -509,10 +523,10 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 		if !sent {
 			select {
 			case err := <-sendErr:
+				sent = true
 				if err != nil {
 					return err
 				}
-				sent = true
 			default:
 			}
 		}

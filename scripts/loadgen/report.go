@@ -133,7 +133,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
-	fmt.Fprintf(w, "| machine load average (1 min) at start / end | %.2f / %.2f |\n", r.LoadAverage[0], r.LoadAverage[1])
+	fmt.Fprintf(w, "| machine load average (1 min) at start / end | %s / %s |\n", fmtLoad(r.LoadAverage[0]), fmtLoad(r.LoadAverage[1]))
 	fmt.Fprintf(w, "| answers checked | %d |\n", r.Checked)
 	fmt.Fprintf(w, "| wrong answers or errors | %d |\n", r.Failures)
 	for _, n := range r.FailureNotes {
@@ -142,6 +142,13 @@ func (r *report) writeMarkdown(w io.Writer) {
 	if len(r.FailureNotes) > 0 {
 		fmt.Fprintln(w)
 	}
+}
+
+func fmtLoad(v float64) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 func fmtFrac(v float64) string {
