@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
 )
 
 // threadCPU is this OS thread's CPU time: unlike a benchmark's wall clock
@@ -42,4 +44,32 @@ func TestWalkCPUTime(t *testing.T) {
 		}
 		t.Logf("%2d instances x %d ranks: %6.1f ns/block", sh[0], sh[1], float64(best.Nanoseconds())/queries/blocks)
 	}
+}
+
+// TestStoreCPUTime reports Store's CPU time per call: inserting 1M new keys
+// for one owner, re-asserting them, and a store/remove churn at 1M live.
+// Run it with INDEX_CPU=1 -v.
+func TestStoreCPUTime(t *testing.T) {
+	if os.Getenv("INDEX_CPU") == "" {
+		t.Skip("set INDEX_CPU=1 to measure Store CPU time")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	const n = 1 << 20
+	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	id := tb.AddEngineOwner("a", 0)
+	measure := func(name string, f func(i int)) {
+		t0 := threadCPU()
+		for i := range n {
+			f(i)
+		}
+		t.Logf("%-28s %6.1f ns/op", name, float64((threadCPU() - t0).Nanoseconds())/n)
+	}
+	measure("Store new key (to 1M)", func(i int) { tb.Store(id, Device, benchKey(i)) })
+	measure("Store existing key", func(i int) { tb.Store(id, Device, benchKey(i)) })
+	measure("Store+Remove churn at 1M", func(i int) {
+		tb.Store(id, Device, benchKey(n+i))
+		tb.Remove(id, Device, benchKey(i))
+	})
+	measure("AcquireShared new key", func(i int) { tb.AcquireShared(CPUShare, benchKey(3*n+i)) })
 }
