@@ -63,7 +63,7 @@ func TestStoreCPUTime(t *testing.T) {
 		for i := range n {
 			f(i)
 		}
-		t.Logf("%-28s %6.1f ns/op", name, float64((threadCPU() - t0).Nanoseconds())/n)
+		t.Logf("%-28s %6.1f ns/op", name, float64((threadCPU()-t0).Nanoseconds())/n)
 	}
 	measure("Store new key (to 1M)", func(i int) { tb.Store(id, Device, benchKey(i)) })
 	measure("Store existing key", func(i int) { tb.Store(id, Device, benchKey(i)) })
