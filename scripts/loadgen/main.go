@@ -4,11 +4,31 @@
 // levels while checking every answer against expectations it computed from
 // the tokens alone, then unregisters the engines under query load.
 //
+// Phases, in order:
+//
+//  1. corpus: stored prompts (a group's shared system prompt plus a private
+//     suffix) until the publishers together publish --blocks blocks, and a
+//     pool of queries (full, partial, system-only, cold) with the expected
+//     longest_matched per instance, computed from tokens alone;
+//  2. registration: one PUB socket per engine on 127.0.0.1, POST /register,
+//     then a probe block is published until /query shows it, because a SUB
+//     joins asynchronously and anything sent before it would be lost (and
+//     the resulting sequence gap would make the source stale);
+//  3. ingest: every publisher sends its BlockStored batches (--batch blocks
+//     each) at once; /global_view's prefix_count reaching the number of
+//     distinct blocks ends the phase and gives blocks/s;
+//  4. one checked pass over the pool, then each --concurrency level for
+//     --duration: queries/s, latency percentiles, server and client CPU;
+//  5. unregistration of every engine while queries keep running.
+//
 // Everything stays on loopback, every phase is bounded in time and count,
 // and all sockets (and a --spawn'ed server) are closed at exit. Any wrong
-// answer makes the exit status non-zero.
+// answer makes the exit status non-zero. The Markdown report goes to stdout
+// (JSON with --json), progress to stderr. --spawn builds the server from the
+// working tree, uncommitted changes included.
 //
 //	go run ./scripts/loadgen --spawn --publishers 8 --blocks 200000 --concurrency 1,4,16 --duration 5s
+//	scripts/loadgen.sh --publishers 8 --blocks 200000 --duration 5s   # the same, built first
 package main
 
 import (
