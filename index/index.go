@@ -13,7 +13,8 @@ import (
 type Options struct {
 	// Stripes is the number of independently locked shards per table,
 	// rounded up to a power of two (default 64). More stripes mean less
-	// contention between ingestion and queries, at ~200 bytes each.
+	// contention between ingestion and queries, at ~300 bytes each per
+	// context (plus a reverse-list header per engine owner).
 	Stripes int
 }
 

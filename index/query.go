@@ -89,7 +89,7 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 	dev, loc, dsk := sc.hold[0], sc.hold[1], sc.hold[2]
 	total := 0 // tokens covered by the blocks matched so far
-	for any := true; any; {
+	for more := true; more; {
 		key, covered, ok := chain.Next()
 		if !ok {
 			break
@@ -117,7 +117,7 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 		if shared&bitDisk != 0 {
 			allDisk = ^uint64(0)
 		}
-		any = false
+		more = false
 		for w := range dev {
 			d := dev[w]
 			l := d | loc[w]
@@ -125,7 +125,7 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 			sc.cut(Device, w, d, total)
 			sc.cut(CPULocal, w, l, total)
 			sc.cut(CPUShare, w, sh, total)
-			any = sc.cut(Disk, w, sh|dsk[w]|allDisk, total) || any
+			more = sc.cut(Disk, w, sh|dsk[w]|allDisk, total) || more
 		}
 		total += covered
 	}
@@ -227,7 +227,7 @@ func (sc *queryScratch) note(bySlot []uint64, lo int, n uint, ps []pair) (shared
 	for _, p := range ps {
 		id, m := p.own>>maskBits, uint64(p.own&tierBits)
 		if id == 0 {
-			shared |= uint8(m) // 0 for the empty inline pair of a shared-only block
+			shared |= uint8(m)
 			continue
 		}
 		sl := uint(id & slotMask)
