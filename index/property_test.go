@@ -2,6 +2,7 @@ package index
 
 import (
 	"cmp"
+	"fmt"
 	"math/rand/v2"
 
 	"reflect"
@@ -367,6 +368,50 @@ func TestRandomizedAgainstReference(t *testing.T) {
 					t.Fatalf("seed %d op %d: stats %d %v, want %d %v", seed, i, tb.PrefixCount(), tb.TierBlocks(), pc, tiers)
 				}
 			}
+		}
+	}
+}
+
+// TestWideQueryAgainstReference covers the multi-word walk (more than 64
+// reported owners) against the reference model, with owners dying at
+// different blocks and tiers in every word.
+func TestWideQueryAgainstReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	tb := New(Options{Stripes: 8}).EnsureTable(testCtx, hashing.Profile{})
+	m := newRefModel()
+	tiers := []Tier{Device, CPULocal, Disk}
+	for i := range 13 {
+		for rank := range 11 { // 143 owners: three words
+			inst := fmt.Sprintf("inst-%02d", i)
+			id := tb.AddEngineOwner(inst, rank)
+			m.reg[ownerKey{inst, rank}] = id
+			held := r.IntN(24)
+			for k := range uint64(held) {
+				if r.IntN(30) == 0 {
+					continue // a gap
+				}
+				tier := tiers[r.IntN(3)]
+				tb.Store(id, tier, k)
+				m.store(id, tier, k)
+			}
+		}
+	}
+	for k := uint64(3); k < 20; k += 1 + uint64(r.IntN(3)) {
+		tier := []Tier{CPUShare, Disk}[r.IntN(2)]
+		tb.AcquireShared(tier, k)
+		m.acquire(tier, k)
+	}
+	var res QueryResult
+	for _, filter := range []string{"", "inst-03", "inst-12", ""} {
+		c := &keyChain{}
+		for k := range uint64(26) {
+			c.keys = append(c.keys, k)
+			c.cov = append(c.cov, 1+r.IntN(16))
+		}
+		tb.Query(c, filter, &res)
+		want, calls := m.query(c.keys, c.cov, filter)
+		if !reflect.DeepEqual(res.Instances, want) || c.calls != calls {
+			t.Fatalf("filter %q: got %+v (%d calls)\nwant %+v (%d calls)", filter, res.Instances, c.calls, want, calls)
 		}
 	}
 }
