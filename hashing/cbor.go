@@ -1,7 +1,9 @@
 package hashing
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"hash"
 	"math/bits"
 )
 
@@ -56,16 +58,20 @@ func putCBORTokens(b []byte, w int, toks []int32) int {
 	ai, shift, size := cborAI, cborShift, cborLen
 	out := b[w:]
 	for _, t := range toks {
-		neg := uint32(t >> 31) // all ones for negatives
-		u := uint32(t) ^ neg   // -1-t for negatives (major type 1), < 2^31
-		// Width class 0..3 (u < 24, < 2^8, < 2^16, else) without branches:
+		u := uint32(t)
+		var major uint64
+		if t < 0 { // never in real prompts, so this branch predicts well
+			u, major = ^u, cborMajorNeg // -1-t, major type 1
+		}
+		// Width class 0..3 (u < 24, < 2^8, < 2^16, else) without branches,
+		// as real token widths are unpredictable: for u < 2^31,
 		// u + (2^31 - k) has its top bit set exactly when u ≥ k.
 		cls := ((u+(1<<31-24))>>31 + (u+(1<<31-256))>>31 + (u+(1<<31-65536))>>31) & 3
 		// ReverseBytes64 puts u's big-endian bytes at the top of the word;
 		// shifting them down to bytes 1..n leaves byte 0 zero for the head
 		// (n = argument width). For u < 24 the shift brings u itself to
 		// byte 0, which is then the whole item.
-		word := uint64(neg&cborMajorNeg) | ai[cls] | bits.ReverseBytes64(uint64(u))>>(shift[cls]&63)
+		word := major | ai[cls] | bits.ReverseBytes64(uint64(u))>>(shift[cls]&63)
 		if len(out) < 8 {
 			panic("hashing: CBOR token buffer too small")
 		}
@@ -89,13 +95,35 @@ func b2u(b bool) uint32 {
 	return u
 }
 
+// appendCBORExtras appends the third element of a vLLM block value: None
+// (f6) when both names are absent, else the array of the non-empty ones,
+// LoRA first. An empty lora or salt is absent.
+func appendCBORExtras(b []byte, lora, salt string) []byte {
+	switch {
+	case lora == "" && salt == "":
+		return append(b, cborNull)
+	case lora != "" && salt != "":
+		return appendCBORText(appendCBORText(append(b, cborMajorArray|2), lora), salt)
+	case lora != "":
+		return appendCBORText(append(b, cborMajorArray|1), lora)
+	default:
+		return appendCBORText(append(b, cborMajorArray|1), salt)
+	}
+}
+
 // encodeCBORBlock builds a vLLM block value
 //
-//	83 58 20 <parent> head(4, len(toks)) <tokens> (f6 | 81 <s> | 82 <lora> <salt>)
+//	83 58 20 <parent> head(4, len(toks)) <tokens> <extras>
 //
-// into buf[:0] and returns it. An empty lora or salt is absent.
-func encodeCBORBlock(buf []byte, parent *[32]byte, toks []int32, lora, salt string) []byte {
-	need := 3 + 32 + 9 + cborTokenMax*len(toks) + 8 + 2 + 18 + len(lora) + len(salt)
+// into buf[:0] and returns it; extras is the block's appendCBORExtras
+// output, which a Chain computes once per query.
+//
+// When h is non-nil (and freshly Reset) the bytes are also fed to it, and
+// the first 64-byte SHA-256 block is handed over as soon as it is encoded:
+// SHA-NI compression is latency-bound, so the CPU can encode the remaining
+// tokens while that block is still being compressed.
+func encodeCBORBlock(buf []byte, h hash.Hash, parent *[32]byte, toks []int32, extras []byte) []byte {
+	need := 3 + 32 + 9 + cborTokenMax*len(toks) + 8 + len(extras)
 	if cap(buf) < need {
 		buf = make([]byte, 0, need+need/4)
 	}
@@ -107,22 +135,18 @@ func encodeCBORBlock(buf []byte, parent *[32]byte, toks []int32, lora, salt stri
 	} else {
 		b = appendCBORHead(b, cborMajorArray, uint64(len(toks)))
 	}
-	w := putCBORTokens(b[:cap(b)], len(b), toks)
-	b = b[:w]
-	switch {
-	case lora == "" && salt == "":
-		b = append(b, cborNull)
-	case lora != "" && salt != "":
-		b = append(b, cborMajorArray|2)
-		b = appendCBORText(b, lora)
-		b = appendCBORText(b, salt)
-	default:
-		one := lora
-		if one == "" {
-			one = salt
-		}
-		b = append(b, cborMajorArray|1)
-		b = appendCBORText(b, one)
+	// 8 items take 64 bytes past the 36-byte prefix unless most are < 256.
+	i := min(8, len(toks))
+	b = b[:putCBORTokens(b[:cap(b)], len(b), toks[:i])]
+	fed := 0
+	if h != nil && len(b) >= sha256.BlockSize {
+		h.Write(b[:sha256.BlockSize])
+		fed = sha256.BlockSize
+	}
+	b = b[:putCBORTokens(b[:cap(b)], len(b), toks[i:])]
+	b = append(b, extras...)
+	if h != nil {
+		h.Write(b[fed:])
 	}
 	return b
 }

@@ -24,7 +24,8 @@ const maxPooledBuf = 256 << 10
 // every block and, through AcquireChain/ReleaseChain, across queries, so
 // steady-state hashing allocates nothing. A Chain is not safe for concurrent
 // use; it keeps a reference to the token slice given to Reset, which must not
-// be modified until the caller is done with the chain.
+// be modified until the caller is done with the chain. The zero Chain is
+// usable, but pooled ones skip the warm-up allocations.
 type Chain struct {
 	h   hash.Hash
 	buf []byte
@@ -41,6 +42,15 @@ type Chain struct {
 	parent [32]byte // D_{i-1}; the vLLM root, or the SGLang salt seed
 	havePr bool     // parent is part of the next block's input
 	digest [32]byte // digest of the last block returned by Next
+
+	// vLLM blocks end with the same encoded extra keys (and, for pickle,
+	// the outer tuple and STOP) except block 0, which may add the salt.
+	// Both variants are encoded once per query, at the first Next, into
+	// tails: block 0's is tails[:tail0], every later block's tails[tail0:].
+	tails    []byte
+	tail0    int
+	tailsSet bool
+	bigNames bool // a name ≥ 64 KiB: pickle must use the general framer
 }
 
 var chainPool = sync.Pool{New: func() any { return newChain() }}
@@ -65,7 +75,10 @@ func ReleaseChain(c *Chain) {
 	c.tokens, c.lora, c.salt = nil, "", ""
 	c.kind, c.limit, c.pos = kindNone, 0, 0
 	if cap(c.buf) > maxPooledBuf {
-		c.buf = make([]byte, 0, 512)
+		c.buf = nil // the next query regrows it to the size it needs
+	}
+	if cap(c.tails) > maxPooledBuf {
+		c.tails = nil
 	}
 	chainPool.Put(c)
 }
@@ -81,7 +94,7 @@ func ReleaseChain(c *Chain) {
 func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt string) {
 	c.tokens, c.lora, c.salt = tokens, lora, salt
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
-	c.havePr = false
+	c.havePr, c.tailsSet = false, false
 	c.kind = kindNone
 	if p == nil || blockSize <= 0 {
 		return
@@ -95,10 +108,8 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 		c.parent = p.RootDigest
 		c.havePr = true
 	case kindSGLang, kindSGLangBigram:
-		for _, t := range tokens {
-			if t < 0 {
-				return
-			}
+		if anyNegative(tokens) {
+			return
 		}
 		c.limit = n
 		if c.kind == kindSGLangBigram {
@@ -122,25 +133,31 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if end-start > c.bs {
 		end = start + c.bs
 	}
+	if c.h == nil {
+		c.h = sha256.New() // a zero Chain that did not come from the pool
+	}
+	c.h.Reset()
 	switch c.kind {
 	case kindVLLMCBOR:
-		c.buf = encodeCBORBlock(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
+		c.buf = encodeCBORBlock(c.buf, c.h, &c.parent, c.tokens[start:end], c.tail())
 	case kindVLLMPickle:
-		var fast bool
-		c.buf, fast = encodePickleBlockFast(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
+		fast := false
+		if tail := c.tail(); !c.bigNames {
+			c.buf, fast = encodePickleBlockFast(c.buf, &c.parent, c.tokens[start:end], tail)
+		}
 		if !fast {
 			c.buf = encodePickleBlockGeneral(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
 		}
+		c.h.Write(c.buf)
 	case kindSGLang, kindSGLangBigram:
 		if c.block == 0 && c.salt != "" {
 			c.seedSGLangSalt()
 		}
 		c.buf = c.encodeSGLangPage(start, end)
+		c.h.Write(c.buf)
 	default:
 		return 0, 0, false
 	}
-	c.h.Reset()
-	c.h.Write(c.buf)
 	c.h.Sum(c.digest[:0])
 	c.parent = c.digest
 	c.havePr = true
@@ -150,6 +167,32 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		return binary.BigEndian.Uint64(c.digest[24:]), end - start, true
 	}
 	return binary.BigEndian.Uint64(c.digest[:8]), end - start, true
+}
+
+// tail returns the encoded end of the next vLLM block (see Chain.tails),
+// building both variants on the first call of a query.
+func (c *Chain) tail() []byte {
+	if !c.tailsSet {
+		c.tailsSet = true
+		c.bigNames = len(c.lora) >= frameTarget || len(c.salt) >= frameTarget
+		t := c.tails[:0]
+		c.tail0 = 0
+		switch {
+		case c.kind == kindVLLMCBOR:
+			t = appendCBORExtras(t, c.lora, c.salt)
+			c.tail0 = len(t)
+			t = appendCBORExtras(t, c.lora, "")
+		case !c.bigNames: // pickle; large names go through the general framer
+			t = appendPickleTail(t, c.lora, c.salt)
+			c.tail0 = len(t)
+			t = appendPickleTail(t, c.lora, "")
+		}
+		c.tails = t
+	}
+	if c.block == 0 {
+		return c.tails[:c.tail0]
+	}
+	return c.tails[c.tail0:]
 }
 
 // vllmSalt is the salt that enters the next vLLM block: block 0 only.
@@ -170,6 +213,7 @@ func (c *Chain) seedSGLangSalt() {
 	c.h.Reset()
 	c.h.Write(c.buf)
 	c.h.Sum(c.parent[:0])
+	c.h.Reset() // Next is about to hash page 0 with the same state
 	c.havePr = true
 }
 
@@ -201,4 +245,15 @@ func (c *Chain) encodeSGLangPage(start, end int) []byte {
 		}
 	}
 	return b
+}
+
+// anyNegative reports whether any id is negative. It ORs all ids together
+// (the sign bit survives) instead of branching per token, because the check
+// must see the whole prompt before the first page is returned.
+func anyNegative(toks []int32) bool {
+	var acc int32
+	for _, t := range toks {
+		acc |= t
+	}
+	return acc < 0
 }

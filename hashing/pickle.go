@@ -99,36 +99,13 @@ func memoAlias(lora, salt string) bool {
 	return false
 }
 
-// encodePickleBlockFast encodes a block value as one frame
-// (80 05 95 u64le(L) <content>) when that is what CPython emits: no str of
-// 64 KiB or more and content, STOP included, of at most 64 KiB, in which case
-// no boundary check can fire. It reports false (and leaves garbage in the
-// returned buffer) otherwise; the caller then uses encodePickleBlockGeneral.
-func encodePickleBlockFast(buf []byte, parent *[32]byte, toks []int32, lora, salt string) ([]byte, bool) {
-	if len(lora) >= frameTarget || len(salt) >= frameTarget || len(toks) > frameTarget/2 {
-		return buf, false
-	}
-	need := 2 + frameHeader + 35 + 1 + pickleTokenMax*len(toks) + 8 + 2 + 2*(6+len(lora)+len(salt)) + 8
-	if cap(buf) < need {
-		buf = make([]byte, 0, need+need/4)
-	}
-	b := buf[:2+frameHeader+2]
-	b[0], b[1], b[2] = opProto, 5, opFrame
-	b[11], b[12] = opShortBinBytes, 32
-	b = append(b, parent[:]...)
-	n := len(toks)
-	switch {
-	case n >= 4:
-		b = append(b, opMemoize, opMark)
-		b = b[:putPickleTokens(b[:cap(b)], len(b), toks)]
-		b = append(b, opTuple, opMemoize)
-	case n > 0:
-		b = append(b, opMemoize)
-		b = b[:putPickleTokens(b[:cap(b)], len(b), toks)]
-		b = append(b, opTuple1-1+byte(n), opMemoize)
-	default:
-		b = append(b, opMemoize, opEmptyTuple)
-	}
+// appendPickleTail appends everything a single-frame block pickle holds
+// after the token tuple: the extra keys (None, (lora,), (salt,) or
+// (lora, salt), with the memo alias of §3.4.2), then the outer TUPLE3,
+// its MEMOIZE and STOP. An empty lora or salt is absent. It is the same
+// for every block of a query but block 0, so a Chain builds it once per
+// query; it is only valid for strings under 64 KiB (no large payloads).
+func appendPickleTail(b []byte, lora, salt string) []byte {
 	switch {
 	case lora == "" && salt == "":
 		b = append(b, opNone)
@@ -150,7 +127,42 @@ func encodePickleBlockFast(buf []byte, parent *[32]byte, toks []int32, lora, sal
 		b = appendPickleStrOp(b, len(one))
 		b = append(append(b, one...), opMemoize, opTuple1, opMemoize)
 	}
-	b = append(b, opTuple1+2, opMemoize, opStop)
+	return append(b, opTuple1+2, opMemoize, opStop)
+}
+
+// encodePickleBlockFast encodes a block value as one frame
+// (80 05 95 u64le(L) <content>) when that is what CPython emits: no str of
+// 64 KiB or more (the caller guarantees that by building tail with
+// appendPickleTail) and content, STOP included, of at most 64 KiB, in which
+// case no boundary check can fire. It reports false (and leaves garbage in
+// the returned buffer) for a longer content; the caller then uses
+// encodePickleBlockGeneral.
+func encodePickleBlockFast(buf []byte, parent *[32]byte, toks []int32, tail []byte) ([]byte, bool) {
+	if len(toks) > frameTarget/2 || len(tail) > frameTarget {
+		return buf, false
+	}
+	need := 2 + frameHeader + 35 + 1 + pickleTokenMax*len(toks) + 8 + 2 + len(tail)
+	if cap(buf) < need {
+		buf = make([]byte, 0, need+need/4)
+	}
+	b := buf[:2+frameHeader+2+32]
+	b[0], b[1], b[2] = opProto, 5, opFrame
+	b[11], b[12] = opShortBinBytes, 32
+	*(*[32]byte)(b[13:]) = *parent
+	n := len(toks)
+	switch {
+	case n >= 4:
+		b = append(b, opMemoize, opMark)
+		b = b[:putPickleTokens(b[:cap(b)], len(b), toks)]
+		b = append(b, opTuple, opMemoize)
+	case n > 0:
+		b = append(b, opMemoize)
+		b = b[:putPickleTokens(b[:cap(b)], len(b), toks)]
+		b = append(b, opTuple1-1+byte(n), opMemoize)
+	default:
+		b = append(b, opMemoize, opEmptyTuple)
+	}
+	b = append(b, tail...)
 	l := len(b) - 2 - frameHeader
 	if l > frameTarget {
 		return b, false
