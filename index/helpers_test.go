@@ -61,8 +61,13 @@ func stripeErr(tb *Table, s *stripe) error {
 		return nil
 	}
 	inIndex := map[int]bool{}
+	tombs := 0
 	for _, v := range s.slots {
 		if v == 0 {
+			continue
+		}
+		if v == s.tombstone() {
+			tombs++
 			continue
 		}
 		idx := int(v&s.idxMask) - 1
@@ -83,6 +88,9 @@ func stripeErr(tb *Table, s *stripe) error {
 		if tb.stripeFor(mix(b.key)) != s {
 			return fmt.Errorf("key %d in wrong stripe", b.key)
 		}
+	}
+	if tombs != s.tombs {
+		return fmt.Errorf("%d tombstones, counted %d", tombs, s.tombs)
 	}
 	if len(inIndex) != s.nlive {
 		return fmt.Errorf("nlive %d, indexed %d", s.nlive, len(inIndex))

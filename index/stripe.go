@@ -52,11 +52,13 @@ type stripe struct {
 	mu sync.RWMutex
 	// dead is set when the table is dropped; every later operation is a no-op.
 	dead bool
-	// slots is a linear-probing table: 0 empty, otherwise a fingerprint in
-	// the bits above idxBits and slab index + 1 below. Its length is
+	// slots is a linear-probing table: 0 empty, a zero index part a
+	// tombstone, otherwise a fingerprint in the bits above idxBits and slab
+	// index + 1 below. Its length is
 	// arbitrary (fastrange addressing), which lets it grow by 25% steps and
 	// stay between 64% and 80% full.
 	slots   []uint32
+	tombs   int // deleted slots awaiting the next resize
 	idxBits uint
 	idxMask uint32
 	blocks  []block
@@ -95,6 +97,11 @@ func (s *stripe) fingerprint(h uint64) uint32 {
 	return uint32(h>>32) << s.idxBits
 }
 
+// tombstone marks a deleted slot: a zero index part, which no live slot has.
+// Deleting by tombstone needs no other key's hash, where backward-shift
+// deletion would read a slab entry (a cache miss) per displaced neighbour.
+func (s *stripe) tombstone() uint32 { return ^s.idxMask }
+
 // find returns the slab index of key, or -1.
 func (s *stripe) find(key, h uint64) int {
 	n := len(s.slots)
@@ -108,7 +115,7 @@ func (s *stripe) find(key, h uint64) int {
 		if v == 0 {
 			return -1
 		}
-		if v&^mask == fp {
+		if v&^mask == fp && v&mask != 0 {
 			if idx := int(v&mask) - 1; s.blocks[idx].key == key {
 				return idx
 			}
@@ -121,18 +128,23 @@ func (s *stripe) find(key, h uint64) int {
 
 // findOrInsert returns the slab index of key, creating an empty block.
 func (s *stripe) findOrInsert(key, h uint64) int {
-	if (s.nlive+1)*5 > len(s.slots)*4 {
+	if (s.nlive+s.tombs+1)*5 > len(s.slots)*4 {
 		s.resize(s.nlive + 1)
 	}
 	n := len(s.slots)
 	fp, mask := s.fingerprint(h), s.idxMask
-	i := home(h, n)
+	i, reuse := home(h, n), -1
 	for {
 		v := s.slots[i]
 		if v == 0 {
 			break
 		}
-		if v&^mask == fp {
+		switch {
+		case v&mask == 0:
+			if reuse < 0 {
+				reuse = i
+			}
+		case v&^mask == fp:
 			if idx := int(v&mask) - 1; s.blocks[idx].key == key {
 				return idx
 			}
@@ -140,6 +152,10 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 		if i++; i == n {
 			i = 0
 		}
+	}
+	if reuse >= 0 {
+		i = reuse
+		s.tombs--
 	}
 	var idx uint32
 	if s.free != 0 {
@@ -155,10 +171,11 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 	return int(idx)
 }
 
-// resize rebuilds slots for want live keys at 64% load: growth steps are
-// 25%, so the table never holds more than ~1.56 slots per key (≤ 6.25 B).
-// It also re-splits the slot word: the slab index gets just enough bits for
-// the slab to reach the next resize, the fingerprint the rest.
+// resize rebuilds slots for want live keys at 64% load, dropping
+// tombstones: growth steps are 25%, so the table never holds more than
+// ~1.56 slots per key (≤ 6.25 B). It also re-splits the slot word: the slab
+// index gets just enough bits for the slab to reach the next resize, the
+// fingerprint the rest.
 func (s *stripe) resize(want int) {
 	n := want * 100 / 64
 	if n < 8 {
@@ -169,6 +186,9 @@ func (s *stripe) resize(want int) {
 	s.idxBits = 1
 	for limit := uint64(max(len(s.blocks), n)) + 1; uint64(1)<<s.idxBits <= limit; {
 		s.idxBits++
+	}
+	if s.idxBits > 31 { // 2^31 blocks (48 GiB) in one stripe
+		panic("index: stripe too large; use more Options.Stripes")
 	}
 	s.idxMask = uint32(uint64(1)<<s.idxBits - 1)
 	slots := make([]uint32, n)
@@ -188,11 +208,11 @@ func (s *stripe) resize(want int) {
 		}
 		slots[i] = s.fingerprint(h) | uint32(idx+1)
 	}
-	s.slots = slots
+	s.slots, s.tombs = slots, 0
 }
 
-// deleteBlock removes an empty block from the index (backward-shift, no
-// tombstones) and puts its slab entry on the free list.
+// deleteBlock removes an empty block from the index and puts its slab entry
+// on the free list.
 func (s *stripe) deleteBlock(idx int, h uint64) {
 	n, mask := len(s.slots), s.idxMask
 	i := home(h, n)
@@ -201,24 +221,8 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 			i = 0
 		}
 	}
-	j := i
-	for {
-		if j++; j == n {
-			j = 0
-		}
-		v := s.slots[j]
-		if v == 0 {
-			break
-		}
-		hj := home(mix(s.blocks[v&mask-1].key), n)
-		// The entry at j may fill the hole at i when i lies cyclically in
-		// [hj, j], i.e. moving it keeps it reachable from its home.
-		if (j-hj+n)%n >= (j-i+n)%n {
-			s.slots[i] = v
-			i = j
-		}
-	}
-	s.slots[i] = 0
+	s.slots[i] = s.tombstone()
+	s.tombs++
 	if b := &s.blocks[idx]; b.ext != 0 {
 		s.freeExt(b.ext)
 	}
@@ -228,7 +232,7 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 	if s.nlive == 0 {
 		// Give everything back when a stripe empties (e.g. after a drop of
 		// all owners); a steady-state cache never gets here.
-		s.slots, s.blocks, s.free, s.ext, s.extFre = nil, nil, 0, nil, nil
+		s.slots, s.blocks, s.free, s.ext, s.extFre, s.tombs = nil, nil, 0, nil, nil, 0
 	} else if len(s.blocks) > 256 && s.nlive*4 < len(s.blocks) {
 		s.compact()
 	}

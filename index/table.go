@@ -443,7 +443,7 @@ func (t *Table) drop() {
 		s.mu.Lock()
 		s.dead = true
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
-		s.nlive, s.free, s.tierKeys = 0, 0, [numTiers]int{}
+		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}
 		s.mu.Unlock()
 	}
 }
