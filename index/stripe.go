@@ -2,9 +2,9 @@ package index
 
 import "sync"
 
-// Tier bits inside a pair's mask and a block's union mask. Their order is the
-// cumulative order of the contract, which lets the query derive "which
-// cumulative tiers does this block extend" from the lowest set bit.
+// Tier bits inside a pair's mask and a block's union mask, in the
+// contract's cumulative order: tier t's count admits a block held in any
+// tier up to t.
 const (
 	bitDevice = 1 << Device
 	bitLocal  = 1 << CPULocal
@@ -54,9 +54,9 @@ type stripe struct {
 	dead bool
 	// slots is a linear-probing table: 0 empty, a zero index part a
 	// tombstone, otherwise a fingerprint in the bits above idxBits and slab
-	// index + 1 below. Its length is
-	// arbitrary (fastrange addressing), which lets it grow by 25% steps and
-	// stay between 64% and 80% full.
+	// index + 1 below. Its length is arbitrary (fastrange addressing),
+	// which lets it grow in 25% steps; live entries plus tombstones stay
+	// at or under 80%.
 	slots   []uint32
 	tombs   int // deleted slots awaiting the next resize
 	idxBits uint
