@@ -73,7 +73,9 @@ func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
 
 // DropTable forgets a context and frees its memory. Goroutines still holding
 // the *Table may keep calling it: writes become no-ops and queries answer
-// empty, so a late event cannot bring a dropped context back.
+// empty, so a late event cannot bring a dropped context back. Callers
+// serialise EnsureTable and DropTable of one context (the registry does);
+// otherwise EnsureTable may hand out the table being dropped.
 func (ix *Index) DropTable(ctx ContextKey) {
 	ix.mu.Lock()
 	old := *ix.tables.Load()
