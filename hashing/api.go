@@ -46,4 +46,6 @@ type ProfileError struct {
 	Msg    string
 }
 
+// Error renders "member: message", so a caller that only logs the error
+// still sees which profile field was rejected.
 func (e *ProfileError) Error() string { return e.Member + ": " + e.Msg }

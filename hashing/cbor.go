@@ -50,8 +50,8 @@ const cborTokenMax = 5
 // putCBORTokens writes the CBOR items of toks at b[w:] and returns the new
 // write offset. b must have len ≥ w + 5·len(toks) + 3: every item is stored
 // as one 8-byte little-endian word and the offset advanced by its real
-// length, which keeps the loop free of data-dependent branches (token sizes
-// are random in real prompts, so branches would mispredict).
+// length, which keeps the loop free of branches on the item width (widths
+// are random in real prompts, so such branches would mispredict).
 func putCBORTokens(b []byte, w int, toks []int32) int {
 	// Local copies let the compiler address the tables off the stack
 	// pointer instead of materializing global addresses every iteration.

@@ -36,12 +36,13 @@ type Chain struct {
 	lora   string
 	salt   string
 
-	pos    int      // next unhashed position (token, or bigram pair)
-	limit  int      // number of positions that get hashed
-	block  int      // index of the next block
-	parent [32]byte // D_{i-1}; the vLLM root, or the SGLang salt seed
-	havePr bool     // parent is part of the next block's input
-	digest [32]byte // digest of the last block returned by Next
+	pos   int // next unhashed position (token, or bigram pair)
+	limit int // number of positions that get hashed
+	block int // index of the next block
+	// parent is the prior for the next block: the vLLM root, the SGLang
+	// salt seed, or D_{i-1}, which is also the digest Next last returned.
+	parent [32]byte
+	havePr bool // parent is part of the next block's input
 
 	// vLLM blocks end with the same encoded extra keys (and, for pickle,
 	// the outer tuple and STOP) except block 0, which may add the salt.
@@ -158,41 +159,45 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	default:
 		return 0, 0, false
 	}
-	c.h.Sum(c.digest[:0])
-	c.parent = c.digest
+	c.h.Sum(c.parent[:0])
 	c.havePr = true
 	c.pos = end
 	c.block++
 	if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
-		return binary.BigEndian.Uint64(c.digest[24:]), end - start, true
+		return binary.BigEndian.Uint64(c.parent[24:]), end - start, true
 	}
-	return binary.BigEndian.Uint64(c.digest[:8]), end - start, true
+	return binary.BigEndian.Uint64(c.parent[:8]), end - start, true
 }
 
-// tail returns the encoded end of the next vLLM block (see Chain.tails),
-// building both variants on the first call of a query.
+// tail returns the encoded end of the next vLLM block (see Chain.tails).
+// It is small enough to inline; buildTails runs once per query.
 func (c *Chain) tail() []byte {
 	if !c.tailsSet {
-		c.tailsSet = true
-		c.bigNames = len(c.lora) >= frameTarget || len(c.salt) >= frameTarget
-		t := c.tails[:0]
-		c.tail0 = 0
-		switch {
-		case c.kind == kindVLLMCBOR:
-			t = appendCBORExtras(t, c.lora, c.salt)
-			c.tail0 = len(t)
-			t = appendCBORExtras(t, c.lora, "")
-		case !c.bigNames: // pickle; large names go through the general framer
-			t = appendPickleTail(t, c.lora, c.salt)
-			c.tail0 = len(t)
-			t = appendPickleTail(t, c.lora, "")
-		}
-		c.tails = t
+		c.buildTails()
 	}
 	if c.block == 0 {
 		return c.tails[:c.tail0]
 	}
 	return c.tails[c.tail0:]
+}
+
+// buildTails encodes both tail variants of the current query.
+func (c *Chain) buildTails() {
+	c.tailsSet = true
+	c.bigNames = len(c.lora) >= frameTarget || len(c.salt) >= frameTarget
+	t := c.tails[:0]
+	c.tail0 = 0
+	switch {
+	case c.kind == kindVLLMCBOR:
+		t = appendCBORExtras(t, c.lora, c.salt)
+		c.tail0 = len(t)
+		t = appendCBORExtras(t, c.lora, "")
+	case !c.bigNames: // pickle; large names go through the general framer
+		t = appendPickleTail(t, c.lora, c.salt)
+		c.tail0 = len(t)
+		t = appendPickleTail(t, c.lora, "")
+	}
+	c.tails = t
 }
 
 // vllmSalt is the salt that enters the next vLLM block: block 0 only.

@@ -136,7 +136,7 @@ func runChain(p *Profile, bs int, toks []int32, lora, salt string) []gotBlock {
 		if !ok {
 			break
 		}
-		out = append(out, gotBlock{bytes.Clone(c.buf), c.digest, k, cov})
+		out = append(out, gotBlock{bytes.Clone(c.buf), c.parent, k, cov})
 	}
 	return out
 }
