@@ -186,3 +186,40 @@ func TestMemoryBudget(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkQueryUnderIngest runs 8x2-owner queries of a matched 512-block
+// prompt in parallel while one goroutine keeps storing and removing other
+// keys of the same table, the contention the stripes exist for.
+func BenchmarkQueryUnderIngest(b *testing.B) {
+	const blocks = 512
+	tb, c := walkTable(b, 8, 2, blocks, func(int) int { return blocks })
+	writer := tb.AddEngineOwner("writer", 0)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tb.Store(writer, Device, benchKey(blocks+i%100000))
+			tb.Remove(writer, Device, benchKey(blocks+(i+50000)%100000))
+		}
+	}()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var res QueryResult
+		ch := &keyChain{keys: c.keys}
+		for pb.Next() {
+			ch.reset()
+			tb.Query(ch, "", &res)
+		}
+	})
+	b.StopTimer()
+	close(stop)
+	<-done
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
+}
