@@ -73,6 +73,7 @@ type options struct {
 	binTokens     bool
 	json          bool
 	quiet         bool
+	soak          soakConfig
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -105,8 +106,14 @@ func parseFlags(args []string) (*options, error) {
 	tokEnc := fs.String("token-encoding", "array", "token_ids as a msgpack array or as bin (little-endian int32)")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON on stdout (the Markdown goes to stderr)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
+	o.soak.addFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.soak.duration != 0 {
+		if err := o.soak.validate(); err != nil {
+			return nil, err
+		}
 	}
 	if fs.NArg() != 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -170,6 +177,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if o.soak.duration > 0 {
+		code := soakMain(ctx, o)
+		stop()
+		os.Exit(code)
+	}
 	r, err := run(ctx, o)
 	if r != nil {
 		if o.json {
