@@ -19,7 +19,9 @@ const (
 	kindSGLangBigram             // sglang_bigram / sha256_raw / first64_be
 )
 
-// Selector strings, case-sensitive, as registered.
+// The selector strings a hash profile may carry (hashing.md §1). Matching is
+// exact and case-sensitive, as upstream's; they are exported so that callers
+// building or checking profiles do not repeat the literals.
 const (
 	StrategyVLLMV1       = "vllm_v1"
 	StrategySGLang       = "sglang"
