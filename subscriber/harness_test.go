@@ -400,9 +400,10 @@ func resultOf(s string) Result {
 // reports subscriptions, which lets tests wait for the subscriber instead of
 // sleeping through ZMQ's slow-joiner window.
 type publisher struct {
-	t        testing.TB
-	sock     *zmq.Socket
-	endpoint string
+	t          testing.TB
+	sock       *zmq.Socket
+	endpoint   string
+	subscribed bool
 }
 
 func newPublisher(t testing.TB, endpoint string) *publisher {
@@ -418,8 +419,39 @@ func newPublisher(t testing.TB, endpoint string) *publisher {
 	}
 	ep, _ := s.GetLastEndpoint()
 	p := &publisher{t: t, sock: s, endpoint: ep}
-	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() {
+		p.waitUnsubscribed()
+		_ = s.Close()
+	})
 	return p
+}
+
+// waitUnsubscribed waits (bounded) until the subscriber's disconnect has been
+// processed before the XPUB is closed. Closing a socket while its session is
+// still handling the peer's disconnect in the middle of a multipart message
+// trips a libzmq 4.3 assertion (zeromq/libzmq#3442, session_base.cpp
+// clean_pipes) and aborts the test binary; only test publishers, which
+// stream large backlogs and close right after the subscriber, can hit it.
+func (p *publisher) waitUnsubscribed() {
+	if !p.subscribed {
+		return
+	}
+	poller := zmq.NewPoller()
+	poller.Add(p.sock, zmq.POLLIN)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		polled, err := poller.Poll(time.Until(deadline))
+		if err != nil || len(polled) == 0 {
+			return
+		}
+		b, err := p.sock.RecvBytes(0)
+		if err != nil {
+			return
+		}
+		if len(b) > 0 && b[0] == 0 {
+			return
+		}
+	}
 }
 
 // waitSubscribed blocks until a subscriber's subscription arrives.
@@ -444,6 +476,7 @@ func (p *publisher) waitSubscribed() {
 			p.t.Fatalf("recv subscription: %v", err)
 		}
 		if len(b) > 0 && b[0] == 1 {
+			p.subscribed = true
 			return
 		}
 	}

@@ -166,9 +166,7 @@ func TestGapReplayLosesNothing(t *testing.T) {
 		}
 	}
 	waitSeq(t, s, n)
-	if st := s.State(); st != Live {
-		t.Fatalf("state %v", st)
-	}
+	waitFor(t, "live", 5*time.Second, func() bool { return s.State() == Live })
 	var got []uint64
 	for _, o := range e.engine.snapshot() {
 		if o.Kind == "store" {
