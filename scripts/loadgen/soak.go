@@ -28,8 +28,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -558,40 +558,13 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 	marks := make([]mark, len(r.pubs))
 	exps := make([]expectation, len(r.pubs))
 	var resp queryResponse
-	fresh := func(t []int32) {
-		for i := range t {
-			t[i] = rng.Int32N(sh.vocab)
-		}
-	}
 	// Bounded by time (ctx has a deadline) and by count.
 	for i := 0; i < 1<<40; i++ {
 		if ctx.Err() != nil || r.fails.count.Load() > maxFailures {
 			return
 		}
-		var q soakQuery
-		var toks []int32
 		pub := rng.IntN(len(r.pubs))
-		cur := int(r.pubs[pub].step.Load())
-		step := max(1, cur-r.cfg.window-2+rng.IntN(r.cfg.window+4))
-		src := contentAt(pub, step)
-		switch k := rng.IntN(10); {
-		case k < 4:
-			q = soakQuery{kind: kindFull, source: src, group: sh.group(src), keep: sh.blocks}
-			toks = sh.tokens(src)
-		case k < 7:
-			q = soakQuery{kind: kindPartial, source: src, group: sh.group(src), keep: 1 + rng.IntN(sh.blocks-1)}
-			toks = sh.tokens(src)
-			fresh(toks[q.keep*sh.bs:])
-		case k < 9:
-			q = soakQuery{kind: kindSystem, group: rng.IntN(sh.groups), keep: sh.sysBlocks}
-			toks = make([]int32, sh.blocks*sh.bs)
-			copy(toks, sh.systems[q.group])
-			fresh(toks[len(sh.systems[q.group]):])
-		default:
-			q = soakQuery{kind: kindCold}
-			toks = make([]int32, sh.blocks*sh.bs)
-			fresh(toks)
-		}
+		q, toks := r.buildQuery(rng, pub, int(r.pubs[pub].step.Load()))
 		body, err := queryBody(r.o.model, sh.bs, toks, "", r.o.binTokens && i%2 == 0)
 		if err != nil {
 			r.fails.add("encode query: %v", err)
@@ -654,6 +627,44 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 	}
 }
 
+// buildQuery draws a query around publisher pub's step cur: its source is
+// a content the publisher stored a little before the window's oldest,
+// holds, or is about to store, so answers cover evicted, held and
+// not-yet-stored prompts. Kinds: 40 % full, 30 % partial (a random number
+// of the source's blocks, then fresh tokens), 20 % a system prompt then
+// fresh tokens, 10 % cold.
+func (r *soakRun) buildQuery(rng *rand.Rand, pub, cur int) (soakQuery, []int32) {
+	sh := r.shape
+	fresh := func(t []int32) {
+		for i := range t {
+			t[i] = rng.Int32N(sh.vocab)
+		}
+	}
+	step := max(1, cur-r.cfg.window-2+rng.IntN(r.cfg.window+4))
+	src := contentAt(pub, step)
+	var q soakQuery
+	var toks []int32
+	switch k := rng.IntN(10); {
+	case k < 4:
+		q = soakQuery{kind: kindFull, source: src, group: sh.group(src), keep: sh.blocks}
+		toks = sh.tokens(src)
+	case k < 7:
+		q = soakQuery{kind: kindPartial, source: src, group: sh.group(src), keep: 1 + rng.IntN(sh.blocks-1)}
+		toks = sh.tokens(src)
+		fresh(toks[q.keep*sh.bs:])
+	case k < 9:
+		q = soakQuery{kind: kindSystem, group: rng.IntN(sh.groups), keep: sh.sysBlocks}
+		toks = make([]int32, sh.blocks*sh.bs)
+		copy(toks, sh.systems[q.group])
+		fresh(toks[len(sh.systems[q.group]):])
+	default:
+		q = soakQuery{kind: kindCold}
+		toks = make([]int32, sh.blocks*sh.bs)
+		fresh(toks)
+	}
+	return q, toks
+}
+
 // churn is the registration-churn worker: it restarts the churned
 // publishers in turn and keeps up to cfg.transients short-lived services
 // registered, each pointing at an endpoint with nothing behind it (a closed
@@ -661,13 +672,13 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 // show up in answers, half in a context of their own that appears and
 // vanishes with them, some with a dead replay endpoint too).
 type churn struct {
-	r      *soakRun
+	r       *soakRun
 	pause   chan chan struct{}
 	resumed chan struct{}
-	live   []transient
-	next   int // transient serial
-	turn   int // churned publisher to restart next
-	rng    *rand.Rand
+	live    []transient
+	next    int // transient serial
+	turn    int // churned publisher to restart next
+	rng     *rand.Rand
 	// Counters for the report, read after run returned.
 	restartsAsked int
 }

@@ -256,24 +256,61 @@ func (p *soakPublisher) probePayload() []byte {
 	return b
 }
 
-// op performs one step: evict the oldest prompt if the window is full (or
-// clear everything every clearEvery steps), then store the step's prompt,
-// all in one batch, and wait until the server shows that prompt. Storing
-// last is what makes the wait a fence: batches apply in order, so seeing
-// the new prompt means the eviction before it was applied too.
+// op performs one step: it plans the step's batch, records the new
+// versions, sends the batch and waits until the server shows the step's
+// prompt. Storing last is what makes the wait a fence: batches apply in
+// order, so seeing the new prompt means the eviction or clear before it was
+// applied too.
 func (p *soakPublisher) op(ctx context.Context, step int) error {
+	pl, err := p.plan(step)
+	if err != nil {
+		return err
+	}
+	payload, err := p.enc.batchPayload(pl.events)
+	if err != nil {
+		return err
+	}
+	// Record before sending: a query must never see an effect the model
+	// does not yet allow.
+	p.model.push(pl.versions...)
+	if err := p.send(payload); err != nil {
+		return fmt.Errorf("%s: send: %w", p.instance, err)
+	}
+	p.ops++
+	body, err := queryBody(p.r.o.model, p.r.shape.bs, pl.tokens, p.instance, false)
+	if err != nil {
+		return err
+	}
+	if err := p.await(ctx, body, len(pl.tokens), fmt.Sprintf("step %d", step)); err != nil {
+		return err
+	}
+	p.model.settle()
+	return nil
+}
+
+// stepPlan is one step's batch and the model versions it leads through.
+type stepPlan struct {
+	events   []any
+	versions []*heldState // the states the server passes through, in order
+	tokens   []int32      // the stored prompt, whose visibility confirms the batch
+}
+
+// plan builds step's batch from the current state: evict the oldest
+// prompt if the window is full (or clear everything every clearEvery
+// steps), then store the step's prompt. It updates p.keys and the counters
+// but neither the model nor the socket, so tests can replay it.
+func (p *soakPublisher) plan(step int) (stepPlan, error) {
+	var pl stepPlan
 	sh := p.r.shape
 	cur := p.model.current()
 	next := &heldState{contents: slices.Clone(cur.contents), sysRef: slices.Clone(cur.sysRef)}
-	var events []any
-	var versions []*heldState
 	if ce := p.r.cfg.clearEvery; ce > 0 && step%ce == 0 {
-		events = append(events, cleared{Type: "AllBlocksCleared"})
+		pl.events = append(pl.events, cleared{Type: "AllBlocksCleared"})
 		next = emptyState(sh.groups)
 		clear(p.keys)
 		// Between the clear and the store the server holds nothing for us;
 		// that state must count as one the server may show.
-		versions = append(versions, emptyState(sh.groups))
+		pl.versions = append(pl.versions, emptyState(sh.groups))
 		p.clears++
 	} else if len(next.contents) >= p.r.cfg.window {
 		old := next.contents[0]
@@ -290,15 +327,15 @@ func (p *soakPublisher) op(ctx context.Context, step int) error {
 		}
 		rm := slices.Clone(oldKeys[first:])
 		slices.Reverse(rm)
-		events = append(events, removedEvent(p.r.o.engine, rm))
+		pl.events = append(pl.events, removedEvent(p.r.o.engine, rm))
 		p.removed += len(rm)
 	}
 	x := contentAt(p.idx, step)
 	g := sh.group(x)
-	toks := sh.tokens(x)
-	keys := chainKeys(p.chain, &p.r.prof, sh.bs, toks)
+	pl.tokens = sh.tokens(x)
+	keys := chainKeys(p.chain, &p.r.prof, sh.bs, pl.tokens)
 	if len(keys) != sh.blocks {
-		return fmt.Errorf("%s: %d keys for %d blocks", p.instance, len(keys), sh.blocks)
+		return pl, fmt.Errorf("%s: %d keys for %d blocks", p.instance, len(keys), sh.blocks)
 	}
 	first := 0
 	if next.sysRef[g] > 0 {
@@ -308,33 +345,13 @@ func (p *soakPublisher) op(ctx context.Context, step int) error {
 	if first > 0 {
 		parent = &keys[first-1]
 	}
-	events = append(events, storedEvent(p.r.o.engine, sh.bs, keys[first:], parent, toks[first*sh.bs:]))
+	pl.events = append(pl.events, storedEvent(p.r.o.engine, sh.bs, keys[first:], parent, pl.tokens[first*sh.bs:]))
 	p.stored += sh.blocks - first
 	next.contents = append(next.contents, x)
 	next.sysRef[g]++
 	p.keys[x] = keys
-	versions = append(versions, next)
-
-	payload, err := p.enc.batchPayload(events)
-	if err != nil {
-		return err
-	}
-	// Record before sending: a query must never see an effect the model
-	// does not yet allow.
-	p.model.push(versions...)
-	if err := p.send(payload); err != nil {
-		return fmt.Errorf("%s: send: %w", p.instance, err)
-	}
-	p.ops++
-	body, err := queryBody(p.r.o.model, sh.bs, toks, p.instance, false)
-	if err != nil {
-		return err
-	}
-	if err := p.await(ctx, body, sh.blocks*sh.bs, fmt.Sprintf("step %d", step)); err != nil {
-		return err
-	}
-	p.model.settle()
-	return nil
+	pl.versions = append(pl.versions, next)
+	return pl, nil
 }
 
 // confirmTimeout bounds the wait for one batch to show. The server applies
