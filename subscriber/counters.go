@@ -73,6 +73,7 @@ const (
 	StaleDeadline
 	StaleBufferOverflow
 	StaleBatchRejected
+	StaleInternal
 
 	// Replay outcomes (§2.6).
 	ReplayRecovered
@@ -133,6 +134,7 @@ var reasonNames = [numReasons]string{
 	StaleDeadline:       "replay_deadline",
 	StaleBufferOverflow: "buffer_overflow",
 	StaleBatchRejected:  "batch_rejected",
+	StaleInternal:       "internal_error",
 	ReplayRecovered:     "recovered",
 	ReplayRetried:       "retried",
 	ReplayUnrecoverable: "unrecoverable",

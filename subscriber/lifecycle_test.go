@@ -513,3 +513,36 @@ func TestStopPromptBehindBacklog(t *testing.T) {
 		t.Errorf("not retracted")
 	}
 }
+
+// panicSink stands in for an index bug.
+type panicSink struct{ recorder }
+
+func (p *panicSink) Store(index.OwnerID, index.Tier, uint64) { panic("index bug") }
+
+// TestPanicMakesStale: a panic while applying a batch retracts the source
+// instead of crashing the service.
+func TestPanicMakesStale(t *testing.T) {
+	s, e := direct(t, "vllm-a")
+	sink := &panicSink{}
+	s.cfg.Engine = sink
+	s.applyBatch(1, payloadOf(t, loadManifest(t).fixture(t, "vllm_stored_gpu_2blocks")))
+	if s.State() != Stale || e.counters.Value(MetricStale, TypeVLLM, StaleInternal) != 1 {
+		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
+	}
+	if ops := sink.snapshot(); len(ops) != 1 || ops[0].Kind != "clear" {
+		t.Errorf("ops %v", ops)
+	}
+	if last, ok := s.LastSeq(); !ok || last != 1 {
+		t.Errorf("last %d %v", last, ok)
+	}
+}
+
+func TestTypedNilTableRejected(t *testing.T) {
+	e := newEnv(t, loadManifest(t), "vllm-a", nil, "tcp://127.0.0.1:1", "")
+	var tb *index.Table
+	e.cfg.Engine = tb
+	if s, err := Start(e.cfg); err == nil {
+		s.Stop()
+		t.Fatal("Start accepted a nil *index.Table")
+	}
+}

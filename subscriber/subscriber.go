@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/replay"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
@@ -105,7 +107,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	switch {
 	case typ == TypeMooncake && cfg.Lookup == nil:
 		return nil, fmt.Errorf("start subscriber %s: Mooncake source needs a context lookup", cfg.Key)
-	case typ != TypeMooncake && cfg.Engine == nil:
+	case typ != TypeMooncake && isNilSink(cfg.Engine):
 		return nil, fmt.Errorf("start subscriber %s: engine source needs an index table", cfg.Key)
 	}
 	s := &Subscriber{
@@ -129,6 +131,16 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 		}
 	}
 	return s, nil
+}
+
+// isNilSink reports a missing sink, including a nil *index.Table wrapped in
+// the interface (which would only fail later, inside the goroutine).
+func isNilSink(e EngineSink) bool {
+	if e == nil {
+		return true
+	}
+	t, ok := e.(*index.Table)
+	return ok && t == nil
 }
 
 // open creates the SUB socket and the inproc pair Stop uses to wake the
@@ -583,6 +595,15 @@ func (s *Subscriber) publishApplied() {
 func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
 	s.applied = seq
 	defer s.publishApplied()
+	defer func() {
+		// Payloads come from other processes. A decoder or index bug they
+		// trigger must not take the whole service down: the source is
+		// retracted instead (part of the batch may have been applied).
+		if r := recover(); r != nil {
+			s.log.Error().Interface("panic", r).Uint64("seq", seq).Bytes("stack", debug.Stack()).Msg("batch handling panicked")
+			s.markStale(StaleInternal, seq)
+		}
+	}()
 	if s.cfg.onApply != nil {
 		s.cfg.onApply(seq)
 	}

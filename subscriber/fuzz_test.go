@@ -1,0 +1,46 @@
+package subscriber
+
+import (
+	"testing"
+)
+
+// FuzzApplyBatch feeds arbitrary payloads to every decoder: nothing may
+// panic, a rejected envelope must leave the index untouched, and retracting
+// afterwards must balance every shared reference. Seeds are all fixtures.
+func FuzzApplyBatch(f *testing.F) {
+	m := loadManifest(f)
+	for i := range m.Fixtures {
+		fx := &m.Fixtures[i]
+		if fx.PayloadFile != "" {
+			f.Add(uint8(i%3), payloadOf(f, fx))
+		}
+	}
+	regs := []struct{ reg, also string }{{"vllm-a", ""}, {"sglang-a", ""}, {"pool-a-sub", "vllm-a"}}
+	f.Fuzz(func(t *testing.T, which uint8, payload []byte) {
+		r := regs[int(which)%len(regs)]
+		var also []string
+		if r.also != "" {
+			also = []string{r.also}
+		}
+		e := newEnv(t, m, r.reg, also, "inproc://unused", "")
+		e.cfg.Logger = testLogger(t).Level(5) // quiet
+		s, err := newSubscriber(e.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.started = true
+		s.setState(Live)
+		s.applyBatch(1, payload)
+		s.applyBatch(2, payload) // state carried over (bindings) must stay consistent
+		typ := s.typ
+		if e.counters.Total(MetricEnvelopeRejected, typ) == 2 {
+			if ops := append(e.engine.snapshot(), e.shared.snapshot()...); len(ops) != 0 && s.State() != Stale {
+				t.Fatalf("rejected envelope changed the index: %v", ops)
+			}
+		}
+		s.retract()
+		if bal := sharedBalance(e.shared.snapshot()); len(bal) != 0 {
+			t.Fatalf("unbalanced shared references after retract: %v", bal)
+		}
+	})
+}
