@@ -385,11 +385,16 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	case s.State() == Stale:
 		s.cfg.Counters.add(MetricDropped, s.typ, DropStale, 1)
 	case !s.started:
+		// The first message is the baseline; nothing before it is
+		// requested (slow-joiner loss is accepted, as upstream does).
 		s.started = true
 		s.high = seq
 		s.setState(Live)
 		s.applyBatch(seq, payload)
 	case seq <= s.high:
+		// The live stream went backwards: a new publisher process whose
+		// predecessor's entries can no longer be retracted one by one.
+		// Spec decision (§5.4, Q6); upstream silently drops or applies.
 		s.markStale(StaleRegression, seq)
 	case seq <= s.applied:
 		// already applied through replay
