@@ -123,6 +123,7 @@ type soakCounts struct {
 	transportOutside, transportInside   atomic.Int64
 	controlErrors                       atomic.Int64
 	transients, transientFailures       atomic.Int64
+	slow, slowInUnreg                   atomic.Int64
 	restartMode                         [2]atomic.Int64
 	maxStale                            atomic.Int64
 }
@@ -180,6 +181,44 @@ func (w *windowLog) overlaps(t0, t1 time.Time) bool {
 		}
 	}
 	return false
+}
+
+// stats returns how many unregistrations there were, the share of the
+// span [from, to] at least one was in flight, and the slowest.
+func (w *windowLog) stats(from, to time.Time) (n int, share float64, slowest time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var covered time.Duration
+	var last time.Time // windows open in time order; merge overlaps
+	for _, win := range w.windows {
+		if win[1].IsZero() {
+			continue
+		}
+		n++
+		slowest = max(slowest, win[1].Sub(win[0]))
+		s, e := latest(win[0], from, last), win[1]
+		if e.After(to) {
+			e = to
+		}
+		if e.After(s) {
+			covered += e.Sub(s)
+			last = e
+		}
+	}
+	if to.After(from) {
+		share = float64(covered) / float64(to.Sub(from))
+	}
+	return n, share, slowest
+}
+
+func latest(ts ...time.Time) time.Time {
+	var l time.Time
+	for _, t := range ts {
+		if t.After(l) {
+			l = t
+		}
+	}
+	return l
 }
 
 // goneSet remembers when each transient service's unregistration completed,
@@ -416,6 +455,8 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 	stopPubs()
 	pubWG.Wait()
 	rep.Seconds = time.Since(start).Seconds()
+	n, share, slowest := r.windows.stats(start, time.Now())
+	rep.Unregistrations, rep.UnregShare, rep.SlowestUnregMS = n, share, ms(slowest)
 
 	rep.Samples = samples.get()
 	rep.Warmup.RSS, rep.Final.RSS, rep.PeakRSS = rssLevels(rep.Samples, warmEnd)
@@ -545,6 +586,11 @@ type queryStats struct {
 	lat []time.Duration
 }
 
+// slowQuery is the latency above which a query is counted as slow, and
+// checked against the unregistration windows: a server that blocks queries
+// while a service is torn down shows up as slow queries inside them.
+const slowQuery = 100 * time.Millisecond
+
 // maxLatencies bounds each worker's latency samples.
 const maxLatencies = 250_000
 
@@ -578,6 +624,12 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 		t1 := time.Now()
 		if len(st.lat) < maxLatencies {
 			st.lat = append(st.lat, t1.Sub(t0))
+		}
+		if t1.Sub(t0) > slowQuery {
+			r.counts.slow.Add(1)
+			if r.windows.overlaps(t0, t1) {
+				r.counts.slowInUnreg.Add(1)
+			}
 		}
 		r.counts.queries.Add(1)
 		switch {

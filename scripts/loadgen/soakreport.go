@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -52,6 +53,14 @@ type soakReport struct {
 	P50US     float64 `json:"p50_us"`
 	P99US     float64 `json:"p99_us"`
 	MaxUS     float64 `json:"max_us"`
+	Slow      int64   `json:"queries_over_100ms"`
+	// Unregistrations, the share of the soak one was in flight and the
+	// slowest call: set against SlowUnreg, they tell whether queries stall
+	// while a service is torn down.
+	Unregistrations int     `json:"unregistrations"`
+	UnregShare      float64 `json:"unregistration_time_share"`
+	SlowestUnregMS  float64 `json:"slowest_unregistration_ms"`
+	SlowUnreg       int64   `json:"queries_over_100ms_in_unregistration"`
 
 	RestartsNewPort   int64 `json:"restarts_new_port"`
 	RestartsSamePort  int64 `json:"restarts_same_port"`
@@ -120,6 +129,7 @@ func (r *soakRun) collect(rep *soakReport, qs []queryStats, c *churn) {
 	rep.TransportOutside, rep.TransportInside, rep.ControlErrors = k.transportOutside.Load(), k.transportInside.Load(), k.controlErrors.Load()
 	rep.RestartsNewPort, rep.RestartsSamePort = k.restartMode[restartNewPort].Load(), k.restartMode[restartSamePort].Load()
 	rep.Transients, rep.TransientFailures = k.transients.Load(), k.transientFailures.Load()
+	rep.Slow, rep.SlowUnreg = k.slow.Load(), k.slowInUnreg.Load()
 	var lat []time.Duration
 	for _, q := range qs {
 		lat = append(lat, q.lat...)
@@ -230,9 +240,12 @@ func (rep *soakReport) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| publisher steps | %d: %d blocks stored, %d removed, %d clears |\n", rep.Ops, rep.BlocksStored, rep.BlocksRemoved, rep.Clears)
 	fmt.Fprintf(w, "| queries | %d (%.0f/s): %d exact, %d with an update in flight, %d unchecked |\n", rep.Queries, rep.QPS, rep.Exact, rep.Tolerant, rep.Unchecked)
 	fmt.Fprintf(w, "| query latency p50 / p99 / max | %s / %s / %s |\n", fmtUS(rep.P50US), fmtUS(rep.P99US), fmtUS(rep.MaxUS))
+	fmt.Fprintf(w, "| queries over 100 ms (overlapping an unregistration) | %d (%d) |\n", rep.Slow, rep.SlowUnreg)
+	fmt.Fprintf(w, "| unregistrations: count, share of the time in flight, slowest | %d, %.1f %%, %.1f ms |\n", rep.Unregistrations, 100*rep.UnregShare, rep.SlowestUnregMS)
 	fmt.Fprintf(w, "| publisher restarts (new port / same port) | %d / %d |\n", rep.RestartsNewPort, rep.RestartsSamePort)
 	fmt.Fprintf(w, "| dead-endpoint services registered | %d |\n", rep.Transients)
 	fmt.Fprintf(w, "| server RSS at start / after warm-up / final / peak | %s / %s / %s / %s |\n", fmtBytes(rep.RSSStart), fmtBytes(rep.Warmup.RSS), fmtBytes(rep.Final.RSS), fmtBytes(rep.PeakRSS))
+	fmt.Fprintf(w, "| server RSS after warm-up, by quarter of the rest | %s |\n", rssTrajectory(rep.Samples, rep.WarmupS))
 	fmt.Fprintf(w, "| goroutines after warm-up / final | %s / %s |\n", fmtInt(rep.Warmup.Goroutines), fmtInt(rep.Final.Goroutines))
 	fmt.Fprintf(w, "| open fds after warm-up / final | %s / %s |\n", fmtInt(rep.Warmup.FDs), fmtInt(rep.Final.FDs))
 	fmt.Fprintf(w, "| machine load average (1 min) at start / end | %s / %s |\n", fmtLoad(rep.LoadAverage[0]), fmtLoad(rep.LoadAverage[1]))
@@ -252,6 +265,26 @@ func (rep *soakReport) writeMarkdown(w io.Writer) {
 	if len(rep.FailureNotes) > 0 {
 		fmt.Fprintln(w)
 	}
+}
+
+// rssTrajectory shows the RSS at the end of each quarter of the time after
+// warm-up, so a reader can tell a plateau from a slow climb that stayed
+// under the tolerance.
+func rssTrajectory(samples []soakSample, warmupS float64) string {
+	var after []soakSample
+	for _, s := range samples {
+		if s.At.Seconds() >= warmupS && s.RSS >= 0 {
+			after = append(after, s)
+		}
+	}
+	if len(after) < 4 {
+		return "n/a"
+	}
+	parts := []string{fmtBytes(after[0].RSS)}
+	for q := 1; q <= 4; q++ {
+		parts = append(parts, fmtBytes(after[q*(len(after)-1)/4].RSS))
+	}
+	return strings.Join(parts, " → ")
 }
 
 func (rep *soakReport) writeJSON(w io.Writer) error {
