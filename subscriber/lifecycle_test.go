@@ -546,3 +546,30 @@ func TestTypedNilTableRejected(t *testing.T) {
 		t.Fatal("Start accepted a nil *index.Table")
 	}
 }
+
+// TestIPv6Endpoint: the SUB socket is dual-stack, so an engine registered
+// with an IPv6 address is reachable.
+func TestIPv6Endpoint(t *testing.T) {
+	s, err := zmq.NewSocket(zmq.XPUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.SetIpv6(true)
+	_ = s.SetLinger(0)
+	if err := s.Bind("tcp://[::1]:*"); err != nil {
+		_ = s.Close()
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	ep, _ := s.GetLastEndpoint()
+	pub := &publisher{t: t, sock: s, endpoint: ep}
+	t.Cleanup(func() { pub.waitUnsubscribed(); _ = s.Close() })
+	e := vllmEnv(t, ep, "")
+	sub, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Stop()
+	pub.waitSubscribed()
+	pub.send(3, emptyBatch("vLLM"))
+	waitSeq(t, sub, 3)
+}
