@@ -27,6 +27,10 @@
 // (JSON with --json), progress to stderr. --spawn builds the server from the
 // working tree, uncommitted changes included.
 //
+// With --soak DURATION it runs the soak test instead (see soak.go):
+// ingestion with eviction and clears, checked queries and registration
+// churn together, then assertions that the server reached a steady state.
+//
 //	go run ./scripts/loadgen --spawn --publishers 8 --blocks 200000 --concurrency 1,4,16 --duration 5s
 //	scripts/loadgen.sh --publishers 8 --blocks 200000 --duration 5s   # the same, built first
 package main
@@ -60,6 +64,7 @@ type options struct {
 	repo          string
 	serverLog     string
 	serverPID     int
+	serverRace    bool
 	engine        engine
 	model         string
 	corpus        corpusConfig
@@ -84,6 +89,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.spawn, "spawn", false, "build the server from the repository and start it on a free loopback port")
 	fs.StringVar(&o.repo, "repo", "", "repository root for --spawn (default: found from the working directory)")
 	fs.StringVar(&o.serverLog, "server-log-level", "WARN", "--log-level for a spawned server")
+	fs.BoolVar(&o.serverRace, "server-race", false, "build a --spawn'ed server with the race detector (slower; a data race fails the run)")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "server process id, for CPU and RSS figures (set automatically with --spawn)")
 	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor) or sglang (sha256_raw)")
 	fs.StringVar(&o.model, "model", "", "model name of the context (default: loadgen-<random>, so runs never collide)")
@@ -301,7 +307,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 				return nil, err
 			}
 		}
-		if s.server, err = spawnServer(ctx, repo, o.authToken, o.serverLog); err != nil {
+		if s.server, err = spawnServer(ctx, repo, o.authToken, o.serverLog, o.serverRace); err != nil {
 			return nil, err
 		}
 		base = s.server.base

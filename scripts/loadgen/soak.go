@@ -308,7 +308,7 @@ func runSoak(ctx context.Context, o *options) (rep *soakReport, err error) {
 				return nil, err
 			}
 		}
-		if server, err = spawnServer(ctx, repo, o.authToken, o.serverLog); err != nil {
+		if server, err = spawnServer(ctx, repo, o.authToken, o.serverLog, o.serverRace); err != nil {
 			return nil, err
 		}
 		base = server.base
@@ -727,6 +727,7 @@ type churn struct {
 	r       *soakRun
 	pause   chan chan struct{}
 	resumed chan struct{}
+	exited  chan struct{} // closed when run returns
 	live    []transient
 	next    int // transient serial
 	turn    int // churned publisher to restart next
@@ -741,7 +742,7 @@ type transient struct {
 }
 
 func newChurn(r *soakRun) *churn {
-	return &churn{r: r, pause: make(chan chan struct{}), resumed: make(chan struct{}, 1),
+	return &churn{r: r, pause: make(chan chan struct{}), resumed: make(chan struct{}, 1), exited: make(chan struct{}),
 		rng: rand.New(rand.NewPCG(r.o.corpus.Seed, 0xc4)),
 	}
 }
@@ -753,12 +754,16 @@ func (c *churn) quiesce(ctx context.Context) error {
 	ack := make(chan struct{})
 	select {
 	case c.pause <- ack:
+	case <-c.exited:
+		return errors.New("the churn worker stopped before quiescing")
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
 	select {
 	case <-ack:
 		return nil
+	case <-c.exited:
+		return errors.New("the churn worker stopped before quiescing")
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
@@ -774,6 +779,7 @@ func (c *churn) resume() {
 }
 
 func (c *churn) run(ctx context.Context) error {
+	defer close(c.exited)
 	defer c.dropTransients(true)
 	for i := 0; ; i++ {
 		jitter := time.Duration(c.rng.Int64N(int64(c.r.cfg.churnInterval)/2 + 1))
@@ -1091,10 +1097,16 @@ func (r *soakRun) close(server *spawned) error {
 	if r.ipcDir != "" {
 		os.RemoveAll(r.ipcDir)
 	}
-	if server != nil {
-		return server.cleanup()
+	if server == nil {
+		return nil
 	}
-	return nil
+	err := server.stop()
+	if race := server.raceReport(); race != "" {
+		r.fails.add("data race in the server:\n%s", race)
+		err = errors.Join(err, errors.New("the race detector found a data race in the server"))
+	}
+	os.RemoveAll(server.dir)
+	return err
 }
 
 func (r *soakRun) logf(format string, args ...any) {

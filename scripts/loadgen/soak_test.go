@@ -294,6 +294,7 @@ func TestSoakVerdicts(t *testing.T) {
 		"RSS":               func(r *soakReport) { r.Final.RSS = 121 << 20 },
 		"RSS unknown":       func(r *soakReport) { r.Final.RSS = -1 },
 		"goroutines":        func(r *soakReport) { r.Final.Goroutines = 41 },
+		"fds":               func(r *soakReport) { r.Final.FDs = 61 },
 		"wrong answers":     func(r *soakReport) { r.Wrong = 1 },
 		"5xx":               func(r *soakReport) { r.FiveXX = 1 },
 		"5xx (server)":      func(r *soakReport) { r.ServerFiveXX = 2 },
@@ -418,8 +419,12 @@ func TestSoakShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak: spawns and loads a server for ~15 s")
 	}
-	o, err := parseFlags([]string{"--spawn", "--soak", "8s", "--quiet", "--server-log-level", "WARN",
-		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms"})
+	args := []string{"--spawn", "--soak", "8s", "--quiet", "--server-log-level", "WARN",
+		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms"}
+	if raceEnabled {
+		args = append(args, "--server-race")
+	}
+	o, err := parseFlags(args)
 	if err != nil {
 		t.Fatal(err)
 	}

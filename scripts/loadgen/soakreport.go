@@ -182,8 +182,10 @@ func (rep *soakReport) evaluate() []verdict {
 	w, f := rep.Warmup.RSS, rep.Final.RSS
 	if w > 0 && f > 0 {
 		growth := float64(f)/float64(w) - 1
+		// Only growth fails: the runtime returning memory after a peak
+		// caught at warm-up is not a leak.
 		add(fmt.Sprintf("RSS within %.0f %% of its post-warm-up level", 100*rep.RSSTolerance), growth <= rep.RSSTolerance,
-			"%s → %s (%+.1f %%), peak %s", fmtBytes(w), fmtBytes(f), 100*growth, fmtBytes(rep.PeakRSS))
+			"%s → %s (%+.1f %%; only growth fails), peak %s", fmtBytes(w), fmtBytes(f), 100*growth, fmtBytes(rep.PeakRSS))
 	} else {
 		add("RSS within tolerance", false, "RSS unknown: the server's pid is needed (--spawn or --server-pid)")
 	}
@@ -192,6 +194,11 @@ func (rep *soakReport) evaluate() []verdict {
 	add(fmt.Sprintf("goroutines within %d of their post-warm-up level", rep.GoroutineSlack),
 		gw > 0 && gf > 0 && gf <= gw+int64(rep.GoroutineSlack),
 		"%d → %d (%+d) after %.1f s of settling", gw, gf, gf-gw, rep.SettleSeconds)
+
+	fw, ff := rep.Warmup.FDs, rep.Final.FDs
+	add(fmt.Sprintf("open fds within %d of their post-warm-up level", rep.GoroutineSlack),
+		fw > 0 && ff > 0 && ff <= fw+int64(rep.GoroutineSlack),
+		"%d → %d (%+d): a socket leaked per re-registration would show here", fw, ff, ff-fw)
 
 	add("no wrong answers", rep.Wrong == 0, "%d wrong of %d checked (%d exact, %d with an update in flight)",
 		rep.Wrong, rep.Exact+rep.Tolerant, rep.Exact, rep.Tolerant)

@@ -64,14 +64,20 @@ func freePort() (int, error) {
 // spawnServer builds the server from repo into a temporary directory and
 // starts it on a free loopback port with no config file, so a developer's
 // ~/.mooncake/conductor_config.json cannot add registrations or change the
-// port. The token, when set, is handed over in CONDUCTOR_AUTH_TOKEN.
-func spawnServer(ctx context.Context, repo, token, logLevel string) (*spawned, error) {
+// port. The token, when set, is handed over in CONDUCTOR_AUTH_TOKEN. With
+// race set the server is built with the race detector, which makes a soak
+// a hunt for data races in the server too (see raceReport).
+func spawnServer(ctx context.Context, repo, token, logLevel string, race bool) (*spawned, error) {
 	dir, err := os.MkdirTemp("", "loadgen-conductor-")
 	if err != nil {
 		return nil, err
 	}
 	bin := filepath.Join(dir, "conductor")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	build := exec.CommandContext(ctx, "go", append(args, ".")...)
 	build.Dir = repo
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	fmt.Fprintf(os.Stderr, "building server in %s\n", repo)
@@ -178,6 +184,29 @@ func (s *spawned) stop() error {
 		return fmt.Errorf("server exited: %v: %s", s.waitErr, s.logTail())
 	}
 	return nil
+}
+
+// raceReport returns the first data race report in the server's log, or
+// "". A race-enabled server reports races as they happen and only fails
+// its exit status at the end; the report itself says what raced.
+func (s *spawned) raceReport() string {
+	b, err := os.ReadFile(s.logPath)
+	if err != nil {
+		return ""
+	}
+	i := bytes.Index(b, []byte("WARNING: DATA RACE"))
+	if i < 0 {
+		return ""
+	}
+	rest := b[i:]
+	if j := bytes.Index(rest, []byte("\n==================")); j >= 0 {
+		rest = rest[:j]
+	}
+	const maxReport = 8 << 10
+	if len(rest) > maxReport {
+		rest = rest[:maxReport]
+	}
+	return string(rest)
 }
 
 // cleanup stops the server and removes the temporary directory.
