@@ -6,6 +6,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/replay"
 	"github.com/rs/zerolog"
 )
 
@@ -108,16 +109,16 @@ func (t Tuning) withDefaults() Tuning {
 		t.RcvHWM = defaultRcvHWM
 	}
 	if t.ReplayReceiveTimeout <= 0 {
-		t.ReplayReceiveTimeout = 5 * time.Second
+		t.ReplayReceiveTimeout = replay.DefaultReceiveTimeout
 	}
 	if t.ReplayTotalTimeout <= 0 {
-		t.ReplayTotalTimeout = 30 * time.Second
+		t.ReplayTotalTimeout = replay.DefaultTotalTimeout
 	}
 	if t.MaxBufferedMessages <= 0 {
-		t.MaxBufferedMessages = 10000
+		t.MaxBufferedMessages = replay.DefaultMaxMessages
 	}
 	if t.MaxBufferedBytes <= 0 {
-		t.MaxBufferedBytes = 64 << 20
+		t.MaxBufferedBytes = replay.DefaultMaxBytes
 	}
 	return t
 }
