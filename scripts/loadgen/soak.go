@@ -412,7 +412,30 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 			fatal(err)
 		}
 	}()
-	defer func() { stopWork(); wg.Wait() }()
+	// However the soak ends, stop every worker, then fill in the report:
+	// an aborted soak still shows what it measured until then.
+	var warmEnd time.Duration
+	defer func() {
+		stopWork()
+		wg.Wait()
+		stopPubs()
+		pubWG.Wait()
+		rep.Seconds = time.Since(start).Seconds()
+		n, share, slowest := r.windows.stats(start, time.Now())
+		rep.Unregistrations, rep.UnregShare, rep.SlowestUnregMS = n, share, ms(slowest)
+		rep.Samples = samples.get()
+		if warmEnd > 0 {
+			rep.Warmup.RSS, rep.Final.RSS, rep.PeakRSS = rssLevels(rep.Samples, warmEnd)
+		}
+		for _, s := range rep.Samples {
+			rep.MaxStale = max(rep.MaxStale, s.Stale)
+		}
+		r.collect(rep, qstats)
+		if err := r.serverCounts(rep); err != nil {
+			r.counts.controlErrors.Add(1)
+			r.fails.add("final metrics: %v", err)
+		}
+	}()
 
 	stopBar := r.bar("soak", cfg.duration)
 	defer stopBar()
@@ -427,7 +450,7 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 	rep.Warmup.At = time.Since(start).Seconds()
 	rep.Warmup.Goroutines, rep.Warmup.FDs = r.steadyCounts(ctx)
 	churn.resume()
-	warmEnd := time.Since(start)
+	warmEnd = time.Since(start)
 	r.logf("after warm-up: %d goroutines, %d open fds", rep.Warmup.Goroutines, rep.Warmup.FDs)
 
 	if !sleepCtx(ctx, time.Until(end)) {
@@ -450,24 +473,6 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 	}
 	rep.SettleSeconds = time.Since(settleStart).Seconds()
 	rep.Final.At = time.Since(start).Seconds()
-	stopWork()
-	wg.Wait()
-	stopPubs()
-	pubWG.Wait()
-	rep.Seconds = time.Since(start).Seconds()
-	n, share, slowest := r.windows.stats(start, time.Now())
-	rep.Unregistrations, rep.UnregShare, rep.SlowestUnregMS = n, share, ms(slowest)
-
-	rep.Samples = samples.get()
-	rep.Warmup.RSS, rep.Final.RSS, rep.PeakRSS = rssLevels(rep.Samples, warmEnd)
-	for _, s := range rep.Samples {
-		rep.MaxStale = max(rep.MaxStale, s.Stale)
-	}
-	r.collect(rep, qstats, churn)
-	if err := r.serverCounts(rep); err != nil {
-		r.counts.controlErrors.Add(1)
-		r.fails.add("final metrics: %v", err)
-	}
 	return context.Cause(ctx)
 }
 
@@ -732,8 +737,6 @@ type churn struct {
 	next    int // transient serial
 	turn    int // churned publisher to restart next
 	rng     *rand.Rand
-	// Counters for the report, read after run returned.
-	restartsAsked int
 }
 
 type transient struct {
@@ -822,7 +825,6 @@ func (c *churn) restartNext() {
 	p.pending.Add(1)
 	select {
 	case p.restart <- mode:
-		c.restartsAsked++
 	default:
 		p.pending.Add(-1)
 	}

@@ -116,7 +116,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // collect copies the workers' counters into the report. It runs after
 // every worker has stopped.
-func (r *soakRun) collect(rep *soakReport, qs []queryStats, c *churn) {
+func (r *soakRun) collect(rep *soakReport, qs []queryStats) {
 	for _, p := range r.pubs {
 		rep.Ops += p.ops
 		rep.BlocksStored += p.stored
