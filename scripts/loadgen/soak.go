@@ -435,6 +435,7 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 			r.counts.controlErrors.Add(1)
 			r.fails.add("final metrics: %v", err)
 		}
+		rep.TeardownLeft = r.teardown()
 	}()
 
 	stopBar := r.bar("soak", cfg.duration)
@@ -474,6 +475,43 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 	rep.SettleSeconds = time.Since(settleStart).Seconds()
 	rep.Final.At = time.Since(start).Seconds()
 	return context.Cause(ctx)
+}
+
+// teardown unregisters every publisher and returns how many of the
+// soak's two contexts /global_view still lists 5 s later (-1 if it could
+// not tell): with its last service gone a context must go too, or the
+// index keeps tables nobody can reach.
+func (r *soakRun) teardown() int {
+	for _, p := range r.pubs {
+		if p.model.getPhase() == phaseGone {
+			continue
+		}
+		if err := r.api.unregister(p.instance); err != nil {
+			r.counts.controlErrors.Add(1)
+			r.fails.add("teardown: %v", err)
+			continue
+		}
+		p.model.setPhase(phaseGone)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		left := 0
+		for _, model := range []string{r.o.model, r.o.model + "-transient"} {
+			_, found, err := r.api.prefixCount(model, r.shape.bs)
+			if err != nil {
+				r.counts.controlErrors.Add(1)
+				r.fails.add("teardown: %v", err)
+				return -1
+			}
+			if found {
+				left++
+			}
+		}
+		if left == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // settleTimeout bounds the wait for goroutines to return to their level.

@@ -300,6 +300,7 @@ func TestSoakVerdicts(t *testing.T) {
 		"5xx (server)":      func(r *soakReport) { r.ServerFiveXX = 2 },
 		"transport errors":  func(r *soakReport) { r.TransportOutside = 1 },
 		"stale":             func(r *soakReport) { r.MaxStale = 1 },
+		"context left":      func(r *soakReport) { r.TeardownLeft = 1 },
 		"control errors":    func(r *soakReport) { r.ControlErrors = 1 },
 		"error statuses":    func(r *soakReport) { r.OtherStatus = 1 },
 		"no queries":        func(r *soakReport) { r.Queries = 0 },

@@ -75,6 +75,7 @@ type soakReport struct {
 	TransportInside  int64 `json:"transport_errors_in_unregistration"`
 	ControlErrors    int64 `json:"control_errors"`
 	MaxStale         int64 `json:"max_stale_sources"`
+	TeardownLeft     int   `json:"contexts_left_after_teardown"`
 	FinalStale       int64 `json:"final_stale_sources"`
 
 	RSSStart int64     `json:"rss_start_bytes"`
@@ -108,7 +109,7 @@ func (r *soakRun) newReport() *soakReport {
 		DurationS: c.duration.Seconds(), WarmupS: r.warmupDuration().Seconds(),
 		RSSTolerance: c.rssTolerance, GoroutineSlack: c.goroutineSlack,
 		RSSStart: -1, Warmup: soakLevel{RSS: -1, Goroutines: -1, FDs: -1}, Final: soakLevel{RSS: -1, Goroutines: -1, FDs: -1},
-		PeakRSS: -1, ServerFiveXX: -1, FinalStale: -1, LoadAverage: [2]float64{-1, -1},
+		PeakRSS: -1, ServerFiveXX: -1, FinalStale: -1, TeardownLeft: -1, LoadAverage: [2]float64{-1, -1},
 	}
 }
 
@@ -208,6 +209,8 @@ func (rep *soakReport) evaluate() []verdict {
 		"%d (%d while an unregistration was in flight, tolerated)", rep.TransportOutside, rep.TransportInside)
 	add("no stale sources", rep.MaxStale == 0 && rep.FinalStale == 0,
 		"at most %d while running, %s at the end", rep.MaxStale, fmtCount(rep.FinalStale))
+	add("teardown leaves no context behind", rep.TeardownLeft == 0,
+		"%s of the soak's contexts still listed 5 s after their last service was unregistered", fmtCount(int64(rep.TeardownLeft)))
 	add("no other errors", rep.OtherStatus == 0 && rep.ControlErrors == 0 && rep.TransientFailures == 0,
 		"%d other error statuses, %d control-plane errors, %d failed transient registrations",
 		rep.OtherStatus, rep.ControlErrors, rep.TransientFailures)
