@@ -120,8 +120,9 @@ func appendCBORExtras(b []byte, lora, salt string) []byte {
 //
 // When h is non-nil (and freshly Reset) the bytes are also fed to it, and
 // the first 64-byte SHA-256 block is handed over as soon as it is encoded:
-// SHA-NI compression is latency-bound, so the CPU can encode the remaining
-// tokens while that block is still being compressed.
+// SHA-NI compression is latency-bound, so the CPU can partly overlap it with
+// encoding the remaining tokens (a small but measurable gain, ~1–2% per
+// 16-token block).
 func encodeCBORBlock(buf []byte, h hash.Hash, parent *[32]byte, toks []int32, extras []byte) []byte {
 	need := 3 + 32 + 9 + cborTokenMax*len(toks) + 8 + len(extras)
 	if cap(buf) < need {
