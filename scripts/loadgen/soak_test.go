@@ -36,34 +36,90 @@ func testSoakPublisher(r *soakRun, idx int) *soakPublisher {
 }
 
 // fakeOwner applies a publisher's events to a set of block keys, as the
-// index does for one engine owner.
+// index does for one engine owner. Events apply one block at a time, with
+// check called after each: the index applies them so too, and a query may
+// run between any two.
 type fakeOwner map[uint64]bool
 
-func (f fakeOwner) apply(t *testing.T, events []any) {
+func (f fakeOwner) apply(t *testing.T, events []any, check func()) {
+	set := func(k uint64, held bool) {
+		if held {
+			f[k] = true
+		} else {
+			delete(f, k)
+		}
+		check()
+	}
 	for _, ev := range events {
 		switch e := ev.(type) {
 		case vllmStored:
 			for _, k := range e.BlockHashes {
-				f[k] = true
+				set(k, true)
 			}
 		case sglangStored:
 			for _, k := range e.BlockHashes {
-				f[uint64(k)] = true
+				set(uint64(k), true)
 			}
 		case vllmRemoved:
 			for _, k := range e.BlockHashes {
-				delete(f, k)
+				set(k, false)
 			}
 		case sglangRemoved:
 			for _, k := range e.BlockHashes {
-				delete(f, uint64(k))
+				set(uint64(k), false)
 			}
 		case cleared:
 			clear(f)
+			check()
 		default:
 			t.Fatalf("unexpected event %T", ev)
 		}
 	}
+}
+
+// probe is a query with its chain keys computed once.
+type probe struct {
+	q    soakQuery
+	keys []uint64
+}
+
+// stepProbes are the queries whose answers a step can change: each prompt
+// held before or after it in full, and each group's system prompt followed
+// by tokens nobody stores.
+func stepProbes(r *soakRun, ch *hashing.Chain, prev *heldState, versions []*heldState) []probe {
+	sh := r.shape
+	var out []probe
+	seen := map[contentKey]bool{}
+	for _, st := range append([]*heldState{prev}, versions...) {
+		for _, c := range st.contents {
+			if !seen[c] {
+				seen[c] = true
+				q := soakQuery{kind: kindFull, source: c, group: sh.group(c), keep: sh.blocks}
+				out = append(out, probe{q, chainKeys(ch, &r.prof, sh.bs, sh.tokens(c))})
+			}
+		}
+	}
+	for g := range sh.groups {
+		toks := make([]int32, sh.blocks*sh.bs)
+		for i := range toks {
+			toks[i] = sh.vocab + 1000
+		}
+		copy(toks, sh.systems[g])
+		q := soakQuery{kind: kindSystem, group: g, keep: sh.sysBlocks}
+		out = append(out, probe{q, chainKeys(ch, &r.prof, sh.bs, toks)})
+	}
+	return out
+}
+
+func (f fakeOwner) matchKeys(keys []uint64) int {
+	n := 0
+	for _, k := range keys {
+		if !f[k] {
+			break
+		}
+		n++
+	}
+	return n
 }
 
 // match walks tokens' chain while the owner holds each block, as /query
@@ -97,13 +153,32 @@ func TestSoakModelMatchesEvents(t *testing.T) {
 		checked := map[queryKind]int{}
 		for step := 1; step <= 60; step++ {
 			for i, p := range pubs {
+				prev := p.model.current()
 				pl, err := p.plan(step)
 				if err != nil {
 					t.Fatal(err)
 				}
+				// Between two versions the server passes through
+				// block-level states the checker must also accept: every
+				// one must lie within the bounds of the step's versions.
+				probes := stepProbes(r, ch, prev, pl.versions)
+				states := append([]*heldState{prev}, pl.versions...)
+				owners[i].apply(t, pl.events, func() {
+					for _, q := range probes {
+						got := owners[i].matchKeys(q.keys)
+						lo, hi := q.q.keep, 0
+						for _, st := range states {
+							n := st.match(&q.q, sh.sysBlocks)
+							lo, hi = min(lo, n), max(hi, n)
+						}
+						if got < lo || got > hi {
+							t.Fatalf("%s step %d, publisher %d, mid-batch: %s query (source %#x) matches %d blocks, versions allow %d..%d",
+								eng, step, i, q.q.kind, uint64(q.q.source), got, lo, hi)
+						}
+					}
+				})
 				p.model.push(pl.versions...)
 				p.model.settle()
-				owners[i].apply(t, pl.events)
 				if got := owners[i].match(r, ch, pl.tokens); got != sh.blocks {
 					t.Fatalf("%s step %d: stored prompt matches %d blocks", eng, step, got)
 				}

@@ -162,10 +162,13 @@ const historySize = 256
 //
 // The order of writes is what makes the check sound: a version is recorded
 // and counted as sent before its message leaves the socket, and counted as
-// settled only after a query showed its effect. So at any instant the
-// server's state for this publisher lies between versions settled and sent,
-// both inclusive, and a query spanning [t0, t1] saw some mixture of the
-// versions from settled(t0) to sent(t1).
+// settled only after a query showed its effect. So a query spanning
+// [t0, t1] ran against the server somewhere between versions settled(t0)
+// and sent(t1). A batch records a version after each of its events, and
+// each event only adds blocks or only removes them, so while the server is
+// part-way through one the blocks it holds lie between those of the two
+// versions around it; longest_matched grows with the blocks held, so it
+// lies between the smallest and the largest match of those versions.
 type pubModel struct {
 	mu       sync.RWMutex
 	versions [historySize]*heldState

@@ -291,7 +291,7 @@ func (p *soakPublisher) op(ctx context.Context, step int) error {
 // stepPlan is one step's batch and the model versions it leads through.
 type stepPlan struct {
 	events   []any
-	versions []*heldState // the states the server passes through, in order
+	versions []*heldState // the state after each event, in order
 	tokens   []int32      // the stored prompt, whose visibility confirms the batch
 }
 
@@ -329,6 +329,11 @@ func (p *soakPublisher) plan(step int) (stepPlan, error) {
 		slices.Reverse(rm)
 		pl.events = append(pl.events, removedEvent(p.r.o.engine, rm))
 		p.removed += len(rm)
+		// The state between the removal and the store is one the server
+		// may show too. It matters when the evicted prompt took the last
+		// reference to a system prompt the new one stores again: both
+		// ends hold that system prompt, the moment between does not.
+		pl.versions = append(pl.versions, &heldState{contents: slices.Clone(next.contents), sysRef: slices.Clone(next.sysRef)})
 	}
 	x := contentAt(p.idx, step)
 	g := sh.group(x)
