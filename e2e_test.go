@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
 
+	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -394,4 +395,48 @@ func (e *e2e) rawQuery(tokens []int32) (int, error) {
 		return 0, err
 	}
 	return resp.StatusCode(), nil
+}
+
+// TestReadinessFollowsStaticRegistrations: /readyz is 503 while a static
+// registration's publisher is not up, and 200 once its SUB has connected.
+func TestReadinessFollowsStaticRegistrations(t *testing.T) {
+	ep := "ipc://" + t.TempDir() + "/pub.sock"
+	svcBody, err := msgpack.Marshal(vllmRegistration("static-0", ep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
+	if e != nil {
+		t.Fatal(e)
+	}
+	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, Static: []config.Static{{Name: "static-0", Service: svc}}}
+	a, err := newApp(cfg, zerolog.New(io.Discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.serve() }()
+	t.Cleanup(func() { a.close(); <-done })
+	ex := &e2e{t: t, app: a, base: "http://" + a.ln.Addr().String()}
+
+	readyz := func() int {
+		status, _, err := ex.c.GetTimeout(nil, ex.base+"/readyz", 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return status
+	}
+	if got := readyz(); got != 503 {
+		t.Fatalf("/readyz before the publisher exists: %d, want 503", got)
+	}
+	pub, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	_ = pub.SetLinger(0)
+	if err := pub.Bind(ep); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "readiness after the publisher binds", func() bool { return readyz() == 200 })
 }

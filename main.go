@@ -75,6 +75,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn().Msg(w)
 	}
+	if err := subscriber.ReserveSockets(registry.DefaultMaxServices); err != nil {
+		return nil, err
+	}
 	ix := index.New(index.Options{})
 	counters := subscriber.NewCounters()
 	reg := registry.New(registry.Options{
@@ -147,7 +150,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.S
 				}
 				return t, t.Profile(), true
 			},
-			Logger:   log.With().Str("service", key).Logger(),
+			Logger:   log, // the subscriber adds the service key itself
 			Counters: counters,
 		})
 		if err != nil {
@@ -161,3 +164,6 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.S
 type source struct{ *subscriber.Subscriber }
 
 func (s source) State() string { return s.Subscriber.State().String() }
+
+// Connected reports whether the subscription has reached its publisher.
+func (s source) Connected() bool { return s.Subscriber.Connected() }

@@ -141,10 +141,13 @@ type Registry struct {
 	bound   map[index.ContextKey]*index.Table
 }
 
+// DefaultMaxServices bounds registrations unless Options say otherwise.
+const DefaultMaxServices = 4096
+
 // New returns an empty registry.
 func New(opts Options) *Registry {
 	if opts.MaxServices <= 0 {
-		opts.MaxServices = 4096
+		opts.MaxServices = DefaultMaxServices
 	}
 	return &Registry{
 		opts:      opts,

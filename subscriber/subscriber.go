@@ -31,9 +31,29 @@ const drainBurst = 1024
 
 // pollInterval is a safety net: the run loop wakes at least this often to
 // check the stop flag even if the stop socket misbehaves.
-const pollInterval = 250 * time.Millisecond
+const pollInterval = 2 * time.Second
 
 var stopEndpointSeq atomic.Uint64
+
+// SocketsPerSource is the most ZMQ sockets one subscription holds at once:
+// the SUB, the two ends of the stop pair, the connection monitor and
+// libzmq's end of it (until the first connection), and the replay DEALER
+// (during recovery). A connected, idle source holds three.
+const SocketsPerSource = 6
+
+// ReserveSockets raises libzmq's per-process socket limit (1023 by default)
+// so that the given number of sources can run at once. Call it before the
+// first subscriber starts; it never lowers the limit.
+func ReserveSockets(sources int) error {
+	want := sources*SocketsPerSource + 64
+	if cur, err := zmq.GetMaxSockets(); err == nil && cur >= want {
+		return nil
+	}
+	if err := zmq.SetMaxSockets(want); err != nil {
+		return fmt.Errorf("raise the ZMQ socket limit to %d: %w", want, err)
+	}
+	return nil
+}
 
 // Subscriber consumes one registered publisher. All sequence state and all
 // index writes belong to its goroutine, so no locks guard them; the exported
@@ -45,8 +65,9 @@ type Subscriber struct {
 	log     zerolog.Logger
 	sampled zerolog.Logger // per-message warnings, rate limited
 
-	state    atomic.Int32
-	lastSeq  atomic.Uint64
+	state     atomic.Int32
+	connected atomic.Bool
+	lastSeq   atomic.Uint64
 	hasSeq   atomic.Bool
 	stopping atomic.Bool
 
@@ -56,6 +77,7 @@ type Subscriber struct {
 
 	// Owned by the run goroutine.
 	sub       *zmq.Socket
+	mon       *zmq.Socket // connection monitor, closed once connected
 	stopRx    *zmq.Socket
 	poller    *zmq.Poller
 	replay    *replay.Client
@@ -163,10 +185,25 @@ func (s *Subscriber) open() error {
 	if err := sub.SetSubscribe(""); err != nil {
 		return fmt.Errorf("subscribe to all topics: %w", err)
 	}
+	// Readiness needs to know when the TCP/IPC connection is up, which ZMQ
+	// only tells a socket monitor; the monitor lives until the first
+	// connection and is then closed, so it costs sockets only meanwhile.
+	seq := stopEndpointSeq.Add(1)
+	monName := fmt.Sprintf("inproc://conductor-subscriber-monitor-%d", seq)
+	if err := sub.Monitor(monName, zmq.EVENT_CONNECTED); err != nil {
+		return fmt.Errorf("monitor SUB socket: %w", err)
+	}
+	if s.mon, err = zmq.NewSocket(zmq.PAIR); err != nil {
+		return fmt.Errorf("create monitor socket: %w", err)
+	}
+	_ = s.mon.SetLinger(0)
+	if err := s.mon.Connect(monName); err != nil {
+		return fmt.Errorf("connect monitor socket: %w", err)
+	}
 	if err := sub.Connect(s.cfg.Endpoint); err != nil {
 		return fmt.Errorf("connect SUB socket to %s: %w", s.cfg.Endpoint, err)
 	}
-	name := fmt.Sprintf("inproc://conductor-subscriber-stop-%d", stopEndpointSeq.Add(1))
+	name := fmt.Sprintf("inproc://conductor-subscriber-stop-%d", seq)
 	if s.stopRx, err = zmq.NewSocket(zmq.PAIR); err != nil {
 		return fmt.Errorf("create stop socket: %w", err)
 	}
@@ -185,7 +222,7 @@ func (s *Subscriber) open() error {
 }
 
 func (s *Subscriber) closeSockets() {
-	for _, p := range []**zmq.Socket{&s.sub, &s.stopRx, &s.stopTx} {
+	for _, p := range []**zmq.Socket{&s.mon, &s.sub, &s.stopRx, &s.stopTx} {
 		if *p != nil {
 			_ = (*p).Close()
 			*p = nil
@@ -215,6 +252,10 @@ func (s *Subscriber) Stop() {
 // State reports the subscriber's condition.
 func (s *Subscriber) State() State { return State(s.state.Load()) }
 
+// Connected reports whether the SUB socket has connected to the publisher
+// at least once (or received anything), which is what readiness waits for.
+func (s *Subscriber) Connected() bool { return s.connected.Load() || s.hasSeq.Load() }
+
 // Stale reports whether the source was marked stale (its entries retracted,
 // later messages ignored until it is registered again).
 func (s *Subscriber) Stale() bool { return s.State() == Stale }
@@ -235,6 +276,7 @@ func (s *Subscriber) run() {
 		if !s.retracted {
 			s.retract()
 		}
+		s.closeMonitor()
 		if s.sub != nil {
 			_ = s.sub.Close()
 			s.sub = nil
@@ -252,6 +294,9 @@ func (s *Subscriber) run() {
 	s.poller = zmq.NewPoller()
 	s.poller.Add(s.sub, zmq.POLLIN)
 	s.poller.Add(s.stopRx, zmq.POLLIN)
+	if s.mon != nil {
+		s.poller.Add(s.mon, zmq.POLLIN)
+	}
 	for {
 		if s.stopping.Load() {
 			return
@@ -270,6 +315,11 @@ func (s *Subscriber) run() {
 			}
 		}
 		for _, p := range polled {
+			if p.Socket == s.mon && s.mon != nil {
+				s.onMonitor()
+			}
+		}
+		for _, p := range polled {
 			if p.Socket == s.sub && s.sub != nil {
 				if err := s.drain(s.onLive); errors.Is(err, errStopped) {
 					return
@@ -280,12 +330,46 @@ func (s *Subscriber) run() {
 	}
 }
 
+// onMonitor reads connection events; the first connection marks the source
+// connected and retires the monitor.
+func (s *Subscriber) onMonitor() {
+	for {
+		ev, _, _, err := s.mon.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		if ev == zmq.EVENT_CONNECTED {
+			s.connected.Store(true)
+			s.log.Debug().Msg("connected to publisher")
+			s.closeMonitor()
+			return
+		}
+	}
+}
+
+// closeMonitor stops monitoring the SUB socket and closes the monitor's
+// socket; idempotent.
+func (s *Subscriber) closeMonitor() {
+	if s.mon == nil {
+		return
+	}
+	if s.poller != nil {
+		_ = s.poller.RemoveBySocket(s.mon)
+	}
+	if s.sub != nil {
+		_ = s.sub.Monitor("", 0)
+	}
+	_ = s.mon.Close()
+	s.mon = nil
+}
+
 // closeIfStale drops the SUB and DEALER sockets of a stale source: its
 // messages are ignored anyway, and the publisher then stops queueing them.
 func (s *Subscriber) closeIfStale() {
 	if s.State() != Stale || s.sub == nil {
 		return
 	}
+	s.closeMonitor()
 	_ = s.poller.RemoveBySocket(s.sub)
 	_ = s.sub.Close()
 	s.sub = nil
