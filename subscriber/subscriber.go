@@ -68,8 +68,8 @@ type Subscriber struct {
 	state     atomic.Int32
 	connected atomic.Bool
 	lastSeq   atomic.Uint64
-	hasSeq   atomic.Bool
-	stopping atomic.Bool
+	hasSeq    atomic.Bool
+	stopping  atomic.Bool
 
 	stopOnce sync.Once
 	stopTx   *zmq.Socket // used only by Stop
