@@ -20,6 +20,15 @@ package main
 // quiescent points), so both goroutine counts are taken with the same set of
 // registrations; queries and publishing keep running through both, so the
 // HTTP connections are the same too.
+//
+// Checks: every answer is compared with what each publisher's model allows
+// (soakmodel.go): exactly one value where nothing changed during the query,
+// a range where a batch was in flight, absence where the publisher was
+// unregistered throughout. RSS may not grow by more than --soak-rss-tolerance
+// from its post-warm-up level to its final one (medians of a few samples);
+// a drop is not a leak and passes. Goroutines and open fds may not grow by
+// more than --soak-goroutine-slack between the quiescent points. At the end
+// every service is unregistered and the soak's contexts must vanish.
 
 import (
 	"bufio"
@@ -148,7 +157,9 @@ type soakRun struct {
 
 // windowLog records when unregistrations were in flight. A transport error
 // on a query that overlapped one is reported but not counted as a failure:
-// the brief allows connection trouble while a service is being torn down.
+// the soak tolerates connection trouble only while a service is being torn
+// down. One entry per unregistration, so the log grows with the churn, not
+// with the query load.
 type windowLog struct {
 	mu      sync.Mutex
 	windows [][2]time.Time
@@ -648,7 +659,7 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 	exps := make([]expectation, len(r.pubs))
 	var resp queryResponse
 	// Bounded by time (ctx has a deadline) and by count.
-	for i := 0; i < 1<<40; i++ {
+	for i := 0; i < maxLoop; i++ {
 		if ctx.Err() != nil || r.fails.count.Load() > maxFailures {
 			return
 		}
@@ -822,7 +833,7 @@ func (c *churn) resume() {
 func (c *churn) run(ctx context.Context) error {
 	defer close(c.exited)
 	defer c.dropTransients(true)
-	for i := 0; ; i++ {
+	for i := 0; i < maxLoop; i++ {
 		jitter := time.Duration(c.rng.Int64N(int64(c.r.cfg.churnInterval)/2 + 1))
 		select {
 		case <-ctx.Done():
@@ -850,6 +861,7 @@ func (c *churn) run(ctx context.Context) error {
 			}
 		}
 	}
+	return nil
 }
 
 // restartNext asks the next churned publisher (the last cfg.churned ones)

@@ -172,7 +172,7 @@ func (p *soakPublisher) run(ctx context.Context, joined chan<- struct{}) error {
 	}
 	joined <- struct{}{}
 	next := time.Now()
-	for step := 1; ; step++ {
+	for step := 1; step < maxLoop; step++ {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -198,7 +198,11 @@ func (p *soakPublisher) run(ctx context.Context, joined chan<- struct{}) error {
 			next = time.Now() // fell behind: do not burst to catch up
 		}
 	}
+	return nil
 }
+
+// maxLoop bounds the soak's worker loops by count as well as by time.
+const maxLoop = 1 << 40
 
 // sleepCtx sleeps for d and reports false if ctx ended first.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
