@@ -133,7 +133,8 @@ type soakCounts struct {
 	controlErrors                       atomic.Int64
 	transients, transientFailures       atomic.Int64
 	slow, slowInUnreg                   atomic.Int64
-	restartMode                         [2]atomic.Int64
+	restartMode                         [numRestartModes]atomic.Int64
+	staleExpected                       atomic.Int64
 	maxStale                            atomic.Int64
 }
 
@@ -153,6 +154,9 @@ type soakRun struct {
 	windows windowLog
 	gone    goneSet
 	ipcDir  string
+	// staleAtStart is staleTransitions before the soak: a server that was
+	// not spawned may have a history.
+	staleAtStart [2]int64
 }
 
 // windowLog records when unregistrations were in flight. A transport error
@@ -397,6 +401,11 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 		}
 	}
 	r.logf("%d publishers live; soaking for %v (warm-up %v)", len(r.pubs), cfg.duration, r.warmupDuration())
+	m, err := r.metrics()
+	if err != nil {
+		return err
+	}
+	r.staleAtStart[0], r.staleAtStart[1] = staleTransitions(m)
 
 	start := time.Now()
 	end := start.Add(cfg.duration)
@@ -865,12 +874,12 @@ func (c *churn) run(ctx context.Context) error {
 }
 
 // restartNext asks the next churned publisher (the last cfg.churned ones)
-// to restart, alternating new-port and same-port restarts. A publisher
+// to restart, going round the restart modes. A publisher
 // still busy with its previous restart is skipped this turn.
 func (c *churn) restartNext() {
 	n := c.r.cfg.churned
 	p := c.r.pubs[len(c.r.pubs)-n+c.turn%n]
-	mode := restartMode((c.turn / n) % 2)
+	mode := restartMode((c.turn / n) % int(numRestartModes))
 	c.turn++
 	p.pending.Add(1)
 	select {
@@ -1021,7 +1030,21 @@ func (r *soakRun) serverCounts(rep *soakReport) error {
 		}
 	}
 	rep.FinalStale = int64(m.value("conductor_stale_sources", nil))
+	all, regr := staleTransitions(m)
+	rep.StaleTransitions, rep.StaleRegressions = all-r.staleAtStart[0], regr-r.staleAtStart[1]
 	return nil
+}
+
+// staleTransitions sums conductor_stale_transitions_total over every
+// series, and over those for a sequence regression.
+func staleTransitions(m promText) (all, regression int64) {
+	for _, s := range m["conductor_stale_transitions_total"] {
+		all += int64(s.value)
+		if s.labels["reason"] == "regression" {
+			regression += int64(s.value)
+		}
+	}
+	return all, regression
 }
 
 // promSample is one series of a Prometheus text exposition.

@@ -144,10 +144,11 @@ func (h *heldState) match(q *soakQuery, sysBlocks int) int {
 type phase uint8
 
 const (
-	phaseLive    phase = iota // registered, subscription carries events
-	phaseLeaving              // unregister call in flight
-	phaseGone                 // unregistered
-	phaseJoining              // registered, subscription not yet confirmed
+	phaseLive      phase = iota // registered, subscription carries events
+	phaseLeaving                // unregister call in flight
+	phaseGone                   // unregistered
+	phaseJoining                // registered, subscription not yet confirmed
+	phaseReplacing              // registered, its process restarted in place
 )
 
 // historySize bounds the versions kept per publisher. A query whose span

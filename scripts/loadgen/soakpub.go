@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,13 @@ const (
 	// restartSamePort: the new process binds the old port again, so the
 	// server sees the same endpoint with a sequence that restarts at 0.
 	restartSamePort
+	// restartInPlace: the process restarts on the same port without being
+	// unregistered. The server's subscription reconnects by itself, sees
+	// the sequence go back, marks the source stale and retracts its
+	// entries; an identical registration then restarts the subscription
+	// (README: the only in-band way out of the stale state).
+	restartInPlace
+	numRestartModes
 )
 
 // soakPublisher is one fake engine of the soak. Unlike the benchmark's
@@ -216,16 +224,28 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// join registers the current endpoint and publishes the probe until a
-// query shows it: the SUB socket joins asynchronously, and a batch sent
-// before it would be lost. The first probe the server receives is its
-// sequence baseline, so lost probes do no harm.
+// join registers the current endpoint and waits for the probe.
 func (p *soakPublisher) join(ctx context.Context) error {
 	p.model.setPhase(phaseJoining)
-	reg := p.r.o.engine.registration(p.endpoint, p.r.o.model, p.instance, p.r.shape.bs)
-	if err := p.r.api.register(reg); err != nil {
+	if err := p.register(); err != nil {
 		return err
 	}
+	if err := p.awaitProbe(ctx); err != nil {
+		return err
+	}
+	p.model.setPhase(phaseLive)
+	return nil
+}
+
+func (p *soakPublisher) register() error {
+	return p.r.api.register(p.r.o.engine.registration(p.endpoint, p.r.o.model, p.instance, p.r.shape.bs))
+}
+
+// awaitProbe publishes the probe until a query shows it: the SUB socket
+// joins asynchronously, and a batch sent before it would be lost. The first
+// probe the server receives is its sequence baseline, so lost probes do no
+// harm.
+func (p *soakPublisher) awaitProbe(ctx context.Context) error {
 	probe := p.probePayload()
 	body, err := queryBody(p.r.o.model, p.r.shape.bs, p.probe, p.instance, false)
 	if err != nil {
@@ -244,7 +264,6 @@ func (p *soakPublisher) join(ctx context.Context) error {
 			return err
 		}
 		if n == p.r.shape.bs {
-			p.model.setPhase(phaseLive)
 			return nil
 		}
 	}
@@ -395,7 +414,21 @@ func (p *soakPublisher) await(ctx context.Context, body []byte, want int, what s
 // restartAs plays an engine restart: unregister, close the socket, stay
 // away briefly (queries must then not show the instance), open a new
 // socket whose sequence starts at 0 with an empty cache, register again.
+// An in-place restart skips the unregistration (see restartInPlace) and
+// falls back to it if the server never noticed the restart.
 func (p *soakPublisher) restartAs(ctx context.Context, mode restartMode) error {
+	if mode == restartInPlace {
+		done, err := p.restartInPlace(ctx)
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		if done {
+			p.r.counts.restartMode[mode].Add(1)
+			p.restarts++
+			return nil
+		}
+		mode = restartNewPort
+	}
 	p.model.setPhase(phaseLeaving)
 	w := p.r.windows.open()
 	err := p.r.api.unregister(p.instance)
@@ -417,13 +450,7 @@ func (p *soakPublisher) restartAs(ctx context.Context, mode restartMode) error {
 	p.model.settle()
 	var berr error
 	if mode == restartSamePort {
-		// Closing a ZMQ socket releases its port asynchronously.
-		for range 50 {
-			if berr = p.bind(old); berr == nil {
-				break
-			}
-			sleepCtx(ctx, 10*time.Millisecond)
-		}
+		berr = p.rebind(ctx, old)
 	}
 	if p.sock == nil {
 		if err := p.bind("tcp://127.0.0.1:*"); err != nil {
@@ -434,6 +461,91 @@ func (p *soakPublisher) restartAs(ctx context.Context, mode restartMode) error {
 	p.r.counts.restartMode[mode].Add(1)
 	p.restarts++
 	return p.join(ctx)
+}
+
+// rebind binds endpoint again, retrying briefly: closing a ZMQ socket
+// releases its port asynchronously.
+func (p *soakPublisher) rebind(ctx context.Context, endpoint string) error {
+	var err error
+	for range 50 {
+		if err = p.bind(endpoint); err == nil {
+			return nil
+		}
+		sleepCtx(ctx, 10*time.Millisecond)
+	}
+	return err
+}
+
+// restartInPlace restarts the process on the same port while it stays
+// registered. Until the server notices, it keeps the old entries, so the
+// empty state of the new process is recorded as sent but settled only once
+// the restarted subscription carries the probe. It reports false, with the
+// registration intact, if the server never marked the source stale (the
+// caller then unregisters): that happens if the port could not be bound
+// again, or if the reconnected subscription first received a sequence that
+// happened to continue the old one, which the server cannot tell from a
+// live stream.
+func (p *soakPublisher) restartInPlace(ctx context.Context) (bool, error) {
+	p.model.setPhase(phaseReplacing)
+	old := p.endpoint
+	p.close()
+	clear(p.keys)
+	sleepCtx(ctx, time.Duration(50+p.rng.IntN(250))*time.Millisecond)
+	p.model.push(emptyState(p.r.shape.groups))
+	if err := p.rebind(ctx, old); err != nil {
+		if err := p.bind("tcp://127.0.0.1:*"); err != nil {
+			return false, fmt.Errorf("%s: rebind: %w", p.instance, err)
+		}
+		return false, nil
+	}
+	probe := p.probePayload()
+	deadline := time.Now().Add(probeTimeout)
+	for {
+		if err := p.send(probe); err != nil {
+			return false, fmt.Errorf("%s: probe: %w", p.instance, err)
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			return false, nil
+		}
+		stale, err := p.r.serviceStale(p.instance)
+		if err != nil {
+			return false, err
+		}
+		if stale {
+			break
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
+	}
+	p.r.counts.staleExpected.Add(1)
+	if err := p.register(); err != nil { // identical: restarts the stale source
+		return false, err
+	}
+	if err := p.awaitProbe(ctx); err != nil || ctx.Err() != nil {
+		return false, err
+	}
+	// The restarted subscription started clean and carries the probe: the
+	// old entries are gone.
+	p.model.settle()
+	p.model.setPhase(phaseLive)
+	return true, nil
+}
+
+// serviceStale reports whether /metrics shows instance's subscriber in the
+// stale state.
+func (r *soakRun) serviceStale(instance string) (bool, error) {
+	m, err := r.metrics()
+	if err != nil {
+		r.counts.controlErrors.Add(1)
+		return false, err
+	}
+	for _, s := range m["conductor_subscriber_state"] {
+		if strings.HasPrefix(s.labels["service"], instance+"|") && s.labels["state"] == "stale" && s.value == 1 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // instanceMatch sends a query restricted to instance and returns its

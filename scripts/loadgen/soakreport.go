@@ -64,6 +64,7 @@ type soakReport struct {
 
 	RestartsNewPort   int64 `json:"restarts_new_port"`
 	RestartsSamePort  int64 `json:"restarts_same_port"`
+	RestartsInPlace   int64 `json:"restarts_in_place"`
 	Transients        int64 `json:"transient_services"`
 	TransientFailures int64 `json:"transient_failures"`
 
@@ -75,6 +76,11 @@ type soakReport struct {
 	TransportInside  int64 `json:"transport_errors_in_unregistration"`
 	ControlErrors    int64 `json:"control_errors"`
 	MaxStale         int64 `json:"max_stale_sources"`
+	// StaleExpected counts in-place restarts the server noticed; each must
+	// be exactly one stale transition, for a sequence regression.
+	StaleExpected    int64 `json:"stale_expected"`
+	StaleTransitions int64 `json:"stale_transitions"`
+	StaleRegressions int64 `json:"stale_transitions_regression"`
 	TeardownLeft     int   `json:"contexts_left_after_teardown"`
 	FinalStale       int64 `json:"final_stale_sources"`
 
@@ -109,7 +115,7 @@ func (r *soakRun) newReport() *soakReport {
 		DurationS: c.duration.Seconds(), WarmupS: r.warmupDuration().Seconds(),
 		RSSTolerance: c.rssTolerance, GoroutineSlack: c.goroutineSlack,
 		RSSStart: -1, Warmup: soakLevel{RSS: -1, Goroutines: -1, FDs: -1}, Final: soakLevel{RSS: -1, Goroutines: -1, FDs: -1},
-		PeakRSS: -1, ServerFiveXX: -1, FinalStale: -1, TeardownLeft: -1, LoadAverage: [2]float64{-1, -1},
+		PeakRSS: -1, ServerFiveXX: -1, FinalStale: -1, TeardownLeft: -1, StaleTransitions: -1, StaleRegressions: -1, LoadAverage: [2]float64{-1, -1},
 	}
 }
 
@@ -129,6 +135,7 @@ func (r *soakRun) collect(rep *soakReport, qs []queryStats) {
 	rep.Wrong, rep.FiveXX, rep.OtherStatus = k.wrong.Load(), k.fiveXX.Load(), k.otherStatus.Load()
 	rep.TransportOutside, rep.TransportInside, rep.ControlErrors = k.transportOutside.Load(), k.transportInside.Load(), k.controlErrors.Load()
 	rep.RestartsNewPort, rep.RestartsSamePort = k.restartMode[restartNewPort].Load(), k.restartMode[restartSamePort].Load()
+	rep.RestartsInPlace, rep.StaleExpected = k.restartMode[restartInPlace].Load(), k.staleExpected.Load()
 	rep.Transients, rep.TransientFailures = k.transients.Load(), k.transientFailures.Load()
 	rep.Slow, rep.SlowUnreg = k.slow.Load(), k.slowInUnreg.Load()
 	var lat []time.Duration
@@ -175,10 +182,10 @@ func (rep *soakReport) evaluate() []verdict {
 
 	// A soak that did nothing must not pass.
 	ran := rep.Queries > 0 && rep.Ops > 0 && rep.Aborted == "" &&
-		(rep.Churned == 0 || rep.RestartsNewPort+rep.RestartsSamePort > 0) &&
+		(rep.Churned == 0 || rep.restarts() > 0) &&
 		(rep.MaxTransients == 0 || rep.Transients > 0)
 	add("ran to the end with load and churn", ran, "%d steps, %d queries, %d restarts, %d transient services%s",
-		rep.Ops, rep.Queries, rep.RestartsNewPort+rep.RestartsSamePort, rep.Transients, abortNote(rep.Aborted))
+		rep.Ops, rep.Queries, rep.restarts(), rep.Transients, abortNote(rep.Aborted))
 
 	w, f := rep.Warmup.RSS, rep.Final.RSS
 	if w > 0 && f > 0 {
@@ -207,14 +214,20 @@ func (rep *soakReport) evaluate() []verdict {
 		"%d seen by the load generator, %s counted by the server", rep.FiveXX, fmtCount(rep.ServerFiveXX))
 	add("no transport errors outside unregistrations", rep.TransportOutside == 0,
 		"%d (%d while an unregistration was in flight, tolerated)", rep.TransportOutside, rep.TransportInside)
-	add("no stale sources", rep.MaxStale == 0 && rep.FinalStale == 0,
-		"at most %d while running, %s at the end", rep.MaxStale, fmtCount(rep.FinalStale))
+	add("sources go stale only when restarted in place", rep.FinalStale == 0 &&
+		rep.StaleTransitions == rep.StaleExpected && rep.StaleRegressions == rep.StaleTransitions,
+		"%s stale transitions (%s for a sequence regression) for %d in-place restarts; %s stale at the end",
+		fmtCount(rep.StaleTransitions), fmtCount(rep.StaleRegressions), rep.StaleExpected, fmtCount(rep.FinalStale))
 	add("teardown leaves no context behind", rep.TeardownLeft == 0,
 		"%s of the soak's contexts still listed 5 s after their last service was unregistered", fmtCount(int64(rep.TeardownLeft)))
 	add("no other errors", rep.OtherStatus == 0 && rep.ControlErrors == 0 && rep.TransientFailures == 0,
 		"%d other error statuses, %d control-plane errors, %d failed transient registrations",
 		rep.OtherStatus, rep.ControlErrors, rep.TransientFailures)
 	return out
+}
+
+func (rep *soakReport) restarts() int64 {
+	return rep.RestartsNewPort + rep.RestartsSamePort + rep.RestartsInPlace
 }
 
 func abortNote(s string) string {
@@ -252,7 +265,7 @@ func (rep *soakReport) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| query latency p50 / p99 / max | %s / %s / %s |\n", fmtUS(rep.P50US), fmtUS(rep.P99US), fmtUS(rep.MaxUS))
 	fmt.Fprintf(w, "| queries over 100 ms (overlapping an unregistration) | %d (%d) |\n", rep.Slow, rep.SlowUnreg)
 	fmt.Fprintf(w, "| unregistrations: count, share of the time in flight, slowest | %d, %.1f %%, %.1f ms |\n", rep.Unregistrations, 100*rep.UnregShare, rep.SlowestUnregMS)
-	fmt.Fprintf(w, "| publisher restarts (new port / same port) | %d / %d |\n", rep.RestartsNewPort, rep.RestartsSamePort)
+	fmt.Fprintf(w, "| publisher restarts (new port / same port / in place) | %d / %d / %d |\n", rep.RestartsNewPort, rep.RestartsSamePort, rep.RestartsInPlace)
 	fmt.Fprintf(w, "| dead-endpoint services registered | %d |\n", rep.Transients)
 	fmt.Fprintf(w, "| server RSS at start / after warm-up / final / peak | %s / %s / %s / %s |\n", fmtBytes(rep.RSSStart), fmtBytes(rep.Warmup.RSS), fmtBytes(rep.Final.RSS), fmtBytes(rep.PeakRSS))
 	fmt.Fprintf(w, "| server RSS after warm-up, by quarter of the rest | %s |\n", rssTrajectory(rep.Samples, rep.WarmupS))
