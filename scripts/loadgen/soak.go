@@ -13,8 +13,10 @@ package main
 // prompt and evicts its oldest (or clears everything) once per
 // --soak-op-interval, query workers send prompts built around what the
 // publishers hold and check every answer, and a churn worker restarts a
-// subset of publishers and registers short-lived services whose endpoints
-// have nothing behind them. A sampler reads the server's RSS from /proc and
+// subset of publishers (unregistered then registered on a new port or on
+// the same port, or restarted in place while registered, which the server
+// must notice as a sequence regression) and registers short-lived services
+// whose endpoints have nothing behind them. A sampler reads the server's RSS from /proc and
 // go_goroutines from /metrics. At the end of the warm-up and at the end of
 // the run the churn worker is paused until nothing it started is left (the
 // quiescent points), so both goroutine counts are taken with the same set of

@@ -261,6 +261,17 @@ func TestSoakExpect(t *testing.T) {
 	if e := m.expect(mk, full(a), sys); e.pres != mayVanish || e.hi != 8 {
 		t.Errorf("overlapping unregistration: %+v", e)
 	}
+	// Restarted in place: the old entries stay possible until settled.
+	m.setPhase(phaseLive)
+	mk = m.mark()
+	m.setPhase(phaseReplacing)
+	m.push(emptyState(1))
+	if e := m.expect(mk, full(a), sys); e.pres != mayVanish || e.hi != 8 {
+		t.Errorf("replacing: %+v", e)
+	}
+	m.settle()
+	m.setPhase(phaseLeaving)
+	m.setPhase(phaseGone)
 	// Gone for the whole query: must be absent.
 	mk = m.mark()
 	if e := m.expect(mk, full(a), sys); e.pres != mustBeGone {
