@@ -188,8 +188,8 @@ func (p *soakPublisher) run(ctx context.Context, joined chan<- struct{}) error {
 		case mode := <-p.restart:
 			err := p.restartAs(ctx, mode)
 			p.pending.Add(-1)
-			if err != nil {
-				return err
+			if err != nil || ctx.Err() != nil {
+				return err // a restart cut short may have left no socket
 			}
 		default:
 		}
