@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"hash"
 	"sync"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // sglangSaltPrefix is "sglang-cache-salt-v1" and a zero byte; SHA-256 of it
@@ -48,6 +50,13 @@ type Chain struct {
 	// the outer tuple and STOP) except block 0, which may add the salt.
 	// Both variants are encoded once per query, at the first Next, into
 	// tails: block 0's is tails[:tail0], every later block's tails[tail0:].
+	// memo, when set, answers block digests it has seen (see Memo); mkey
+	// is the reused buffer for a block's memo key.
+	memo       *Memo
+	mkey       []byte
+	memoHits   uint64
+	memoMisses uint64
+
 	tails    []byte
 	tail0    int
 	tailsSet bool
@@ -75,6 +84,8 @@ func ReleaseChain(c *Chain) {
 	}
 	c.tokens, c.lora, c.salt = nil, "", ""
 	c.kind, c.limit, c.pos = kindNone, 0, 0
+	c.flushMemoStats()
+	c.memo = nil
 	if cap(c.buf) > maxPooledBuf {
 		c.buf = nil // the next query regrows it to the size it needs
 	}
@@ -93,6 +104,7 @@ func ReleaseChain(c *Chain) {
 // SGLang query containing a negative token id, which SGLang cannot hash
 // (§4.5).
 func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt string) {
+	c.flushMemoStats()
 	c.tokens, c.lora, c.salt = tokens, lora, salt
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
 	c.havePr, c.tailsSet = false, false
@@ -119,6 +131,13 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	}
 }
 
+// UseMemo makes the following Next calls consult m (nil disables it). The
+// keys are identical with and without a memo; only the cost changes.
+func (c *Chain) UseMemo(m *Memo) {
+	c.flushMemoStats()
+	c.memo = m
+}
+
 // Next computes the next block and returns its 64-bit index key (the
 // profile's projection of the block digest) and the number of query tokens
 // it accounts for in a hit count: B for vLLM, the page's real size for
@@ -137,9 +156,39 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.h == nil {
 		c.h = sha256.New() // a zero Chain that did not come from the pool
 	}
+	if c.kind == kindNone {
+		return 0, 0, false
+	}
+	if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
+		c.seedSGLangSalt()
+	}
+	if c.memo != nil && c.memoKey(start, end) {
+		h := xxhash.Sum64(c.mkey)
+		if c.memo.lookup(c.mkey, h, &c.parent) {
+			c.memoHits++
+		} else {
+			c.memoMisses++
+			c.hashBlock(start, end)
+			c.memo.store(c.mkey, h, &c.parent)
+		}
+	} else {
+		c.hashBlock(start, end)
+	}
+	c.havePr = true
+	c.pos = end
+	c.block++
+	if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
+		return binary.BigEndian.Uint64(c.parent[24:]), end - start, true
+	}
+	return binary.BigEndian.Uint64(c.parent[:8]), end - start, true
+}
+
+// hashBlock encodes block [start, end) and sets c.parent to its digest.
+func (c *Chain) hashBlock(start, end int) {
 	c.h.Reset()
 	switch c.kind {
 	case kindVLLMCBOR:
+		// Streams the first SHA-256 block while encoding the rest.
 		c.buf = encodeCBORBlock(c.buf, c.h, &c.parent, c.tokens[start:end], c.tail())
 	case kindVLLMPickle:
 		fast := false
@@ -151,22 +200,10 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		}
 		c.h.Write(c.buf)
 	case kindSGLang, kindSGLangBigram:
-		if c.block == 0 && c.salt != "" {
-			c.seedSGLangSalt()
-		}
 		c.buf = c.encodeSGLangPage(start, end)
 		c.h.Write(c.buf)
-	default:
-		return 0, 0, false
 	}
 	c.h.Sum(c.parent[:0])
-	c.havePr = true
-	c.pos = end
-	c.block++
-	if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
-		return binary.BigEndian.Uint64(c.parent[24:]), end - start, true
-	}
-	return binary.BigEndian.Uint64(c.parent[:8]), end - start, true
 }
 
 // tail returns the encoded end of the next vLLM block (see Chain.tails).
