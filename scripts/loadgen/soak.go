@@ -135,9 +135,12 @@ type soakCounts struct {
 	controlErrors                       atomic.Int64
 	transients, transientFailures       atomic.Int64
 	slow, slowInUnreg                   atomic.Int64
-	restartMode                         [numRestartModes]atomic.Int64
-	staleExpected                       atomic.Int64
-	maxStale                            atomic.Int64
+	// Per publisher entry of an answer: one exact value, a range (a batch
+	// in flight), or a registration change (absence allowed).
+	entryExact, entryRange, entryPresence atomic.Int64
+	restartMode                           [numRestartModes]atomic.Int64
+	staleExpected                         atomic.Int64
+	maxStale                              atomic.Int64
 }
 
 // soakRun is one soak in progress.
@@ -722,10 +725,20 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 			continue
 		}
 		exact, unchecked := true, false
+		var nExact, nRange, nPresence int64
 		for j, p := range r.pubs {
-			exps[j] = p.model.expect(marks[j], &q, sh.sysBlocks)
-			exact = exact && exps[j].pres != mayVanish && exps[j].lo == exps[j].hi
-			unchecked = unchecked || exps[j].unchecked
+			e := p.model.expect(marks[j], &q, sh.sysBlocks)
+			exps[j] = e
+			switch {
+			case e.pres == mayVanish:
+				nPresence++
+			case e.lo != e.hi:
+				nRange++
+			default:
+				nExact++
+			}
+			exact = exact && e.pres != mayVanish && e.lo == e.hi
+			unchecked = unchecked || e.unchecked
 		}
 		switch {
 		case unchecked:
@@ -736,6 +749,9 @@ func (r *soakRun) queryWorker(ctx context.Context, w int, st *queryStats) {
 		default:
 			r.counts.tolerant.Add(1)
 		}
+		r.counts.entryExact.Add(nExact)
+		r.counts.entryRange.Add(nRange)
+		r.counts.entryPresence.Add(nPresence)
 		isGone := func(id string) bool { return r.gone.before(id, t0) }
 		if err := checkSoakAnswer(&resp, r.ids, exps, sh.bs, r.prefix, isGone); err != nil {
 			r.counts.wrong.Add(1)

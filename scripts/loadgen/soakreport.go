@@ -45,15 +45,21 @@ type soakReport struct {
 	BlocksRemoved int `json:"blocks_removed"`
 	Clears        int `json:"clears"`
 
-	Queries   int64   `json:"queries"`
-	Exact     int64   `json:"queries_exact"`
-	Tolerant  int64   `json:"queries_in_flight"`
-	Unchecked int64   `json:"queries_unchecked"`
-	QPS       float64 `json:"queries_per_s"`
-	P50US     float64 `json:"p50_us"`
-	P99US     float64 `json:"p99_us"`
-	MaxUS     float64 `json:"max_us"`
-	Slow      int64   `json:"queries_over_100ms"`
+	Queries   int64 `json:"queries"`
+	Exact     int64 `json:"queries_exact"`
+	Tolerant  int64 `json:"queries_in_flight"`
+	Unchecked int64 `json:"queries_unchecked"`
+	// Per publisher entry: exact, within a range, or around a
+	// registration change. Most entries of a query with an update in
+	// flight are still exact.
+	EntriesExact    int64   `json:"entries_exact"`
+	EntriesRange    int64   `json:"entries_in_flight_range"`
+	EntriesPresence int64   `json:"entries_registration_change"`
+	QPS             float64 `json:"queries_per_s"`
+	P50US           float64 `json:"p50_us"`
+	P99US           float64 `json:"p99_us"`
+	MaxUS           float64 `json:"max_us"`
+	Slow            int64   `json:"queries_over_100ms"`
 	// Unregistrations, the share of the soak one was in flight and the
 	// slowest call: set against SlowUnreg, they tell whether queries stall
 	// while a service is torn down.
@@ -138,6 +144,7 @@ func (r *soakRun) collect(rep *soakReport, qs []queryStats) {
 	rep.RestartsInPlace, rep.StaleExpected = k.restartMode[restartInPlace].Load(), k.staleExpected.Load()
 	rep.Transients, rep.TransientFailures = k.transients.Load(), k.transientFailures.Load()
 	rep.Slow, rep.SlowUnreg = k.slow.Load(), k.slowInUnreg.Load()
+	rep.EntriesExact, rep.EntriesRange, rep.EntriesPresence = k.entryExact.Load(), k.entryRange.Load(), k.entryPresence.Load()
 	var lat []time.Duration
 	for _, q := range qs {
 		lat = append(lat, q.lat...)
@@ -262,6 +269,7 @@ func (rep *soakReport) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| elapsed (warm-up) | %.1f s (%.1f s) |\n", rep.Seconds, rep.WarmupS)
 	fmt.Fprintf(w, "| publisher steps | %d: %d blocks stored, %d removed, %d clears |\n", rep.Ops, rep.BlocksStored, rep.BlocksRemoved, rep.Clears)
 	fmt.Fprintf(w, "| queries | %d (%.0f/s): %d exact, %d with an update in flight, %d unchecked |\n", rep.Queries, rep.QPS, rep.Exact, rep.Tolerant, rep.Unchecked)
+	fmt.Fprintf(w, "| publisher entries checked: exact / in-flight range / around a registration change | %d / %d / %d |\n", rep.EntriesExact, rep.EntriesRange, rep.EntriesPresence)
 	fmt.Fprintf(w, "| query latency p50 / p99 / max | %s / %s / %s |\n", fmtUS(rep.P50US), fmtUS(rep.P99US), fmtUS(rep.MaxUS))
 	fmt.Fprintf(w, "| queries over 100 ms (overlapping an unregistration) | %d (%d) |\n", rep.Slow, rep.SlowUnreg)
 	fmt.Fprintf(w, "| unregistrations: count, share of the time in flight, slowest | %d, %.1f %%, %.1f ms |\n", rep.Unregistrations, 100*rep.UnregShare, rep.SlowestUnregMS)
