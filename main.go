@@ -97,14 +97,15 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		reg.Close()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters})
+	memo := hashing.NewMemo(cfg.MemoBytes)
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()
 	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
-		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo,
 		Ready: func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
 	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")

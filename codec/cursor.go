@@ -156,6 +156,30 @@ func validate(b []byte) error {
 	p := 0
 	owed := uint64(1)
 	for owed > 0 {
+		// Token arrays are almost all small ints: step over them without
+		// the general header decoding.
+		if c := b[p]; c <= 0x7f || c >= 0xe0 {
+			owed--
+			p++
+			if owed > uint64(len(b)-p) {
+				return errMalformed
+			}
+			continue
+		} else if c == 0xcd || c == 0xce {
+			w := 3
+			if c == 0xce {
+				w = 5
+			}
+			if p+w > len(b) {
+				return errMalformed
+			}
+			owed--
+			p += w
+			if owed > uint64(len(b)-p) {
+				return errMalformed
+			}
+			continue
+		}
 		k, n, hdr, err := header(b, p)
 		if err != nil {
 			return err

@@ -466,7 +466,30 @@ func decodeTokens(c *cursor, lim Limits, dst []int32) ([]int32, *Error) {
 			return dst, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
 		}
 		dst = grow(dst, n)
+		b := c.b
 		for i := 0; i < n; i++ {
+			// Fast path for the formats tokenizers' ids take: positive
+			// fixint, uint8, uint16 and in-range uint32.
+			switch t := b[c.p]; {
+			case t <= 0x7f:
+				dst[i] = int32(t)
+				c.p++
+				continue
+			case t == 0xcd:
+				dst[i] = int32(binary.BigEndian.Uint16(b[c.p+1:]))
+				c.p += 3
+				continue
+			case t == 0xcc:
+				dst[i] = int32(b[c.p+1])
+				c.p += 2
+				continue
+			case t == 0xce:
+				if v := binary.BigEndian.Uint32(b[c.p+1:]); v <= math.MaxInt32 {
+					dst[i] = int32(v)
+					c.p += 5
+					continue
+				}
+			}
 			if k := c.peek(); k != kindInt {
 				return dst, elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
 			}

@@ -22,6 +22,9 @@ import (
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
+// DefaultMemoMiB sizes the digest memo: about half a million warm blocks.
+const DefaultMemoMiB = 64
+
 // DefaultPort is the contract's default http_server_port. A config file
 // without the key keeps it (upstream would bind port 0).
 const DefaultPort = 13333
@@ -34,6 +37,8 @@ type Config struct {
 	Port      int
 	LogLevel  zerolog.Level
 	LogFormat string // "json" or "console"
+	// MemoBytes sizes the hash-digest memo for warm queries (0 disables).
+	MemoBytes int
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
@@ -65,6 +70,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	addr := fl.String("addr", "", "HTTP listen address (env CONDUCTOR_HTTP_ADDR, default all interfaces)")
 	level := fl.String("log-level", "", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL, default INFO)")
 	format := fl.String("log-format", "", "json or console (env CONDUCTOR_LOG_FORMAT, default json)")
+	memo := fl.Int("hash-memo-mib", -1, "MiB of memory for the block-digest memo that lets warm queries skip SHA-256 (env CONDUCTOR_HASH_MEMO_MIB, default 64, 0 disables)")
 	tokenFile := fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE or CONDUCTOR_AUTH_TOKEN; default off)")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
@@ -72,7 +78,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if fl.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fl.Args())
 	}
-	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json"}
+	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20}
 
 	p := first(*path, getenv("CONDUCTOR_CONFIG_PATH"))
 	if p == "" {
@@ -107,6 +113,17 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("invalid log format %q: want json or console", v)
 		}
 		c.LogFormat = v
+	}
+	mv := getenv("CONDUCTOR_HASH_MEMO_MIB")
+	if *memo >= 0 {
+		mv = strconv.Itoa(*memo)
+	}
+	if mv != "" {
+		n, err := strconv.Atoi(mv)
+		if err != nil || n < 0 || n > 1<<20 {
+			return nil, fmt.Errorf("invalid hash memo size %q MiB", mv)
+		}
+		c.MemoBytes = n << 20
 	}
 	if f := first(*tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); f != "" {
 		b, err := os.ReadFile(f)

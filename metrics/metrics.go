@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
@@ -23,6 +24,7 @@ type Options struct {
 	Index    *index.Index
 	Registry *registry.Registry
 	Counters *subscriber.Counters
+	Memo     *hashing.Memo
 }
 
 // Metrics owns one Prometheus registry (not the global one, so tests and
@@ -81,7 +83,9 @@ var (
 	descServices = prometheus.NewDesc("conductor_services", "Registered services by type.", []string{"type"}, nil)
 	descState    = prometheus.NewDesc("conductor_subscriber_state",
 		"1 for the current state of each service's subscriber.", []string{"service", "type", "state"}, nil)
-	descStale  = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
+		"Block-digest memo lookups by result (a hit skips SHA-256).", []string{"result"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
 )
 
@@ -121,7 +125,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -162,6 +166,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), typ)
 		}
 		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(stale))
+	}
+	if c.opts.Memo != nil {
+		hits, misses := c.opts.Memo.Stats()
+		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(hits), "hit")
+		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(misses), "miss")
 	}
 	for _, s := range c.opts.Counters.Snapshot() {
 		d, ok := descIngest[s.Metric]

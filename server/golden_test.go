@@ -69,6 +69,7 @@ var tierNames = map[string]index.Tier{"device": index.Device, "cpu_local": index
 
 type harness struct {
 	t    *testing.T
+	memo *hashing.Memo
 	ix   *index.Index
 	addr string
 	c    *fasthttp.Client
@@ -91,7 +92,7 @@ func startServer(t *testing.T, opts Options) *harness {
 		<-done
 		reg.Close()
 	})
-	return &harness{t: t, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
+	return &harness{t: t, memo: opts.Memo, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
 }
 
 // do sends one request and returns the status and decoded body.
@@ -234,6 +235,7 @@ func (h *harness) store(s *storeStep) error {
 	ch := hashing.AcquireChain()
 	defer hashing.ReleaseChain(ch)
 	ch.Reset(tbl.Profile(), s.BlockSize, tokens, s.Lora, s.CacheSalt)
+	ch.UseMemo(h.memo) // fills the memo that later queries read
 	var owner index.OwnerID
 	if !s.Shared {
 		owner = tbl.AddEngineOwner(s.Instance, s.Rank)
@@ -257,62 +259,76 @@ func TestGoldenAPI(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden cases: %v", err)
 	}
+	// Every case runs with and without the digest memo: answers must not
+	// depend on it.
 	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".json"), func(t *testing.T) {
-			raw, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
+		for _, memoBytes := range []int{0, 1 << 20} {
+			name := strings.TrimSuffix(filepath.Base(f), ".json")
+			if memoBytes > 0 {
+				name += "/memo"
 			}
-			var gc goldenCase
-			if err := json.Unmarshal(raw, &gc); err != nil {
-				t.Fatalf("parse %s: %v", f, err)
-			}
-			h := startServer(t, Options{MaxBodyBytes: gc.MaxBody})
-			for i, st := range gc.Steps {
-				if st.Store != nil {
-					if err := h.store(st.Store); err != nil {
-						t.Fatalf("step %d: %v", i, err)
-					}
-					continue
+			t.Run(name, func(t *testing.T) {
+				raw, err := os.ReadFile(f)
+				if err != nil {
+					t.Fatal(err)
 				}
-				ct := "application/msgpack"
-				if st.ContentType != nil {
-					ct = *st.ContentType
+				var gc goldenCase
+				if err := json.Unmarshal(raw, &gc); err != nil {
+					t.Fatalf("parse %s: %v", f, err)
 				}
-				var body []byte
-				switch {
-				case st.BodyHex != "":
-					if body, err = hex.DecodeString(st.BodyHex); err != nil {
-						t.Fatalf("step %d: body_hex: %v", i, err)
+				h := startServer(t, Options{MaxBodyBytes: gc.MaxBody, Memo: hashing.NewMemo(memoBytes)})
+				for i, st := range gc.Steps {
+					if st.Store != nil {
+						if err := h.store(st.Store); err != nil {
+							t.Fatalf("step %d: %v", i, err)
+						}
+						continue
 					}
-				case len(st.Body) > 0:
-					v, err := decodeJSON(st.Body)
+					ct := "application/msgpack"
+					if st.ContentType != nil {
+						ct = *st.ContentType
+					}
+					var body []byte
+					switch {
+					case st.BodyHex != "":
+						if body, err = hex.DecodeString(st.BodyHex); err != nil {
+							t.Fatalf("step %d: body_hex: %v", i, err)
+						}
+					case len(st.Body) > 0:
+						v, err := decodeJSON(st.Body)
+						if err == nil {
+							v, err = fromJSON(v)
+						}
+						if err != nil {
+							t.Fatalf("step %d: body: %v", i, err)
+						}
+						if body, err = msgpack.Marshal(v); err != nil {
+							t.Fatal(err)
+						}
+					}
+					status, got, _ := h.do(st.Method, st.Path, ct, body)
+					want, err := decodeJSON(st.Response)
 					if err == nil {
-						v, err = fromJSON(v)
+						want, err = fromJSON(want)
 					}
 					if err != nil {
-						t.Fatalf("step %d: body: %v", i, err)
+						t.Fatalf("step %d: response: %v", i, err)
 					}
-					if body, err = msgpack.Marshal(v); err != nil {
-						t.Fatal(err)
+					if status != st.Status {
+						t.Errorf("step %d (%s %s): status %d, want %d; body %v", i, st.Method, st.Path, status, st.Status, got)
+					}
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Errorf("step %d (%s %s): response mismatch (-want +got):\n%s", i, st.Method, st.Path, diff)
 					}
 				}
-				status, got, _ := h.do(st.Method, st.Path, ct, body)
-				want, err := decodeJSON(st.Response)
-				if err == nil {
-					want, err = fromJSON(want)
+				// Repeat every query step warm: same answers.
+				if memoBytes > 0 {
+					if hits, _ := h.memoStats(); hits == 0 && hasQueryHits(gc) {
+						t.Error("the memo never hit")
+					}
 				}
-				if err != nil {
-					t.Fatalf("step %d: response: %v", i, err)
-				}
-				if status != st.Status {
-					t.Errorf("step %d (%s %s): status %d, want %d; body %v", i, st.Method, st.Path, status, st.Status, got)
-				}
-				if diff := cmp.Diff(want, got); diff != "" {
-					t.Errorf("step %d (%s %s): response mismatch (-want +got):\n%s", i, st.Method, st.Path, diff)
-				}
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -336,4 +352,21 @@ func (h *harness) doAuth(method, path, auth string, body []byte) (int, any) {
 		h.t.Fatal(err)
 	}
 	return resp.StatusCode(), normalize(v)
+}
+
+func (h *harness) memoStats() (uint64, uint64) { return h.memo.Stats() }
+
+// hasQueryHits reports whether a case queries after storing blocks, so a
+// memo must have been consulted for an already-hashed prefix.
+func hasQueryHits(gc goldenCase) bool {
+	stored := false
+	for _, st := range gc.Steps {
+		if st.Store != nil {
+			stored = true
+		}
+		if stored && st.Path == "/query" && st.Status == 200 {
+			return true
+		}
+	}
+	return false
 }

@@ -13,7 +13,7 @@ import (
 
 // queryFixture registers instances×ranks in one vLLM context and stores a
 // fully matched prompt of n tokens on device for every owner.
-func queryFixture(tb testing.TB, instances, ranks, n int) (*Server, []byte) {
+func queryFixture(tb testing.TB, instances, ranks, n int, memo ...*hashing.Memo) (*Server, []byte) {
 	tb.Helper()
 	ix := index.New(index.Options{})
 	reg := registry.New(registry.Options{Index: ix})
@@ -60,7 +60,11 @@ func queryFixture(tb testing.TB, instances, ranks, n int) (*Server, []byte) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return New(Options{Registry: reg, Index: ix}), body
+	opts := Options{Registry: reg, Index: ix}
+	if len(memo) > 0 {
+		opts.Memo = memo[0]
+	}
+	return New(opts), body
 }
 
 func itoa(i int) string { return string(appendInt(nil, i)) }
@@ -121,6 +125,15 @@ func BenchmarkQueryHandler(b *testing.B) {
 	for _, n := range []int{8192, 32768} {
 		b.Run("tokens="+itoa(n), func(b *testing.B) {
 			s, body := queryFixture(b, 8, 2, n)
+			ctx := queryCtx(body)
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Response.Reset()
+				s.Handle(ctx)
+			}
+		})
+		b.Run("tokens="+itoa(n)+"/warm-memo", func(b *testing.B) {
+			s, body := queryFixture(b, 8, 2, n, hashing.NewMemo(64<<20))
 			ctx := queryCtx(body)
 			b.ReportAllocs()
 			for b.Loop() {

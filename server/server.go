@@ -42,6 +42,9 @@ type Options struct {
 	Observer Observer
 	// Metrics, when set, serves GET /metrics.
 	Metrics fasthttp.RequestHandler
+	// Memo, when set, lets warm queries skip SHA-256 for blocks seen
+	// before; answers are identical either way.
+	Memo *hashing.Memo
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
@@ -322,6 +325,7 @@ func (s *Server) query(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError)
 	if tbl != nil {
 		ch := hashing.AcquireChain()
 		ch.Reset(tbl.Profile(), r.BlockSize, r.Tokens, r.LoraName, r.CacheSalt)
+		ch.UseMemo(s.opts.Memo)
 		tbl.Query(ch, r.InstanceID, &q.res)
 		hashing.ReleaseChain(ch)
 	}
