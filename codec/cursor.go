@@ -153,6 +153,9 @@ func header(b []byte, p int) (k kind, n uint64, hdr int, err error) {
 // object. It walks iteratively with a count of values still owed, so nesting
 // depth costs nothing and a hostile body cannot overflow the stack.
 func validate(b []byte) error {
+	if len(b) == 0 {
+		return errMalformed
+	}
 	p := 0
 	owed := uint64(1)
 	for owed > 0 {
