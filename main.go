@@ -82,7 +82,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	counters := subscriber.NewCounters()
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters),
+		Start:  sourceFactory(log, counters, staticKeys(cfg)),
 		Logger: log,
 	})
 	for _, st := range cfg.Static {
@@ -131,7 +131,7 @@ func newLogger(cfg *config.Config) zerolog.Logger {
 }
 
 // sourceFactory connects the registry to the ZMQ subscribers.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.SourceFactory {
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[registry.ServiceKey]bool) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
 		sub, err := subscriber.Start(subscriber.Config{
@@ -151,14 +151,25 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters) registry.S
 				}
 				return t, t.Profile(), true
 			},
-			Logger:   log, // the subscriber adds the service key itself
-			Counters: counters,
+			Logger:          log, // the subscriber adds the service key itself
+			WatchConnection: watch[svc.Key()],
+			Counters:        counters,
 		})
 		if err != nil {
 			return nil, err
 		}
 		return source{sub}, nil
 	}
+}
+
+// staticKeys are the config file's registrations: readiness waits for
+// their connections, so only their subscribers watch for one.
+func staticKeys(cfg *config.Config) map[registry.ServiceKey]bool {
+	keys := make(map[registry.ServiceKey]bool, len(cfg.Static))
+	for _, st := range cfg.Static {
+		keys[st.Service.Key()] = true
+	}
+	return keys
 }
 
 // source adapts a subscriber to the registry's view of a source.

@@ -80,6 +80,10 @@ type Config struct {
 	Lookup         LookupFunc    // Mooncake: event context -> table
 	Logger         zerolog.Logger
 	Counters       *Counters // shared, may be nil; counts by source type and reason
+	// WatchConnection makes Connected report the first TCP/IPC connection
+	// (through a socket monitor, two extra sockets until then); without it
+	// Connected only turns true with the first message.
+	WatchConnection bool
 	// Tuning overrides transport and recovery limits; the zero value means
 	// the upstream defaults. Tests shorten the timeouts with it.
 	Tuning Tuning

@@ -36,9 +36,11 @@ const pollInterval = 2 * time.Second
 var stopEndpointSeq atomic.Uint64
 
 // SocketsPerSource is the most ZMQ sockets one subscription holds at once:
-// the SUB, the two ends of the stop pair, the connection monitor and
-// libzmq's end of it (until the first connection), and the replay DEALER
-// (during recovery). A connected, idle source holds three.
+// the SUB, the stop pair's receiving end (its sending end exists only
+// while Stop runs), the replay DEALER (during recovery), and for sources
+// readiness waits on, the connection monitor and libzmq's end of it (until
+// the first connection). An idle source holds two sockets, i.e. two
+// descriptors plus its TCP connection.
 const SocketsPerSource = 6
 
 // ReserveSockets raises libzmq's per-process socket limit (1023 by default)
@@ -72,7 +74,7 @@ type Subscriber struct {
 	stopping  atomic.Bool
 
 	stopOnce sync.Once
-	stopTx   *zmq.Socket // used only by Stop
+	stopName string // inproc endpoint of stopRx; Stop connects to it
 	done     chan struct{}
 
 	// Owned by the run goroutine.
@@ -185,44 +187,60 @@ func (s *Subscriber) open() error {
 	if err := sub.SetSubscribe(""); err != nil {
 		return fmt.Errorf("subscribe to all topics: %w", err)
 	}
-	// Readiness needs to know when the TCP/IPC connection is up, which ZMQ
-	// only tells a socket monitor; the monitor lives until the first
-	// connection and is then closed, so it costs sockets only meanwhile.
 	seq := stopEndpointSeq.Add(1)
-	monName := fmt.Sprintf("inproc://conductor-subscriber-monitor-%d", seq)
-	if err := sub.Monitor(monName, zmq.EVENT_CONNECTED); err != nil {
-		return fmt.Errorf("monitor SUB socket: %w", err)
-	}
-	if s.mon, err = zmq.NewSocket(zmq.PAIR); err != nil {
-		return fmt.Errorf("create monitor socket: %w", err)
-	}
-	_ = s.mon.SetLinger(0)
-	if err := s.mon.Connect(monName); err != nil {
-		return fmt.Errorf("connect monitor socket: %w", err)
+	if s.cfg.WatchConnection {
+		// Readiness needs to know when the TCP/IPC connection is up,
+		// which ZMQ only tells a socket monitor. It costs two sockets (and
+		// descriptors), so only sources that readiness waits for get one,
+		// and only until their first connection.
+		monName := fmt.Sprintf("inproc://conductor-subscriber-monitor-%d", seq)
+		if err := sub.Monitor(monName, zmq.EVENT_CONNECTED); err != nil {
+			return fmt.Errorf("monitor SUB socket: %w", err)
+		}
+		if s.mon, err = zmq.NewSocket(zmq.PAIR); err != nil {
+			return fmt.Errorf("create monitor socket: %w", err)
+		}
+		_ = s.mon.SetLinger(0)
+		if err := s.mon.Connect(monName); err != nil {
+			return fmt.Errorf("connect monitor socket: %w", err)
+		}
 	}
 	if err := sub.Connect(s.cfg.Endpoint); err != nil {
 		return fmt.Errorf("connect SUB socket to %s: %w", s.cfg.Endpoint, err)
 	}
-	name := fmt.Sprintf("inproc://conductor-subscriber-stop-%d", seq)
+	// The sending end of the stop pair is created by Stop itself, so a
+	// running source holds two sockets, not three.
+	s.stopName = fmt.Sprintf("inproc://conductor-subscriber-stop-%d", seq)
 	if s.stopRx, err = zmq.NewSocket(zmq.PAIR); err != nil {
 		return fmt.Errorf("create stop socket: %w", err)
 	}
 	_ = s.stopRx.SetLinger(0)
-	if err := s.stopRx.Bind(name); err != nil {
+	if err := s.stopRx.Bind(s.stopName); err != nil {
 		return fmt.Errorf("bind stop socket: %w", err)
-	}
-	if s.stopTx, err = zmq.NewSocket(zmq.PAIR); err != nil {
-		return fmt.Errorf("create stop socket: %w", err)
-	}
-	_ = s.stopTx.SetLinger(0)
-	if err := s.stopTx.Connect(name); err != nil {
-		return fmt.Errorf("connect stop socket: %w", err)
 	}
 	return nil
 }
 
+// signalStop wakes the run goroutine through the stop pair. If that fails
+// (out of sockets), the goroutine still sees the stop flag at its next poll
+// timeout.
+func (s *Subscriber) signalStop() {
+	tx, err := zmq.NewSocket(zmq.PAIR)
+	if err == nil {
+		defer tx.Close()
+		_ = tx.SetLinger(0)
+		_ = tx.SetSndtimeo(time.Second)
+		if err = tx.Connect(s.stopName); err == nil {
+			_, err = tx.SendBytes([]byte{1}, 0)
+		}
+	}
+	if err != nil {
+		s.log.Warn().Err(err).Msg("stop signal not delivered; waiting for the poll interval")
+	}
+}
+
 func (s *Subscriber) closeSockets() {
-	for _, p := range []**zmq.Socket{&s.mon, &s.sub, &s.stopRx, &s.stopTx} {
+	for _, p := range []**zmq.Socket{&s.mon, &s.sub, &s.stopRx} {
 		if *p != nil {
 			_ = (*p).Close()
 			*p = nil
@@ -239,12 +257,8 @@ func (s *Subscriber) closeSockets() {
 func (s *Subscriber) Stop() {
 	s.stopOnce.Do(func() {
 		s.stopping.Store(true)
-		if _, err := s.stopTx.SendBytes([]byte{1}, zmq.DONTWAIT); err != nil {
-			s.log.Warn().Err(err).Msg("stop signal not delivered; waiting for the poll interval")
-		}
+		s.signalStop()
 		<-s.done
-		_ = s.stopTx.Close()
-		s.stopTx = nil
 	})
 	<-s.done
 }
@@ -253,7 +267,8 @@ func (s *Subscriber) Stop() {
 func (s *Subscriber) State() State { return State(s.state.Load()) }
 
 // Connected reports whether the SUB socket has connected to the publisher
-// at least once (or received anything), which is what readiness waits for.
+// at least once (known only with Config.WatchConnection) or received
+// anything, which is what readiness waits for.
 func (s *Subscriber) Connected() bool { return s.connected.Load() || s.hasSeq.Load() }
 
 // Stale reports whether the source was marked stale (its entries retracted,

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
+)
+
+// TestCapacityAtServiceLimit registers the default maximum number of
+// services (each with a real subscriber whose publisher is absent), checks
+// the next one is refused, and unregisters them all: the socket and
+// descriptor budget (README "Limits") holds at the cap, and everything is
+// released.
+func TestCapacityAtServiceLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("capacity")
+	}
+	ignore := goleak.IgnoreCurrent()
+	fdsBefore := openFDs(t)
+	n := registry.DefaultMaxServices
+	if err := subscriber.ReserveSockets(n); err != nil {
+		t.Fatal(err)
+	}
+	ix := index.New(index.Options{})
+	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory(zerolog.New(io.Discard), subscriber.NewCounters(), nil)})
+	seed := "0"
+	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	svc := func(i int) registry.Service {
+		return registry.Service{Endpoint: fmt.Sprintf("ipc://%s/%d", dir, i), Type: registry.TypeVLLM, ModelName: fmt.Sprint("m", i%8),
+			TenantID: "default", InstanceID: fmt.Sprint("cap-", i), BlockSize: 16, Profile: p}
+	}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if _, err := reg.Register(svc(i)); err != nil {
+			reg.Close()
+			t.Fatalf("registration %d of %d: %v", i, n, err)
+		}
+	}
+	t.Logf("%d registrations in %v, %d descriptors", n, time.Since(start), openFDs(t)-fdsBefore)
+	if _, err := reg.Register(svc(n)); err != registry.ErrTooManyServices {
+		t.Errorf("registration over the cap: %v", err)
+	}
+	start = time.Now()
+	for i := 0; i < n; i++ {
+		s := svc(i)
+		if err := reg.Unregister(s.Key()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d unregistrations in %v", n, time.Since(start))
+	if len(reg.Services()) != 0 || len(ix.Tables()) != 0 {
+		t.Fatal("state left after unregistering everything")
+	}
+	eventually(t, "descriptors to be released", func() bool { return openFDs(t) <= fdsBefore+8 })
+	goleak.VerifyNone(t, ignore)
+}
