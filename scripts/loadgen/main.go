@@ -65,6 +65,7 @@ type options struct {
 	serverLog     string
 	serverPID     int
 	serverRace    bool
+	serverArgs    []string
 	engine        engine
 	model         string
 	corpus        corpusConfig
@@ -90,6 +91,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.repo, "repo", "", "repository root for --spawn (default: found from the working directory)")
 	fs.StringVar(&o.serverLog, "server-log-level", "WARN", "--log-level for a spawned server")
 	fs.BoolVar(&o.serverRace, "server-race", false, "build a --spawn'ed server with the race detector (slower; a data race fails the run)")
+	serverArgs := fs.String("server-args", "", "extra command-line arguments for a --spawn'ed server, separated by spaces")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "server process id, for CPU and RSS figures (set automatically with --spawn)")
 	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor) or sglang (sha256_raw)")
 	fs.StringVar(&o.model, "model", "", "model name of the context (default: loadgen-<random>, so runs never collide)")
@@ -116,6 +118,7 @@ func parseFlags(args []string) (*options, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	o.serverArgs = strings.Fields(*serverArgs)
 	if o.soak.duration != 0 {
 		if err := o.soak.validate(); err != nil {
 			return nil, err
@@ -208,6 +211,17 @@ func main() {
 	}
 	stop()
 	os.Exit(code)
+}
+
+// serverOptions are the build and start options of a spawned server. A
+// soak adds its memo size unless --soak-memo-mib is negative (see
+// soakConfig.memoMiB).
+func (o *options) serverOptions() serverOptions {
+	so := serverOptions{token: o.authToken, logLevel: o.serverLog, race: o.serverRace, args: o.serverArgs}
+	if o.soak.duration > 0 && o.soak.memoMiB >= 0 {
+		so.args = append(slices.Clone(so.args), fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB))
+	}
+	return so
 }
 
 // session holds what must be released at exit, whatever phase failed.
@@ -307,7 +321,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 				return nil, err
 			}
 		}
-		if s.server, err = spawnServer(ctx, repo, o.authToken, o.serverLog, o.serverRace); err != nil {
+		if s.server, err = spawnServer(ctx, repo, o.serverOptions()); err != nil {
 			return nil, err
 		}
 		base = s.server.base

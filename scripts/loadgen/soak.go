@@ -75,6 +75,13 @@ type soakConfig struct {
 	rssTolerance   float64
 	goroutineSlack int
 	sampleInterval time.Duration // 0: duration/60 within [100ms, 2s]
+	// memoMiB sizes a spawned server's block-digest memo (-1: the
+	// server's default). The memo is a bounded cache that fills at the
+	// rate queries bring new blocks; at its default size it takes minutes
+	// to fill at soak rates, so RSS would still be climbing, legitimately,
+	// long after warm-up. A memo that wraps within the warm-up makes the
+	// RSS assertion test that it stays bounded while it keeps evicting.
+	memoMiB int
 }
 
 func (c *soakConfig) addFlags(fs *flag.FlagSet) {
@@ -93,6 +100,7 @@ func (c *soakConfig) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.transients, "soak-transients", 3, "short-lived dead-endpoint services alive at once, at most")
 	fs.Float64Var(&c.rssTolerance, "soak-rss-tolerance", 0.2, "allowed RSS growth over the post-warm-up level, as a fraction")
 	fs.IntVar(&c.goroutineSlack, "soak-goroutine-slack", 10, "allowed goroutine growth over the post-warm-up level")
+	fs.IntVar(&c.memoMiB, "soak-memo-mib", 2, "--hash-memo-mib for a spawned server, small so that the memo wraps during warm-up (-1: the server's default)")
 	fs.DurationVar(&c.sampleInterval, "soak-sample-interval", 0, "RSS and goroutine sampling interval (default duration/60, within 100ms..2s)")
 }
 
@@ -328,7 +336,7 @@ func runSoak(ctx context.Context, o *options) (rep *soakReport, err error) {
 				return nil, err
 			}
 		}
-		if server, err = spawnServer(ctx, repo, o.authToken, o.serverLog, o.serverRace); err != nil {
+		if server, err = spawnServer(ctx, repo, o.serverOptions()); err != nil {
 			return nil, err
 		}
 		base = server.base

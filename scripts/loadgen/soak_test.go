@@ -510,7 +510,7 @@ func TestSoakShort(t *testing.T) {
 		t.Skip("soak: spawns and loads a server for ~15 s")
 	}
 	args := []string{"--spawn", "--soak", "8s", "--quiet", "--server-log-level", "WARN",
-		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms"}
+		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms", "--soak-memo-mib", "1"}
 	if raceEnabled {
 		args = append(args, "--server-race")
 	}

@@ -33,6 +33,7 @@ type soakReport struct {
 	QueryWorkers   int     `json:"query_workers"`
 	ChurnMS        float64 `json:"churn_interval_ms"`
 	MaxTransients  int     `json:"max_transients"`
+	MemoMiB        int     `json:"server_memo_mib"` // -1: the server's default
 	DurationS      float64 `json:"duration_s"`
 	WarmupS        float64 `json:"warmup_s"`
 	Seconds        float64 `json:"elapsed_s"`
@@ -117,7 +118,7 @@ func (r *soakRun) newReport() *soakReport {
 		Engine: string(r.o.engine), Publishers: c.publishers, Churned: c.churned, Window: c.window,
 		PromptTokens: r.shape.blocks * r.shape.bs, SystemTokens: r.shape.sysBlocks * r.shape.bs,
 		BlockSize: r.shape.bs, Groups: c.groups, OpIntervalMS: ms(c.opInterval), ClearEvery: c.clearEvery,
-		QueryWorkers: c.queryConc, ChurnMS: ms(c.churnInterval), MaxTransients: c.transients,
+		QueryWorkers: c.queryConc, ChurnMS: ms(c.churnInterval), MaxTransients: c.transients, MemoMiB: c.memoMiB,
 		DurationS: c.duration.Seconds(), WarmupS: r.warmupDuration().Seconds(),
 		RSSTolerance: c.rssTolerance, GoroutineSlack: c.goroutineSlack,
 		RSSStart: -1, Warmup: soakLevel{RSS: -1, Goroutines: -1, FDs: -1}, Final: soakLevel{RSS: -1, Goroutines: -1, FDs: -1},
@@ -261,9 +262,13 @@ func fmtInt(n int64) string {
 // writeMarkdown prints the soak summary.
 func (rep *soakReport) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n## Soak: %.0f s of %s ingestion, queries and registration churn\n\n", rep.DurationS, rep.Engine)
-	fmt.Fprintf(w, "%d publishers (%d churned), each holding %d prompts of %d tokens (block %d, %d groups with %d-token system prompts), one step per %.0f ms, a clear every %d steps; %d query workers; a churn action every %.0f ms with up to %d dead-endpoint services.\n\n",
+	memo := "the server's default"
+	if rep.MemoMiB >= 0 {
+		memo = fmt.Sprintf("%d MiB", rep.MemoMiB)
+	}
+	fmt.Fprintf(w, "%d publishers (%d churned), each holding %d prompts of %d tokens (block %d, %d groups with %d-token system prompts), one step per %.0f ms, a clear every %d steps; %d query workers; a churn action every %.0f ms with up to %d dead-endpoint services; a spawned server's digest memo: %s.\n\n",
 		rep.Publishers, rep.Churned, rep.Window, rep.PromptTokens, rep.BlockSize, rep.Groups, rep.SystemTokens,
-		rep.OpIntervalMS, rep.ClearEvery, rep.QueryWorkers, rep.ChurnMS, rep.MaxTransients)
+		rep.OpIntervalMS, rep.ClearEvery, rep.QueryWorkers, rep.ChurnMS, rep.MaxTransients, memo)
 	fmt.Fprintln(w, "| measure | value |")
 	fmt.Fprintln(w, "| --- | ---: |")
 	fmt.Fprintf(w, "| elapsed (warm-up) | %.1f s (%.1f s) |\n", rep.Seconds, rep.WarmupS)

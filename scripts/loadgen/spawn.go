@@ -64,17 +64,15 @@ func freePort() (int, error) {
 // spawnServer builds the server from repo into a temporary directory and
 // starts it on a free loopback port with no config file, so a developer's
 // ~/.mooncake/conductor_config.json cannot add registrations or change the
-// port. The token, when set, is handed over in CONDUCTOR_AUTH_TOKEN. With
-// race set the server is built with the race detector, which makes a soak
-// a hunt for data races in the server too (see raceReport).
-func spawnServer(ctx context.Context, repo, token, logLevel string, race bool) (*spawned, error) {
+// port. The token, when set, is handed over in CONDUCTOR_AUTH_TOKEN.
+func spawnServer(ctx context.Context, repo string, so serverOptions) (*spawned, error) {
 	dir, err := os.MkdirTemp("", "loadgen-conductor-")
 	if err != nil {
 		return nil, err
 	}
 	bin := filepath.Join(dir, "conductor")
 	args := []string{"build", "-o", bin}
-	if race {
+	if so.race {
 		args = append(args, "-race")
 	}
 	build := exec.CommandContext(ctx, "go", append(args, ".")...)
@@ -87,7 +85,7 @@ func spawnServer(ctx context.Context, repo, token, logLevel string, race bool) (
 	}
 	var lastErr error
 	for attempt := range 3 {
-		s, err := startServer(ctx, dir, bin, token, logLevel, attempt)
+		s, err := startServer(ctx, dir, bin, so, attempt)
 		if err == nil {
 			return s, nil
 		}
@@ -97,7 +95,18 @@ func spawnServer(ctx context.Context, repo, token, logLevel string, race bool) (
 	return nil, lastErr
 }
 
-func startServer(ctx context.Context, dir, bin, token, logLevel string, attempt int) (*spawned, error) {
+// serverOptions say how to build and start a spawned server.
+type serverOptions struct {
+	token    string
+	logLevel string
+	// race builds the server with the race detector, which makes a soak a
+	// hunt for data races in the server too (see raceReport).
+	race bool
+	// args are appended to the server's command line.
+	args []string
+}
+
+func startServer(ctx context.Context, dir, bin string, so serverOptions, attempt int) (*spawned, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -108,15 +117,15 @@ func startServer(ctx context.Context, dir, bin, token, logLevel string, attempt 
 		return nil, err
 	}
 	defer logf.Close() // the child keeps its own descriptor
-	cmd := exec.Command(bin, "--addr", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", logLevel)
+	cmd := exec.Command(bin, append([]string{"--addr", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", so.logLevel}, so.args...)...)
 	env := []string{"CONDUCTOR_CONFIG_PATH=" + filepath.Join(dir, "no-such-config.json")}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "CONDUCTOR_") {
 			env = append(env, kv)
 		}
 	}
-	if token != "" {
-		env = append(env, "CONDUCTOR_AUTH_TOKEN="+token)
+	if so.token != "" {
+		env = append(env, "CONDUCTOR_AUTH_TOKEN="+so.token)
 	}
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
