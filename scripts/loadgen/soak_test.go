@@ -509,7 +509,9 @@ func TestSoakShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak: spawns and loads a server for ~15 s")
 	}
-	args := []string{"--spawn", "--soak", "8s", "--quiet", "--server-log-level", "WARN",
+	// A 30 % warm-up: at CI's rates a few seconds pass before the index
+	// and the memo reach their working size.
+	args := []string{"--spawn", "--soak", "8s", "--soak-warmup", "0.3", "--quiet", "--server-log-level", "WARN",
 		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms", "--soak-memo-mib", "1"}
 	if raceEnabled {
 		args = append(args, "--server-race")
