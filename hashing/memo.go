@@ -2,8 +2,11 @@ package hashing
 
 import (
 	"encoding/binary"
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"unsafe"
 )
 
 // Memo remembers SHA-256 digests of blocks, so that warm queries (a
@@ -17,13 +20,19 @@ import (
 // exactly the digest SHA-256 would, and tenants, salts and LoRA names can
 // never share an entry unless their hashed bytes are identical.
 //
-// Memory is bounded: entries live in fixed-size ring buffers (one per
-// shard, no pointers, so the garbage collector never scans them), and the
-// oldest entries are overwritten when a ring wraps. Safe for concurrent use.
+// Memory is bounded and fixed at creation, in the manner of fastcache:
+// entries are appended to a ring buffer per shard and the oldest are
+// overwritten when it wraps; a direct-mapped slot table (xxhash -> ring
+// position) finds them, and a colliding newer entry simply takes the slot.
+// Both live outside the Go heap (anonymous mmap), so the garbage collector
+// neither scans them nor grows its heap goal by their size: resident memory
+// is about the configured size once the memo is full. Safe for concurrent
+// use.
 type Memo struct {
 	shards [memoShards]memoShard
 	hits   atomic.Uint64
 	misses atomic.Uint64
+	mapped [][]byte // off-heap regions, unmapped by the finalizer
 }
 
 const (
@@ -32,33 +41,58 @@ const (
 	// LoRA names or salts, huge block sizes) bypass the memo rather than
 	// crowd out everything else.
 	MaxMemoInput = 1024
-	memoEntryHdr = 4  // u32 input length
-	memoDigest   = 32 // digest after the input
+	memoEntryHdr = 4  // u32 key length
+	memoDigest   = 32 // digest after the key
+	// memoSlotEvery is ring bytes per slot: entries take ~100-170 bytes,
+	// so slots outnumber entries and collisions stay rare.
+	memoSlotEvery = 64
 )
 
 type memoShard struct {
 	mu sync.RWMutex
-	// index maps an input's xxhash to the absolute ring position of its
-	// entry; positions older than pos-len(ring) have been overwritten.
-	index map[uint64]uint64
+	// slots holds pairs (xxhash, absolute ring position + 1); 0 is empty.
+	// Positions older than pos-len(ring) have been overwritten.
+	slots []uint64
 	ring  []byte
 	pos   uint64 // absolute write position (never wraps back)
 }
 
-// NewMemo returns a memo using about maxBytes of memory for entries (plus
-// about 24 bytes of index per entry); maxBytes <= 0 returns nil, which
-// disables memoization.
+// NewMemo returns a memo using about maxBytes of memory; maxBytes <= 0
+// returns nil, which disables memoization.
 func NewMemo(maxBytes int) *Memo {
 	if maxBytes <= 0 {
 		return nil
 	}
-	per := max(maxBytes/memoShards, 4*(MaxMemoInput+memoEntryHdr+memoDigest))
+	perShard := max(maxBytes/memoShards, 8*(MaxMemoInput+memoEntryHdr+memoDigest))
+	ringLen := perShard * memoSlotEvery / (memoSlotEvery + 16)
+	nSlots := max(ringLen/memoSlotEvery, 1)
 	m := &Memo{}
 	for i := range m.shards {
-		m.shards[i].ring = make([]byte, per)
-		m.shards[i].index = make(map[uint64]uint64)
+		ring := offHeap(ringLen)
+		slotBytes := offHeap(16 * nSlots)
+		m.mapped = append(m.mapped, ring, slotBytes)
+		m.shards[i].ring = ring
+		m.shards[i].slots = unsafe.Slice((*uint64)(unsafe.Pointer(&slotBytes[0])), 2*nSlots)
 	}
+	runtime.SetFinalizer(m, (*Memo).release)
 	return m
+}
+
+// offHeap returns n zeroed bytes from an anonymous mapping, or from the Go
+// heap where mapping fails.
+func offHeap(n int) []byte {
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return make([]byte, n)
+	}
+	return b
+}
+
+func (m *Memo) release() {
+	for _, b := range m.mapped {
+		_ = syscall.Munmap(b) // heap fallbacks fail harmlessly with EINVAL
+	}
+	m.mapped = nil
 }
 
 // Stats returns the hit and miss counts since creation (chains report theirs
@@ -70,19 +104,61 @@ func (m *Memo) Stats() (hits, misses uint64) {
 	return m.hits.Load(), m.misses.Load()
 }
 
-// lookup copies the digest of input into out and reports whether it was
-// known.
-func (m *Memo) lookup(input []byte, h uint64, out *[32]byte) bool {
+// slot is the index in s.slots of the pair for h. The shard was chosen by
+// h's low bits, so the slot uses the high ones.
+func (s *memoShard) slot(h uint64) int {
+	return int((h>>32)%uint64(len(s.slots)/2)) * 2
+}
+
+// lookup copies the digest stored for key into out and reports whether it
+// was known.
+func (m *Memo) lookup(key []byte, h uint64, out *[32]byte) bool {
 	s := &m.shards[h%memoShards]
+	i := s.slot(h)
 	s.mu.RLock()
-	at, ok := s.index[h]
-	if ok && s.pos-at <= uint64(len(s.ring)) {
-		ok = s.matches(at, input, out)
-	} else {
-		ok = false
+	ok := false
+	if s.slots[i] == h && s.slots[i+1] != 0 {
+		if at := s.slots[i+1] - 1; s.pos-at <= uint64(len(s.ring)) {
+			ok = s.matches(at, key, out)
+		}
 	}
 	s.mu.RUnlock()
 	return ok
+}
+
+// matches compares the entry at absolute position at with key and, on a
+// match, copies its digest. Entries never straddle the ring's end.
+func (s *memoShard) matches(at uint64, key []byte, out *[32]byte) bool {
+	off := at % uint64(len(s.ring))
+	e := s.ring[off:]
+	n := int(binary.LittleEndian.Uint32(e))
+	if n != len(key) || string(e[memoEntryHdr:memoEntryHdr+n]) != string(key) {
+		return false
+	}
+	copy(out[:], e[memoEntryHdr+n:memoEntryHdr+n+memoDigest])
+	return true
+}
+
+// store records digest for key.
+func (m *Memo) store(key []byte, h uint64, digest *[32]byte) {
+	s := &m.shards[h%memoShards]
+	size := uint64(memoEntryHdr + len(key) + memoDigest)
+	ringLen := uint64(len(s.ring))
+	i := s.slot(h)
+	s.mu.Lock()
+	off := s.pos % ringLen
+	if off+size > ringLen {
+		// Entries never straddle the end: skip to the next lap.
+		s.pos += ringLen - off
+		off = 0
+	}
+	e := s.ring[off : off+size]
+	binary.LittleEndian.PutUint32(e, uint32(len(key)))
+	copy(e[memoEntryHdr:], key)
+	copy(e[memoEntryHdr+len(key):], digest[:])
+	s.slots[i], s.slots[i+1] = h, s.pos+1
+	s.pos += size
+	s.mu.Unlock()
 }
 
 // flushMemoStats adds the chain's hit and miss counts to its memo once per
@@ -93,53 +169,6 @@ func (c *Chain) flushMemoStats() {
 		c.memo.misses.Add(c.memoMisses)
 	}
 	c.memoHits, c.memoMisses = 0, 0
-}
-
-// matches compares the entry at absolute position at with input and, on a
-// match, copies its digest. Entries never straddle the ring's end.
-func (s *memoShard) matches(at uint64, input []byte, out *[32]byte) bool {
-	off := at % uint64(len(s.ring))
-	e := s.ring[off:]
-	n := int(binary.LittleEndian.Uint32(e))
-	if n != len(input) || string(e[memoEntryHdr:memoEntryHdr+n]) != string(input) {
-		return false
-	}
-	copy(out[:], e[memoEntryHdr+n:memoEntryHdr+n+memoDigest])
-	return true
-}
-
-// store records digest as the SHA-256 of input.
-func (m *Memo) store(input []byte, h uint64, digest *[32]byte) {
-	s := &m.shards[h%memoShards]
-	size := uint64(memoEntryHdr + len(input) + memoDigest)
-	ringLen := uint64(len(s.ring))
-	s.mu.Lock()
-	off := s.pos % ringLen
-	if off+size > ringLen {
-		// Entries never straddle the end: skip to the next lap, and
-		// forget what that lap overwrites.
-		s.pos += ringLen - off
-		off = 0
-		s.sweep()
-	}
-	e := s.ring[off : off+size]
-	binary.LittleEndian.PutUint32(e, uint32(len(input)))
-	copy(e[memoEntryHdr:], input)
-	copy(e[memoEntryHdr+len(input):], digest[:])
-	s.index[h] = s.pos
-	s.pos += size
-	s.mu.Unlock()
-}
-
-// sweep drops index entries whose ring space the new lap will overwrite, so
-// the index stays proportional to the ring. It runs once per lap.
-func (s *memoShard) sweep() {
-	ringLen := uint64(len(s.ring))
-	for h, at := range s.index {
-		if s.pos-at >= ringLen {
-			delete(s.index, h)
-		}
-	}
 }
 
 // memoKey builds in c.mkey the memo key of block [start, end): everything

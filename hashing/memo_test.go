@@ -1,11 +1,17 @@
 package hashing
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
 	"pgregory.net/rapid"
 )
 
@@ -146,4 +152,58 @@ func BenchmarkWarmChain(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/512, "ns/block")
 		})
 	}
+}
+
+func rssBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status")
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Skip("no VmRSS")
+	return 0
+}
+
+// TestMemoMemoryIsBounded fills a memo many times over: resident memory
+// grows by about its configured size and no more, and the Go heap not at
+// all (the memo lives off-heap).
+func TestMemoMemoryIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("memory")
+	}
+	const size = 16 << 20
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	rss0 := rssBytes(t)
+	m := NewMemo(size)
+	key := make([]byte, 100)
+	var d [32]byte
+	for i := 0; i < 600_000; i++ { // ~4x what fits
+		binary.LittleEndian.PutUint64(key, uint64(i))
+		m.store(key, xxhash.Sum64(key), &d)
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grew := rssBytes(t) - rss0
+	t.Logf("RSS grew %.1f MiB for a %d MiB memo; Go heap in use %+.1f MiB", float64(grew)/(1<<20), size>>20, float64(int64(after.HeapInuse)-int64(before.HeapInuse))/(1<<20))
+	if grew > size*13/10 {
+		t.Errorf("RSS grew %d bytes for a %d-byte memo", grew, size)
+	}
+	if d := int64(after.HeapInuse) - int64(before.HeapInuse); d > 1<<20 {
+		t.Errorf("Go heap grew %d bytes; the memo should live off-heap", d)
+	}
+	// The newest entries are still there.
+	binary.LittleEndian.PutUint64(key, 599_999)
+	if !m.lookup(key, xxhash.Sum64(key), &d) {
+		t.Error("the newest entry is missing")
+	}
+	runtime.KeepAlive(m)
 }
