@@ -15,11 +15,11 @@ import (
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
-// TestCapacityAtServiceLimit registers the default maximum number of
-// services (each with a real subscriber whose publisher is absent), checks
-// the next one is refused, and unregisters them all: the socket and
-// descriptor budget (README "Limits") holds at the cap, and everything is
-// released.
+// TestCapacityAtServiceLimit makes 10,000 registrations, each with a real
+// subscriber whose publisher is absent: the first 4,096 (the default cap)
+// succeed, the rest are refused without side effects, and unregistering
+// them all releases every socket, descriptor and goroutine. The socket and
+// descriptor budget (README "Limits") holds at the cap.
 func TestCapacityAtServiceLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("capacity")
@@ -50,8 +50,13 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 		}
 	}
 	t.Logf("%d registrations in %v, %d descriptors", n, time.Since(start), openFDs(t)-fdsBefore)
-	if _, err := reg.Register(svc(n)); err != registry.ErrTooManyServices {
-		t.Errorf("registration over the cap: %v", err)
+	for i := n; i < 10_000; i++ {
+		if _, err := reg.Register(svc(i)); err != registry.ErrTooManyServices {
+			t.Fatalf("registration %d, over the cap: %v", i, err)
+		}
+	}
+	if got := len(reg.Services()); got != n {
+		t.Fatalf("%d services after refusals, want %d", got, n)
 	}
 	start = time.Now()
 	for i := 0; i < n; i++ {
