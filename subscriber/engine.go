@@ -59,6 +59,10 @@ type engineDecoder struct {
 	lora      []byte
 	events    []engineEvent
 	keys      []uint64
+	// fields and mapEv are the event under decoding; kept here so that
+	// walking its map allocates nothing.
+	fields engineFields
+	mapEv  engineMapEvent
 }
 
 func newEngineDecoder(typ SourceType, p *hashing.Profile, blockSize int, lora string) *engineDecoder {
@@ -140,6 +144,23 @@ func (f *engineFields) fail(r Reason) {
 	}
 }
 
+// engineMapEvent adapts an engine event under decoding to walkEventMap.
+type engineMapEvent struct {
+	d *engineDecoder
+	f *engineFields
+}
+
+func (e *engineMapEvent) fieldID(key []byte) (uint8, bool) {
+	id := e.d.field(key)
+	return id, id != fUnknown
+}
+func (e *engineMapEvent) seenMask() *uint32 { return &e.f.seen }
+func (e *engineMapEvent) failed() bool      { return e.f.reject != ReasonNone }
+func (e *engineMapEvent) fail(r Reason)     { e.f.fail(r) }
+func (e *engineMapEvent) readField(r *mpReader, id uint8) error {
+	return e.d.readField(r, id, e.f)
+}
+
 func (d *engineDecoder) readEvent(r *mpReader, _ *envelope, _ int) error {
 	d.events = append(d.events, engineEvent{})
 	ev := &d.events[len(d.events)-1]
@@ -159,51 +180,12 @@ func (d *engineDecoder) readEvent(r *mpReader, _ *envelope, _ int) error {
 	if err != nil {
 		return err
 	}
-	var f engineFields
+	d.fields = engineFields{}
+	f := &d.fields
+	d.mapEv = engineMapEvent{d: d, f: f}
 	off := len(d.keys)
-	for i := 0; i < n; i++ {
-		k, err := r.peek()
-		if err != nil {
-			return err
-		}
-		if k != kStr {
-			f.fail(EvNonStringKey)
-			if err := r.skip(); err != nil {
-				return err
-			}
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		key, err := r.str()
-		if err != nil {
-			return err
-		}
-		id := d.field(key)
-		if id == fUnknown {
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		if f.seen&bit(id) != 0 {
-			f.fail(EvDuplicateKey)
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		f.seen |= bit(id)
-		if f.reject != ReasonNone {
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := d.readField(r, id, &f); err != nil {
-			return err
-		}
+	if err := walkEventMap(r, n, &d.mapEv); err != nil {
+		return err
 	}
 	if f.reject != ReasonNone {
 		d.keys = d.keys[:off]
@@ -211,7 +193,7 @@ func (d *engineDecoder) readEvent(r *mpReader, _ *envelope, _ int) error {
 		return nil
 	}
 	ev.off, ev.n = int32(off), int32(len(d.keys)-off)
-	d.validate(ev, &f)
+	d.validate(ev, f)
 	if ev.result == Rejected {
 		d.keys = d.keys[:off]
 		ev.n = 0

@@ -190,6 +190,7 @@ type mooncakeDecoder struct {
 	log      zerolog.Logger
 	events   []mcEvent
 	bindings map[bindingKey]*binding
+	mapEv    mooncakeMapEvent // the event under decoding, reused
 }
 
 func newMooncakeDecoder(cfg *Config) *mooncakeDecoder {
@@ -207,6 +208,23 @@ func newMooncakeDecoder(cfg *Config) *mooncakeDecoder {
 }
 
 func (d *mooncakeDecoder) beginBatch() { d.events = d.events[:0] }
+
+// mooncakeMapEvent adapts a master event under decoding to walkEventMap.
+type mooncakeMapEvent struct {
+	d *mooncakeDecoder
+	e *mcEvent
+}
+
+func (m *mooncakeMapEvent) fieldID(key []byte) (uint8, bool) {
+	id := mooncakeField(key)
+	return id, id != mUnknown
+}
+func (m *mooncakeMapEvent) seenMask() *uint32 { return &m.e.seen }
+func (m *mooncakeMapEvent) failed() bool      { return m.e.result == Rejected }
+func (m *mooncakeMapEvent) fail(r Reason)     { m.e.fail(r) }
+func (m *mooncakeMapEvent) readField(r *mpReader, id uint8) error {
+	return m.d.readField(r, id, m.e)
+}
 
 func (d *mooncakeDecoder) readEvent(r *mpReader, env *envelope, _ int) error {
 	d.events = append(d.events, mcEvent{})
@@ -226,49 +244,9 @@ func (d *mooncakeDecoder) readEvent(r *mpReader, env *envelope, _ int) error {
 	if err != nil {
 		return err
 	}
-	for i := 0; i < n; i++ {
-		k, err := r.peek()
-		if err != nil {
-			return err
-		}
-		if k != kStr {
-			e.fail(EvNonStringKey)
-			if err := r.skip(); err != nil {
-				return err
-			}
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		key, err := r.str()
-		if err != nil {
-			return err
-		}
-		id := mooncakeField(key)
-		if id == mUnknown {
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		if e.seen&(1<<id) != 0 {
-			e.fail(EvDuplicateKey)
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		e.seen |= 1 << id
-		if e.result == Rejected {
-			if err := r.skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := d.readField(r, id, e); err != nil {
-			return err
-		}
+	d.mapEv = mooncakeMapEvent{d: d, e: e}
+	if err := walkEventMap(r, n, &d.mapEv); err != nil {
+		return err
 	}
 	if e.result != Rejected {
 		d.validate(e, env)

@@ -304,3 +304,65 @@ func (r *mpReader) optInt() (v int64, present, ok bool, err error) {
 	}
 	return 0, false, false, r.skip()
 }
+
+// eventMapReader is one event being decoded by walkEventMap: it names the
+// recognized keys, records which were seen, and reads their values.
+type eventMapReader interface {
+	// fieldID maps a key to its field id; known is false for keys to
+	// ignore (forward compatibility).
+	fieldID(key []byte) (id uint8, known bool)
+	// seenMask is the set of field ids read so far (bit id).
+	seenMask() *uint32
+	// failed reports whether the event is already rejected; its remaining
+	// values are then skipped, though duplicates are still noticed.
+	failed() bool
+	fail(Reason)
+	readField(r *mpReader, id uint8) error
+}
+
+// walkEventMap reads the n entries of an event map with the rules every
+// event family shares (events.md §3.2): non-string keys and repeated
+// recognized keys reject the event, unknown keys are skipped, and nothing
+// is read after a rejection. It returns only payload-level errors (the
+// envelope is then rejected); event rejections go through fail.
+func walkEventMap(r *mpReader, n int, ev eventMapReader) error {
+	seen := ev.seenMask()
+	for i := 0; i < n; i++ {
+		k, err := r.peek()
+		if err != nil {
+			return err
+		}
+		if k != kStr {
+			ev.fail(EvNonStringKey)
+			if err := r.skip(); err != nil {
+				return err
+			}
+			if err := r.skip(); err != nil {
+				return err
+			}
+			continue
+		}
+		key, err := r.str()
+		if err != nil {
+			return err
+		}
+		id, known := ev.fieldID(key)
+		switch {
+		case !known:
+			err = r.skip()
+		case *seen&(1<<id) != 0:
+			ev.fail(EvDuplicateKey)
+			err = r.skip()
+		case ev.failed():
+			*seen |= 1 << id
+			err = r.skip()
+		default:
+			*seen |= 1 << id
+			err = ev.readField(r, id)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
