@@ -98,19 +98,17 @@ func New(opts Options) *Server {
 	}
 	s := &Server{opts: opts}
 	s.fs = &fasthttp.Server{
-		Handler:                       s.Handle,
-		ErrorHandler:                  s.transportError,
-		Name:                          "conductor",
-		MaxRequestBodySize:            opts.MaxBodyBytes,
-		ReadTimeout:                   opts.ReadTimeout,
-		WriteTimeout:                  opts.WriteTimeout,
-		IdleTimeout:                   opts.IdleTimeout,
-		MaxConnsPerIP:                 opts.MaxConnsPerIP,
-		NoDefaultServerHeader:         false,
-		NoDefaultContentType:          true,
-		DisablePreParseMultipartForm:  true,
-		DisableHeaderNamesNormalizing: false,
-		Logger:                        fasthttpLogger{opts.Logger},
+		Handler:                      s.Handle,
+		ErrorHandler:                 s.transportError,
+		Name:                         "conductor",
+		MaxRequestBodySize:           opts.MaxBodyBytes,
+		ReadTimeout:                  opts.ReadTimeout,
+		WriteTimeout:                 opts.WriteTimeout,
+		IdleTimeout:                  opts.IdleTimeout,
+		MaxConnsPerIP:                opts.MaxConnsPerIP,
+		NoDefaultContentType:         true,
+		DisablePreParseMultipartForm: true,
+		Logger:                       fasthttpLogger{opts.Logger},
 	}
 	return s
 }
