@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -81,9 +83,10 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	ix := index.New(index.Options{})
 	counters := subscriber.NewCounters()
 	reg := registry.New(registry.Options{
-		Index:  ix,
-		Start:  sourceFactory(log, counters, staticKeys(cfg)),
-		Logger: log,
+		Index:            ix,
+		Start:            sourceFactory(log, counters, staticKeys(cfg)),
+		Logger:           log,
+		OnContextDropped: func(index.ContextKey) { returnMemory() },
 	})
 	for _, st := range cfg.Static {
 		if _, err := reg.Register(st.Service); err != nil {
@@ -160,6 +163,22 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[
 		}
 		return source{sub}, nil
 	}
+}
+
+var returning atomic.Bool
+
+// returnMemory hands memory freed by a dropped context back to the OS in
+// the background (a forced GC plus scavenge), at most one at a time: the
+// runtime would otherwise return it over minutes, and operators read RSS.
+// The goroutine ends by itself within milliseconds.
+func returnMemory() {
+	if !returning.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer returning.Store(false)
+		debug.FreeOSMemory()
+	}()
 }
 
 // staticKeys are the config file's registrations: readiness waits for

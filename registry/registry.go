@@ -97,6 +97,10 @@ type Options struct {
 	// MaxServices bounds the number of registrations (default 4096).
 	MaxServices int
 	Logger      zerolog.Logger
+	// OnContextDropped, when set, is called (with the registry locked)
+	// after a context's last service is gone and its table dropped; main
+	// uses it to hand the freed memory back to the OS.
+	OnContextDropped func(index.ContextKey)
 }
 
 // ConflictError is a registration that contradicts the existing state; the
@@ -292,6 +296,9 @@ func (r *Registry) remove(key ServiceKey, e *entry) {
 	if cs.services == 0 {
 		delete(r.contexts, ctxKey)
 		r.opts.Index.DropTable(ctxKey)
+		if r.opts.OnContextDropped != nil {
+			r.opts.OnContextDropped(ctxKey)
+		}
 	}
 }
 

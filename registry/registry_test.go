@@ -153,6 +153,24 @@ func TestStaleServiceRestartsOnIdenticalRegister(t *testing.T) {
 	}
 }
 
+func TestOnContextDropped(t *testing.T) {
+	var dropped []index.ContextKey
+	ix := index.New(index.Options{})
+	r := New(Options{Index: ix, Start: (&factory{}).start, OnContextDropped: func(k index.ContextKey) { dropped = append(dropped, k) }})
+	a, b := svc(t, "a", 0, "tcp://h:1"), svc(t, "b", 0, "tcp://h:2")
+	for _, s := range []Service{a, b} {
+		if _, err := r.Register(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Unregister(a.Key()); err != nil || len(dropped) != 0 {
+		t.Fatalf("context dropped while b remains: %v %v", err, dropped)
+	}
+	if err := r.Unregister(b.Key()); err != nil || len(dropped) != 1 || dropped[0] != a.Context() {
+		t.Fatalf("last service gone: %v %v", err, dropped)
+	}
+}
+
 func TestStartFailureChangesNothing(t *testing.T) {
 	f := &factory{fail: errors.New("boom")}
 	r, ix := newReg(f, 0)
