@@ -168,8 +168,9 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[
 var returning atomic.Bool
 
 // returnMemory hands memory freed by a dropped context back to the OS in
-// the background (a forced GC plus scavenge), at most one at a time: the
-// runtime would otherwise return it over minutes, and operators read RSS.
+// the background (a forced GC plus scavenge, then a trim of the C heap that
+// held libzmq's buffers), at most one at a time: otherwise it would come back
+// over minutes or never, and operators read RSS.
 // The goroutine ends by itself within milliseconds.
 func returnMemory() {
 	if !returning.CompareAndSwap(false, true) {
@@ -178,6 +179,7 @@ func returnMemory() {
 	go func() {
 		defer returning.Store(false)
 		debug.FreeOSMemory()
+		subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
 	}()
 }
 
