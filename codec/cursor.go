@@ -168,9 +168,9 @@ func validate(b []byte) error {
 				return errMalformed
 			}
 			continue
-		} else if c == 0xcd || c == 0xce {
+		} else if c == 0xcd || c == 0xce || c == 0xd2 {
 			w := 3
-			if c == 0xce {
+			if c != 0xcd {
 				w = 5
 			}
 			if p+w > len(b) {

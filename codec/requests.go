@@ -468,8 +468,9 @@ func decodeTokens(c *cursor, lim Limits, dst []int32) ([]int32, *Error) {
 		dst = grow(dst, n)
 		b := c.b
 		for i := 0; i < n; i++ {
-			// Fast path for the formats tokenizers' ids take: positive
-			// fixint, uint8, uint16 and in-range uint32.
+			// Fast path for the formats token ids arrive in: positive
+			// fixint, uint8, uint16 and in-range uint32 (Python packers),
+			// int32 (Go packers).
 			switch t := b[c.p]; {
 			case t <= 0x7f:
 				dst[i] = int32(t)
@@ -489,6 +490,10 @@ func decodeTokens(c *cursor, lim Limits, dst []int32) ([]int32, *Error) {
 					c.p += 5
 					continue
 				}
+			case t == 0xd2: // int32, what Go encoders emit for int32 values
+				dst[i] = int32(binary.BigEndian.Uint32(b[c.p+1:]))
+				c.p += 5
+				continue
 			}
 			if k := c.peek(); k != kindInt {
 				return dst, elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)

@@ -313,3 +313,50 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 		}
 	}
 }
+
+// TestTokenFormats decodes every integer format a packer may use for a
+// token id, fast paths included.
+func TestTokenFormats(t *testing.T) {
+	elems := [][]byte{
+		{0x05},                               // positive fixint
+		{0xff},                               // negative fixint -1
+		{0xcc, 0xc8},                         // uint8 200
+		{0xcd, 0x30, 0x39},                   // uint16 12345
+		{0xce, 0x7f, 0xff, 0xff, 0xff},       // uint32 MaxInt32
+		{0xd0, 0x80},                         // int8 -128
+		{0xd1, 0x80, 0x00},                   // int16 -32768
+		{0xd2, 0x80, 0x00, 0x00, 0x00},       // int32 MinInt32
+		{0xd2, 0x00, 0x01, 0xe2, 0x40},       // int32 123456
+		{0xd3, 0, 0, 0, 0, 0, 0, 0, 0x07},    // int64 7
+		{0xcf, 0, 0, 0, 0, 0, 0, 0x01, 0x00}, // uint64 256
+	}
+	want := []int32{5, -1, 200, 12345, math.MaxInt32, -128, -32768, math.MinInt32, 123456, 7, 256}
+	body := []byte{0x83, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm', 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10,
+		0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0x90 | byte(len(elems))}
+	for _, e := range elems {
+		body = append(body, e...)
+	}
+	var q QueryRequest
+	if e := DecodeQuery(body, DefaultLimits(), &q); e != nil {
+		t.Fatal(e)
+	}
+	if diff := cmp.Diff(want, q.Tokens); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	// Out-of-range values in the fast-path formats are still rejected.
+	for _, bad := range [][]byte{{0xce, 0x80, 0, 0, 0}, {0xd3, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff}} {
+		b := append(append([]byte(nil), body[:len(body)-len(elemsBytes(elems))-1]...), 0x91)
+		b = append(b, bad...)
+		if e := DecodeQuery(b, DefaultLimits(), &q); e == nil || e.Reason != OutOfRange || e.Index != 0 {
+			t.Errorf("% x: %v, want out_of_range at index 0", bad, e)
+		}
+	}
+}
+
+func elemsBytes(elems [][]byte) []byte {
+	var b []byte
+	for _, e := range elems {
+		b = append(b, e...)
+	}
+	return b
+}

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"hash"
 	"sync"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // sglangSaltPrefix is "sglang-cache-salt-v1" and a zero byte; SHA-256 of it
@@ -50,10 +48,17 @@ type Chain struct {
 	// the outer tuple and STOP) except block 0, which may add the salt.
 	// Both variants are encoded once per query, at the first Next, into
 	// tails: block 0's is tails[:tail0], every later block's tails[tail0:].
-	// memo, when set, answers block digests it has seen (see Memo); mkey
-	// is the reused buffer for a block's memo key.
+	// memo, when set, supplies the digests of a remembered chain sharing
+	// this query's prefix (see Memo): reuse's first reuseK blocks. digs
+	// records this query's full-block digests so the memo can learn them.
 	memo       *Memo
-	mkey       []byte
+	root       [32]byte
+	lookedUp   bool
+	fp         uint64
+	fpOK       bool
+	reuse      *prefixEntry
+	reuseK     int
+	digs       [][32]byte
 	memoHits   uint64
 	memoMisses uint64
 
@@ -82,9 +87,9 @@ func ReleaseChain(c *Chain) {
 	if c == nil {
 		return
 	}
+	c.endMemoQuery(true) // the caller's tokens are still intact here
 	c.tokens, c.lora, c.salt = nil, "", ""
 	c.kind, c.limit, c.pos = kindNone, 0, 0
-	c.flushMemoStats()
 	c.memo = nil
 	if cap(c.buf) > maxPooledBuf {
 		c.buf = nil // the next query regrows it to the size it needs
@@ -104,7 +109,9 @@ func ReleaseChain(c *Chain) {
 // SGLang query containing a negative token id, which SGLang cannot hash
 // (§4.5).
 func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt string) {
-	c.flushMemoStats()
+	// The previous query's tokens may have been reused by the caller, so
+	// only ReleaseChain lets the memo learn a chain.
+	c.endMemoQuery(false)
 	c.tokens, c.lora, c.salt = tokens, lora, salt
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
 	c.havePr, c.tailsSet = false, false
@@ -113,6 +120,7 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 		return
 	}
 	c.kind = p.kind
+	c.root = p.RootDigest
 	n := len(tokens)
 	switch c.kind {
 	case kindVLLMCBOR, kindVLLMPickle:
@@ -131,10 +139,11 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	}
 }
 
-// UseMemo makes the following Next calls consult m (nil disables it). The
-// keys are identical with and without a memo; only the cost changes.
+// UseMemo makes this query consult m (nil disables it); call it after
+// Reset. The keys are identical with and without a memo; only the cost
+// changes. The memo learns the query's chain when the chain is released.
 func (c *Chain) UseMemo(m *Memo) {
-	c.flushMemoStats()
+	c.endMemoQuery(false)
 	c.memo = m
 }
 
@@ -159,20 +168,24 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.kind == kindNone {
 		return 0, 0, false
 	}
-	if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
-		c.seedSGLangSalt()
+	if c.memo != nil && !c.lookedUp {
+		c.lookedUp = true
+		c.findPrefix()
 	}
-	if c.memo != nil && c.memoKey(start, end) {
-		h := xxhash.Sum64(c.mkey)
-		if c.memo.lookup(c.mkey, h, &c.parent) {
-			c.memoHits++
-		} else {
-			c.memoMisses++
-			c.hashBlock(start, end)
-			c.memo.store(c.mkey, h, &c.parent)
-		}
+	if c.block < c.reuseK {
+		c.parent = c.reuse.digests[c.block]
+		c.memoHits++
 	} else {
+		if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
+			c.seedSGLangSalt()
+		}
 		c.hashBlock(start, end)
+		if c.memo != nil {
+			c.memoMisses++
+		}
+	}
+	if c.memo != nil && c.fpOK && end-start == c.bs && len(c.digs) == c.block {
+		c.digs = append(c.digs, c.parent)
 	}
 	c.havePr = true
 	c.pos = end
