@@ -22,11 +22,10 @@ import (
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
-// DefaultMemoMiB sizes the digest memo. It is off by default: measured with
-// scripts/loadgen on SHA-NI hardware, a memo lookup (two random memory
-// reads) costs as much as hashing a block, so it only pays where SHA-256 is
-// slow or the warm set is small enough to stay in cache.
-const DefaultMemoMiB = 0
+// DefaultMemoMiB sizes the prefix memo: about a thousand remembered 8K-token
+// chains (tokens and digests), enough for the system prompts and live
+// conversations of a fleet's router.
+const DefaultMemoMiB = 64
 
 // DefaultPort is the contract's default http_server_port. A config file
 // without the key keeps it (upstream would bind port 0).
@@ -73,7 +72,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	addr := fl.String("addr", "", "HTTP listen address (env CONDUCTOR_HTTP_ADDR, default all interfaces)")
 	level := fl.String("log-level", "", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL, default INFO)")
 	format := fl.String("log-format", "", "json or console (env CONDUCTOR_LOG_FORMAT, default json)")
-	memo := fl.Int("hash-memo-mib", -1, "MiB of memory for the block-digest memo that lets warm queries skip SHA-256 (env CONDUCTOR_HASH_MEMO_MIB, default 0 = off)")
+	memo := fl.Int("hash-memo-mib", -1, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing (env CONDUCTOR_HASH_MEMO_MIB, default 64, 0 disables)")
 	tokenFile := fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE or CONDUCTOR_AUTH_TOKEN; default off)")
 	if err := fl.Parse(args); err != nil {
 		return nil, err

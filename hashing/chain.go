@@ -54,8 +54,7 @@ type Chain struct {
 	memo       *Memo
 	root       [32]byte
 	lookedUp   bool
-	fp         uint64
-	fpOK       bool
+	fpVals     []uint64 // fingerprints of the first 1, 2, 4, … blocks
 	reuse      *prefixEntry
 	reuseK     int
 	digs       [][32]byte
@@ -184,7 +183,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 			c.memoMisses++
 		}
 	}
-	if c.memo != nil && c.fpOK && end-start == c.bs && len(c.digs) == c.block {
+	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block {
 		c.digs = append(c.digs, c.parent)
 	}
 	c.havePr = true

@@ -14,11 +14,15 @@ import (
 // conversation) reuses the digests of the longest prefix it shares with one
 // of them instead of hashing those blocks again.
 //
-// Entries are found by a fingerprint of everything that starts a chain —
-// encoding, block size, root digest, LoRA name, salt and the tokens of the
-// first block — and then verified exactly: the header fields are compared,
-// and only blocks whose tokens lie inside the common token prefix (compared
-// with memcmp) are reused. A reused digest is therefore exactly the one
+// Entries are filed under fingerprints of everything that determines a
+// chain's first d blocks — encoding, block size, root digest, LoRA name,
+// salt and the tokens those blocks read — for d = 1, 2, 4, 8, … A query
+// computes the same fingerprints in one streaming pass over its tokens and
+// looks up the deepest first, so a conversation that shares only a system
+// prompt with thousands of others still finds its own previous turn. A
+// candidate is then verified exactly: the header fields are compared, and
+// only blocks whose tokens lie inside the common token prefix (compared with
+// memcmp) are reused. A reused digest is therefore exactly the one
 // SHA-256 would produce; a per-block memo was tried first and lost to
 // hashing on SHA-NI hardware, because it paid two random memory reads per
 // block, while this pays one lookup and one sequential comparison per query.
@@ -52,19 +56,19 @@ type memoShard struct {
 
 // prefixEntry is one remembered chain. It is immutable once published.
 type prefixEntry struct {
-	fp      uint64
+	fps     []uint64 // the buckets it is filed under, shallowest first
 	kind    kind
 	bs      int
 	root    [32]byte
 	lora    string
 	salt    string
-	tokens  []int32    // every token the stored blocks read
-	digests [][32]byte // D_0 … D_{m-1}, full blocks only
-	dead    bool       // evicted or superseded (under the shard lock)
+	tokens  []int32     // every token the stored blocks read
+	digests [][32]byte  // D_0 … D_{m-1}, full blocks only
+	dead    atomic.Bool // evicted or superseded
 }
 
 func (e *prefixEntry) size() int {
-	return entryOverhead + 4*len(e.tokens) + 32*len(e.digests) + len(e.lora) + len(e.salt)
+	return entryOverhead + 4*len(e.tokens) + 32*len(e.digests) + 16*len(e.fps) + len(e.lora) + len(e.salt)
 }
 
 // NewMemo returns a memo that holds about maxBytes of chains; maxBytes <= 0
@@ -99,12 +103,13 @@ func readEnd(k kind, bs, i int) int {
 	return (i + 1) * bs
 }
 
-// fingerprint hashes a chain's header and first block; ok is false when the
-// query cannot use the memo (no full first block, names too long).
-func (c *Chain) fingerprint() (uint64, bool) {
-	first := readEnd(c.kind, c.bs, 0)
-	if len(c.lora)+len(c.salt) > MaxMemoNames || len(c.tokens) < first || c.limit < c.bs {
-		return 0, false
+// fingerprints fills c.fpVals with the fingerprint of the chain's first d
+// blocks for d = 1, 2, 4, … up to the query's full blocks; it leaves none
+// when the query cannot use the memo (no full first block, long names).
+func (c *Chain) fingerprints() {
+	c.fpVals = c.fpVals[:0]
+	if len(c.lora)+len(c.salt) > MaxMemoNames || c.limit < c.bs || len(c.tokens) < readEnd(c.kind, c.bs, 0) {
+		return
 	}
 	var d xxhash.Digest
 	d.Reset()
@@ -116,8 +121,13 @@ func (c *Chain) fingerprint() (uint64, bool) {
 	d.WriteString(c.lora)
 	d.Write([]byte{0})
 	d.WriteString(c.salt)
-	d.Write(int32Bytes(c.tokens[:first]))
-	return d.Sum64(), true
+	fed := 0
+	for depth := 1; depth*c.bs <= c.limit; depth *= 2 {
+		end := readEnd(c.kind, c.bs, depth-1)
+		d.Write(int32Bytes(c.tokens[fed:end]))
+		fed = end
+		c.fpVals = append(c.fpVals, d.Sum64())
+	}
 }
 
 func int32Bytes(t []int32) []byte {
@@ -156,91 +166,122 @@ func (c *Chain) usable(e *prefixEntry) int {
 }
 
 // findPrefix picks the remembered chain sharing the most blocks with this
-// query.
+// query, trying the deepest fingerprint first.
 func (c *Chain) findPrefix() {
-	fp, ok := c.fingerprint()
-	if !ok {
-		return
-	}
-	c.fp, c.fpOK = fp, true
-	s := &c.memo.shards[fp%memoShards]
-	s.mu.RLock()
-	for _, e := range s.buckets[fp] {
-		if k := c.usable(e); k > c.reuseK {
-			c.reuse, c.reuseK = e, k
+	c.fingerprints()
+	for j := len(c.fpVals) - 1; j >= 0 && c.reuseK == 0; j-- {
+		fp := c.fpVals[j]
+		s := &c.memo.shards[fp%memoShards]
+		s.mu.RLock()
+		for _, e := range s.buckets[fp] {
+			if k := c.usable(e); k > c.reuseK {
+				c.reuse, c.reuseK = e, k
+			}
 		}
+		s.mu.RUnlock()
 	}
-	s.mu.RUnlock()
 }
 
 // rememberPrefix stores this query's chain if it hashed full blocks the
 // memo did not have. It runs when the chain is released, while the
 // caller's tokens are still intact.
 func (c *Chain) rememberPrefix() {
-	if c.memo == nil || !c.fpOK || len(c.digs) <= c.reuseK {
+	if c.memo == nil || len(c.fpVals) == 0 || len(c.digs) <= c.reuseK {
 		return
 	}
 	m := len(c.digs)
+	n := 0 // fingerprints of the depths the stored chain covers
+	for depth := 1; depth <= m && n < len(c.fpVals); depth *= 2 {
+		n++
+	}
 	e := &prefixEntry{
-		fp: c.fp, kind: c.kind, bs: c.bs, root: c.root, lora: c.lora, salt: c.salt,
+		fps:  append([]uint64(nil), c.fpVals[:n]...),
+		kind: c.kind, bs: c.bs, root: c.root, lora: c.lora, salt: c.salt,
 		tokens:  append([]int32(nil), c.tokens[:min(readEnd(c.kind, c.bs, m-1), len(c.tokens))]...),
 		digests: append([][32]byte(nil), c.digs...),
 	}
 	c.memo.insert(e)
 }
 
+// insert files e under each of its fingerprints, then retires the entries
+// it extends and the oldest ones over the budget. Shard locks are taken one at a time, never nested.
 func (m *Memo) insert(e *prefixEntry) {
-	s := &m.shards[e.fp%memoShards]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := s.buckets[e.fp]
-	kept := make([]*prefixEntry, 0, min(len(old)+1, memoBucket))
-	kept = append(kept, e)
-	for _, o := range old {
-		if len(kept) == memoBucket {
-			o.dead = true
-			continue
+	var retired []*prefixEntry
+	for _, fp := range e.fps {
+		s := &m.shards[fp%memoShards]
+		s.mu.Lock()
+		old := s.buckets[fp]
+		kept := make([]*prefixEntry, 0, min(len(old)+1, memoBucket))
+		kept = append(kept, e)
+		for _, o := range old {
+			switch {
+			case o.dead.Load():
+			case o.extendedBy(e):
+				retired = append(retired, o)
+			case len(kept) == memoBucket:
+				// Only this bucket forgets o: a shallow bucket (a shared
+				// system prompt) keeps the newest chains, while o stays
+				// reachable through its deeper fingerprints.
+			default:
+				kept = append(kept, o)
+			}
 		}
-		// An entry the new one extends is redundant.
-		if o.kind == e.kind && o.bs == e.bs && o.root == e.root && o.lora == e.lora && o.salt == e.salt &&
-			len(o.tokens) <= len(e.tokens) && commonPrefix(o.tokens, e.tokens) == len(o.tokens) {
-			o.dead = true
-			continue
-		}
-		kept = append(kept, o)
+		s.buckets[fp] = kept
+		s.mu.Unlock()
 	}
-	s.buckets[e.fp] = kept
+	// The budget is kept by the shard of the deepest fingerprint: the
+	// shallow ones are shared by every prompt with the same opening, and
+	// would pile a whole fleet's chains into one shard.
+	s := &m.shards[e.fps[len(e.fps)-1]%memoShards]
+	s.mu.Lock()
 	s.order = append(s.order, e)
 	s.bytes += e.size()
-	// Evict oldest first; dead entries only release their bytes.
-	for len(s.order) > 0 && (s.bytes > m.budget || s.order[0].dead) {
+	for len(s.order) > 0 && (s.bytes > m.budget || s.order[0].dead.Load()) {
 		o := s.order[0]
 		s.order[0] = nil
 		s.order = s.order[1:]
 		s.bytes -= o.size()
-		if !o.dead {
-			o.dead = true
-			s.drop(o)
-		}
+		retired = append(retired, o)
 	}
 	if cap(s.order) > 2*len(s.order)+64 {
 		s.order = append([]*prefixEntry(nil), s.order...)
 	}
+	s.mu.Unlock()
+	for _, o := range retired {
+		m.retire(o)
+	}
 }
 
-// drop removes o from its bucket.
-func (s *memoShard) drop(o *prefixEntry) {
-	b := s.buckets[o.fp]
-	for i, x := range b {
-		if x == o {
-			b = append(b[:i:i], b[i+1:]...)
-			break
-		}
+// extendedBy reports whether e holds o's whole chain, so o is redundant.
+func (o *prefixEntry) extendedBy(e *prefixEntry) bool {
+	return o != e && o.kind == e.kind && o.bs == e.bs && o.root == e.root && o.lora == e.lora && o.salt == e.salt &&
+		len(o.digests) <= len(e.digests) && len(o.tokens) <= len(e.tokens) && commonPrefix(o.tokens, e.tokens) == len(o.tokens)
+}
+
+// retire marks o dead and removes it from every bucket it is filed under,
+// so nothing but the budget's eviction order still references it (its
+// bytes leave the budget when that order reaches it). It must be called
+// with no shard lock held.
+func (m *Memo) retire(o *prefixEntry) {
+	if o.dead.Swap(true) {
+		return
 	}
-	if len(b) == 0 {
-		delete(s.buckets, o.fp)
-	} else {
-		s.buckets[o.fp] = b
+	for _, fp := range o.fps {
+		s := &m.shards[fp%memoShards]
+		s.mu.Lock()
+		b := s.buckets[fp]
+		for i, x := range b {
+			if x == o {
+				b = append(b[:i:i], b[i+1:]...)
+				break
+			}
+		}
+		if len(b) == 0 {
+			delete(s.buckets, fp)
+		} else {
+			s.buckets[fp] = b
+		}
+		s.mu.Unlock()
 	}
 }
 
@@ -260,6 +301,7 @@ func (c *Chain) endMemoQuery(store bool) {
 		c.rememberPrefix()
 	}
 	c.flushMemoStats()
-	c.reuse, c.reuseK, c.lookedUp, c.fpOK = nil, 0, false, false
+	c.reuse, c.reuseK, c.lookedUp = nil, 0, false
 	c.digs = c.digs[:0]
+	c.fpVals = c.fpVals[:0]
 }

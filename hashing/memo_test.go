@@ -160,17 +160,28 @@ func TestMemoBudget(t *testing.T) {
 		keysOf(&p, 16, toks, "", "", m)
 		last = toks
 	}
+	live := map[*prefixEntry]bool{}
+	ordered := map[*prefixEntry]bool{}
 	for i := range m.shards {
 		s := &m.shards[i]
-		if s.bytes > m.budget+entryOverhead+4*128+32*8 {
+		if s.bytes > m.budget+entryOverhead+4*128+32*8+16*4 {
 			t.Errorf("shard %d holds %d bytes, budget %d", i, s.bytes, m.budget)
 		}
-		n := 0
 		for _, b := range s.buckets {
-			n += len(b)
+			for _, e := range b {
+				if e.dead.Load() {
+					t.Errorf("a retired entry is still filed")
+				}
+				live[e] = true
+			}
 		}
-		if n > len(s.order) {
-			t.Errorf("shard %d: %d bucket entries but %d in eviction order", i, n, len(s.order))
+		for _, e := range s.order {
+			ordered[e] = true
+		}
+	}
+	for e := range live {
+		if !ordered[e] {
+			t.Fatal("a filed entry is outside the budget's eviction order")
 		}
 	}
 	before, _ := m.Stats()

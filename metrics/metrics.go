@@ -85,7 +85,7 @@ var (
 		"1 for the current state of each service's subscriber.", []string{"service", "type", "state"}, nil)
 	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
 	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
-		"Block-digest memo lookups by result (a hit skips SHA-256).", []string{"result"}, nil)
+		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
 )
 
