@@ -39,7 +39,7 @@ type Config struct {
 	Port      int
 	LogLevel  zerolog.Level
 	LogFormat string // "json" or "console"
-	// MemoBytes sizes the hash-digest memo for warm queries (0 disables).
+	// MemoBytes sizes the prefix memo for warm queries (0 disables).
 	MemoBytes int
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.

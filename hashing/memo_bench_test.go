@@ -7,9 +7,9 @@ import (
 )
 
 // BenchmarkMemoWorkingSet cycles through 300 distinct 8K-token prompts
-// (~150k blocks), as a router with many live conversations would: the memo
-// pays two random memory reads per block, which on SHA-NI hardware cost as
-// much as hashing (see the closing note of the performance issue).
+// (~150k blocks), as a router with many live conversations would, with no
+// memo, one too small to hold them (it must cost nothing extra when it
+// thrashes) and one that holds them all.
 func BenchmarkMemoWorkingSet(b *testing.B) {
 	p := allProfiles(b, "0")["sha256_cbor"]
 	r := rand.New(rand.NewPCG(1, 2))

@@ -259,7 +259,7 @@ func TestGoldenAPI(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no golden cases: %v", err)
 	}
-	// Every case runs with and without the digest memo: answers must not
+	// Every case runs with and without the prefix memo: answers must not
 	// depend on it.
 	for _, f := range files {
 		for _, memoBytes := range []int{0, 1 << 20} {

@@ -75,7 +75,7 @@ type soakConfig struct {
 	rssTolerance   float64
 	goroutineSlack int
 	sampleInterval time.Duration // 0: duration/60 within [100ms, 2s]
-	// memoMiB sizes a spawned server's block-digest memo (-1: the
+	// memoMiB sizes a spawned server's prefix memo (-1: the
 	// server's default). The memo is a bounded cache that fills at the
 	// rate queries bring new blocks; at its default size it takes minutes
 	// to fill at soak rates, so RSS would still be climbing, legitimately,

@@ -266,7 +266,7 @@ func (rep *soakReport) writeMarkdown(w io.Writer) {
 	if rep.MemoMiB >= 0 {
 		memo = fmt.Sprintf("%d MiB", rep.MemoMiB)
 	}
-	fmt.Fprintf(w, "%d publishers (%d churned), each holding %d prompts of %d tokens (block %d, %d groups with %d-token system prompts), one step per %.0f ms, a clear every %d steps; %d query workers; a churn action every %.0f ms with up to %d dead-endpoint services; a spawned server's digest memo: %s.\n\n",
+	fmt.Fprintf(w, "%d publishers (%d churned), each holding %d prompts of %d tokens (block %d, %d groups with %d-token system prompts), one step per %.0f ms, a clear every %d steps; %d query workers; a churn action every %.0f ms with up to %d dead-endpoint services; a spawned server's prefix memo: %s.\n\n",
 		rep.Publishers, rep.Churned, rep.Window, rep.PromptTokens, rep.BlockSize, rep.Groups, rep.SystemTokens,
 		rep.OpIntervalMS, rep.ClearEvery, rep.QueryWorkers, rep.ChurnMS, rep.MaxTransients, memo)
 	fmt.Fprintln(w, "| measure | value |")
