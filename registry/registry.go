@@ -186,11 +186,7 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 		if old.source == nil || !old.source.Stale() {
 			return false, nil
 		}
-		old.source.Stop()
-		if old.svc.IsEngine() {
-			// The stale source retracted its blocks; start clean.
-			r.contexts[old.svc.Context()].table.ClearOwner(old.owner, index.AllEngineTiers)
-		}
+		old.source.Stop() // it retracted its blocks when it went stale
 		src, err := r.start(old.svc, old.owner)
 		if err != nil {
 			old.source = nil
