@@ -16,6 +16,7 @@ const (
 	evStored
 	evRemoved
 	evCleared
+	numEvKinds
 )
 
 // Engine event keys (§3.4, §3.5). A key is recognized only for the source
@@ -164,27 +165,11 @@ func (e *engineMapEvent) readField(r *mpReader, id uint8) error {
 func (d *engineDecoder) readEvent(r *mpReader, _ *envelope, _ int) error {
 	d.events = append(d.events, engineEvent{})
 	ev := &d.events[len(d.events)-1]
-	k, err := r.peek()
-	if err != nil {
-		return err
-	}
-	if k != kMap {
-		ev.result = Rejected
-		ev.reason = EvNotMap
-		if k == kArray {
-			ev.reason = EvArrayEncoded
-		}
-		return r.skip()
-	}
-	n, err := r.mapLen()
-	if err != nil {
-		return err
-	}
 	d.fields = engineFields{}
 	f := &d.fields
 	d.mapEv = engineMapEvent{d: d, f: f}
 	off := len(d.keys)
-	if err := walkEventMap(r, n, &d.mapEv); err != nil {
+	if err := readEventMap(r, &d.mapEv); err != nil {
 		return err
 	}
 	if f.reject != ReasonNone {
@@ -234,7 +219,7 @@ func (d *engineDecoder) readField(r *mpReader, id uint8, f *engineFields) error 
 			f.fail(EvWrongType)
 			return r.skip()
 		}
-		return d.readTokens(r, f)
+		return readTokenArray(r, d.typ == TypeSGLang, f)
 	case fBlockSize:
 		v, present, ok, err := r.optInt()
 		if err != nil {
@@ -396,73 +381,20 @@ func (d *engineDecoder) readParent(r *mpReader, k mkind, f *engineFields) error 
 	return r.skip()
 }
 
-// readTokens checks every token id is within int32 (§3.9); SGLang bigram
-// pairs are two ids each. The ids are not used otherwise, and never logged.
-func (d *engineDecoder) readTokens(r *mpReader, f *engineFields) error {
-	n, err := r.arrayLen()
-	if err != nil {
-		return err
-	}
-	for i := 0; i < n; i++ {
-		run, ok := r.int32Run(n - i)
-		if !ok {
-			f.fail(EvTokenRange)
-		}
-		if i += run; i == n {
-			break
-		}
-		k, err := r.peek()
-		if err != nil {
-			return err
-		}
-		switch {
-		case k.isInt():
-			if err := readTokenID(r, k, f); err != nil {
-				return err
-			}
-		case k == kArray && d.typ == TypeSGLang:
-			m, err := r.arrayLen()
-			if err != nil {
-				return err
-			}
-			if m != 2 {
-				f.fail(EvTokenRange)
-			}
-			for j := 0; j < m; j++ {
-				k, err := r.peek()
-				if err != nil {
-					return err
-				}
-				if !k.isInt() {
-					f.fail(EvWrongType)
-					if err := r.skip(); err != nil {
-						return err
-					}
-					continue
-				}
-				if err := readTokenID(r, k, f); err != nil {
-					return err
-				}
-			}
-		default:
-			f.fail(EvWrongType)
-			if err := r.skip(); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-func readTokenID(r *mpReader, k mkind, f *engineFields) error {
-	u, s, neg, err := r.integer(k)
-	if err != nil {
-		return err
-	}
-	if (neg && s < math.MinInt32) || (!neg && u > math.MaxInt32) {
-		f.fail(EvTokenRange)
-	}
-	return nil
+// keyRules are, per source type and event kind, the recognized keys an
+// event may carry (others reject it as foreign, §3.2 rule 5) and the ones
+// it must carry.
+var keyRules = [2][numEvKinds]struct{ allowed, required uint32 }{
+	TypeVLLM: {
+		evStored:  {^uint32(0), vllmStoredRequired},
+		evRemoved: {vllmRemovedAllowed, vllmRemovedRequired},
+		evCleared: {clearedAllowed, 1 << fType},
+	},
+	TypeSGLang: {
+		evStored:  {^uint32(0), sglangStoredRequired},
+		evRemoved: {sglangRemovedAllowed, sglangRemovedRequired},
+		evCleared: {clearedAllowed, 1 << fType},
+	},
 }
 
 const (
@@ -497,6 +429,18 @@ func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
 		reject(EvUnknownTag)
 		return
 	}
+	rule := keyRules[d.typ][ev.kind]
+	switch {
+	case f.seen&^rule.allowed != 0:
+		reject(EvForeignKey)
+		return
+	case f.seen&rule.required != rule.required:
+		reject(EvMissingKey)
+		return
+	case ev.kind == evCleared:
+		ev.result = Applied
+		return
+	}
 	if d.typ == TypeVLLM {
 		d.validateVLLM(ev, f, reject)
 	} else {
@@ -504,13 +448,10 @@ func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
 	}
 }
 
+// validateVLLM applies vLLM's rules to a stored or removed event whose keys
+// already passed keyRules.
 func (d *engineDecoder) validateVLLM(ev *engineEvent, f *engineFields, reject func(Reason)) {
-	switch ev.kind {
-	case evStored:
-		if f.seen&vllmStoredRequired != vllmStoredRequired {
-			reject(EvMissingKey)
-			return
-		}
+	if ev.kind == evStored {
 		if f.blockSize != d.blockSize {
 			reject(EvBlockSize)
 			return
@@ -539,22 +480,6 @@ func (d *engineDecoder) validateVLLM(ev *engineEvent, f *engineFields, reject fu
 			reject(EvAttention)
 			return
 		}
-	case evRemoved:
-		if f.seen&^uint32(vllmRemovedAllowed) != 0 {
-			reject(EvForeignKey)
-			return
-		}
-		if f.seen&vllmRemovedRequired != vllmRemovedRequired {
-			reject(EvMissingKey)
-			return
-		}
-	case evCleared:
-		if f.seen&^uint32(clearedAllowed) != 0 {
-			reject(EvForeignKey)
-			return
-		}
-		ev.result = Applied
-		return
 	}
 	if f.nonNil&bit(fGroupIdx) != 0 && f.groupIdx != 0 {
 		reject(EvGroup)
@@ -568,13 +493,10 @@ func (d *engineDecoder) validateVLLM(ev *engineEvent, f *engineFields, reject fu
 	ev.result = Applied
 }
 
+// validateSGLang applies SGLang's rules to a stored or removed event whose
+// keys already passed keyRules.
 func (d *engineDecoder) validateSGLang(ev *engineEvent, f *engineFields, reject func(Reason)) {
-	switch ev.kind {
-	case evStored:
-		if f.seen&sglangStoredRequired != sglangStoredRequired {
-			reject(EvMissingKey)
-			return
-		}
+	if ev.kind == evStored {
 		if ev.n == 0 {
 			reject(EvHash)
 			return
@@ -587,22 +509,6 @@ func (d *engineDecoder) validateSGLang(ev *engineEvent, f *engineFields, reject 
 			reject(EvLora)
 			return
 		}
-	case evRemoved:
-		if f.seen&^uint32(sglangRemovedAllowed) != 0 {
-			reject(EvForeignKey)
-			return
-		}
-		if f.seen&sglangRemovedRequired != sglangRemovedRequired {
-			reject(EvMissingKey)
-			return
-		}
-	case evCleared:
-		if f.seen&^uint32(clearedAllowed) != 0 {
-			reject(EvForeignKey)
-			return
-		}
-		ev.result = Applied
-		return
 	}
 	tier, ok := sglangTier(f.medium)
 	if !ok {

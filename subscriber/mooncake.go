@@ -229,23 +229,8 @@ func (m *mooncakeMapEvent) readField(r *mpReader, id uint8) error {
 func (d *mooncakeDecoder) readEvent(r *mpReader, env *envelope, _ int) error {
 	d.events = append(d.events, mcEvent{})
 	e := &d.events[len(d.events)-1]
-	k, err := r.peek()
-	if err != nil {
-		return err
-	}
-	if k != kMap {
-		e.fail(EvNotMap)
-		if k == kArray {
-			e.reason = EvArrayEncoded
-		}
-		return r.skip()
-	}
-	n, err := r.mapLen()
-	if err != nil {
-		return err
-	}
 	d.mapEv = mooncakeMapEvent{d: d, e: e}
-	if err := walkEventMap(r, n, &d.mapEv); err != nil {
+	if err := readEventMap(r, &d.mapEv); err != nil {
 		return err
 	}
 	if e.result != Rejected {
@@ -401,31 +386,7 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 			e.fail(EvWrongType)
 			return r.skip()
 		}
-		n, err := r.arrayLen()
-		if err != nil {
-			return err
-		}
-		for i := 0; i < n; i++ {
-			k, err := r.peek()
-			if err != nil {
-				return err
-			}
-			if !k.isInt() {
-				e.fail(EvWrongType)
-				if err := r.skip(); err != nil {
-					return err
-				}
-				continue
-			}
-			u, s, neg, err := r.integer(k)
-			if err != nil {
-				return err
-			}
-			if (neg && s < math.MinInt32) || (!neg && u > math.MaxInt32) {
-				e.fail(EvTokenRange)
-			}
-		}
-		return nil
+		return readTokenArray(r, false, e)
 	}
 	return r.skip()
 }

@@ -305,9 +305,14 @@ func (r *mpReader) optInt() (v int64, present, ok bool, err error) {
 	return 0, false, false, r.skip()
 }
 
-// eventMapReader is one event being decoded by walkEventMap: it names the
+// rejecter is an event under decoding that can be rejected; the first
+// reason given is the one reported.
+type rejecter interface{ fail(Reason) }
+
+// eventMapReader is one event being decoded by readEventMap: it names the
 // recognized keys, records which were seen, and reads their values.
 type eventMapReader interface {
+	rejecter
 	// fieldID maps a key to its field id; known is false for keys to
 	// ignore (forward compatibility).
 	fieldID(key []byte) (id uint8, known bool)
@@ -316,16 +321,32 @@ type eventMapReader interface {
 	// failed reports whether the event is already rejected; its remaining
 	// values are then skipped, though duplicates are still noticed.
 	failed() bool
-	fail(Reason)
 	readField(r *mpReader, id uint8) error
 }
 
-// walkEventMap reads the n entries of an event map with the rules every
-// event family shares (events.md §3.2): non-string keys and repeated
-// recognized keys reject the event, unknown keys are skipped, and nothing
-// is read after a rejection. It returns only payload-level errors (the
-// envelope is then rejected); event rejections go through fail.
-func walkEventMap(r *mpReader, n int, ev eventMapReader) error {
+// readEventMap reads one element of a batch's event array with the rules
+// every event family shares (events.md §3.2): an element that is not a map
+// is rejected (array-encoded events with their own reason), non-string keys
+// and repeated recognized keys reject the event, unknown keys are skipped,
+// and nothing is read after a rejection. It returns only payload-level
+// errors (the envelope is then rejected); event rejections go through fail.
+func readEventMap(r *mpReader, ev eventMapReader) error {
+	k, err := r.peek()
+	if err != nil {
+		return err
+	}
+	if k != kMap {
+		if k == kArray {
+			ev.fail(EvArrayEncoded)
+		} else {
+			ev.fail(EvNotMap)
+		}
+		return r.skip()
+	}
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
 	seen := ev.seenMask()
 	for i := 0; i < n; i++ {
 		k, err := r.peek()
@@ -363,6 +384,77 @@ func walkEventMap(r *mpReader, n int, ev eventMapReader) error {
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// readTokenArray checks a token_ids array (§3.9): every id within int32,
+// and, when pairs is set (SGLang EAGLE bigram keys), elements may also be
+// [a, b] pairs of ids. Token ids are only range-checked, never kept or
+// logged; runs of plain integers are scanned in place (int32Run).
+func readTokenArray(r *mpReader, pairs bool, ev rejecter) error {
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		run, ok := r.int32Run(n - i)
+		if !ok {
+			ev.fail(EvTokenRange)
+		}
+		if i += run; i == n {
+			break
+		}
+		k, err := r.peek()
+		if err != nil {
+			return err
+		}
+		switch {
+		case k.isInt():
+			if err := readTokenID(r, k, ev); err != nil {
+				return err
+			}
+		case k == kArray && pairs:
+			m, err := r.arrayLen()
+			if err != nil {
+				return err
+			}
+			if m != 2 {
+				ev.fail(EvTokenRange)
+			}
+			for j := 0; j < m; j++ {
+				k, err := r.peek()
+				if err != nil {
+					return err
+				}
+				if !k.isInt() {
+					ev.fail(EvWrongType)
+					if err := r.skip(); err != nil {
+						return err
+					}
+					continue
+				}
+				if err := readTokenID(r, k, ev); err != nil {
+					return err
+				}
+			}
+		default:
+			ev.fail(EvWrongType)
+			if err := r.skip(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func readTokenID(r *mpReader, k mkind, ev rejecter) error {
+	u, s, neg, err := r.integer(k)
+	if err != nil {
+		return err
+	}
+	if (neg && s < math.MinInt32) || (!neg && u > math.MaxInt32) {
+		ev.fail(EvTokenRange)
 	}
 	return nil
 }
