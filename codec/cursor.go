@@ -289,25 +289,6 @@ func (c *cursor) integer() (v uint64, neg bool) {
 	panic("codec: integer called on a non-integer")
 }
 
-// skip consumes one whole value.
-func (c *cursor) skip() {
-	owed := 1
-	for owed > 0 {
-		k, n, hdr, _ := header(c.b, c.p)
-		owed--
-		c.p += hdr
-		switch k {
-		case kindArray:
-			owed += int(n)
-		case kindMap:
-			owed += 2 * int(n)
-		case kindNil, kindBool:
-		default:
-			c.p += int(n)
-		}
-	}
-}
-
 // int64Range reports whether an integer read by integer fits in int64.
 func int64Range(v uint64, neg bool) (int64, bool) {
 	if neg {

@@ -148,7 +148,6 @@ type soakCounts struct {
 	entryExact, entryRange, entryPresence atomic.Int64
 	restartMode                           [numRestartModes]atomic.Int64
 	staleExpected                         atomic.Int64
-	maxStale                              atomic.Int64
 }
 
 // soakRun is one soak in progress.
