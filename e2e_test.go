@@ -32,7 +32,7 @@ type e2e struct {
 
 func startApp(t *testing.T) *e2e {
 	t.Helper()
-	cfg := &config.Config{Addr: "127.0.0.1", Port: 0}
+	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, MemoBytes: config.DefaultMemoMiB << 20}
 	a, err := newApp(cfg, zerolog.New(io.Discard))
 	if err != nil {
 		t.Fatal(err)
@@ -342,6 +342,13 @@ func TestMetricsMove(t *testing.T) {
 	eventually(t, "rejection counted", func() bool {
 		return strings.Contains(e.scrape(), `conductor_events_rejected_total{reason=`)
 	})
+	// Two more queries of the stored prompt: the second reuses both
+	// digests the first (or an earlier one) left in the prefix memo.
+	for i := 0; i < 2; i++ {
+		if got := e.deviceHits("m0", tokens); got != 32 {
+			t.Fatalf("device %d", got)
+		}
+	}
 	after := e.scrape()
 	checks := []struct {
 		series string
@@ -356,6 +363,9 @@ func TestMetricsMove(t *testing.T) {
 		{`conductor_messages_received_total{reason="",source_type="vLLM"}`, 2},
 		{`conductor_subscriber_state{service="m0|default|0",state="live",type="vLLM"}`, 1},
 		{`conductor_services{type="vLLM"}`, 1},
+		// The same prompt was queried more than once: later queries reuse
+		// the digests of the first through the prefix memo.
+		{`conductor_hash_memo_lookups_total{result="hit"}`, 2},
 	}
 	for _, c := range checks {
 		if got := metricValue(after, c.series); got < c.min {

@@ -95,3 +95,29 @@ func TestAuthToken(t *testing.T) {
 		})
 	}
 }
+
+func TestMemoSize(t *testing.T) {
+	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want int
+		err  bool
+	}{
+		{"default", nil, base, DefaultMemoMiB << 20, false},
+		{"env", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_MEMO_MIB": "8"}, 8 << 20, false},
+		{"flag beats env", []string{"--hash-memo-mib", "0"}, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_MEMO_MIB": "8"}, 0, false},
+		{"bad env", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_MEMO_MIB": "lots"}, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v", err)
+			}
+			if err == nil && c.MemoBytes != tc.want {
+				t.Errorf("MemoBytes %d, want %d", c.MemoBytes, tc.want)
+			}
+		})
+	}
+}
