@@ -21,6 +21,16 @@ func open(body []byte) (cursor, int, *Error) {
 	return c, c.length(), nil
 }
 
+// openChecked is open without validating the body: the cursor is checked,
+// and any failure, malformed or not, is for the caller to redo with open.
+func openChecked(body []byte) (cursor, int, *Error) {
+	k, n, hdr, err := header(body, 0)
+	if err != nil || k != kindMap || n > uint64(len(body)) {
+		return cursor{}, 0, errUnchecked
+	}
+	return cursor{b: body, p: hdr, checked: true}, int(n), nil
+}
+
 // key reads a map key; schemas only have string keys.
 func (c *cursor) key(prefix string) ([]byte, *Error) {
 	if k := c.peek(); k != kindStr {

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -45,6 +48,8 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Add([]byte{0xc1})
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0x91, 0x91, 0x91, 0x91, 0xc0})
+	f.Add(tokenBody(40, false))
+	f.Add(tokenBody(40, true))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		lim := DefaultLimits()
 		_, e := DecodeRegister(body, lim)
@@ -57,6 +62,7 @@ func FuzzDecodeRequests(f *testing.F) {
 		if e == nil && len(q.Tokens) > lim.MaxTokens {
 			t.Fatal("token limit not enforced")
 		}
+		checkOnePass(t, body, e, &q)
 		// A body our validator accepts must decode with vmihailenco too
 		// structurally, consuming the whole body.
 		if validate(body) == nil {
@@ -66,4 +72,75 @@ func FuzzDecodeRequests(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkOnePass asserts that DecodeQuery, which reads a body in one checked
+// pass, answers exactly what validating the whole body and then reading it
+// answers: the same error, or the same request.
+func checkOnePass(t *testing.T, body []byte, got *Error, q *QueryRequest) {
+	t.Helper()
+	var want QueryRequest
+	c, n, e := open(body)
+	if e == nil {
+		e = decodeQuery(c, n, DefaultLimits(), &want)
+	}
+	if diff := cmp.Diff(e, got); diff != "" {
+		t.Fatalf("one-pass error differs from validate-then-read (-want +got):\n%s", diff)
+	}
+	if e == nil {
+		if diff := cmp.Diff(want, *q, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("one-pass request differs (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// TestQueryOnePassMatchesValidated cuts and corrupts token bodies in both
+// integer layouts at every position, so the one-pass decoder's own bounds
+// checks (array header, token runs, the last elements, trailing bytes) meet
+// every kind of damage, and compares its answers with the validated reader.
+func TestQueryOnePassMatchesValidated(t *testing.T) {
+	for _, int32s := range []bool{false, true} {
+		full := tokenBody(64, int32s)
+		// A second field after the tokens, so damage is not only at the end.
+		full[0] = 0x84
+		full = append(full, 0xa9, 't', 'e', 'n', 'a', 'n', 't', '_', 'i', 'd', 0xa1, 't')
+		for cut := 0; cut <= len(full); cut++ {
+			body := full[:cut:cut]
+			var q QueryRequest
+			checkOnePass(t, body, DecodeQuery(body, DefaultLimits(), &q), &q)
+		}
+		for pos := 0; pos < len(full); pos++ {
+			for _, v := range []byte{0x00, 0x7f, 0x80, 0x90, 0xc0, 0xc1, 0xcc, 0xce, 0xcf, 0xd2, 0xd3, 0xdc, 0xdd, 0xff} {
+				body := append([]byte(nil), full...)
+				body[pos] = v
+				var q QueryRequest
+				checkOnePass(t, body, DecodeQuery(body, DefaultLimits(), &q), &q)
+			}
+		}
+		// Trailing bytes.
+		body := append(append([]byte(nil), full...), 0x01)
+		var q QueryRequest
+		checkOnePass(t, body, DecodeQuery(body, DefaultLimits(), &q), &q)
+	}
+}
+
+// TestScalarSizeMatchesHeader pins validate's size table to header, the
+// general decoder: for every first byte the table knows, the header's size
+// plus payload must be the table's size.
+func TestScalarSizeMatchesHeader(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		s := int(scalarSize[c])
+		if s == 0 {
+			continue
+		}
+		b := make([]byte, 32)
+		b[0] = byte(c)
+		k, n, hdr, err := header(b, 0)
+		if err != nil || k == kindArray || k == kindMap || k == kindStr || k == kindBin {
+			t.Fatalf("%#x: table says scalar of %d bytes, header says %v %v", c, s, k, err)
+		}
+		if got := hdr + int(n); got != s {
+			t.Errorf("%#x: table size %d, header size %d", c, s, got)
+		}
+	}
 }

@@ -143,3 +143,51 @@ func BenchmarkQueryHandler(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQueryVsChain is issue 7's target shape, measured in one run: an
+// 8K-token prompt fully matched on 4 instances, through the handler cold (no
+// memo), warm (memo holding the prompt), and the bare sha256_cbor chain of
+// the same prompt that both are judged against.
+func BenchmarkQueryVsChain(b *testing.B) {
+	const n = 8192
+	b.Run("handler=cold", func(b *testing.B) {
+		s, body := queryFixture(b, 4, 1, n)
+		ctx := queryCtx(body)
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx.Response.Reset()
+			s.Handle(ctx)
+		}
+	})
+	b.Run("handler=warm", func(b *testing.B) {
+		s, body := queryFixture(b, 4, 1, n, hashing.NewMemo(64<<20))
+		ctx := queryCtx(body)
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx.Response.Reset()
+			s.Handle(ctx)
+		}
+	})
+	b.Run("bare-chain", func(b *testing.B) {
+		seed := "0"
+		p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tokens := make([]int32, n)
+		for i := range tokens {
+			tokens[i] = int32(i*7919%150000 + 1)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			ch := hashing.AcquireChain()
+			ch.Reset(&p, 16, tokens, "", "")
+			for {
+				if _, _, ok := ch.Next(); !ok {
+					break
+				}
+			}
+			hashing.ReleaseChain(ch)
+		}
+	})
+}
