@@ -88,6 +88,8 @@ type Subscriber struct {
 	engine    *engineDecoder
 	moon      *mooncakeDecoder
 	frames    [][]byte
+	rx        batchReceiver
+	depth     int    // nested drains (a replay drains the SUB from inside one)
 	applied   uint64 // A: last applied sequence
 	high      uint64 // L: highest live sequence received
 	started   bool   // A and L are set
@@ -292,6 +294,7 @@ func (s *Subscriber) run() {
 			s.retract()
 		}
 		s.closeMonitor()
+		s.rx.discard()
 		if s.sub != nil {
 			_ = s.sub.Close()
 			s.sub = nil
@@ -316,7 +319,11 @@ func (s *Subscriber) run() {
 		if s.stopping.Load() {
 			return
 		}
-		polled, err := s.poller.Poll(pollInterval)
+		timeout := pollInterval
+		if s.rx.queued() {
+			timeout = 0 // received messages wait in s.rx, not in the socket
+		}
+		polled, err := s.poller.Poll(timeout)
 		if err != nil {
 			if zmq.AsErrno(err) == zmq.Errno(syscall.EINTR) {
 				continue
@@ -334,11 +341,15 @@ func (s *Subscriber) run() {
 				s.onMonitor()
 			}
 		}
+		readable := s.rx.queued()
 		for _, p := range polled {
-			if p.Socket == s.sub && s.sub != nil {
-				if err := s.drain(s.onLive); errors.Is(err, errStopped) {
-					return
-				}
+			if p.Socket == s.sub {
+				readable = true
+			}
+		}
+		if readable && s.sub != nil {
+			if err := s.drain(s.onLive); errors.Is(err, errStopped) {
+				return
 			}
 		}
 		s.closeIfStale()
@@ -385,6 +396,7 @@ func (s *Subscriber) closeIfStale() {
 		return
 	}
 	s.closeMonitor()
+	s.rx.discard()
 	_ = s.poller.RemoveBySocket(s.sub)
 	_ = s.sub.Close()
 	s.sub = nil
@@ -393,16 +405,36 @@ func (s *Subscriber) closeIfStale() {
 	}
 }
 
-// drain handles up to drainBurst queued live messages with handle.
+// drain handles up to drainBurst queued live messages with handle. The
+// frames handed to handle are valid only until it returns.
+//
+// Messages are received in batches (batchReceiver) and queued in s.rx until
+// handled. A drain nested inside a handler (a replay watching the SUB)
+// takes the outer drain's queued messages first, so the order of the live
+// stream is kept; the C batch is given back when the outermost drain ends
+// with nothing queued.
 func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
-	for range drainBurst {
+	s.depth++
+	defer func() {
+		if s.depth--; s.depth == 0 {
+			clear(s.frames[:cap(s.frames)]) // views into the batch about to be released
+			s.rx.idle()
+		}
+	}()
+	for i := range drainBurst {
 		if s.sub == nil {
 			return nil
 		}
 		if s.stopping.Load() {
 			return errStopped
 		}
-		frames, err := recvFrames(s.sub, s.frames[:0])
+		var frames [][]byte
+		var err error
+		if batchReceiveAvailable() {
+			frames, err = s.rx.recv(s.sub, s.frames[:0], drainBurst-i)
+		} else {
+			frames, err = recvFrames(s.sub, s.frames[:0])
+		}
 		s.frames = frames
 		if err != nil {
 			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
@@ -526,25 +558,32 @@ func (s *Subscriber) recover(first liveMsg) error {
 		s.markStale(StaleBufferOverflow, first.seq)
 		return nil
 	}
+	// Live payloads are views into the receive batch, valid only until the
+	// next receive; buffered ones outlive it.
+	first.payload = bytes.Clone(first.payload)
 	s.buffered = append(s.buffered, first)
 	deadline := time.Now().Add(s.tuning.ReplayTotalTimeout)
 	for {
 		before := s.applied
-		recs, err := s.replay.Fetch(replay.Request{
-			From:           s.applied + 1,
-			Until:          s.buffered[0].seq,
-			HasUntil:       true,
-			Deadline:       deadline,
-			ReceiveTimeout: s.tuning.ReplayReceiveTimeout,
-			Budget:         &s.budget,
-			Beyond:         s.checkBuffered,
-			Watch:          []*zmq.Socket{s.sub, s.stopRx},
-			OnWatch:        s.onWatchDuringReplay,
-			OnRetry: func(err error) {
-				s.cfg.Counters.add(MetricReplays, s.typ, ReplayRetried, 1)
-				s.sampled.Warn().Err(err).Msg("replay attempt failed; retrying")
-			},
-		})
+		var recs []replay.Record
+		err := s.bufferQueued()
+		if err == nil {
+			recs, err = s.replay.Fetch(replay.Request{
+				From:           s.applied + 1,
+				Until:          s.buffered[0].seq,
+				HasUntil:       true,
+				Deadline:       deadline,
+				ReceiveTimeout: s.tuning.ReplayReceiveTimeout,
+				Budget:         &s.budget,
+				Beyond:         s.checkBuffered,
+				Watch:          []*zmq.Socket{s.sub, s.stopRx},
+				OnWatch:        s.onWatchDuringReplay,
+				OnRetry: func(err error) {
+					s.cfg.Counters.add(MetricReplays, s.typ, ReplayRetried, 1)
+					s.sampled.Warn().Err(err).Msg("replay attempt failed; retrying")
+				},
+			})
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, errStopped):
@@ -631,26 +670,50 @@ func (s *Subscriber) onWatchDuringReplay(sock *zmq.Socket) error {
 	if sock != s.sub {
 		return nil
 	}
-	return s.drain(func(frames [][]byte) error {
-		seq, ok := s.frameSeq(frames)
-		if !ok {
+	return s.drain(s.bufferLive)
+}
+
+// bufferQueued hands live messages that were received before the replay
+// started but not yet handled (they wait in s.rx, so the SUB socket will
+// not report them) to bufferLive, as the replay's watch would have.
+func (s *Subscriber) bufferQueued() error {
+	for s.rx.queued() && s.sub != nil {
+		if s.stopping.Load() {
+			return errStopped
+		}
+		frames, err := s.rx.recv(s.sub, s.frames[:0], 0) // queued: no receive
+		s.frames = frames
+		if err != nil {
 			return nil
 		}
-		if seq <= s.high {
-			s.markStale(StaleRegression, seq)
-			return errStaleInFetch
+		if err := s.bufferLive(frames); err != nil {
+			return err
 		}
-		if seq > s.high+1 {
-			s.cfg.Counters.add(MetricGaps, s.typ, ReasonNone, 1)
-		}
-		s.high = seq
-		if !s.budget.Take(len(frames[2])) {
-			s.markStale(StaleBufferOverflow, seq)
-			return errStaleInFetch
-		}
-		s.buffered = append(s.buffered, liveMsg{seq: seq, payload: frames[2]})
+	}
+	return nil
+}
+
+// bufferLive holds one live message received during a replay.
+func (s *Subscriber) bufferLive(frames [][]byte) error {
+	seq, ok := s.frameSeq(frames)
+	if !ok {
 		return nil
-	})
+	}
+	if seq <= s.high {
+		s.markStale(StaleRegression, seq)
+		return errStaleInFetch
+	}
+	if seq > s.high+1 {
+		s.cfg.Counters.add(MetricGaps, s.typ, ReasonNone, 1)
+	}
+	s.high = seq
+	if !s.budget.Take(len(frames[2])) {
+		s.markStale(StaleBufferOverflow, seq)
+		return errStaleInFetch
+	}
+	// The frames are views into the receive batch; the buffer outlives it.
+	s.buffered = append(s.buffered, liveMsg{seq: seq, payload: bytes.Clone(frames[2])})
+	return nil
 }
 
 // markStale retracts everything the source contributed and ignores it from

@@ -1,0 +1,277 @@
+package subscriber
+
+/*
+#cgo !windows pkg-config: libzmq
+#include <zmq.h>
+#include <errno.h>
+#include <stdlib.h>
+
+// A batch holds up to CB_MSGS received messages as open zmq_msg_t frames,
+// at most CB_KEEP frames per message (further frames are received and
+// closed at once, only counted), so the caller can read every frame in
+// place until the next receive.
+enum { CB_SLOTS = 256, CB_KEEP = 4, CB_MSGS = 64 };
+
+typedef struct { void *data; size_t size; } cb_frame;
+typedef struct { int first; int count; } cb_msg;
+
+typedef struct {
+	int held; // msgs[0..held) are open
+	cb_frame frames[CB_SLOTS];
+	cb_msg info[CB_MSGS];
+	zmq_msg_t msgs[CB_SLOTS];
+} cb_batch;
+
+static cb_batch *cb_new(void) { return (cb_batch *)calloc(1, sizeof(cb_batch)); }
+
+static void cb_release(cb_batch *b) {
+	while (b->held > 0) zmq_msg_close(&b->msgs[--b->held]);
+}
+
+static void cb_free(cb_batch *b) {
+	cb_release(b);
+	free(b);
+}
+
+// cb_recv_part receives one frame, retrying after EINTR as pebbe's default
+// context does; it returns 0 or the errno.
+static int cb_recv_part(zmq_msg_t *m, void *sock, int flags) {
+	for (;;) {
+		if (zmq_msg_recv(m, sock, flags) >= 0) return 0;
+		int e = zmq_errno();
+		if (e != EINTR) return e;
+	}
+}
+
+// cb_recv releases the previous batch, then receives whole messages without
+// blocking until the socket is empty, max_msgs messages are held, the frame
+// slots run out or max_bytes of frames are held (at least one message is
+// always taken). Only a message's first frame is received with DONTWAIT:
+// ZMQ delivers multipart messages atomically, so the rest is already there.
+// It returns the number of complete messages; *err is 0 when a limit ended
+// the batch, otherwise the errno that did (EAGAIN: nothing more queued), and
+// *partial tells that the error came after a message's first frame (that
+// message's frames are dropped).
+static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int *err, int *partial) {
+	cb_release(b);
+	*err = 0;
+	*partial = 0;
+	if (max_msgs > CB_MSGS) max_msgs = CB_MSGS;
+	int n = 0;
+	size_t bytes = 0;
+	while (n < max_msgs && b->held + CB_KEEP <= CB_SLOTS && bytes < max_bytes) {
+		int first = b->held, count = 0, flags = ZMQ_DONTWAIT;
+		for (;;) {
+			zmq_msg_t extra;
+			zmq_msg_t *m = count < CB_KEEP ? &b->msgs[b->held] : &extra;
+			zmq_msg_init(m);
+			int e = cb_recv_part(m, sock, flags);
+			if (e != 0) {
+				zmq_msg_close(m);
+				while (b->held > first) zmq_msg_close(&b->msgs[--b->held]);
+				*err = e;
+				*partial = count > 0;
+				return n;
+			}
+			flags = 0;
+			int more = zmq_msg_more(m);
+			if (count < CB_KEEP) {
+				b->frames[b->held].data = zmq_msg_data(m);
+				b->frames[b->held].size = zmq_msg_size(m);
+				bytes += zmq_msg_size(m);
+				b->held++;
+			} else {
+				zmq_msg_close(m);
+			}
+			count++;
+			if (!more) break;
+		}
+		b->info[n].first = first;
+		b->info[n].count = count;
+		n++;
+	}
+	return n;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"reflect"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// batchMaxBytes bounds the frame bytes one batch holds open, so a burst of
+// large messages does not pin many megabytes of libzmq buffers at once.
+const batchMaxBytes = 4 << 20
+
+// socketHandleOffset is where pebbe/zmq4 keeps the libzmq socket handle
+// (the unexported field soc unsafe.Pointer of zmq.Socket), or -1 when this
+// version of pebbe has no such field; then batchReceiver falls back to
+// recvFrames.
+//
+// Why reach into pebbe at all: the receive path is per frame there (a cgo
+// call each for init, recv, copy and close, one for RCVMORE, and a Go
+// allocation per frame), which cost about a quarter of the server's CPU at
+// full ingest. Batching needs the raw void* socket, which pebbe does not
+// export. The alternatives were worse: creating the SUB socket in our own C
+// code would lose pebbe's Poller and the replay client's watch list, both
+// of which take *zmq.Socket; parsing Socket.String() relies on a print
+// format. The field is looked up by name and type through reflection once,
+// so a pebbe release that renames or retypes it degrades to the slow path
+// instead of misreading memory, and TestSocketHandleFieldPresent fails
+// loudly so the version bump gets noticed (go.mod pins v1.4.0).
+var socketHandleOffset = func() uintptr {
+	f, ok := reflect.TypeFor[zmq.Socket]().FieldByName("soc")
+	if !ok || f.Type != reflect.TypeFor[unsafe.Pointer]() || len(f.Index) != 1 {
+		return ^uintptr(0)
+	}
+	return f.Offset
+}()
+
+// batchReceiveAvailable reports whether the batch receive path is in use.
+func batchReceiveAvailable() bool { return socketHandleOffset != ^uintptr(0) }
+
+// rawSocket returns the libzmq handle behind sock (nil once it is closed).
+func rawSocket(sock *zmq.Socket) unsafe.Pointer {
+	return *(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(sock), socketHandleOffset))
+}
+
+// batchReceiver receives live messages many at a time with one cgo call
+// and hands them out one by one. Frames are read in place from libzmq's
+// messages (no copy, no Go allocation): a message's frames stay valid until
+// the next fill, which happens only once every queued message was handed
+// out. Handlers must therefore copy whatever they keep past their return
+// (recovery buffering does). The C batch (≈ 21 KiB) is taken from a shared
+// free list while a drain runs and returned when it ends empty, so idle
+// sources hold none.
+type batchReceiver struct {
+	b        *C.cb_batch
+	n, next  int   // queued messages are info[next:n]
+	deferred error // error that ended the last fill after some messages
+}
+
+// queued reports messages received from the socket but not yet handed out.
+func (r *batchReceiver) queued() bool { return r.next < r.n }
+
+// recv returns the next queued message's frames appended to frames (the
+// first four, then a nil per extra frame up to five entries, like
+// recvFrames), filling the queue from sock when it is empty. limit bounds how
+// many messages a fill takes, so that a drain does not leave messages
+// queued behind an empty socket. Errors are those of recvFrames: EAGAIN
+// (as zmq.Errno) when nothing is queued.
+func (r *batchReceiver) recv(sock *zmq.Socket, frames [][]byte, limit int) ([][]byte, error) {
+	if r.next == r.n {
+		if err := r.deferred; err != nil {
+			r.deferred = nil
+			return frames, err
+		}
+		if err := r.fill(sock, limit); err != nil {
+			return frames, err
+		}
+	}
+	info := &r.b.info[r.next]
+	r.next++
+	first, count := int(info.first), int(info.count)
+	kept := min(count, 4)
+	for i := first; i < first+kept; i++ {
+		f := &r.b.frames[i]
+		frames = append(frames, unsafe.Slice((*byte)(f.data), int(f.size)))
+	}
+	for len(frames) < count && len(frames) < 5 {
+		frames = append(frames, nil)
+	}
+	return frames, nil
+}
+
+// fill releases the previous batch and receives the next one.
+func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
+	h := rawSocket(sock)
+	if h == nil {
+		return zmq.ErrorSocketClosed
+	}
+	if r.b == nil {
+		r.b = getBatch()
+	}
+	var cerr, partial C.int
+	n := int(C.cb_recv(h, r.b, C.int(max(limit, 1)), C.size_t(batchMaxBytes), &cerr, &partial))
+	r.n, r.next = n, 0
+	var err error
+	if cerr != 0 {
+		err = zmq.Errno(cerr)
+		if partial != 0 {
+			err = fmt.Errorf("receive frame: %w", err)
+		}
+	}
+	if n == 0 {
+		if err == nil { // cannot happen: a limit always admits one message
+			err = zmq.Errno(syscall.EAGAIN)
+		}
+		return err
+	}
+	if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+		// Reported after the messages received before it, in order.
+		r.deferred = err
+	}
+	return nil
+}
+
+// idle returns the C batch to the free list when nothing is queued; the
+// frames handed out so far become invalid.
+func (r *batchReceiver) idle() {
+	if r.b == nil || r.queued() || r.deferred != nil {
+		return
+	}
+	putBatch(r.b)
+	r.b, r.n, r.next = nil, 0, 0
+}
+
+// discard drops queued messages and the batch: the socket is being closed
+// or the subscriber exits, and a deferred error no longer matters.
+func (r *batchReceiver) discard() {
+	r.n, r.next, r.deferred = 0, 0, nil
+	r.idle()
+}
+
+// batchFree keeps a few released C batches for reuse; more than
+// maxIdleBatches are freed, so the free list is bounded by what was busy
+// at once, not by the number of registered sources.
+var batchFree struct {
+	sync.Mutex
+	list []*C.cb_batch
+}
+
+const maxIdleBatches = 16
+
+func getBatch() *C.cb_batch {
+	batchFree.Lock()
+	if n := len(batchFree.list); n > 0 {
+		b := batchFree.list[n-1]
+		batchFree.list = batchFree.list[:n-1]
+		batchFree.Unlock()
+		return b
+	}
+	batchFree.Unlock()
+	b := C.cb_new()
+	if b == nil {
+		panic("subscriber: out of C memory for a receive batch")
+	}
+	return b
+}
+
+func putBatch(b *C.cb_batch) {
+	C.cb_release(b) // closes the messages: frames handed out are now invalid
+	batchFree.Lock()
+	if len(batchFree.list) < maxIdleBatches {
+		batchFree.list = append(batchFree.list, b)
+		b = nil
+	}
+	batchFree.Unlock()
+	if b != nil {
+		C.cb_free(b)
+	}
+}

@@ -1,0 +1,260 @@
+package subscriber
+
+import (
+	"bytes"
+	"fmt"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// TestSocketHandleFieldPresent guards the one assumption the batch receive
+// path makes about pebbe/zmq4: zmq.Socket keeps the libzmq handle in an
+// unexported field soc of type unsafe.Pointer. If a pebbe upgrade changes
+// that, ingestion silently falls back to the per-frame path (about half the
+// speed); this test makes the upgrade fail instead.
+func TestSocketHandleFieldPresent(t *testing.T) {
+	if !batchReceiveAvailable() {
+		t.Fatal("zmq.Socket has no field soc unsafe.Pointer: the batch receive path is disabled; adapt recv_cgo.go to this pebbe/zmq4 version")
+	}
+	s, err := zmq.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rawSocket(s) == nil {
+		t.Fatal("open socket has a nil handle")
+	}
+	_ = s.Close()
+	if rawSocket(s) != nil {
+		t.Fatal("closed socket still has a handle")
+	}
+	var r batchReceiver
+	if _, err := r.recv(s, nil, 1); err != zmq.ErrorSocketClosed {
+		t.Fatalf("receive on a closed socket: %v", err)
+	}
+	r.discard()
+}
+
+// subPair connects two SUB sockets to one inproc XPUB. Over inproc a sent
+// message is in the subscribers' pipes when the send returns, so a test can
+// publish first and then receive everything in known batches.
+type subPair struct {
+	pub  *publisher
+	a, b *zmq.Socket
+}
+
+var inprocSeq atomic.Uint64
+
+func newSubPair(t *testing.T) *subPair {
+	t.Helper()
+	ep := fmt.Sprintf("inproc://recv-test-%d", inprocSeq.Add(1))
+	pub := newPublisher(t, ep)
+	if err := pub.sock.SetXpubVerbose(1); err != nil { // report the second, identical subscription too
+		t.Fatal(err)
+	}
+	p := &subPair{pub: pub}
+	for _, sp := range []**zmq.Socket{&p.a, &p.b} {
+		s, err := zmq.NewSocket(zmq.SUB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = s.SetLinger(0)
+		_ = s.SetRcvhwm(0)
+		if err := s.SetSubscribe(""); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Connect(ep); err != nil {
+			t.Fatal(err)
+		}
+		*sp = s
+		pub.waitSubscribed()
+	}
+	t.Cleanup(func() {
+		_ = p.a.Close()
+		_ = p.b.Close()
+	})
+	return p
+}
+
+// TestBatchReceiveMatchesPerFrame sends messages of 1 to 7 frames, empty
+// frames and a frame far larger than a batch's byte budget, and checks that
+// the batch path hands out exactly what the per-frame path does (first four
+// frames, then nil up to five entries), message by message.
+func TestBatchReceiveMatchesPerFrame(t *testing.T) {
+	p := newSubPair(t)
+	big := bytes.Repeat([]byte("0123456789abcdef"), (batchMaxBytes+12345)/16)
+	var sent int
+	send := func(frames ...[]byte) {
+		p.pub.sendFrames(frames...)
+		sent++
+	}
+	for round := range 40 {
+		for n := 1; n <= 7; n++ {
+			frames := make([][]byte, n)
+			for i := range frames {
+				frames[i] = fmt.Appendf(nil, "r%d-n%d-f%d", round, n, i)
+			}
+			send(frames...)
+		}
+		send([]byte{}, seqFrame(uint64(round)), []byte{})
+		send(nil, seqFrame(uint64(round)), bytes.Repeat([]byte{byte(round)}, 40)) // above libzmq's inline size
+		if round%13 == 0 {
+			send([]byte("big"), seqFrame(uint64(round)), big)
+		}
+	}
+	var r batchReceiver
+	defer r.discard()
+	var got [][]byte
+	for i := range sent {
+		want, err := recvFrames(p.a, nil)
+		if err != nil {
+			t.Fatalf("message %d: per-frame receive: %v", i, err)
+		}
+		got, err = r.recv(p.b, got[:0], drainBurst)
+		if err != nil {
+			t.Fatalf("message %d: batch receive: %v", i, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("message %d: %d frames, per-frame path %d", i, len(got), len(want))
+		}
+		for j := range want {
+			// the fifth entry, when present, is the nil that stands for the
+			// frames beyond the fourth
+			if !bytes.Equal(got[j], want[j]) || (j == 4 && got[j] != nil) {
+				t.Fatalf("message %d frame %d: %.40q, per-frame path %.40q", i, j, got[j], want[j])
+			}
+		}
+	}
+	if _, err := r.recv(p.b, got[:0], drainBurst); zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+		t.Fatalf("empty socket: %v, want EAGAIN", err)
+	}
+}
+
+// TestBatchReceiveLimits: one fill takes at most the caller's limit, at
+// most 64 messages, and a message larger than the byte budget alone; order
+// is kept across fills.
+func TestBatchReceiveLimits(t *testing.T) {
+	p := newSubPair(t)
+	big := make([]byte, batchMaxBytes+1)
+	const n = 300
+	for i := range n {
+		if i == 150 || i == 151 {
+			p.pub.sendFrames([]byte("t"), seqFrame(uint64(i)), big)
+			continue
+		}
+		p.pub.send(uint64(i), []byte{byte(i)})
+	}
+	var r batchReceiver
+	defer r.discard()
+	var frames [][]byte
+	var err error
+	var fills []int
+	for i := range n {
+		limit := drainBurst
+		if i < 100 {
+			limit = 10
+		}
+		if !r.queued() {
+			fills = append(fills, i)
+		}
+		if frames, err = r.recv(p.b, frames[:0], limit); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if len(frames) != 3 || string(frames[1]) != string(seqFrame(uint64(i))) {
+			t.Fatalf("message %d: got %q", i, frames)
+		}
+		if i != 150 && i != 151 && !bytes.Equal(frames[2], []byte{byte(i)}) {
+			t.Fatalf("message %d: payload %q", i, frames[2])
+		}
+		if (i == 150 || i == 151) && len(frames[2]) != len(big) {
+			t.Fatalf("message %d: %d payload bytes, sent %d", i, len(frames[2]), len(big))
+		}
+	}
+	// 10 at a time up to 100, then 64 at a time; each big message ends its
+	// batch (the budget is checked before a message is taken) and the second
+	// one therefore comes alone.
+	want := []int{0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 151, 152, 216, 280}
+	if fmt.Sprint(fills) != fmt.Sprint(want) {
+		t.Fatalf("batches started at %v, want %v", fills, want)
+	}
+}
+
+// TestBufferedLivePayloadIsCopied: messages held during a replay outlive the
+// receive batch they arrived in, so bufferLive must keep a copy.
+func TestBufferedLivePayloadIsCopied(t *testing.T) {
+	e := vllmEnv(t, "inproc://unused", "")
+	s, err := newSubscriber(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.budget.MaxMessages, s.budget.MaxBytes = 10, 1<<20
+	payload := []byte("payload bytes")
+	if err := s.bufferLive([][]byte{nil, seqFrame(5), payload}); err != nil {
+		t.Fatal(err)
+	}
+	copy(payload, "XXXXXXXXXXXXX")
+	if len(s.buffered) != 1 || string(s.buffered[0].payload) != "payload bytes" {
+		t.Fatalf("buffered %v", s.buffered)
+	}
+}
+
+// TestRecoveryWithQueuedMessages: live messages already received into the
+// batch when a gap is detected are buffered for the recovery and applied
+// after it, in order, although the SUB socket never reports them again;
+// the publisher keeps streaming meanwhile so later batches reuse the
+// memory the first one used.
+func TestRecoveryWithQueuedMessages(t *testing.T) {
+	rs := startReplayService(t)
+	hold := make(chan struct{})
+	rs.hold = hold
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, rs.endpoint)
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	var want []uint64
+	key := func(seq uint64) uint64 { return seq*7919 + 1 }
+	pub.send(1, storedBatch([]uint64{key(1)}, 4, 0))
+	waitSeq(t, s, 1)
+	want = append(want, key(1))
+	rs.put(2, storedBatch([]uint64{key(2)}, 4, 0))
+	// seq 2 is missing live; 3..40 arrive in one burst behind the gap.
+	for seq := uint64(3); seq <= 40; seq++ {
+		pub.send(seq, storedBatch([]uint64{key(seq)}, 4, 0))
+	}
+	waitFor(t, "recovery", 5*time.Second, func() bool { return s.State() == Recovering })
+	for seq := uint64(41); seq <= 300; seq++ {
+		pub.send(seq, storedBatch([]uint64{key(seq)}, 4, 0))
+	}
+	waitFor(t, "live messages buffered", 5*time.Second, func() bool {
+		return e.counters.Value(MetricReceived, TypeVLLM, ReasonNone) == 299
+	})
+	close(hold)
+	waitSeq(t, s, 300)
+	for seq := uint64(2); seq <= 300; seq++ {
+		want = append(want, key(seq))
+	}
+	var got []uint64
+	for _, o := range e.engine.snapshot() {
+		if o.Kind == "store" {
+			got = append(got, o.Key)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("stored %d blocks, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("block %d: key %d, want %d", i, got[i], want[i])
+		}
+	}
+	if s.Stale() || e.counters.Value(MetricReplays, TypeVLLM, ReplayRecovered) != 1 {
+		t.Fatalf("state %v, counters %v", s.State(), e.counters.Snapshot())
+	}
+}
