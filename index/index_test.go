@@ -651,3 +651,61 @@ func TestCompaction(t *testing.T) {
 		t.Fatalf("empty stripe keeps %d blocks", len(s.blocks))
 	}
 }
+
+// TestClearSpansManyHolds clears owners holding several clearBudget's worth
+// of blocks in one stripe, so the clear resumes across lock holds, while
+// another owner keeps storing and removing in the same stripe (forcing slab
+// growth and compaction between holds). Both clear paths (one tier, every
+// tier) must leave exactly the expected blocks.
+func TestClearSpansManyHolds(t *testing.T) {
+	ix := New(Options{Stripes: 1})
+	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	a, b, w := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("w", 0)
+	const n = 5*clearBudget + 7
+	for k := range uint64(n) {
+		tb.Store(a, Device, k)
+		if k%2 == 0 {
+			tb.Store(a, CPULocal, k)
+		}
+		if k%5 == 0 {
+			tb.Store(b, Device, k)
+		}
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() { // another owner's writer, between the clear's holds
+		defer close(done)
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tb.Store(w, Device, 1<<40+i%3000)
+			if i >= 1500 {
+				tb.Remove(w, Device, 1<<40+(i-1500)%3000)
+			}
+		}
+	}()
+	tb.ClearOwner(a, 1<<Device) // partial: odd keys vanish, even keep CPULocal
+	tb.RemoveEngineOwner(b)
+	close(stop)
+	<-done
+	checkInvariants(t, tb)
+	var res QueryResult
+	for k := range uint64(n) {
+		tb.Query(chainOf(k), "a", &res)
+		want := tc(0, 0, 0, 0)
+		if k%2 == 0 {
+			want = tc(0, 16, 16, 16)
+		}
+		if len(res.Instances) != 1 || res.Instances[0].Max != want {
+			t.Fatalf("key %d after the one-tier clear: %+v, want %+v", k, res.Instances, want)
+		}
+	}
+	tb.RemoveEngineOwner(a)
+	tb.RemoveEngineOwner(w)
+	checkInvariants(t, tb)
+	if got := tb.PrefixCount(); got != 0 {
+		t.Fatalf("%d blocks left after every owner went", got)
+	}
+}

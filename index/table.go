@@ -212,14 +212,7 @@ func (t *Table) RemoveEngineOwner(id OwnerID) {
 	t.publishLocked()
 	t.regMu.Unlock()
 
-	for i := range t.stripes {
-		s := &t.stripes[i]
-		s.mu.Lock()
-		if !s.dead {
-			s.clearOwner(id, engineBit)
-		}
-		s.mu.Unlock()
-	}
+	t.clearOwner(id, engineBit)
 
 	t.regMu.Lock()
 	if !t.dropped {
@@ -360,13 +353,24 @@ func (t *Table) ClearOwner(id OwnerID, tiers TierMask) {
 	if m == 0 {
 		return
 	}
+	t.clearOwner(id, m)
+}
+
+// clearOwner removes tiers m from every block id holds, one stripe at a time
+// and at most clearBudget blocks per write-lock hold, so queries and other
+// writers get in between.
+func (t *Table) clearOwner(id OwnerID, m uint8) {
 	for i := range t.stripes {
 		s := &t.stripes[i]
-		s.mu.Lock()
-		if !s.dead {
-			s.clearOwner(id, m)
+		for from := -1; from != 0; {
+			s.mu.Lock()
+			if s.dead {
+				from = 0
+			} else {
+				from = s.clearOwner(id, m, from, clearBudget)
+			}
+			s.mu.Unlock()
 		}
-		s.mu.Unlock()
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -264,12 +265,16 @@ func (r *Registry) Unregister(key ServiceKey) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
-	r.remove(key, e)
-	r.opts.Logger.Info().Str("service", string(key)).Msg("service unregistered")
+	stop, clear := r.remove(key, e)
+	// The two phases are logged because they are what an unregistration
+	// waits for: the source's goroutine, then the index's removal pass.
+	r.opts.Logger.Info().Str("service", string(key)).Dur("source_stop", stop).Dur("index_clear", clear).Msg("service unregistered")
 	return nil
 }
 
-func (r *Registry) remove(key ServiceKey, e *entry) {
+// remove forgets a registration and returns how long stopping its source and
+// clearing its index entries took.
+func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) {
 	delete(r.services, key)
 	delete(r.endpoints, e.svc.Endpoint)
 	ctxKey := e.svc.Context()
@@ -282,12 +287,15 @@ func (r *Registry) remove(key ServiceKey, e *entry) {
 			r.boundMu.Unlock()
 		}
 	}
+	t0 := time.Now()
 	if e.source != nil {
 		e.source.Stop()
 	}
+	t1 := time.Now()
 	if e.svc.IsEngine() {
 		cs.table.RemoveEngineOwner(e.owner)
 	}
+	t2 := time.Now()
 	cs.services--
 	if cs.services == 0 {
 		delete(r.contexts, ctxKey)
@@ -296,6 +304,7 @@ func (r *Registry) remove(key ServiceKey, e *entry) {
 			r.opts.OnContextDropped(ctxKey)
 		}
 	}
+	return t1.Sub(t0), t2.Sub(t1)
 }
 
 // Close unregisters every service, stopping all sources.
