@@ -375,6 +375,17 @@ func TestMetricsMove(t *testing.T) {
 	if metricValue(before, `conductor_http_requests_total{endpoint="/query",status="200"}`) >= 0 {
 		t.Error("query counter existed before any query")
 	}
+	// The last context going empties the memo, so its budget does not stay
+	// resident in an idle service.
+	if got := metricValue(after, "conductor_hash_memo_bytes"); got <= 0 {
+		t.Errorf("conductor_hash_memo_bytes = %v with chains remembered", got)
+	}
+	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "tenant_id": "default", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister: %d %v", status, out)
+	}
+	if got := metricValue(e.scrape(), "conductor_hash_memo_bytes"); got != 0 {
+		t.Errorf("conductor_hash_memo_bytes = %v after the last context went, want 0", got)
+	}
 }
 
 func TestHealthAndReadiness(t *testing.T) {

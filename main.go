@@ -82,11 +82,19 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	ix := index.New(index.Options{})
 	counters := subscriber.NewCounters()
+	memo := hashing.NewMemo(cfg.MemoBytes)
 	reg := registry.New(registry.Options{
-		Index:            ix,
-		Start:            sourceFactory(log, counters, staticKeys(cfg)),
-		Logger:           log,
-		OnContextDropped: func(index.ContextKey) { returnMemory() },
+		Index:  ix,
+		Start:  sourceFactory(log, counters, staticKeys(cfg)),
+		Logger: log,
+		OnContextDropped: func(_ index.ContextKey, remaining int) {
+			if remaining == 0 {
+				// Nothing left to query: remembered chains would only
+				// keep the memo's budget resident.
+				memo.Reset()
+			}
+			returnMemory()
+		},
 	})
 	for _, st := range cfg.Static {
 		if _, err := reg.Register(st.Service); err != nil {
@@ -100,7 +108,6 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		reg.Close()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	memo := hashing.NewMemo(cfg.MemoBytes)
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {

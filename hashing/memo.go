@@ -84,6 +84,43 @@ func NewMemo(maxBytes int) *Memo {
 	return m
 }
 
+// Reset forgets every remembered chain. The service calls it when the last
+// context is unregistered, so that memory returns to its idle size; chains
+// are otherwise not tied to contexts and leave only through the budget.
+// Queries running meanwhile are unaffected: an entry they hold stays valid.
+func (m *Memo) Reset() {
+	if m == nil {
+		return
+	}
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		for _, e := range s.order {
+			e.dead.Store(true)
+		}
+		s.buckets = make(map[uint64][]*prefixEntry)
+		s.order, s.bytes = nil, 0
+		s.mu.Unlock()
+	}
+}
+
+// Bytes returns the memory the remembered chains account for, for the
+// service's metrics: it grows to the budget under varied traffic and drops
+// to zero after Reset.
+func (m *Memo) Bytes() int {
+	if m == nil {
+		return 0
+	}
+	n := 0
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.RLock()
+		n += s.bytes
+		s.mu.RUnlock()
+	}
+	return n
+}
+
 // Stats returns how many block digests were served from the memo (hits)
 // and how many were hashed while a memo was in use (misses). Chains report
 // theirs when they are reset or released.

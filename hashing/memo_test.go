@@ -3,6 +3,7 @@ package hashing
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
@@ -225,5 +226,39 @@ func TestMemoReusesLongestPrefix(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMemoReset: after Reset nothing is remembered (the next query of a
+// remembered prompt hashes every block), the accounted bytes are zero, and
+// the memo fills again afterwards.
+func TestMemoReset(t *testing.T) {
+	p := allProfiles(t, "0")["sha256_cbor"]
+	m := NewMemo(1 << 20)
+	toks := seq(1, 128)
+	want := keysOf(&p, 16, toks, "", "", nil)
+	keysOf(&p, 16, toks, "", "", m)
+	if m.Bytes() == 0 {
+		t.Fatal("a remembered chain accounts for no bytes")
+	}
+	m.Reset()
+	if got := m.Bytes(); got != 0 {
+		t.Fatalf("%d bytes after Reset", got)
+	}
+	hits, _ := m.Stats()
+	if got := keysOf(&p, 16, toks, "", "", m); !slices.Equal(got, want) {
+		t.Fatalf("keys after Reset differ")
+	}
+	if h, _ := m.Stats(); h != hits {
+		t.Fatalf("%d digests reused after Reset", h-hits)
+	}
+	keysOf(&p, 16, toks, "", "", m)
+	if h, _ := m.Stats(); h != hits+8 {
+		t.Fatalf("refilled memo reused %d of 8 blocks", h-hits)
+	}
+	var nilMemo *Memo
+	nilMemo.Reset()
+	if nilMemo.Bytes() != 0 {
+		t.Fatal("nil memo has bytes")
 	}
 }

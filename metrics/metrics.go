@@ -86,6 +86,8 @@ var (
 	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
 	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
+	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
+		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
 	descIngest = map[string]*prometheus.Desc{}
 )
 
@@ -125,7 +127,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo, descMemoBytes} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -171,6 +173,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		hits, misses := c.opts.Memo.Stats()
 		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(hits), "hit")
 		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(misses), "miss")
+		ch <- prometheus.MustNewConstMetric(descMemoBytes, prometheus.GaugeValue, float64(c.opts.Memo.Bytes()))
 	}
 	for _, s := range c.opts.Counters.Snapshot() {
 		d, ok := descIngest[s.Metric]

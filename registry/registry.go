@@ -99,9 +99,11 @@ type Options struct {
 	MaxServices int
 	Logger      zerolog.Logger
 	// OnContextDropped, when set, is called (with the registry locked)
-	// after a context's last service is gone and its table dropped; main
-	// uses it to hand the freed memory back to the OS.
-	OnContextDropped func(index.ContextKey)
+	// after a context's last service is gone and its table dropped, with
+	// the number of contexts still registered; main uses it to hand the
+	// freed memory back to the OS, and to empty caches once nothing is
+	// registered.
+	OnContextDropped func(ctx index.ContextKey, remaining int)
 }
 
 // ConflictError is a registration that contradicts the existing state; the
@@ -301,7 +303,7 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 		delete(r.contexts, ctxKey)
 		r.opts.Index.DropTable(ctxKey)
 		if r.opts.OnContextDropped != nil {
-			r.opts.OnContextDropped(ctxKey)
+			r.opts.OnContextDropped(ctxKey, len(r.contexts))
 		}
 	}
 	return t1.Sub(t0), t2.Sub(t1)

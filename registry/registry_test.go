@@ -155,10 +155,16 @@ func TestStaleServiceRestartsOnIdenticalRegister(t *testing.T) {
 
 func TestOnContextDropped(t *testing.T) {
 	var dropped []index.ContextKey
+	var remaining []int
 	ix := index.New(index.Options{})
-	r := New(Options{Index: ix, Start: (&factory{}).start, OnContextDropped: func(k index.ContextKey) { dropped = append(dropped, k) }})
+	r := New(Options{Index: ix, Start: (&factory{}).start, OnContextDropped: func(k index.ContextKey, n int) {
+		dropped = append(dropped, k)
+		remaining = append(remaining, n)
+	}})
 	a, b := svc(t, "a", 0, "tcp://h:1"), svc(t, "b", 0, "tcp://h:2")
-	for _, s := range []Service{a, b} {
+	other := svc(t, "c", 0, "tcp://h:3")
+	other.ModelName = "other-model"
+	for _, s := range []Service{a, b, other} {
 		if _, err := r.Register(s); err != nil {
 			t.Fatal(err)
 		}
@@ -166,8 +172,11 @@ func TestOnContextDropped(t *testing.T) {
 	if err := r.Unregister(a.Key()); err != nil || len(dropped) != 0 {
 		t.Fatalf("context dropped while b remains: %v %v", err, dropped)
 	}
-	if err := r.Unregister(b.Key()); err != nil || len(dropped) != 1 || dropped[0] != a.Context() {
-		t.Fatalf("last service gone: %v %v", err, dropped)
+	if err := r.Unregister(b.Key()); err != nil || len(dropped) != 1 || dropped[0] != a.Context() || remaining[0] != 1 {
+		t.Fatalf("last service gone: %v %v %v", err, dropped, remaining)
+	}
+	if err := r.Unregister(other.Key()); err != nil || len(dropped) != 2 || dropped[1] != other.Context() || remaining[1] != 0 {
+		t.Fatalf("last context gone: %v %v %v", err, dropped, remaining)
 	}
 }
 
