@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -147,27 +148,33 @@ func BenchmarkQueryHandler(b *testing.B) {
 // BenchmarkQueryVsChain is issue 7's target shape, measured in one run: an
 // 8K-token prompt fully matched on 4 instances, through the handler cold (no
 // memo), warm (memo holding the prompt), and the bare sha256_cbor chain of
-// the same prompt that both are judged against.
+// the same prompt that both are judged against. Bodies are packed the way
+// Python's msgpack packs a list of ints (smallest format per value), which
+// is what a Conductor router sends, and as Go packs []int32 (int32 format).
 func BenchmarkQueryVsChain(b *testing.B) {
 	const n = 8192
-	b.Run("handler=cold", func(b *testing.B) {
-		s, body := queryFixture(b, 4, 1, n)
-		ctx := queryCtx(body)
-		b.ReportAllocs()
-		for b.Loop() {
-			ctx.Response.Reset()
-			s.Handle(ctx)
+	for _, enc := range []string{"python", "int32"} {
+		for _, warm := range []bool{false, true} {
+			name := "handler=cold/enc=" + enc
+			var memo []*hashing.Memo
+			if warm {
+				name = "handler=warm/enc=" + enc
+				memo = append(memo, hashing.NewMemo(64<<20))
+			}
+			b.Run(name, func(b *testing.B) {
+				s, body := queryFixture(b, 4, 1, n, memo...)
+				if enc == "python" {
+					body = compactBody(b, body)
+				}
+				ctx := queryCtx(body)
+				b.ReportAllocs()
+				for b.Loop() {
+					ctx.Response.Reset()
+					s.Handle(ctx)
+				}
+			})
 		}
-	})
-	b.Run("handler=warm", func(b *testing.B) {
-		s, body := queryFixture(b, 4, 1, n, hashing.NewMemo(64<<20))
-		ctx := queryCtx(body)
-		b.ReportAllocs()
-		for b.Loop() {
-			ctx.Response.Reset()
-			s.Handle(ctx)
-		}
-	})
+	}
 	b.Run("bare-chain", func(b *testing.B) {
 		seed := "0"
 		p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
@@ -190,4 +197,20 @@ func BenchmarkQueryVsChain(b *testing.B) {
 			hashing.ReleaseChain(ch)
 		}
 	})
+}
+
+// compactBody re-packs a /query body with every integer in its smallest
+// format, as Python's msgpack does.
+func compactBody(tb testing.TB, body []byte) []byte {
+	var v map[string]any
+	if err := msgpack.Unmarshal(body, &v); err != nil {
+		tb.Fatal(err)
+	}
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(v); err != nil {
+		tb.Fatal(err)
+	}
+	return buf.Bytes()
 }
