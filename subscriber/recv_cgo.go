@@ -49,16 +49,18 @@ static int cb_recv_part(zmq_msg_t *m, void *sock, int flags) {
 // always taken). Only a message's first frame is received with DONTWAIT:
 // ZMQ delivers multipart messages atomically, so the rest is already there.
 // It returns the number of complete messages; *err is 0 when a limit ended
-// the batch, otherwise the errno that did (EAGAIN: nothing more queued), and
+// the batch, otherwise the errno that did (EAGAIN: nothing more queued),
 // *partial tells that the error came after a message's first frame (that
-// message's frames are dropped).
-static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int *err, int *partial) {
+// message's frames are dropped), and *total is the frame bytes of the
+// complete messages.
+static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int *err, int *partial, size_t *total) {
 	cb_release(b);
 	*err = 0;
 	*partial = 0;
 	if (max_msgs > CB_MSGS) max_msgs = CB_MSGS;
 	int n = 0;
 	size_t bytes = 0;
+	*total = 0;
 	while (n < max_msgs && b->held + CB_KEEP <= CB_SLOTS && bytes < max_bytes) {
 		int first = b->held, count = 0, flags = ZMQ_DONTWAIT;
 		for (;;) {
@@ -89,6 +91,7 @@ static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int 
 		b->info[n].first = first;
 		b->info[n].count = count;
 		n++;
+		*total = bytes;
 	}
 	return n;
 }
@@ -153,6 +156,11 @@ type batchReceiver struct {
 	b        *C.cb_batch
 	n, next  int   // queued messages are info[next:n]
 	deferred error // error that ended the last fill after some messages
+	// backlog is set when a fill stopped at a limit rather than at an empty
+	// socket, i.e. messages were waiting in libzmq; bytes counts what was
+	// received since the last trim request (see noteEmpty).
+	backlog bool
+	bytes   int
 }
 
 // queued reports messages received from the socket but not yet handed out.
@@ -198,8 +206,13 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 		r.b = getBatch()
 	}
 	var cerr, partial C.int
-	n := int(C.cb_recv(h, r.b, C.int(max(limit, 1)), C.size_t(batchMaxBytes), &cerr, &partial))
+	var total C.size_t
+	n := int(C.cb_recv(h, r.b, C.int(max(limit, 1)), C.size_t(batchMaxBytes), &cerr, &partial, &total))
 	r.n, r.next = n, 0
+	r.bytes += int(total)
+	if cerr == 0 {
+		r.backlog = true
+	}
 	var err error
 	if cerr != 0 {
 		err = zmq.Errno(cerr)
@@ -211,6 +224,9 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 		if err == nil { // cannot happen: a limit always admits one message
 			err = zmq.Errno(syscall.EAGAIN)
 		}
+		if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
+			r.noteEmpty()
+		}
 		return err
 	}
 	if err != nil && zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
@@ -218,6 +234,20 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 		r.deferred = err
 	}
 	return nil
+}
+
+// noteEmpty is called when the socket has nothing queued. If it had a
+// backlog of at least trimAfterBytes since the last request, the C heap
+// that backlog occupied is now free, and a trim is requested: glibc keeps
+// freed memory of libzmq's I/O thread arena otherwise, so RSS stays at the
+// burst's peak.
+func (r *batchReceiver) noteEmpty() {
+	if r.backlog && r.bytes >= trimAfterBytes {
+		requestTrim()
+		r.backlog, r.bytes = false, 0
+	} else if !r.backlog {
+		r.bytes = 0 // steady traffic the subscriber keeps up with
+	}
 }
 
 // idle returns the C batch to the free list when nothing is queued; the

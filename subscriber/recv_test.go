@@ -3,6 +3,7 @@ package subscriber
 import (
 	"bytes"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -256,5 +257,72 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 	}
 	if s.Stale() || e.counters.Value(MetricReplays, TypeVLLM, ReplayRecovered) != 1 {
 		t.Fatalf("state %v, counters %v", s.State(), e.counters.Snapshot())
+	}
+}
+
+// countTrims replaces the C heap trim with a counter for the test.
+func countTrims(t *testing.T) *atomic.Int64 {
+	var n atomic.Int64
+	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimRunning.Load() })
+	old := trimHeap
+	trimHeap = func() { n.Add(1) }
+	t.Cleanup(func() {
+		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimRunning.Load() })
+		trimHeap = old
+	})
+	return &n
+}
+
+// TestTrimAfterRequest: every request is followed by a trim, however many
+// arrive at once (they are coalesced, never lost).
+func TestTrimAfterRequest(t *testing.T) {
+	n := countTrims(t)
+	for round := int64(1); round <= 3; round++ {
+		before := n.Load()
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() { defer wg.Done(); requestTrim() }()
+		}
+		wg.Wait()
+		waitFor(t, "a trim after the requests", 5*time.Second, func() bool { return n.Load() > before })
+	}
+}
+
+// TestTrimAfterBacklogDrains: a source that had a backlog of several MiB
+// asks for a trim once its socket is empty; a source that keeps up does not.
+func TestTrimAfterBacklogDrains(t *testing.T) {
+	n := countTrims(t)
+	p := newSubPair(t)
+	payload := make([]byte, 64<<10)
+	for i := range 100 { // 6.4 MiB, more than one batch
+		p.pub.send(uint64(i), payload)
+	}
+	var r batchReceiver
+	defer r.discard()
+	var frames [][]byte
+	var err error
+	for i := range 100 {
+		if frames, err = r.recv(p.b, frames[:0], drainBurst); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	if n.Load() != 0 {
+		t.Fatal("trimmed before the socket was empty")
+	}
+	if _, err := r.recv(p.b, frames[:0], drainBurst); zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
+		t.Fatalf("empty socket: %v", err)
+	}
+	waitFor(t, "a trim after the backlog drained", 5*time.Second, func() bool { return n.Load() == 1 })
+	// Small traffic received in one batch each time: no backlog, no trim.
+	for i := range 50 {
+		p.pub.send(uint64(i), payload[:100])
+		for range 2 {
+			_, _ = r.recv(p.b, frames[:0], drainBurst)
+		}
+	}
+	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimRunning.Load() })
+	if got := n.Load(); got != 1 {
+		t.Fatalf("%d trims, want 1", got)
 	}
 }
