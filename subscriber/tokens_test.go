@@ -78,10 +78,17 @@ func TestInt32RunMatchesReference(t *testing.T) {
 }
 
 // BenchmarkTokenRun scans the token ids of 16-block events as a Qwen-sized
-// vocabulary (151,936) encodes them: a random mix of uint16 and uint32
-// formats. It cycles through 64 different payloads so that the branch
-// predictor cannot learn one.
+// vocabulary (151,936) encodes them, a random mix of uint16 and uint32
+// formats, and as a 32,000-id vocabulary does (uint16 only). It cycles
+// through 64 different payloads so that the branch predictor cannot learn
+// one.
 func BenchmarkTokenRun(b *testing.B) {
+	b.Run("vocab=151936", func(b *testing.B) { benchTokenRun(b, 151936) })
+	// all uint16, as in BenchmarkIngestVLLM's payload: perfectly predictable
+	b.Run("vocab=32000", func(b *testing.B) { benchTokenRun(b, 32000) })
+}
+
+func benchTokenRun(b *testing.B, vocab uint32) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const tokens = 256
 	bufs := make([][]byte, 64)
@@ -89,7 +96,7 @@ func BenchmarkTokenRun(b *testing.B) {
 	for i := range bufs {
 		ids := make([]uint32, tokens)
 		for j := range ids {
-			ids[j] = rng.Uint32N(151936)
+			ids[j] = 256 + rng.Uint32N(vocab-256)
 		}
 		bufs[i] = append(appendTokens(nil, ids), 0xc0) // the next key, as in a payload
 		size += len(bufs[i])
