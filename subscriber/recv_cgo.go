@@ -17,6 +17,10 @@ typedef struct { int first; int count; } cb_msg;
 
 typedef struct {
 	int held; // msgs[0..held) are open
+	// results of cb_recv, kept here rather than in Go variables whose
+	// addresses, passed to C, would make them escape to the heap
+	int err, partial;
+	size_t total;
 	cb_frame frames[CB_SLOTS];
 	cb_msg info[CB_MSGS];
 	zmq_msg_t msgs[CB_SLOTS];
@@ -48,19 +52,19 @@ static int cb_recv_part(zmq_msg_t *m, void *sock, int flags) {
 // slots run out or max_bytes of frames are held (at least one message is
 // always taken). Only a message's first frame is received with DONTWAIT:
 // ZMQ delivers multipart messages atomically, so the rest is already there.
-// It returns the number of complete messages; *err is 0 when a limit ended
-// the batch, otherwise the errno that did (EAGAIN: nothing more queued),
-// *partial tells that the error came after a message's first frame (that
-// message's frames are dropped), and *total is the frame bytes of the
-// complete messages.
-static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int *err, int *partial, size_t *total) {
+// It returns the number of complete messages; b->err is 0 when a limit
+// ended the batch, otherwise the errno that did (EAGAIN: nothing more
+// queued), b->partial tells that the error came after a message's first
+// frame (that message's frames are dropped), and b->total is the frame
+// bytes of the complete messages.
+static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes) {
 	cb_release(b);
-	*err = 0;
-	*partial = 0;
+	b->err = 0;
+	b->partial = 0;
+	b->total = 0;
 	if (max_msgs > CB_MSGS) max_msgs = CB_MSGS;
 	int n = 0;
 	size_t bytes = 0;
-	*total = 0;
 	while (n < max_msgs && b->held + CB_KEEP <= CB_SLOTS && bytes < max_bytes) {
 		int first = b->held, count = 0, flags = ZMQ_DONTWAIT;
 		for (;;) {
@@ -71,8 +75,8 @@ static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int 
 			if (e != 0) {
 				zmq_msg_close(m);
 				while (b->held > first) zmq_msg_close(&b->msgs[--b->held]);
-				*err = e;
-				*partial = count > 0;
+				b->err = e;
+				b->partial = count > 0;
 				return n;
 			}
 			flags = 0;
@@ -91,7 +95,7 @@ static int cb_recv(void *sock, cb_batch *b, int max_msgs, size_t max_bytes, int 
 		b->info[n].first = first;
 		b->info[n].count = count;
 		n++;
-		*total = bytes;
+		b->total = bytes;
 	}
 	return n;
 }
@@ -205,11 +209,10 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 	if r.b == nil {
 		r.b = getBatch()
 	}
-	var cerr, partial C.int
-	var total C.size_t
-	n := int(C.cb_recv(h, r.b, C.int(max(limit, 1)), C.size_t(batchMaxBytes), &cerr, &partial, &total))
+	n := int(C.cb_recv(h, r.b, C.int(max(limit, 1)), C.size_t(batchMaxBytes)))
+	cerr, partial := r.b.err, r.b.partial
 	r.n, r.next = n, 0
-	r.bytes += int(total)
+	r.bytes += int(r.b.total)
 	if cerr == 0 {
 		r.backlog = true
 	}
