@@ -226,18 +226,27 @@ func (s *Subscriber) open() error {
 // signalStop wakes the run goroutine through the stop pair. If that fails
 // (out of sockets), the goroutine still sees the stop flag at its next poll
 // timeout.
+//
+// The send does not wait: connecting to a bound inproc endpoint attaches
+// the pipe at once, so it only fails when the goroutine has already seen
+// the stop flag (between messages) and closed its end, unbinding the
+// endpoint. A blocking send then waited out its whole timeout, making Stop
+// take a second.
 func (s *Subscriber) signalStop() {
 	tx, err := zmq.NewSocket(zmq.PAIR)
 	if err == nil {
 		defer tx.Close()
 		_ = tx.SetLinger(0)
-		_ = tx.SetSndtimeo(time.Second)
 		if err = tx.Connect(s.stopName); err == nil {
-			_, err = tx.SendBytes([]byte{1}, 0)
+			_, err = tx.SendBytes([]byte{1}, zmq.DONTWAIT)
 		}
 	}
 	if err != nil {
-		s.log.Warn().Err(err).Msg("stop signal not delivered; waiting for the poll interval")
+		select {
+		case <-s.done: // it stopped by itself
+		default:
+			s.log.Warn().Err(err).Msg("stop signal not delivered; waiting for the poll interval")
+		}
 	}
 }
 
