@@ -50,6 +50,7 @@ func FuzzDecodeRequests(f *testing.F) {
 	f.Add([]byte{0x91, 0x91, 0x91, 0x91, 0xc0})
 	f.Add(tokenBody(40, false))
 	f.Add(tokenBody(40, true))
+	f.Add(tokenBodyVocab(40, 32000))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		lim := DefaultLimits()
 		_, e := DecodeRegister(body, lim)
@@ -99,8 +100,11 @@ func checkOnePass(t *testing.T, body []byte, got *Error, q *QueryRequest) {
 // checks (array header, token runs, the last elements, trailing bytes) meet
 // every kind of damage, and compares its answers with the validated reader.
 func TestQueryOnePassMatchesValidated(t *testing.T) {
-	for _, int32s := range []bool{false, true} {
-		full := tokenBody(64, int32s)
+	for _, enc := range []string{"compact", "compact-32k", "int32"} {
+		full := tokenBody(64, enc == "int32")
+		if enc == "compact-32k" { // uint16 runs
+			full = tokenBodyVocab(64, 32000)
+		}
 		// A second field after the tokens, so damage is not only at the end.
 		full[0] = 0x84
 		full = append(full, 0xa9, 't', 'e', 'n', 'a', 'n', 't', '_', 'i', 'd', 0xa1, 't')

@@ -303,9 +303,12 @@ func TestDecodeQueryAllocations(t *testing.T) {
 // uint8, uint16, uint32 by value), "int32" what Go packers write for int32
 // values. Token ids span a 150K vocabulary, so the formats interleave.
 func BenchmarkDecodeQuery8K(b *testing.B) {
-	for _, enc := range []string{"compact", "int32"} {
+	for _, enc := range []string{"compact", "compact-32k", "int32"} {
 		b.Run("enc="+enc, func(b *testing.B) {
 			body := tokenBody(8192, enc == "int32")
+			if enc == "compact-32k" { // a vocabulary under 65,536 ids
+				body = tokenBodyVocab(8192, 32000)
+			}
 			var q QueryRequest
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
@@ -318,15 +321,21 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 	}
 }
 
-// tokenBody packs a /query body by hand with n pseudo-random token ids.
-func tokenBody(n int, int32s bool) []byte {
+// tokenBody packs a /query body by hand with n pseudo-random token ids of a
+// 150K vocabulary, in Python's smallest-format packing or as int32s.
+func tokenBody(n int, int32s bool) []byte { return packTokens(n, 150000, int32s) }
+
+// tokenBodyVocab is tokenBody for a vocabulary of the given size.
+func tokenBodyVocab(n, vocab int) []byte { return packTokens(n, vocab, false) }
+
+func packTokens(n, vocab int, int32s bool) []byte {
 	body := []byte{0x83, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm', 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10,
 		0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdd}
 	body = binary.BigEndian.AppendUint32(body, uint32(n))
 	x := uint32(12345)
 	for range n {
 		x = x*1664525 + 1013904223
-		v := x >> 8 % 150000
+		v := x >> 8 % uint32(vocab)
 		switch {
 		case int32s:
 			body = binary.BigEndian.AppendUint32(append(body, 0xd2), v)
