@@ -215,6 +215,7 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 	r.bytes += int(r.b.total)
 	if cerr == 0 {
 		r.backlog = true
+		noteBacklog()
 	}
 	var err error
 	if cerr != 0 {

@@ -6,27 +6,37 @@ import (
 )
 
 // trimAfterBytes is the backlog a source must have drained before its
-// emptying triggers a C heap trim; smaller backlogs leave too little free
-// memory to be worth a trim.
+// emptying asks for a C heap trim; smaller backlogs leave too little free
+// memory to be worth one.
 const trimAfterBytes = 4 << 20
 
-// trimInterval spaces trims out: malloc_trim walks every arena (a few
-// milliseconds after a large burst), and many sources draining at once
-// need only one.
-const trimInterval = 100 * time.Millisecond
+// trimQuiet is how long no source may have had a backlog before a trim
+// runs. During a burst, sources whose queue momentarily empties ask for
+// trims while others still receive; trimming then only returns pages that
+// libzmq faults back in at once. Waiting for a short lull trims once, at
+// the end of the burst.
+const trimQuiet = 3 * time.Millisecond
+
+// trimInterval spaces trims out: malloc_trim walks every arena (0.2-4 ms
+// after a 2 M-block burst).
+const trimInterval = 50 * time.Millisecond
 
 var (
 	trimHeap    = TrimCHeap // replaced by tests to count trims
 	trimRunning atomic.Bool
 	trimPending atomic.Bool
 	lastTrim    atomic.Int64 // unix nanoseconds
+	lastBacklog atomic.Int64 // unix nanoseconds of the last receive that left messages queued
 )
 
-// requestTrim makes a background goroutine call TrimCHeap soon: at once if
-// the last trim was more than trimInterval ago, otherwise when that much
-// time has passed. Requests made meanwhile are coalesced into the next trim,
-// and one made while a trim runs gets another afterwards, so the last burst
-// to end is always followed by a trim. No goroutine lingers when idle.
+// noteBacklog records that a source still had messages queued in libzmq.
+func noteBacklog() { lastBacklog.Store(time.Now().UnixNano()) }
+
+// requestTrim makes a background goroutine call TrimCHeap once no source
+// has had a backlog for trimQuiet and the last trim is trimInterval old.
+// Requests made meanwhile are coalesced into that trim, and one made while
+// a trim runs gets another afterwards, so the last burst to end is always
+// followed by a trim. No goroutine lingers when idle.
 func requestTrim() {
 	trimPending.Store(true)
 	if !trimRunning.CompareAndSwap(false, true) {
@@ -35,8 +45,11 @@ func requestTrim() {
 	go func() {
 		for {
 			for trimPending.Load() {
-				if wait := time.Until(time.Unix(0, lastTrim.Load()).Add(trimInterval)); wait > 0 {
-					time.Sleep(wait)
+				now := time.Now().UnixNano()
+				wait := max(lastTrim.Load()+int64(trimInterval), lastBacklog.Load()+int64(trimQuiet)) - now
+				if wait > 0 {
+					time.Sleep(time.Duration(wait))
+					continue
 				}
 				trimPending.Store(false)
 				trimHeap()
