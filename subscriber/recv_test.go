@@ -386,3 +386,34 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%.1f allocations per 100 messages", allocs)
 	}
 }
+
+// TestPerFrameFallback: with the batch path unavailable (a pebbe release
+// without the handle field), ingestion still works through recvFrames.
+func TestPerFrameFallback(t *testing.T) {
+	saved := socketHandleOffset
+	socketHandleOffset = ^uintptr(0)
+	defer func() { socketHandleOffset = saved }()
+	if batchReceiveAvailable() {
+		t.Fatal("fallback not forced")
+	}
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, "")
+	s, err := Start(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub.waitSubscribed()
+	for seq := uint64(1); seq <= 50; seq++ {
+		pub.send(seq, storedBatch([]uint64{seq}, 4, 0))
+	}
+	pub.sendFrames([]byte("t"), seqFrame(51)) // two frames: dropped, the sequence untouched
+	pub.send(51, storedBatch([]uint64{51}, 4, 0))
+	waitSeq(t, s, 51)
+	s.Stop()
+	if got := e.counters.Value(MetricApplied, TypeVLLM, ReasonNone); got != 51 {
+		t.Fatalf("%d events applied, want 51", got)
+	}
+	if got := e.counters.Value(MetricDropped, TypeVLLM, DropFrameCount); got != 1 {
+		t.Fatalf("%d messages dropped for their frame count, want 1", got)
+	}
+}

@@ -426,7 +426,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 	s.depth++
 	defer func() {
 		if s.depth--; s.depth == 0 {
-			clear(s.frames[:cap(s.frames)]) // views into the batch about to be released
+			s.forgetPayloads()
 			s.rx.idle()
 		}
 	}()
@@ -458,6 +458,22 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 		}
 	}
 	return nil
+}
+
+// forgetPayloads drops every view into received messages before their
+// batch is released: the frames, the reader and the decoders' per-batch
+// fields. Nothing reads them after the batch, but a Go pointer left aimed
+// at freed C memory is a hazard should the Go heap ever map that range.
+func (s *Subscriber) forgetPayloads() {
+	clear(s.frames[:cap(s.frames)])
+	s.r.reset(nil)
+	if s.engine != nil {
+		s.engine.fields = engineFields{}
+	}
+	if s.moon != nil {
+		clear(s.moon.events[:cap(s.moon.events)])
+		s.moon.events = s.moon.events[:0]
+	}
 }
 
 // recvFrames reads one multipart message without blocking, keeping at most
