@@ -38,6 +38,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	setGCPercent(os.Getenv)
 	// Signals are caught before anything listens, so a SIGTERM that
 	// follows the "listening" log line always takes the graceful path.
 	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -173,6 +174,20 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[
 }
 
 var returning atomic.Bool
+
+// defaultGCPercent is the GC target the service runs with unless GOGC is
+// set. The index is a large, long-lived, pointer-free heap, so collections
+// are cheap to run and the default 100 % mostly buys idle headroom: at 50,
+// RSS at the end of a 2 M-block loadgen burst fell from 137-152 to 133-136
+// MiB with no visible change in ingest or query CPU (three runs each).
+const defaultGCPercent = 50
+
+// setGCPercent applies defaultGCPercent unless the operator chose GOGC.
+func setGCPercent(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
+}
 
 // returnMemory hands memory freed by a dropped context back to the OS in
 // the background (a forced GC plus scavenge, then a trim of the C heap that

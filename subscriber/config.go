@@ -99,26 +99,23 @@ type Config struct {
 // Tuning holds limits that default to upstream's values; zero fields take the
 // default.
 type Tuning struct {
-	RcvHWM               int           // SUB receive high-water mark, in messages (1000; see defaultRcvHWM)
+	RcvHWM               int           // SUB receive high-water mark, in messages (200000; see defaultRcvHWM)
 	ReplayReceiveTimeout time.Duration // per reply (5 s)
 	ReplayTotalTimeout   time.Duration // per recovery (30 s)
 	MaxBufferedMessages  int           // live + replayed messages held during recovery (10000)
 	MaxBufferedBytes     int           // their payload bytes (64 MiB)
 }
 
-// defaultRcvHWM bounds the messages libzmq queues for one source in this
-// process (upstream Conductor uses 200000). A publisher that outruns the
-// subscriber is held back by TCP flow control once the queue is full, so a
-// smaller queue only moves its backlog into the publisher's send queue
-// (vLLM's is 100000 messages); messages are lost, and the gap recovered
-// through replay or the source made stale, only when that queue overflows
-// too. In exchange the backlog held in this process's C heap is at most
-// about 1.2 MB per source for 16-block batches instead of 240 MB: at
-// 200000, a 2 M-block burst from 16 loadgen publishers queued its whole
-// 150 MiB here (RSS 330-370 MiB at the end of the burst; 140-145 MiB at
-// 1000, trims included, loadgen 0 wrong answers and no stale source).
-// 1000 is also libzmq's default.
-const defaultRcvHWM = 1000
+// defaultRcvHWM is the SUB receive high-water mark, upstream's 200000 as
+// events.md §1.1 asks. A short queue (libzmq's default, 1000) was measured
+// too: it moves a burst's backlog into the publisher's send queue (100000
+// messages for vLLM/SGLang, but 10000 for the Mooncake master, which has no
+// replay, so an overflow there makes the source stale). Since the C heap is
+// trimmed once a burst drains (trim.go), the long queue costs memory only
+// while the burst lasts: at the end of a 2 M-block, 16-publisher loadgen
+// burst RSS was 125-129 MiB at 200000 and 124-130 MiB at 1000 (GOGC=50,
+// two runs each), so the safety margin is kept.
+const defaultRcvHWM = 200000
 
 func (t Tuning) withDefaults() Tuning {
 	if t.RcvHWM <= 0 {

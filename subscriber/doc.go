@@ -22,10 +22,10 @@
 // Receiving: live messages are taken from libzmq many at a time by one cgo
 // call (recv_cgo.go) and read in place until the next receive, instead of
 // one cgo round trip and one Go copy per frame; whatever must outlive that
-// (messages held during a replay) is copied. The SUB queue is kept short
-// (defaultRcvHWM) so that a publisher's backlog waits in its own process,
-// and the C heap is trimmed when a burst has drained (trim.go), so RSS
-// follows the index rather than the largest burst.
+// (messages held during a replay) is copied. The SUB queue is long
+// (defaultRcvHWM), so a burst queues here rather than overflowing a
+// publisher's send queue, and the C heap is trimmed when a burst has
+// drained (trim.go), so RSS follows the index rather than the largest burst.
 //
 // Decoding: a batch is decoded completely into reused buffers before any of
 // its events touches the index, because the batch dp_rank follows the events
