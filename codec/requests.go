@@ -577,10 +577,18 @@ var tokenFormat = func() (t [256]struct{ size, shift, fix, check uint8 }) {
 func decodeTokenRun(c *cursor, dst []int32, i int) int {
 	b, p := c.b, c.p
 	if p < len(b) && b[p] == 0xd2 {
-		for ; i < len(dst) && p+5 <= len(b) && b[p] == 0xd2; i++ {
-			dst[i] = int32(binary.BigEndian.Uint32(b[p+1 : p+5]))
-			p += 5
+		// Bounds fixed up front so the loop body carries no checks.
+		m := min(len(dst)-i, (len(b)-p)/5)
+		q, d := b[p:p+5*m], dst[i:i+m]
+		j := 0
+		for ; j < len(d) && 5*j+5 <= len(q); j++ {
+			e := q[5*j : 5*j+5]
+			if e[0] != 0xd2 {
+				break
+			}
+			d[j] = int32(binary.BigEndian.Uint32(e[1:]))
 		}
+		i, p = i+j, p+5*j
 	}
 run:
 	for i < len(dst) && p+5 <= len(b) {
