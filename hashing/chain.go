@@ -183,8 +183,16 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 			c.memoMisses++
 		}
 	}
-	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block {
-		c.digs = append(c.digs, c.parent)
+	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && c.block >= c.reuseK {
+		// Record hashed digests for the memo to learn. A reused prefix is
+		// copied only once something beyond it is hashed: a fully warm
+		// query records nothing (it would teach the memo nothing new).
+		if c.reuseK > 0 && len(c.digs) == 0 && c.block == c.reuseK {
+			c.digs = append(c.digs, c.reuse.digests[:c.reuseK]...)
+		}
+		if len(c.digs) == c.block {
+			c.digs = append(c.digs, c.parent)
+		}
 	}
 	c.havePr = true
 	c.pos = end

@@ -218,6 +218,19 @@ func TestMemoReusesLongestPrefix(t *testing.T) {
 			if reused != full {
 				t.Errorf("reused %d blocks, want %d (misses %d)", reused, full, m1)
 			}
+			// Turn 2 hashed past what it reused, so the memo learned its
+			// whole chain: asking again reuses every full block of it.
+			h2, _ := m.Stats()
+			if got := keysOf(&p, 16, turn2, "lora", "salt", m); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("keys differ on the third query")
+			}
+			all := 104 / 16
+			if name == "sglang_bigram" {
+				all = 103 / 16
+			}
+			if h3, _ := m.Stats(); int(h3-h2) != all {
+				t.Errorf("turn 2 again reused %d blocks, want %d", h3-h2, all)
+			}
 			for _, v := range []struct{ lora, salt string }{{"other", "salt"}, {"lora", "other"}} {
 				h2, _ := m.Stats()
 				keysOf(&p, 16, turn2, v.lora, v.salt, m)
