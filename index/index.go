@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -16,6 +17,12 @@ type Options struct {
 	// contention between ingestion and queries, at ~300 bytes each per
 	// context (plus a reverse-list header per engine owner).
 	Stripes int
+	// RemovalPause, when positive, makes RemoveEngineOwner return as soon
+	// as the owner is unpublished (queries stop reporting it at once) and
+	// clear its entries in the background, one chunk at a time with this
+	// pause between chunks (see reaper). Zero clears synchronously. The
+	// service uses it; Close must then be called to stop the worker.
+	RemovalPause time.Duration
 }
 
 // DefaultStripes is used when Options.Stripes is not positive.
@@ -28,6 +35,7 @@ type Index struct {
 	stripes int
 	mu      sync.Mutex // serialises writers of tables
 	tables  atomic.Pointer[map[ContextKey]*Table]
+	reap    reaper
 }
 
 // New returns an empty index.
@@ -37,6 +45,7 @@ func New(opts Options) *Index {
 		n = DefaultStripes
 	}
 	ix := &Index{stripes: n}
+	ix.reap.pause = opts.RemovalPause
 	m := map[ContextKey]*Table{}
 	ix.tables.Store(&m)
 	return ix
@@ -62,6 +71,9 @@ func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
 		return t
 	}
 	t := newTable(ctx, p, ix.stripes)
+	if ix.reap.pause > 0 {
+		t.reap = &ix.reap
+	}
 	m := make(map[ContextKey]*Table, len(old)+1)
 	for k, v := range old {
 		m[k] = v

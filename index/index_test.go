@@ -3,6 +3,9 @@ package index
 import (
 	"reflect"
 	"testing"
+	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -707,5 +710,59 @@ func TestClearSpansManyHolds(t *testing.T) {
 	checkInvariants(t, tb)
 	if got := tb.PrefixCount(); got != 0 {
 		t.Fatalf("%d blocks left after every owner went", got)
+	}
+}
+
+// TestBackgroundRemoval: with RemovalPause set, a removed owner disappears
+// from answers at once, its entries are cleared in the background (Settle
+// waits for that), its slot is reissued only afterwards, and Close leaves
+// no goroutine behind, also when it interrupts a removal.
+func TestBackgroundRemoval(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ix := New(Options{Stripes: 4, RemovalPause: time.Microsecond})
+	defer ix.Close()
+	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
+	const n = 4 * 3 * clearBudget
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = benchKey(i)
+		tb.Store(a, Device, keys[i])
+		if i%2 == 0 {
+			tb.Store(b, Device, keys[i])
+		}
+	}
+	tb.RemoveEngineOwner(a)
+	var res QueryResult
+	tb.Query(chainOf(keys[:4]...), "", &res)
+	if len(res.Instances) != 1 || res.Instances[0].Instance != "b" {
+		t.Fatalf("removed owner still answered: %+v", res.Instances)
+	}
+	ix.Settle()
+	checkInvariants(t, tb)
+	if got := tb.PrefixCount(); got != n/2 {
+		t.Fatalf("%d blocks after a's entries were reclaimed, want b's %d", got, n/2)
+	}
+	c := tb.AddEngineOwner("c", 0) // a's slot, now free, with a new generation
+	if c.slot() != a.slot() || c == a {
+		t.Fatalf("slot reuse: a=%v c=%v", a, c)
+	}
+	tb.Store(c, CPULocal, keys[1])
+	tb.Query(chainOf(keys[1]), "c", &res)
+	if got := res.Instances[0].Max; got != tc(0, 16, 16, 16) {
+		t.Fatalf("c: %+v", got)
+	}
+
+	// Close in the middle of a removal: no goroutine left (goleak above),
+	// and later removals clear synchronously.
+	tb.RemoveEngineOwner(b)
+	ix.Close()
+	tb.RemoveEngineOwner(c)
+	if got := tb.Instances(); len(got) != 0 {
+		t.Fatalf("owners left: %v", got)
+	}
+	tb.Query(chainOf(keys[1]), "", &res)
+	if len(res.Instances) != 0 {
+		t.Fatalf("answers after every owner went: %+v", res.Instances)
 	}
 }

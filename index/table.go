@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -30,6 +31,9 @@ type Table struct {
 	slots     []slotInfo
 	freeSlots []int
 	dropped   bool // under regMu
+
+	// reap, when set, clears removed owners in the background.
+	reap *reaper
 }
 
 type slotInfo struct {
@@ -212,13 +216,48 @@ func (t *Table) RemoveEngineOwner(id OwnerID) {
 	t.publishLocked()
 	t.regMu.Unlock()
 
+	if t.reap != nil && t.reap.enqueue(t, id) {
+		return
+	}
 	t.clearOwner(id, engineBit)
+	t.releaseSlot(id)
+}
 
+// releaseSlot makes a removed owner's slot reusable once its entries are
+// gone; a slot is never reissued while entries of its old generation remain.
+func (t *Table) releaseSlot(id OwnerID) {
 	t.regMu.Lock()
 	if !t.dropped {
-		t.freeSlots = append(t.freeSlots, sl)
+		t.freeSlots = append(t.freeSlots, id.slot())
 	}
 	t.regMu.Unlock()
+}
+
+// clearOwnerPaced is the reaper's clearOwner: it works in bursts of about
+// reapBurst (chunks of clearBudget blocks, the stripe unlocked between
+// them), sleeps for the reaper's pause after each burst, and gives up when
+// the reaper is closed.
+func (t *Table) clearOwnerPaced(id OwnerID, r *reaper) {
+	burst := time.Now()
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		for from := -1; from != 0; {
+			s.mu.Lock()
+			if s.dead {
+				from = 0
+			} else {
+				from = s.clearOwner(id, engineBit, from, clearBudget)
+			}
+			s.mu.Unlock()
+			if time.Since(burst) >= reapBurst {
+				if r.stopping() {
+					return
+				}
+				time.Sleep(r.pause)
+				burst = time.Now()
+			}
+		}
+	}
 }
 
 // publishLocked rebuilds the registration snapshot. Registration changes

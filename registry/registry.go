@@ -269,7 +269,9 @@ func (r *Registry) Unregister(key ServiceKey) error {
 	}
 	stop, clear := r.remove(key, e)
 	// The two phases are logged because they are what an unregistration
-	// waits for: the source's goroutine, then the index's removal pass.
+	// waits for: the source's goroutine, then the owner's removal from the
+	// index (its entries are reclaimed in the background when the index
+	// has a RemovalPause, as the service's does).
 	r.opts.Logger.Info().Str("service", string(key)).Dur("source_stop", stop).Dur("index_clear", clear).Msg("service unregistered")
 	return nil
 }

@@ -84,6 +84,14 @@ type Config struct {
 	// (through a socket monitor, two extra sockets until then); without it
 	// Connected only turns true with the first message.
 	WatchConnection bool
+	// OwnerRemovedAfterStop says the caller removes the engine owner, and
+	// with it every entry, right after Stop (the registry does, through
+	// index.Table.RemoveEngineOwner), so Stop leaves the engine entries to
+	// it instead of clearing them first: the removal can then reclaim them
+	// in the background without slowing queries. Mooncake sources always
+	// release their shared references on Stop, and a stale source has
+	// retracted already.
+	OwnerRemovedAfterStop bool
 	// Tuning overrides transport and recovery limits; the zero value means
 	// the upstream defaults. Tests shorten the timeouts with it.
 	Tuning Tuning

@@ -573,3 +573,32 @@ func TestIPv6Endpoint(t *testing.T) {
 	pub.send(3, emptyBatch("vLLM"))
 	waitSeq(t, sub, 3)
 }
+
+// TestOwnerRemovedAfterStop: with the flag, Stop leaves an engine source's
+// entries for the caller's owner removal (no clear is issued); without it,
+// Stop clears every tier.
+func TestOwnerRemovedAfterStop(t *testing.T) {
+	for _, removed := range []bool{false, true} {
+		pub := newPublisher(t, ipcEndpoint(t, "pub"))
+		e := vllmEnv(t, pub.endpoint, "")
+		e.cfg.OwnerRemovedAfterStop = removed
+		s, err := Start(e.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub.waitSubscribed()
+		pub.send(1, storedBatch([]uint64{11, 12}, 4, 0))
+		waitSeq(t, s, 1)
+		s.Stop()
+		ops := e.engine.snapshot()
+		clears := 0
+		for _, o := range ops {
+			if o.Kind == "clear" {
+				clears++
+			}
+		}
+		if want := map[bool]int{false: 1, true: 0}[removed]; clears != want || ops[0].Kind != "store" {
+			t.Errorf("OwnerRemovedAfterStop=%v: %d clears in %v, want %d after the stores", removed, clears, ops, want)
+		}
+	}
+}

@@ -106,7 +106,8 @@ type liveMsg struct {
 
 // Start validates cfg, connects the SUB socket and starts the subscriber's
 // goroutine. The caller must eventually call Stop, which retracts everything
-// the source contributed.
+// the source contributed (engine entries excepted under
+// Config.OwnerRemovedAfterStop).
 func Start(cfg Config) (*Subscriber, error) {
 	s, err := newSubscriber(cfg)
 	if err != nil {
@@ -264,7 +265,8 @@ func (s *Subscriber) closeSockets() {
 
 // Stop ends the subscription: it wakes the goroutine (even mid-replay),
 // waits for it, closes every socket and retracts everything the source
-// contributed. It is idempotent and safe to call concurrently.
+// contributed (engine entries excepted under Config.OwnerRemovedAfterStop).
+// It is idempotent and safe to call concurrently.
 func (s *Subscriber) Stop() {
 	s.stopOnce.Do(func() {
 		s.stopping.Store(true)
@@ -299,7 +301,7 @@ func (s *Subscriber) setState(st State) { s.state.Store(int32(st)) }
 
 func (s *Subscriber) run() {
 	defer func() {
-		if !s.retracted {
+		if !s.retracted && (s.moon != nil || !s.cfg.OwnerRemovedAfterStop) {
 			s.retract()
 		}
 		s.closeMonitor()
