@@ -203,6 +203,20 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	return binary.BigEndian.Uint64(c.parent[:8]), end - start, true
 }
 
+// Ready reports how many of the next Next calls are served from the memo
+// without hashing (index.ReadyChain), looking the memo up first if this
+// chain has not yet.
+func (c *Chain) Ready() int {
+	if c.memo == nil || c.kind == kindNone || c.pos >= c.limit {
+		return 0
+	}
+	if !c.lookedUp {
+		c.lookedUp = true
+		c.findPrefix()
+	}
+	return max(0, c.reuseK-c.block)
+}
+
 // hashBlock encodes block [start, end) and sets c.parent to its digest.
 func (c *Chain) hashBlock(start, end int) {
 	c.h.Reset()

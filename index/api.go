@@ -64,6 +64,16 @@ type Chain interface {
 	Next() (key uint64, covered int, ok bool)
 }
 
+// ReadyChain is a Chain that can tell how many of its next keys it has
+// without hashing: a hashing.Chain serving a remembered prefix from its
+// memo. Query takes those keys in one batch and reads their blocks one
+// stripe at a time, which saves a read lock per block; keys that cost
+// hashing are still produced one by one, only as far as the walk needs.
+type ReadyChain interface {
+	Chain
+	Ready() int
+}
+
 // TierCounts are cumulative token counts: Device <= CPULocal <= CPUShare <= Disk.
 type TierCounts struct {
 	Device, CPULocal, CPUShare, Disk int

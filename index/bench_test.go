@@ -291,3 +291,44 @@ func BenchmarkQueryDuringRemoval(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWalkLargeTable walks 512-block prompts of a 2 M-block table (16
+// owners × 125 K blocks, 300 prompts cycled, so lookups miss the caches as
+// in the service), one key at a time or as a ReadyChain batch (what a memo
+// hit gives): one read lock per stripe and lookups free to overlap.
+func BenchmarkWalkLargeTable(b *testing.B) {
+	const owners, perOwner, blocks = 16, 125_000, 512
+	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	for o := range owners {
+		id := tb.AddEngineOwner(fmt.Sprintf("inst-%02d", o), 0)
+		for i := range perOwner {
+			tb.Store(id, Device, benchKey(o*perOwner+i))
+		}
+	}
+	var chains []*keyChain
+	for q := range 300 {
+		c := &keyChain{}
+		o := q % owners
+		base := (q * 997) % (perOwner - blocks)
+		for i := range blocks {
+			c.keys = append(c.keys, benchKey(o*perOwner+base+i))
+		}
+		chains = append(chains, c)
+	}
+	for _, ready := range []bool{false, true} {
+		b.Run(fmt.Sprint("ready=", ready), func(b *testing.B) {
+			var res QueryResult
+			i := 0
+			for b.Loop() {
+				c := chains[i%len(chains)]
+				i++
+				c.reset()
+				var ch Chain = c
+				if ready {
+					ch = &readyChain{c, blocks}
+				}
+				tb.Query(ch, "", &res)
+			}
+		})
+	}
+}

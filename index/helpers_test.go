@@ -175,3 +175,25 @@ func stripeErr(tb *Table, s *stripe) error {
 	}
 	return nil
 }
+
+// readyChain is a keyChain whose first ready keys count as produced without
+// hashing (a memo hit), so Query takes them in one batch (ReadyChain).
+type readyChain struct {
+	*keyChain
+	ready int
+}
+
+func (c *readyChain) Ready() int { return max(0, c.ready-c.i) }
+
+// asReady wraps c so its first ready keys are batched; ready 0 returns c
+// itself. want is the number of Next calls a reference walk allows; the
+// batch takes all ready keys whenever a walk starts.
+func asReady(c *keyChain, ready, want int) (Chain, int) {
+	if ready == 0 {
+		return c, want
+	}
+	if want > 0 {
+		want = max(want, min(ready, len(c.keys)+1))
+	}
+	return &readyChain{c, ready}, want
+}

@@ -251,8 +251,9 @@ func TestPropertyAgainstReference(t *testing.T) {
 					c.cov = append(c.cov, rapid.IntRange(1, 16).Draw(rt, "covered"))
 				}
 				filter := rapid.SampledFrom([]string{"", "", "a", "b", "z"}).Draw(rt, "filter")
-				tb.Query(c, filter, &res)
 				want, calls := m.query(c.keys, c.cov, filter)
+				ch, calls := asReady(c, rapid.IntRange(0, n).Draw(rt, "ready"), calls)
+				tb.Query(ch, filter, &res)
 				got := res.Instances
 				if got == nil {
 					got = []InstanceHits{}
@@ -351,8 +352,9 @@ func TestRandomizedAgainstReference(t *testing.T) {
 					c.cov = append(c.cov, 1+r.IntN(16))
 				}
 				filter := []string{"", "a", "b", "c", "x"}[r.IntN(5)]
-				tb.Query(c, filter, &res)
 				want, calls := m.query(c.keys, c.cov, filter)
+				ch, calls := asReady(c, r.IntN(len(c.keys)+1), calls)
+				tb.Query(ch, filter, &res)
 				got := res.Instances
 				if got == nil {
 					got = []InstanceHits{}

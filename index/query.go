@@ -14,7 +14,23 @@ type queryScratch struct {
 	alive [numTiers][]uint64
 	// cnt is filled in when an owner's tier prefix breaks (or at the end).
 	cnt [][numTiers]int
+	// ready is walkReady's working memory.
+	ready readyScratch
 }
+
+// readyScratch holds a batch of keys a ReadyChain produced, grouped by
+// stripe: order lists positions stripe by stripe, start[s] is where stripe
+// s's positions begin, and held is each position's holder sets.
+type readyScratch struct {
+	keys, hs []uint64
+	covs     []int
+	start    []int
+	order    []int32
+	held     [][4]uint64 // dev, loc, dsk, shared bits | readyFound
+}
+
+// readyFound marks a position whose block exists, in held[i][3].
+const readyFound = 1 << 8
 
 // Query walks chain and reports, for every registered (instance, rank) —
 // or only those of instance when it is not "" — the cumulative tier counts
@@ -143,8 +159,13 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 	bySlot, un := v.bySlot, uint(n)
 	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
-	total := 0
-	for alive[Disk] != 0 {
+	total, more := 0, true
+	if rc, ok := chain.(ReadyChain); ok {
+		if r := rc.Ready(); r > 0 {
+			total, more = t.walkReady(v, chain, r, lo, un, sc, &alive)
+		}
+	}
+	for more && alive[Disk] != 0 {
 		key, covered, ok := chain.Next()
 		if !ok {
 			break
@@ -182,6 +203,87 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 			sc.cnt[bits.TrailingZeros64(a)][tier] = total
 		}
 	}
+}
+
+// walkReady is walkSmall's start for the n keys a ReadyChain has without
+// hashing: it takes them all, reads their blocks stripe by stripe (one read
+// lock per stripe touched instead of one per block, and lookups within a
+// stripe free to overlap their cache misses), then applies them in chain
+// order exactly as walkSmall would. It returns the tokens matched and
+// whether the walk may go on past the batch.
+func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64) (int, bool) {
+	r := &sc.ready
+	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
+	r.order, r.held = resize(r.order, n), resize(r.held, n)
+	r.start = resize(r.start, len(t.stripes)+1)
+	clear(r.start)
+	ended := false
+	for i := range n {
+		k, c, ok := chain.Next()
+		if !ok {
+			n, ended = i, true
+			break
+		}
+		h := mix(k)
+		r.keys[i], r.hs[i], r.covs[i] = k, h, c
+		r.start[t.stripeIndex(h)+1]++
+	}
+	for i := 1; i < len(r.start); i++ {
+		r.start[i] += r.start[i-1]
+	}
+	for i := range n { // counting sort; start[s] ends at stripe s+1's start
+		si := t.stripeIndex(r.hs[i])
+		r.order[r.start[si]] = int32(i)
+		r.start[si]++
+	}
+	bySlot, from := v.bySlot, 0
+	for si := range t.stripes {
+		to := r.start[si]
+		if from == to {
+			continue
+		}
+		s := &t.stripes[si]
+		s.mu.RLock()
+		for _, i := range r.order[from:to] {
+			idx := s.find(r.keys[i], r.hs[i])
+			if idx < 0 {
+				r.held[i] = [4]uint64{}
+				continue
+			}
+			b := &s.blocks[idx]
+			dev, loc, dsk, shared := noteSmall(bySlot, lo, un, b.first, 0, 0, 0, 0)
+			for _, p := range s.overflow(b) {
+				dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
+			}
+			r.held[i] = [4]uint64{dev, loc, dsk, uint64(shared) | readyFound}
+		}
+		s.mu.RUnlock()
+		from = to
+	}
+	total := 0
+	for i := range n {
+		h := r.held[i]
+		if h[3]&readyFound == 0 {
+			return total, false
+		}
+		dev, dsk, shared := h[0], h[2], h[3]
+		loc := h[1] | dev
+		sh := loc | -(shared >> CPUShare & 1)
+		held := [numTiers]uint64{dev, loc, sh, sh | dsk | -(shared >> Disk & 1)}
+		for tier, a := range alive {
+			if died := a &^ held[tier]; died != 0 {
+				for ; died != 0; died &= died - 1 {
+					sc.cnt[bits.TrailingZeros64(died)][tier] = total
+				}
+				alive[tier] = a & held[tier]
+			}
+		}
+		total += r.covs[i]
+		if alive[Disk] == 0 {
+			return total, false
+		}
+	}
+	return total, !ended
 }
 
 // noteSmall adds one holder to walkSmall's holder sets (see note). It

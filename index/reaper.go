@@ -69,8 +69,29 @@ func (r *reaper) work(idle chan struct{}) {
 		r.jobs[0] = reapJob{}
 		r.jobs = r.jobs[1:]
 		r.mu.Unlock()
-		j.t.clearOwnerPaced(j.id, r)
+		j.t.clearOwner(j.id, engineBit, r.pacer())
+		if r.stopping() {
+			continue // abandoned: the slot stays unusable, the index is closing
+		}
 		j.t.releaseSlot(j.id)
+	}
+}
+
+// pacer returns clearOwner's between-holds hook for one job: after about
+// reapBurst of work it sleeps for the pause, and it ends the job once the
+// reaper is closed.
+func (r *reaper) pacer() func() bool {
+	burst := time.Now()
+	return func() bool {
+		if time.Since(burst) < reapBurst {
+			return true
+		}
+		if r.stopping() {
+			return false
+		}
+		time.Sleep(r.pause)
+		burst = time.Now()
+		return true
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -104,6 +103,14 @@ func newTable(ctx ContextKey, p hashing.Profile, nStripes int) *Table {
 	}
 	t.view.Store(emptyView)
 	return t
+}
+
+// stripeIndex is the position in t.stripes of the stripe holding hash h.
+func (t *Table) stripeIndex(h uint64) int {
+	if t.shift == 64 {
+		return 0
+	}
+	return int(h >> t.shift)
 }
 
 func (t *Table) stripeFor(h uint64) *stripe {
@@ -219,7 +226,7 @@ func (t *Table) RemoveEngineOwner(id OwnerID) {
 	if t.reap != nil && t.reap.enqueue(t, id) {
 		return
 	}
-	t.clearOwner(id, engineBit)
+	t.clearOwner(id, engineBit, nil)
 	t.releaseSlot(id)
 }
 
@@ -231,33 +238,6 @@ func (t *Table) releaseSlot(id OwnerID) {
 		t.freeSlots = append(t.freeSlots, id.slot())
 	}
 	t.regMu.Unlock()
-}
-
-// clearOwnerPaced is the reaper's clearOwner: it works in bursts of about
-// reapBurst (chunks of clearBudget blocks, the stripe unlocked between
-// them), sleeps for the reaper's pause after each burst, and gives up when
-// the reaper is closed.
-func (t *Table) clearOwnerPaced(id OwnerID, r *reaper) {
-	burst := time.Now()
-	for i := range t.stripes {
-		s := &t.stripes[i]
-		for from := -1; from != 0; {
-			s.mu.Lock()
-			if s.dead {
-				from = 0
-			} else {
-				from = s.clearOwner(id, engineBit, from, clearBudget)
-			}
-			s.mu.Unlock()
-			if time.Since(burst) >= reapBurst {
-				if r.stopping() {
-					return
-				}
-				time.Sleep(r.pause)
-				burst = time.Now()
-			}
-		}
-	}
 }
 
 // publishLocked rebuilds the registration snapshot. Registration changes
@@ -392,13 +372,14 @@ func (t *Table) ClearOwner(id OwnerID, tiers TierMask) {
 	if m == 0 {
 		return
 	}
-	t.clearOwner(id, m)
+	t.clearOwner(id, m, nil)
 }
 
 // clearOwner removes tiers m from every block id holds, one stripe at a time
 // and at most clearBudget blocks per write-lock hold, so queries and other
-// writers get in between.
-func (t *Table) clearOwner(id OwnerID, m uint8) {
+// writers get in between. After each hold it calls between, when set (the
+// reaper's pacing); between returning false abandons the clear.
+func (t *Table) clearOwner(id OwnerID, m uint8, between func() bool) {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		for from := -1; from != 0; {
@@ -409,6 +390,9 @@ func (t *Table) clearOwner(id OwnerID, m uint8) {
 				from = s.clearOwner(id, m, from, clearBudget)
 			}
 			s.mu.Unlock()
+			if between != nil && !between() {
+				return
+			}
 		}
 	}
 }
