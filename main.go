@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -140,6 +141,7 @@ func (a *app) close() {
 	_ = a.srv.Shutdown()
 	a.reg.Close()
 	a.ix.Close() // after the registry, whose removals feed it
+	waitMemoryReturned()
 }
 
 func newLogger(cfg *config.Config) zerolog.Logger {
@@ -206,16 +208,39 @@ func setGCPercent(getenv func(string) string) {
 // the background (a forced GC plus scavenge, then a trim of the C heap that
 // held libzmq's buffers), at most one at a time: otherwise it would come back
 // over minutes or never, and operators read RSS.
-// The goroutine ends by itself within milliseconds.
+// The goroutine ends by itself within milliseconds; app.close waits for it.
 func returnMemory() {
 	if !returning.CompareAndSwap(false, true) {
 		return
 	}
+	done := make(chan struct{})
+	returnMu.Lock()
+	returned = done
+	returnMu.Unlock()
 	go func() {
+		defer close(done)
 		defer returning.Store(false)
 		debug.FreeOSMemory()
 		subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
 	}()
+}
+
+var (
+	returnMu sync.Mutex
+	returned chan struct{} // closed when the latest returnMemory goroutine ends
+)
+
+// waitMemoryReturned returns once the returnMemory goroutine running at the
+// call, if any, has ended; shutdown waits for it and for the subscribers'
+// C-heap trims so that no goroutine outlives the service.
+func waitMemoryReturned() {
+	returnMu.Lock()
+	done := returned
+	returnMu.Unlock()
+	if done != nil {
+		<-done
+	}
+	subscriber.WaitTrims()
 }
 
 // staticKeys are the config file's registrations: readiness waits for

@@ -286,7 +286,11 @@ func TestTrimAfterRequest(t *testing.T) {
 			go func() { defer wg.Done(); requestTrim() }()
 		}
 		wg.Wait()
-		waitFor(t, "a trim after the requests", 5*time.Second, func() bool { return n.Load() > before })
+		// WaitTrims returns once the trimmer has run and exited.
+		WaitTrims()
+		if n.Load() <= before || trimRunning.Load() {
+			t.Fatalf("round %d: WaitTrims returned with %d trims (had %d), trimmer running %v", round, n.Load(), before, trimRunning.Load())
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -27,7 +28,23 @@ var (
 	trimPending atomic.Bool
 	lastTrim    atomic.Int64 // unix nanoseconds
 	lastBacklog atomic.Int64 // unix nanoseconds of the last receive that left messages queued
+
+	trimMu     sync.Mutex
+	trimExited chan struct{} // closed when the latest trim goroutine has exited
 )
+
+// WaitTrims returns once the trim goroutine running at the call, if any, has
+// exited (within about trimInterval). Shutdown calls it after every
+// subscriber has stopped, so that no goroutine of this package outlives the
+// service.
+func WaitTrims() {
+	trimMu.Lock()
+	done := trimExited
+	trimMu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
 
 // noteBacklog records that a source still had messages queued in libzmq.
 func noteBacklog() { lastBacklog.Store(time.Now().UnixNano()) }
@@ -42,7 +59,12 @@ func requestTrim() {
 	if !trimRunning.CompareAndSwap(false, true) {
 		return
 	}
+	done := make(chan struct{})
+	trimMu.Lock()
+	trimExited = done
+	trimMu.Unlock()
 	go func() {
+		defer close(done)
 		for {
 			for trimPending.Load() {
 				now := time.Now().UnixNano()
