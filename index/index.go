@@ -19,9 +19,9 @@ type Options struct {
 	Stripes int
 	// RemovalPause, when positive, makes RemoveEngineOwner return as soon
 	// as the owner is unpublished (queries stop reporting it at once) and
-	// clear its entries in the background, one chunk at a time with this
-	// pause between chunks (see reaper). Zero clears synchronously. The
-	// service uses it; Close must then be called to stop the worker.
+	// clear its entries in the background, in bursts of about reapBurst
+	// with this pause after each (see reaper). Zero clears synchronously.
+	// The service uses it; Close must then be called to stop the worker.
 	RemovalPause time.Duration
 }
 

@@ -766,3 +766,41 @@ func TestBackgroundRemoval(t *testing.T) {
 		t.Fatalf("answers after every owner went: %+v", res.Instances)
 	}
 }
+
+// TestReadyBatchesSpanMaxBatch: a memo-served prefix longer than
+// maxReadyBatch is walked in several batches and then key by key, with the
+// same answers as a walk of the same keys one at a time, for a prefix
+// broken in the first, a middle and the last batch and for an unbroken one.
+func TestReadyBatchesSpanMaxBatch(t *testing.T) {
+	ix := New(Options{})
+	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
+	n := 2*maxReadyBatch + 300
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	for _, brk := range []int{-1, 10, maxReadyBatch + 5, 2*maxReadyBatch + 7} {
+		for i, k := range keys {
+			if i != brk {
+				tb.Store(a, Device, k)
+			} else {
+				tb.Remove(a, Device, k)
+			}
+			if i < n/2 {
+				tb.Store(b, CPULocal, k)
+			}
+		}
+		var want, got QueryResult
+		tb.Query(chainOf(keys...), "", &want)
+		plain := chainOf(keys...)
+		ch, _ := asReady(plain, n-100, 0) // the last 100 keys cost hashing
+		tb.Query(ch, "", &got)
+		if !reflect.DeepEqual(got.Instances, want.Instances) {
+			t.Fatalf("break at %d: batched %+v, one by one %+v", brk, got.Instances, want.Instances)
+		}
+		if brk < 0 && got.Instances[0].Max.Device != 16*n {
+			t.Fatalf("unbroken prefix: %+v", got.Instances[0].Max)
+		}
+	}
+}

@@ -32,6 +32,11 @@ type readyScratch struct {
 // readyFound marks a position whose block exists, in held[i][3].
 const readyFound = 1 << 8
 
+// maxReadyBatch bounds a walkReady batch, so its scratch (about 60 bytes a
+// key, kept with a pooled result) stays small even for a long prompt with a
+// small block size; 1,024 keys still share each of 64 stripe locks 16 ways.
+const maxReadyBatch = 1024
+
 // Query walks chain and reports, for every registered (instance, rank) —
 // or only those of instance when it is not "" — the cumulative tier counts
 // of the prompt's cached prefix. Shared tiers count for every owner. The
@@ -160,12 +165,17 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 	bySlot, un := v.bySlot, uint(n)
 	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
 	total, more := 0, true
-	if rc, ok := chain.(ReadyChain); ok {
-		if r := rc.Ready(); r > 0 {
-			total, more = t.walkReady(v, chain, r, lo, un, sc, &alive)
-		}
-	}
+	rc, _ := chain.(ReadyChain)
 	for more && alive[Disk] != 0 {
+		if rc != nil {
+			// A memo-served prefix goes in batches; once it is used up
+			// (Ready 0) it stays so, and the rest is walked key by key.
+			if r := rc.Ready(); r > 0 {
+				total, more = t.walkReady(v, chain, min(r, maxReadyBatch), lo, un, sc, &alive, total)
+				continue
+			}
+			rc = nil
+		}
 		key, covered, ok := chain.Next()
 		if !ok {
 			break
@@ -210,8 +220,9 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 // lock per stripe touched instead of one per block, and lookups within a
 // stripe free to overlap their cache misses), then applies them in chain
 // order exactly as walkSmall would. It returns the tokens matched and
-// whether the walk may go on past the batch.
-func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64) (int, bool) {
+// whether the walk may go on past the batch; total is what earlier blocks
+// matched.
+func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64, total int) (int, bool) {
 	r := &sc.ready
 	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
 	r.order, r.held = resize(r.order, n), resize(r.held, n)
@@ -260,7 +271,6 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 		s.mu.RUnlock()
 		from = to
 	}
-	total := 0
 	for i := range n {
 		h := r.held[i]
 		if h[3]&readyFound == 0 {
