@@ -165,13 +165,14 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 	bySlot, un := v.bySlot, uint(n)
 	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
 	total, more := 0, true
+	var hm holderMemo
 	rc, _ := chain.(ReadyChain)
 	for more && alive[Disk] != 0 {
 		if rc != nil {
 			// A memo-served prefix goes in batches; once it is used up
 			// (Ready 0) it stays so, and the rest is walked key by key.
 			if r := rc.Ready(); r > 0 {
-				total, more = t.walkReady(v, chain, min(r, maxReadyBatch), lo, un, sc, &alive, total)
+				total, more = t.walkReady(v, chain, min(r, maxReadyBatch), lo, un, sc, &alive, total, &hm)
 				continue
 			}
 			rc = nil
@@ -189,10 +190,7 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 			break
 		}
 		b := &s.blocks[idx]
-		dev, loc, dsk, shared := noteSmall(bySlot, lo, un, b.first, 0, 0, 0, 0)
-		for _, p := range s.overflow(b) {
-			dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
-		}
+		dev, loc, dsk, shared := hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
 		s.mu.RUnlock()
 
 		loc |= dev
@@ -222,7 +220,7 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 // order exactly as walkSmall would. It returns the tokens matched and
 // whether the walk may go on past the batch; total is what earlier blocks
 // matched.
-func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64, total int) (int, bool) {
+func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64, total int, hm *holderMemo) (int, bool) {
 	r := &sc.ready
 	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
 	r.order, r.held = resize(r.order, n), resize(r.held, n)
@@ -262,10 +260,7 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 				continue
 			}
 			b := &s.blocks[idx]
-			dev, loc, dsk, shared := noteSmall(bySlot, lo, un, b.first, 0, 0, 0, 0)
-			for _, p := range s.overflow(b) {
-				dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
-			}
+			dev, loc, dsk, shared := hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
 			r.held[i] = [4]uint64{dev, loc, dsk, uint64(shared) | readyFound}
 		}
 		s.mu.RUnlock()
@@ -294,6 +289,47 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 		}
 	}
 	return total, !ended
+}
+
+// holderMemo remembers the holders of the last block walkSmall resolved and
+// the sets they gave. The blocks of a cached prompt are usually held by the
+// same owners in the same tiers, and comparing a block's pairs with the
+// last ones costs less than resolving each owner again (a snapshot lookup
+// and a generation check per pair). The sets depend only on the pairs'
+// owner-and-tier words, given the query's snapshot and owner span.
+type holderMemo struct {
+	n      int // 0: nothing remembered; at most len(own)
+	own    [32]uint32
+	dev    uint64
+	loc    uint64
+	dsk    uint64
+	shared uint8
+}
+
+// resolve returns the holder sets of a block whose holders are first and
+// rest, from the memo when they are the last block's.
+func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, first pair, rest []pair) (dev, loc, dsk uint64, shared uint8) {
+	if n := len(rest) + 1; n == m.n && first.own == m.own[0] {
+		same := true
+		for i, p := range rest {
+			same = same && p.own == m.own[i+1]
+		}
+		if same {
+			return m.dev, m.loc, m.dsk, m.shared
+		}
+	}
+	dev, loc, dsk, shared = noteSmall(bySlot, lo, un, first, 0, 0, 0, 0)
+	for _, p := range rest {
+		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
+	}
+	if len(rest) < len(m.own) {
+		m.n, m.own[0] = len(rest)+1, first.own
+		for i, p := range rest {
+			m.own[i+1] = p.own
+		}
+		m.dev, m.loc, m.dsk, m.shared = dev, loc, dsk, shared
+	}
+	return dev, loc, dsk, shared
 }
 
 // noteSmall adds one holder to walkSmall's holder sets (see note). It
