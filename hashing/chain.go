@@ -156,6 +156,24 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.pos >= c.limit {
 		return 0, 0, false
 	}
+	if c.block < c.reuseK {
+		// A block of the memo's remembered prefix (always a full one).
+		// Only the prefix's last digest is copied: it is the parent of
+		// the first block hashed after it.
+		d := &c.reuse.digests[c.block]
+		if c.block == c.reuseK-1 {
+			c.parent = *d
+		}
+		c.memoHits++
+		c.havePr = true
+		start := c.pos
+		c.pos = min(start+c.bs, c.limit)
+		c.block++
+		if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
+			return binary.BigEndian.Uint64(d[24:]), c.pos - start, true
+		}
+		return binary.BigEndian.Uint64(d[:8]), c.pos - start, true
+	}
 	start := c.pos
 	end := c.limit
 	if end-start > c.bs {
@@ -171,17 +189,15 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		c.lookedUp = true
 		c.findPrefix()
 	}
-	if c.block < c.reuseK {
-		c.parent = c.reuse.digests[c.block]
-		c.memoHits++
-	} else {
-		if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
-			c.seedSGLangSalt()
-		}
-		c.hashBlock(start, end)
-		if c.memo != nil {
-			c.memoMisses++
-		}
+	if c.block < c.reuseK { // the memo lookup just above found a prefix
+		return c.Next()
+	}
+	if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
+		c.seedSGLangSalt()
+	}
+	c.hashBlock(start, end)
+	if c.memo != nil {
+		c.memoMisses++
 	}
 	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && c.block >= c.reuseK {
 		// Record hashed digests for the memo to learn. A reused prefix is
