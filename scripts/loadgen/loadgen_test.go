@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -324,6 +326,53 @@ func TestNewAPILoopbackOnly(t *testing.T) {
 	for _, bad := range []string{"http://10.0.0.1:13333", "http://example.com:80", "https://127.0.0.1:1", "http://127.0.0.1"} {
 		if _, err := newAPI(bad, "", 1); err == nil || !strings.Contains(err.Error(), "base URL") {
 			t.Errorf("%s accepted (%v)", bad, err)
+		}
+	}
+}
+
+// TestLoadShort runs the load generator end to end against a spawned server
+// (CI's short form): ingestion, one query level, and an unregistration with
+// a reclaim window, every answer checked. It asserts completeness and
+// correctness, not speed.
+func TestLoadShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loadgen: spawns and loads a server for ~10 s")
+	}
+	args := []string{"--spawn", "--quiet", "--server-log-level", "WARN", "--publishers", "3", "--blocks", "6000",
+		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "64",
+		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms"}
+	if raceEnabled {
+		args = append(args, "--server-race")
+	}
+	o, err := parseFlags(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := run(ctx, o)
+	if rep == nil {
+		t.Fatalf("load did not run: %v", err)
+	}
+	var md bytes.Buffer
+	rep.writeMarkdown(&md)
+	t.Log(md.String())
+	if err != nil || rep.Failures != 0 {
+		t.Fatalf("load failed (%v): %d wrong answers or errors", err, rep.Failures)
+	}
+	if len(rep.Levels) != 1 || rep.Levels[0].Queries == 0 || rep.Checked == 0 {
+		t.Fatalf("no queries measured: %+v", rep.Levels)
+	}
+	rc := rep.Unreg.Reclaim
+	if rep.Unreg.Publishers != 3 || rc == nil || rc.Queries == 0 || rc.Seconds < 0.5 {
+		t.Fatalf("unregistration or reclaim window not measured: %+v %+v", rep.Unreg, rc)
+	}
+	if !strings.Contains(md.String(), "while the others' entries are reclaimed") {
+		t.Error("the Markdown report lacks the reclaim window")
+	}
+	for _, bad := range [][]string{{"--reclaim-window", "-1s"}, {"--reclaim-window", "2m"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
 }

@@ -74,6 +74,7 @@ type options struct {
 	levels        []int
 	duration      time.Duration
 	unregConc     int
+	reclaimWindow time.Duration
 	maxSamples    int
 	ingestTimeout time.Duration
 	binTokens     bool
@@ -109,6 +110,7 @@ func parseFlags(args []string) (*options, error) {
 	conc := fs.String("concurrency", "1,4,16", "comma-separated concurrency levels")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "duration of each level")
 	fs.IntVar(&o.unregConc, "unreg-concurrency", 0, "query concurrency while unregistering (default: the highest level)")
+	fs.DurationVar(&o.reclaimWindow, "reclaim-window", 0, "before unregistering the last publisher, keep querying this long and report those queries apart: the index reclaims the others' entries meanwhile (0: no pause)")
 	fs.IntVar(&o.maxSamples, "max-queries", 5_000_000, "cap on queries per level")
 	fs.DurationVar(&o.ingestTimeout, "ingest-timeout", 5*time.Minute, "give up waiting for the index after this long")
 	tokEnc := fs.String("token-encoding", "array", "token_ids as a msgpack array or as bin (little-endian int32)")
@@ -155,6 +157,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.batch < 1 {
 		return nil, fmt.Errorf("--batch must be positive")
+	}
+	if o.reclaimWindow < 0 || o.reclaimWindow > time.Minute {
+		return nil, fmt.Errorf("--reclaim-window must be between 0 and 1m")
 	}
 	if o.corpus.Publishers > 4096 {
 		return nil, fmt.Errorf("--publishers: at most 4096 (the server's service limit)")
@@ -657,9 +662,16 @@ func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *repo
 	// Let the load reach a steady state first.
 	time.Sleep(300 * time.Millisecond)
 	uStart := time.Since(t0)
-	var slowest time.Duration
+	var slowest, wStart, wEnd time.Duration
 	var uerr error
 	for i, p := range s.pubs {
+		if i == len(s.pubs)-1 && i > 0 && s.o.reclaimWindow > 0 {
+			// Every other publisher is gone; the service reclaims their
+			// entries now, while the last one's answers stay exact.
+			wStart = time.Since(t0)
+			time.Sleep(s.o.reclaimWindow)
+			wEnd = time.Since(t0)
+		}
 		d.states[i].Store(uint32(mayVanish))
 		c0 := time.Now()
 		if err := s.api.unregister(p.instance); err != nil {
@@ -679,18 +691,27 @@ func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *repo
 	if uerr != nil {
 		return uerr
 	}
-	var overlapping []sample
+	var overlapping, inWindow []sample
 	for _, smp := range res.samples {
-		if smp.start < uEnd && smp.start+smp.lat > uStart {
+		end := smp.start + smp.lat
+		switch {
+		case wEnd > 0 && smp.start >= wStart && end <= wEnd:
+			inWindow = append(inWindow, smp)
+		case smp.start < uEnd && end > uStart:
 			overlapping = append(overlapping, smp)
 		}
 	}
 	lat := latencies(overlapping)
 	rep.Unreg = unregResult{
-		Publishers: len(s.pubs), Concurrency: conc, Seconds: (uEnd - uStart).Seconds(),
+		Publishers: len(s.pubs), Concurrency: conc, Seconds: (uEnd - uStart - (wEnd - wStart)).Seconds(),
 		MaxCallMS: float64(slowest) / float64(time.Millisecond),
 		Queries:   len(overlapping), P99US: us(percentile(lat, 0.99)), WorstUS: us(percentile(lat, 1)),
 		Failures: d.fails.count.Load() - f0,
+	}
+	if wEnd > 0 {
+		wl := latencies(inWindow)
+		rep.Unreg.Reclaim = &reclaimResult{Seconds: (wEnd - wStart).Seconds(), Queries: len(inWindow),
+			P99US: us(percentile(wl, 0.99)), WorstUS: us(percentile(wl, 1))}
 	}
 	rep.Checked += int64(len(res.samples))
 	s.logf("unregistered %d publishers in %v under %d concurrent queries; worst overlapping query %s",

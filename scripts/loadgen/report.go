@@ -78,6 +78,19 @@ type unregResult struct {
 	P99US    float64 `json:"p99_us"`
 	WorstUS  float64 `json:"worst_query_us"`
 	Failures int64   `json:"failures"`
+	// Reclaim, with --reclaim-window, covers the queries that ran entirely
+	// inside the pause before the last publisher was unregistered (and are
+	// not counted above).
+	Reclaim *reclaimResult `json:"reclaim_window,omitempty"`
+}
+
+// reclaimResult is the query load while the service reclaims the entries of
+// every publisher but the last.
+type reclaimResult struct {
+	Seconds float64 `json:"seconds"`
+	Queries int     `json:"queries"`
+	P99US   float64 `json:"p99_us"`
+	WorstUS float64 `json:"worst_query_us"`
 }
 
 type rssResult struct {
@@ -133,6 +146,9 @@ func (r *report) writeMarkdown(w io.Writer) {
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
+	if rc := u.Reclaim; rc != nil {
+		fmt.Fprintf(w, "| queries while the others' entries are reclaimed (%.1f s before the last unregistration) | %d, p99 %s, worst %s |\n", rc.Seconds, rc.Queries, fmtUS(rc.P99US), fmtUS(rc.WorstUS))
+	}
 	fmt.Fprintf(w, "| machine load average (1 min) at start / end | %s / %s |\n", fmtLoad(r.LoadAverage[0]), fmtLoad(r.LoadAverage[1]))
 	fmt.Fprintf(w, "| answers checked | %d |\n", r.Checked)
 	fmt.Fprintf(w, "| wrong answers or errors | %d |\n", r.Failures)
