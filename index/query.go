@@ -192,18 +192,7 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 		b := &s.blocks[idx]
 		dev, loc, dsk, shared := hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
 		s.mu.RUnlock()
-
-		loc |= dev
-		sh := loc | -uint64(shared>>CPUShare&1)
-		held := [numTiers]uint64{dev, loc, sh, sh | dsk | -uint64(shared>>Disk&1)}
-		for tier, a := range alive {
-			if died := a &^ held[tier]; died != 0 {
-				for ; died != 0; died &= died - 1 {
-					sc.cnt[bits.TrailingZeros64(died)][tier] = total
-				}
-				alive[tier] = a & held[tier]
-			}
-		}
+		sc.cutSmall(&alive, dev, loc, dsk, shared, total)
 		total += covered
 	}
 	for tier, a := range alive {
@@ -271,24 +260,32 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 		if h[3]&readyFound == 0 {
 			return total, false
 		}
-		dev, dsk, shared := h[0], h[2], h[3]
-		loc := h[1] | dev
-		sh := loc | -(shared >> CPUShare & 1)
-		held := [numTiers]uint64{dev, loc, sh, sh | dsk | -(shared >> Disk & 1)}
-		for tier, a := range alive {
-			if died := a &^ held[tier]; died != 0 {
-				for ; died != 0; died &= died - 1 {
-					sc.cnt[bits.TrailingZeros64(died)][tier] = total
-				}
-				alive[tier] = a & held[tier]
-			}
-		}
+		sc.cutSmall(alive, h[0], h[1], h[2], uint8(h[3]), total)
 		total += r.covs[i]
 		if alive[Disk] == 0 {
 			return total, false
 		}
 	}
 	return total, !ended
+}
+
+// cutSmall is walkSmall's per-block step: owners whose prefix in a tier
+// does not reach this block (given the holder sets of the block's engine
+// holders and its shared tier bits) get their count for that tier, total,
+// and leave the tier's alive set. Tiers are cumulative, so a local holder
+// also counts for cpu_local, a shared one for every owner.
+func (sc *queryScratch) cutSmall(alive *[numTiers]uint64, dev, loc, dsk uint64, shared uint8, total int) {
+	loc |= dev
+	sh := loc | -uint64(shared>>CPUShare&1)
+	held := [numTiers]uint64{dev, loc, sh, sh | dsk | -uint64(shared>>Disk&1)}
+	for tier, a := range alive {
+		if died := a &^ held[tier]; died != 0 {
+			for ; died != 0; died &= died - 1 {
+				sc.cnt[bits.TrailingZeros64(died)][tier] = total
+			}
+			alive[tier] = a & held[tier]
+		}
+	}
 }
 
 // holderMemo remembers the holders of the last block walkSmall resolved and
