@@ -456,6 +456,24 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 }
 
 // mooncakeTier maps a master medium to its shared tier (§3.7).
+// sharedTier runs the checks a store and a removal share: the medium names
+// a shared tier (else the event is ignored), and the backend and object key
+// are present (else it is rejected). ok is false when the event is settled.
+func (e *mcEvent) sharedTier() (index.Tier, bool) {
+	tier, ok := mooncakeTier(e.medium)
+	switch {
+	case !ok:
+		e.result, e.reason = Ignored, IgnMedium
+	case len(e.backend) == 0:
+		e.fail(EvBackend)
+	case !e.has(mObjectKey):
+		e.fail(EvObjectKey)
+	default:
+		return tier, true
+	}
+	return 0, false
+}
+
 func mooncakeTier(m []byte) (index.Tier, bool) {
 	switch {
 	case bytes.EqualFold(m, []byte("cpu")), bytes.EqualFold(m, []byte("cpu_pinned")):
@@ -525,17 +543,8 @@ func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullH
 }
 
 func (d *mooncakeDecoder) applyStored(e *mcEvent) {
-	tier, ok := mooncakeTier(e.medium)
+	tier, ok := e.sharedTier()
 	if !ok {
-		e.result, e.reason = Ignored, IgnMedium
-		return
-	}
-	if len(e.backend) == 0 {
-		e.fail(EvBackend)
-		return
-	}
-	if !e.has(mObjectKey) {
-		e.fail(EvObjectKey)
 		return
 	}
 	if e.blockSize <= 0 || e.blockSize > math.MaxInt32 {
@@ -598,17 +607,8 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 }
 
 func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
-	tier, ok := mooncakeTier(e.medium)
+	tier, ok := e.sharedTier()
 	if !ok {
-		e.result, e.reason = Ignored, IgnMedium
-		return
-	}
-	if len(e.backend) == 0 {
-		e.fail(EvBackend)
-		return
-	}
-	if !e.has(mObjectKey) {
-		e.fail(EvObjectKey)
 		return
 	}
 	if !d.sglang && len(e.group) != 0 && string(e.group) != "0" {
