@@ -328,6 +328,22 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 	s.mu.Unlock()
 }
 
+// lockBlock write-locks key's stripe and returns it with the block's slab
+// index, for removals (which never create a block); s is nil, and nothing
+// is locked, when the table is dropped or the key is absent.
+func (t *Table) lockBlock(key uint64) (s *stripe, idx int) {
+	h := mix(key)
+	s = t.stripeFor(h)
+	s.mu.Lock()
+	if !s.dead {
+		if idx = s.find(key, h); idx >= 0 {
+			return s, idx
+		}
+	}
+	s.mu.Unlock()
+	return nil, -1
+}
+
 // Remove retracts one tier of key from engine owner id; anything absent is a
 // no-op, since removals may refer to blocks the index never saw.
 func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
@@ -335,17 +351,11 @@ func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
 	if bit == 0 {
 		return
 	}
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
+	s, idx := t.lockBlock(key)
+	if s == nil {
+		return
+	}
 	defer s.mu.Unlock()
-	if s.dead {
-		return
-	}
-	idx := s.find(key, h)
-	if idx < 0 {
-		return
-	}
 	b := &s.blocks[idx]
 	k := s.findEngine(b, id)
 	if k == noPair {
@@ -433,17 +443,11 @@ func (t *Table) ReleaseShared(tier Tier, key uint64) {
 	if bit == 0 {
 		return
 	}
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
+	s, idx := t.lockBlock(key)
+	if s == nil {
+		return
+	}
 	defer s.mu.Unlock()
-	if s.dead {
-		return
-	}
-	idx := s.find(key, h)
-	if idx < 0 {
-		return
-	}
 	b := &s.blocks[idx]
 	k := s.findShared(b, bit)
 	if k == noPair {
