@@ -338,18 +338,9 @@ func TestLoadShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loadgen: spawns and loads a server for ~10 s")
 	}
-	args := []string{"--spawn", "--quiet", "--server-log-level", "WARN", "--publishers", "3", "--blocks", "6000",
+	o, ctx := spawnedRun(t, "--publishers", "3", "--blocks", "6000",
 		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "64",
-		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms"}
-	if raceEnabled {
-		args = append(args, "--server-race")
-	}
-	o, err := parseFlags(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms")
 	rep, err := run(ctx, o)
 	if rep == nil {
 		t.Fatalf("load did not run: %v", err)
@@ -375,4 +366,21 @@ func TestLoadShort(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+}
+
+// spawnedRun parses the options of a short run against a spawned server
+// (race-built when the tests are), quiet, and gives it two minutes.
+func spawnedRun(t *testing.T, args ...string) (*options, context.Context) {
+	t.Helper()
+	args = append([]string{"--spawn", "--quiet", "--server-log-level", "WARN"}, args...)
+	if raceEnabled {
+		args = append(args, "--server-race")
+	}
+	o, err := parseFlags(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return o, ctx
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -511,17 +510,8 @@ func TestSoakShort(t *testing.T) {
 	}
 	// A 30 % warm-up: at CI's rates a few seconds pass before the index
 	// and the memo reach their working size.
-	args := []string{"--spawn", "--soak", "8s", "--soak-warmup", "0.3", "--quiet", "--server-log-level", "WARN",
-		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms", "--soak-memo-mib", "1"}
-	if raceEnabled {
-		args = append(args, "--server-race")
-	}
-	o, err := parseFlags(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	o, ctx := spawnedRun(t, "--soak", "8s", "--soak-warmup", "0.3",
+		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms", "--soak-memo-mib", "1")
 	rep, err := runSoak(ctx, o)
 	if rep == nil {
 		t.Fatalf("soak did not run: %v", err)
