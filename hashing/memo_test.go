@@ -3,6 +3,7 @@ package hashing
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -74,7 +75,9 @@ func TestMemoAnswersAreIdentical(t *testing.T) {
 	}
 }
 
-// TestMemoConcurrent shares one memo between goroutines under -race.
+// TestMemoConcurrent shares one memo between goroutines under -race, one
+// of them resetting it now and then (what dropping the last context does
+// while queries may still run): every answer stays exact.
 func TestMemoConcurrent(t *testing.T) {
 	p := allProfiles(t, "0")["sha256_cbor"]
 	memo := NewMemo(1 << 16)
@@ -87,10 +90,25 @@ func TestMemoConcurrent(t *testing.T) {
 		t.Fatalf("%d blocks", len(want))
 	}
 	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				memo.Reset()
+				runtime.Gosched()
+			}
+		}
+	}()
+	var queries sync.WaitGroup
 	for g := 0; g < 4; g++ {
-		wg.Add(1)
+		queries.Add(1)
 		go func(g int) {
-			defer wg.Done()
+			defer queries.Done()
 			for i := 0; i < 200; i++ {
 				salt := ""
 				if i%3 == 0 {
@@ -104,6 +122,8 @@ func TestMemoConcurrent(t *testing.T) {
 			}
 		}(g)
 	}
+	queries.Wait()
+	close(stop)
 	wg.Wait()
 }
 

@@ -804,3 +804,33 @@ func TestReadyBatchesSpanMaxBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestBackgroundRemovalThenDrop: a table dropped while the reaper clears one
+// of its owners ends that job (its stripes are dead) without touching the
+// dropped table's slots, Settle returns, and the reaper takes later work of
+// other tables; no goroutine is left.
+func TestBackgroundRemovalThenDrop(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ix := New(Options{Stripes: 4, RemovalPause: 50 * time.Millisecond})
+	defer ix.Close()
+	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	a := tb.AddEngineOwner("a", 0)
+	for i := range 8 * clearBudget {
+		tb.Store(a, Device, benchKey(i))
+	}
+	tb.RemoveEngineOwner(a)
+	ix.DropTable(testCtx)
+	ix.Settle()
+	if got := tb.PrefixCount(); got != 0 {
+		t.Fatalf("dropped table reports %d blocks", got)
+	}
+	other := ContextKey{Tenant: "t2", Model: "m", BlockSize: 16}
+	tb2 := ix.EnsureTable(other, hashing.Profile{})
+	b := tb2.AddEngineOwner("b", 0)
+	tb2.Store(b, Device, 1)
+	tb2.RemoveEngineOwner(b)
+	ix.Settle()
+	if got := tb2.PrefixCount(); got != 0 {
+		t.Fatalf("%d blocks left in the second table", got)
+	}
+}
