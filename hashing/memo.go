@@ -2,11 +2,12 @@ package hashing
 
 import (
 	"encoding/binary"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/mooncake-conductor-go/conductor/memostore"
 )
 
 // Memo remembers the digest chains of recent queries, so that a warm query
@@ -31,44 +32,33 @@ import (
 // entries hold only pointer-free slices, so the garbage collector never
 // scans their contents. Safe for concurrent use.
 type Memo struct {
-	shards [memoShards]memoShard
-	budget int // bytes per shard
+	store  *memostore.Store[*prefixEntry]
 	hits   atomic.Uint64
 	misses atomic.Uint64
 }
 
 const (
-	memoShards = 64
-	// memoBucket bounds the chains kept per first block (e.g. one system
-	// prompt continued by many conversations); the newest are kept.
-	memoBucket = 8
 	// MaxMemoNames bounds len(lora)+len(salt) of memoized queries.
 	MaxMemoNames  = 4096
 	entryOverhead = 160
 )
 
-type memoShard struct {
-	mu      sync.RWMutex
-	buckets map[uint64][]*prefixEntry
-	order   []*prefixEntry // insertion order, for eviction
-	bytes   int
-}
-
 // prefixEntry is one remembered chain. It is immutable once published.
 type prefixEntry struct {
-	fps     []uint64 // the buckets it is filed under, shallowest first
-	kind    kind
-	bs      int
-	root    [32]byte
-	lora    string
-	salt    string
-	tokens  []int32     // every token the stored blocks read
-	digests [][32]byte  // D_0 … D_{m-1}, full blocks only
-	dead    atomic.Bool // evicted or superseded
+	memostore.Record // filed under the fingerprints of its first 1, 2, 4, … blocks
+	kind             kind
+	bs               int
+	root             [32]byte
+	lora             string
+	salt             string
+	tokens           []int32    // every token the stored blocks read
+	digests          [][32]byte // D_0 … D_{m-1}, full blocks only
 }
 
+func (e *prefixEntry) Rec() *memostore.Record { return &e.Record }
+
 func (e *prefixEntry) size() int {
-	return entryOverhead + 4*len(e.tokens) + 32*len(e.digests) + 16*len(e.fps) + len(e.lora) + len(e.salt)
+	return entryOverhead + 4*len(e.tokens) + 32*len(e.digests) + 16*len(e.Fps) + len(e.lora) + len(e.salt)
 }
 
 // NewMemo returns a memo that holds about maxBytes of chains; maxBytes <= 0
@@ -77,11 +67,7 @@ func NewMemo(maxBytes int) *Memo {
 	if maxBytes <= 0 {
 		return nil
 	}
-	m := &Memo{budget: max(maxBytes/memoShards, 64<<10)}
-	for i := range m.shards {
-		m.shards[i].buckets = make(map[uint64][]*prefixEntry)
-	}
-	return m
+	return &Memo{store: memostore.New[*prefixEntry](maxBytes)}
 }
 
 // Reset forgets every remembered chain. The service calls it when the last
@@ -89,18 +75,8 @@ func NewMemo(maxBytes int) *Memo {
 // are otherwise not tied to contexts and leave only through the budget.
 // Queries running meanwhile are unaffected: an entry they hold stays valid.
 func (m *Memo) Reset() {
-	if m == nil {
-		return
-	}
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.Lock()
-		for _, e := range s.order {
-			e.dead.Store(true)
-		}
-		s.buckets = make(map[uint64][]*prefixEntry)
-		s.order, s.bytes = nil, 0
-		s.mu.Unlock()
+	if m != nil {
+		m.store.Reset()
 	}
 }
 
@@ -111,14 +87,7 @@ func (m *Memo) Bytes() int {
 	if m == nil {
 		return 0
 	}
-	n := 0
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.RLock()
-		n += s.bytes
-		s.mu.RUnlock()
-	}
-	return n
+	return m.store.Bytes()
 }
 
 // Stats returns how many block digests were served from the memo (hits)
@@ -207,15 +176,12 @@ func (c *Chain) usable(e *prefixEntry) int {
 func (c *Chain) findPrefix() {
 	c.fingerprints()
 	for j := len(c.fpVals) - 1; j >= 0 && c.reuseK == 0; j-- {
-		fp := c.fpVals[j]
-		s := &c.memo.shards[fp%memoShards]
-		s.mu.RLock()
-		for _, e := range s.buckets[fp] {
+		c.memo.store.Lookup(c.fpVals[j], func(e *prefixEntry) bool {
 			if k := c.usable(e); k > c.reuseK {
 				c.reuse, c.reuseK = e, k
 			}
-		}
-		s.mu.RUnlock()
+			return true
+		})
 	}
 }
 
@@ -232,94 +198,19 @@ func (c *Chain) rememberPrefix() {
 		n++
 	}
 	e := &prefixEntry{
-		fps:  append([]uint64(nil), c.fpVals[:n]...),
 		kind: c.kind, bs: c.bs, root: c.root, lora: c.lora, salt: c.salt,
 		tokens:  append([]int32(nil), c.tokens[:min(readEnd(c.kind, c.bs, m-1), len(c.tokens))]...),
 		digests: append([][32]byte(nil), c.digs...),
 	}
-	c.memo.insert(e)
+	e.Fps = append([]uint64(nil), c.fpVals[:n]...)
+	e.Size = e.size()
+	c.memo.store.Insert(e, e.extends)
 }
 
-// insert files e under each of its fingerprints, then retires the entries
-// it extends and the oldest ones over the budget. Shard locks are taken one at a time, never nested.
-func (m *Memo) insert(e *prefixEntry) {
-	var retired []*prefixEntry
-	for _, fp := range e.fps {
-		s := &m.shards[fp%memoShards]
-		s.mu.Lock()
-		old := s.buckets[fp]
-		kept := make([]*prefixEntry, 0, min(len(old)+1, memoBucket))
-		kept = append(kept, e)
-		for _, o := range old {
-			switch {
-			case o.dead.Load():
-			case o.extendedBy(e):
-				retired = append(retired, o)
-			case len(kept) == memoBucket:
-				// Only this bucket forgets o: a shallow bucket (a shared
-				// system prompt) keeps the newest chains, while o stays
-				// reachable through its deeper fingerprints.
-			default:
-				kept = append(kept, o)
-			}
-		}
-		s.buckets[fp] = kept
-		s.mu.Unlock()
-	}
-	// The budget is kept by the shard of the deepest fingerprint: the
-	// shallow ones are shared by every prompt with the same opening, and
-	// would pile a whole fleet's chains into one shard.
-	s := &m.shards[e.fps[len(e.fps)-1]%memoShards]
-	s.mu.Lock()
-	s.order = append(s.order, e)
-	s.bytes += e.size()
-	for len(s.order) > 0 && (s.bytes > m.budget || s.order[0].dead.Load()) {
-		o := s.order[0]
-		s.order[0] = nil
-		s.order = s.order[1:]
-		s.bytes -= o.size()
-		retired = append(retired, o)
-	}
-	if cap(s.order) > 2*len(s.order)+64 {
-		s.order = append([]*prefixEntry(nil), s.order...)
-	}
-	s.mu.Unlock()
-	for _, o := range retired {
-		m.retire(o)
-	}
-}
-
-// extendedBy reports whether e holds o's whole chain, so o is redundant.
-func (o *prefixEntry) extendedBy(e *prefixEntry) bool {
-	return o != e && o.kind == e.kind && o.bs == e.bs && o.root == e.root && o.lora == e.lora && o.salt == e.salt &&
+// extends reports whether e holds o's whole chain, so o is redundant.
+func (e *prefixEntry) extends(o *prefixEntry) bool {
+	return o.kind == e.kind && o.bs == e.bs && o.root == e.root && o.lora == e.lora && o.salt == e.salt &&
 		len(o.digests) <= len(e.digests) && len(o.tokens) <= len(e.tokens) && commonPrefix(o.tokens, e.tokens) == len(o.tokens)
-}
-
-// retire marks o dead and removes it from every bucket it is filed under,
-// so nothing but the budget's eviction order still references it (its
-// bytes leave the budget when that order reaches it). It must be called
-// with no shard lock held.
-func (m *Memo) retire(o *prefixEntry) {
-	if o.dead.Swap(true) {
-		return
-	}
-	for _, fp := range o.fps {
-		s := &m.shards[fp%memoShards]
-		s.mu.Lock()
-		b := s.buckets[fp]
-		for i, x := range b {
-			if x == o {
-				b = append(b[:i:i], b[i+1:]...)
-				break
-			}
-		}
-		if len(b) == 0 {
-			delete(s.buckets, fp)
-		} else {
-			s.buckets[fp] = b
-		}
-		s.mu.Unlock()
-	}
 }
 
 // flushMemoStats adds the chain's counts to its memo once per query.

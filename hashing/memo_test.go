@@ -169,9 +169,8 @@ func BenchmarkWarmChain(b *testing.B) {
 	}
 }
 
-// TestMemoBudget fills a memo with many distinct chains: every shard stays
-// within its byte budget (plus the entry that crossed it) and the newest
-// chain is still answered.
+// TestMemoBudget fills a memo with many distinct chains: it stays within
+// its byte budget and the newest chain is still answered.
 func TestMemoBudget(t *testing.T) {
 	p := allProfiles(t, "0")["sha256_cbor"]
 	m := NewMemo(1 << 20)
@@ -181,29 +180,10 @@ func TestMemoBudget(t *testing.T) {
 		keysOf(&p, 16, toks, "", "", m)
 		last = toks
 	}
-	live := map[*prefixEntry]bool{}
-	ordered := map[*prefixEntry]bool{}
-	for i := range m.shards {
-		s := &m.shards[i]
-		if s.bytes > m.budget+entryOverhead+4*128+32*8+16*4 {
-			t.Errorf("shard %d holds %d bytes, budget %d", i, s.bytes, m.budget)
-		}
-		for _, b := range s.buckets {
-			for _, e := range b {
-				if e.dead.Load() {
-					t.Errorf("a retired entry is still filed")
-				}
-				live[e] = true
-			}
-		}
-		for _, e := range s.order {
-			ordered[e] = true
-		}
-	}
-	for e := range live {
-		if !ordered[e] {
-			t.Fatal("a filed entry is outside the budget's eviction order")
-		}
+	// The store checks its own shards (memostore); here, the whole memo
+	// stays within its budget plus one crossing entry per shard.
+	if got, limit := m.Bytes(), 64*(64<<10+entryOverhead+4*128+32*8+16*4); got > limit {
+		t.Errorf("memo holds %d bytes, limit %d", got, limit)
 	}
 	before, _ := m.Stats()
 	keysOf(&p, 16, last, "", "", m)

@@ -1,0 +1,190 @@
+// Package memostore keeps the entries of a query memo: immutable records of
+// recent queries, each filed under fingerprints of its first 1, 2, 4, …
+// units, held within a byte budget and evicted oldest first.
+//
+// Two memos use it: the token memo (codec), which remembers decoded token
+// arrays by their packed bytes, and the prefix memo (hashing), which
+// remembers digest chains by their tokens. They differ in what an entry
+// holds and how a candidate is verified, not in how entries are filed,
+// bounded and retired, which is what lives here.
+package memostore
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// shards spreads fingerprints over independently locked maps, so queries
+// looking up different prompts do not contend.
+const shards = 64
+
+// BucketCap bounds the entries filed under one fingerprint (one system
+// prompt continued by many conversations); the newest are kept. An entry
+// dropped from a shallow bucket stays reachable through its deeper ones.
+const BucketCap = 8
+
+// Record is the bookkeeping every entry carries. Fps and Size are set before
+// the entry is inserted and never change after.
+type Record struct {
+	// Fps are the fingerprints the entry is filed under, shallowest first.
+	Fps []uint64
+	// Size is the memory the entry accounts for against the budget.
+	Size int
+	dead atomic.Bool
+}
+
+// Dead reports whether the entry was evicted, superseded or reset. A
+// lookup may still hold and use a dead entry: entries are immutable.
+func (r *Record) Dead() bool { return r.dead.Load() }
+
+// Entry is a pointer to a memo's entry type, which embeds a Record.
+type Entry interface {
+	comparable
+	Rec() *Record
+}
+
+type shard[E Entry] struct {
+	mu      sync.RWMutex
+	buckets map[uint64][]E
+	order   []E // entries whose budget this shard keeps, oldest first
+	bytes   int
+}
+
+// Store is a bounded set of entries; the zero Store is not usable, see New.
+// Safe for concurrent use.
+type Store[E Entry] struct {
+	shards [shards]shard[E]
+	budget int // bytes per shard
+}
+
+// New returns a store holding about maxBytes of entries (at least 64 KiB
+// per shard, so that one long prompt always fits).
+func New[E Entry](maxBytes int) *Store[E] {
+	s := &Store[E]{budget: max(maxBytes/shards, 64<<10)}
+	for i := range s.shards {
+		s.shards[i].buckets = make(map[uint64][]E)
+	}
+	return s
+}
+
+// Lookup calls f with each live entry filed under fp, under the shard's
+// read lock, until f returns false. f must not call back into the store.
+func (s *Store[E]) Lookup(fp uint64, f func(E) bool) {
+	sh := &s.shards[fp%shards]
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	for _, e := range sh.buckets[fp] {
+		if !f(e) {
+			return
+		}
+	}
+}
+
+// Insert files e under each of its fingerprints, then retires the entries
+// that e supersedes (extends(old) reports that e holds everything old does)
+// and the oldest ones over the budget. Shard locks are taken one at a time,
+// never nested, and extends runs under one of them.
+func (s *Store[E]) Insert(e E, extends func(old E) bool) {
+	fps := e.Rec().Fps
+	if len(fps) == 0 {
+		return
+	}
+	var retired []E
+	for _, fp := range fps {
+		sh := &s.shards[fp%shards]
+		sh.mu.Lock()
+		old := sh.buckets[fp]
+		kept := make([]E, 0, min(len(old)+1, BucketCap))
+		kept = append(kept, e)
+		for _, o := range old {
+			switch {
+			case o.Rec().Dead():
+			case o != e && extends(o):
+				retired = append(retired, o)
+			case len(kept) == BucketCap:
+			default:
+				kept = append(kept, o)
+			}
+		}
+		sh.buckets[fp] = kept
+		sh.mu.Unlock()
+	}
+	// The budget is kept by the shard of the deepest fingerprint: the
+	// shallow ones are shared by every prompt with the same opening, and
+	// would pile a whole fleet's entries into one shard.
+	sh := &s.shards[fps[len(fps)-1]%shards]
+	sh.mu.Lock()
+	sh.order = append(sh.order, e)
+	sh.bytes += e.Rec().Size
+	var zero E
+	for len(sh.order) > 0 && (sh.bytes > s.budget || sh.order[0].Rec().Dead()) {
+		o := sh.order[0]
+		sh.order[0] = zero
+		sh.order = sh.order[1:]
+		sh.bytes -= o.Rec().Size
+		retired = append(retired, o)
+	}
+	if cap(sh.order) > 2*len(sh.order)+64 {
+		sh.order = append([]E(nil), sh.order...)
+	}
+	sh.mu.Unlock()
+	for _, o := range retired {
+		s.retire(o)
+	}
+}
+
+// retire marks o dead and removes it from every bucket it is filed under,
+// so nothing but the budget's eviction order still references it (its
+// bytes leave the budget when that order reaches it). It must be called
+// with no shard lock held.
+func (s *Store[E]) retire(o E) {
+	r := o.Rec()
+	if r.dead.Swap(true) {
+		return
+	}
+	for _, fp := range r.Fps {
+		sh := &s.shards[fp%shards]
+		sh.mu.Lock()
+		b := sh.buckets[fp]
+		for i, x := range b {
+			if x == o {
+				b = append(b[:i:i], b[i+1:]...)
+				break
+			}
+		}
+		if len(b) == 0 {
+			delete(sh.buckets, fp)
+		} else {
+			sh.buckets[fp] = b
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Reset forgets every entry, so memory returns to its idle size. Lookups
+// running meanwhile are unaffected: an entry they hold stays valid.
+func (s *Store[E]) Reset() {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.order {
+			e.Rec().dead.Store(true)
+		}
+		sh.buckets = make(map[uint64][]E)
+		sh.order, sh.bytes = nil, 0
+		sh.mu.Unlock()
+	}
+}
+
+// Bytes returns the memory the entries account for: it grows to the budget
+// under varied traffic and drops to zero after Reset.
+func (s *Store[E]) Bytes() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.RLock()
+		n += sh.bytes
+		sh.mu.RUnlock()
+	}
+	return n
+}

@@ -1,0 +1,160 @@
+package memostore
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+)
+
+type entry struct {
+	Record
+	name string
+	span int // extends any entry of the same name with a smaller span
+}
+
+func (e *entry) Rec() *Record { return &e.Record }
+
+func newEntry(name string, span int, size int, fps ...uint64) *entry {
+	e := &entry{name: name, span: span}
+	e.Fps, e.Size = fps, size
+	return e
+}
+
+func (e *entry) extends(o *entry) bool { return o.name == e.name && o.span <= e.span }
+
+func filed(s *Store[*entry], fp uint64) []string {
+	var out []string
+	s.Lookup(fp, func(e *entry) bool {
+		out = append(out, fmt.Sprintf("%s/%d", e.name, e.span))
+		return true
+	})
+	return out
+}
+
+// check asserts the store's invariants: every shard within its budget plus
+// one crossing entry, no dead entry filed, every filed entry in some
+// shard's eviction order, and byte counts that match that order.
+func check(t *testing.T, s *Store[*entry], maxEntry int) {
+	t.Helper()
+	ordered := map[*entry]bool{}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sum := 0
+		for _, e := range sh.order {
+			ordered[e] = true
+			sum += e.Size
+		}
+		if sum != sh.bytes {
+			t.Errorf("shard %d counts %d bytes, its entries hold %d", i, sh.bytes, sum)
+		}
+		if sh.bytes > s.budget+maxEntry {
+			t.Errorf("shard %d holds %d bytes, budget %d", i, sh.bytes, s.budget)
+		}
+	}
+	for i := range s.shards {
+		for fp, b := range s.shards[i].buckets {
+			if len(b) > BucketCap {
+				t.Errorf("bucket %d holds %d entries", fp, len(b))
+			}
+			for _, e := range b {
+				if e.Dead() {
+					t.Errorf("dead entry %s filed under %d", e.name, fp)
+				}
+				if !ordered[e] {
+					t.Errorf("entry %s filed outside the eviction order", e.name)
+				}
+			}
+		}
+	}
+}
+
+func TestBudgetEvictsOldestFirst(t *testing.T) {
+	s := New[*entry](0) // 64 KiB per shard
+	const size = 10 << 10
+	var all []*entry
+	for i := range 200 {
+		e := newEntry(fmt.Sprint(i), 0, size, uint64(i)*shards+3) // all in shard 3
+		all = append(all, e)
+		s.Insert(e, e.extends)
+	}
+	check(t, s, size)
+	// 64 KiB holds six 10 KiB entries, the newest ones.
+	for i, e := range all {
+		if live := !e.Dead(); live != (i >= 194) {
+			t.Errorf("entry %d live=%v", i, live)
+		}
+	}
+	if got := s.Bytes(); got != 6*size {
+		t.Errorf("Bytes() = %d, want %d", got, 6*size)
+	}
+}
+
+func TestSupersededEntriesAreRetired(t *testing.T) {
+	s := New[*entry](1 << 20)
+	short := newEntry("p", 1, 100, 7)
+	s.Insert(short, short.extends)
+	other := newEntry("q", 1, 100, 7)
+	s.Insert(other, other.extends)
+	long := newEntry("p", 2, 100, 7, 9)
+	s.Insert(long, long.extends)
+	if !short.Dead() || other.Dead() || long.Dead() {
+		t.Errorf("dead: short %v other %v long %v", short.Dead(), other.Dead(), long.Dead())
+	}
+	if got, want := fmt.Sprint(filed(s, 7)), "[p/2 q/1]"; got != want {
+		t.Errorf("filed under 7: %s, want %s", got, want)
+	}
+	check(t, s, 100)
+	// The retired entry's bytes leave when the eviction order reaches it.
+	s.Insert(newEntry("r", 1, 100, 7), func(*entry) bool { return false })
+	check(t, s, 100)
+}
+
+func TestBucketKeepsNewest(t *testing.T) {
+	s := New[*entry](1 << 20)
+	for i := range BucketCap + 3 {
+		e := newEntry(fmt.Sprint(i), 0, 10, 5, uint64(100+i))
+		s.Insert(e, e.extends)
+	}
+	got := filed(s, 5)
+	if len(got) != BucketCap || got[0] != fmt.Sprintf("%d/0", BucketCap+2) {
+		t.Errorf("bucket 5 = %v", got)
+	}
+	// The dropped ones stay reachable through their deeper fingerprint.
+	if got := filed(s, 100); len(got) != 1 {
+		t.Errorf("bucket 100 = %v", got)
+	}
+	check(t, s, 10)
+}
+
+func TestResetForgetsEverything(t *testing.T) {
+	s := New[*entry](1 << 20)
+	e := newEntry("a", 0, 10, 1, 2)
+	s.Insert(e, e.extends)
+	s.Reset()
+	if !e.Dead() || s.Bytes() != 0 || len(filed(s, 1)) != 0 {
+		t.Errorf("after Reset: dead %v, %d bytes, %v filed", e.Dead(), s.Bytes(), filed(s, 1))
+	}
+	check(t, s, 0)
+}
+
+func TestConcurrentUse(t *testing.T) {
+	s := New[*entry](0)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				switch {
+				case g == 0 && i%500 == 0:
+					s.Reset()
+				case i%2 == 0:
+					e := newEntry(fmt.Sprint(i%50), i, 3000, uint64(i%50), uint64(i))
+					s.Insert(e, e.extends)
+				default:
+					filed(s, uint64(i%50))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	check(t, s, 3000)
+}
