@@ -18,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
@@ -93,15 +94,17 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	ix := index.New(index.Options{RemovalPause: removalPause})
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
+	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
 	reg := registry.New(registry.Options{
 		Index:  ix,
 		Start:  sourceFactory(log, counters, staticKeys(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
-				// Nothing left to query: remembered chains would only
-				// keep the memo's budget resident.
+				// Nothing left to query: remembered chains and token
+				// arrays would only keep the memos' budgets resident.
 				memo.Reset()
+				tokenMemo.Reset()
 			}
 			returnMemory()
 		},
@@ -120,14 +123,14 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		ix.Close()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo})
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()
 	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
-		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
 		Ready: func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
 	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")

@@ -366,9 +366,10 @@ func DecodeUnregister(body []byte, lim Limits) (UnregisterRequest, *Error) {
 }
 
 // QueryRequest is a validated /query body. Its strings are views into the
-// request body and are valid only while the body is; Tokens is reused
-// across requests, so a pooled QueryRequest decodes without allocating once
-// its token buffer has grown.
+// request body and are valid only while the body is; Tokens is read-only
+// (it may be a TokenMemo's remembered array) and valid until the next
+// decode into the same QueryRequest. Buffers are reused across requests, so
+// a pooled QueryRequest decodes without allocating once they have grown.
 type QueryRequest struct {
 	Model      string
 	LoraName   string
@@ -377,6 +378,12 @@ type QueryRequest struct {
 	CacheSalt  string
 	BlockSize  int
 	Tokens     []int32
+
+	buf   []int32  // the token buffer this request owns
+	ends  []uint32 // chunk ends of the array, for the token memo
+	fps   []uint64 // fingerprints of the array, for the token memo
+	memo  *TokenMemo
+	learn memoLearn
 }
 
 const (
@@ -399,6 +406,10 @@ const (
 // exactly those of validate-then-read: a malformed body is invalid_msgpack
 // even when an earlier field also has a schema error.
 func DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
+	return (*TokenMemo)(nil).DecodeQuery(body, lim, q)
+}
+
+func decodeQueryBody(body []byte, lim Limits, q *QueryRequest) *Error {
 	if c, n, e := openChecked(body); e == nil {
 		if e = decodeQuery(c, n, lim, q); e == nil {
 			return nil
@@ -412,8 +423,7 @@ func DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
 }
 
 func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
-	tokens := q.Tokens[:0]
-	*q = QueryRequest{Tokens: tokens}
+	*q = QueryRequest{buf: q.buf, ends: q.ends[:0], fps: q.fps[:0], memo: q.memo}
 	var seen fieldSet
 	for i := 0; i < n; i++ {
 		if e := c.ahead(); e != nil {
@@ -439,7 +449,7 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 			}
 		case "token_ids":
 			if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
-				q.Tokens, e = decodeTokens(&c, lim, q.Tokens)
+				e = decodeTokens(&c, lim, q)
 			}
 		case "tenant_id":
 			if e = seen.mark(qTenantID, "tenant_id"); e == nil {
@@ -483,21 +493,22 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 	return nil
 }
 
-// decodeTokens reads token_ids as an array of int32-range integers or as a
-// bin of little-endian int32 values. On a checked cursor it validates what
-// it reads itself: the array header, the run's bounds, and each element the
-// run leaves to the general path.
-func decodeTokens(c *cursor, lim Limits, dst []int32) ([]int32, *Error) {
+// decodeTokens reads token_ids, an array of int32-range integers or a bin
+// of little-endian int32 values, into q.Tokens. On a checked cursor it
+// validates what it reads itself: the array header, the run's bounds, and
+// each element the run leaves to the general path. With a token memo, a
+// long array's remembered prefix is copied and only the rest is decoded.
+func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 	const field = "token_ids"
 	if c.checked {
 		if c.p >= len(c.b) {
-			return dst, errUnchecked
+			return errUnchecked
 		}
 		if k, n, _, err := header(c.b, c.p); err != nil || k == kindArray && n > uint64(len(c.b)-c.p) {
-			return dst, errUnchecked
+			return errUnchecked
 		} else if k != kindArray {
 			if e := c.ahead(); e != nil {
-				return dst, e
+				return e
 			}
 		}
 	}
@@ -505,46 +516,71 @@ func decodeTokens(c *cursor, lim Limits, dst []int32) ([]int32, *Error) {
 	case kindArray:
 		n := c.length()
 		if n > lim.MaxTokens {
-			return dst, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
+			return Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
 		}
-		dst = grow(dst, n)
-		for i := 0; i < n; i++ {
-			i = decodeTokenRun(c, dst, i)
-			if i == n {
-				break
+		start, from := c.p, 0
+		dst := grow(q.buf, n)
+		q.buf, q.Tokens = dst, dst
+		learn := q.memo != nil && n >= memoMinTokens
+		if learn {
+			q.fps = fingerprints(c.b[start:], n, q.fps)
+			q.learn = memoLearn{start: start, fps: len(q.fps)}
+			if e, k, off := q.memo.match(c.b[start:], n, q.fps); k == n {
+				q.Tokens = e.toks[:n:n]
+				c.p = start + off
+				q.learn.end, q.learn.reused = c.p, n
+				return nil
+			} else if k > 0 {
+				copy(dst, e.toks[:k])
+				q.ends = append(q.ends, e.ends[:k/memoChunk]...)
+				c.p, from, q.learn.reused = start+off, k, k
 			}
-			// An element the run could not take: a rare format (negative,
-			// int8/16, 64-bit), a value out of range, a wrong type, or one
-			// of the last few elements of the body.
-			if e := c.ahead(); e != nil {
-				return dst, e
-			}
-			if k := c.peek(); k != kindInt {
-				return dst, elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
-			}
-			v, ok := int64Range(c.integer())
-			if !ok || v < math.MinInt32 || v > math.MaxInt32 {
-				return dst, elemErrorf(OutOfRange, field, i, "token_ids[%d] is outside the int32 range", i)
-			}
-			dst[i] = int32(v)
 		}
-		return dst, nil
+		for i := from; i < n; {
+			stop := n
+			if learn {
+				stop = min(n, (i/memoChunk+1)*memoChunk)
+			}
+			if i = decodeTokenRun(c, dst[:stop], i); i < stop {
+				// An element the run could not take: a rare format (negative,
+				// int8/16, 64-bit), a value out of range, a wrong type, or one
+				// of the last few elements of the body.
+				if e := c.ahead(); e != nil {
+					return e
+				}
+				if k := c.peek(); k != kindInt {
+					return elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
+				}
+				v, ok := int64Range(c.integer())
+				if !ok || v < math.MinInt32 || v > math.MaxInt32 {
+					return elemErrorf(OutOfRange, field, i, "token_ids[%d] is outside the int32 range", i)
+				}
+				dst[i] = int32(v)
+				i++
+			}
+			if learn && i == stop && i%memoChunk == 0 {
+				q.ends = append(q.ends, uint32(c.p-start))
+			}
+		}
+		q.learn.end = c.p
+		return nil
 	case kindBin:
 		b := c.bytes()
 		if len(b)%4 != 0 {
-			return dst, Errorf(InvalidValue, field, "binary token_ids must be a multiple of 4 bytes, got %d", len(b))
+			return Errorf(InvalidValue, field, "binary token_ids must be a multiple of 4 bytes, got %d", len(b))
 		}
 		n := len(b) / 4
 		if n > lim.MaxTokens {
-			return dst, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
+			return Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
 		}
-		dst = grow(dst, n)
+		dst := grow(q.buf, n)
+		q.buf, q.Tokens = dst, dst
 		for i := range dst {
 			dst[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
 		}
-		return dst, nil
+		return nil
 	default:
-		return dst, Errorf(InvalidType, field, "token_ids must be an array of integers or a binary of little-endian int32, got %s", k)
+		return Errorf(InvalidType, field, "token_ids must be an array of integers or a binary of little-endian int32, got %s", k)
 	}
 }
 

@@ -27,6 +27,10 @@ import (
 // conversations of a fleet's router.
 const DefaultMemoMiB = 64
 
+// DefaultTokenMemoMiB sizes the token memo: about a thousand remembered
+// 8K-token arrays (packed bytes and decoded ids) as well.
+const DefaultTokenMemoMiB = 64
+
 // DefaultPort is the contract's default http_server_port. A config file
 // without the key keeps it (upstream would bind port 0).
 const DefaultPort = 13333
@@ -41,6 +45,9 @@ type Config struct {
 	LogFormat string // "json" or "console"
 	// MemoBytes sizes the prefix memo for warm queries (0 disables).
 	MemoBytes int
+	// TokenMemoBytes sizes the token memo, which spares warm queries
+	// decoding their token ids (0 disables).
+	TokenMemoBytes int
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
@@ -73,6 +80,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	level := fl.String("log-level", "", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL, default INFO)")
 	format := fl.String("log-format", "", "json or console (env CONDUCTOR_LOG_FORMAT, default json)")
 	memo := fl.Int("hash-memo-mib", -1, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing (env CONDUCTOR_HASH_MEMO_MIB, default 64, 0 disables)")
+	tokenMemo := fl.Int("token-memo-mib", -1, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them (env CONDUCTOR_TOKEN_MEMO_MIB, default 64, 0 disables)")
 	tokenFile := fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE or CONDUCTOR_AUTH_TOKEN; default off)")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
@@ -80,7 +88,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if fl.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fl.Args())
 	}
-	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20}
+	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20}
 
 	p := first(*path, getenv("CONDUCTOR_CONFIG_PATH"))
 	if p == "" {
@@ -116,16 +124,11 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 		c.LogFormat = v
 	}
-	mv := getenv("CONDUCTOR_HASH_MEMO_MIB")
-	if *memo >= 0 {
-		mv = strconv.Itoa(*memo)
+	if err := memoSize(&c.MemoBytes, "hash", *memo, getenv("CONDUCTOR_HASH_MEMO_MIB")); err != nil {
+		return nil, err
 	}
-	if mv != "" {
-		n, err := strconv.Atoi(mv)
-		if err != nil || n < 0 || n > 1<<20 {
-			return nil, fmt.Errorf("invalid hash memo size %q MiB", mv)
-		}
-		c.MemoBytes = n << 20
+	if err := memoSize(&c.TokenMemoBytes, "token", *tokenMemo, getenv("CONDUCTOR_TOKEN_MEMO_MIB")); err != nil {
+		return nil, err
 	}
 	if f := first(*tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); f != "" {
 		b, err := os.ReadFile(f)
@@ -246,4 +249,22 @@ func toMsgpack(v any) any {
 		return t
 	}
 	return v
+}
+
+// memoSize sets *bytes from a MiB flag (if given, ≥ 0) or else the value
+// of its environment variable (if set); a memo of 0 MiB is disabled.
+func memoSize(bytes *int, name string, flag int, env string) error {
+	v := env
+	if flag >= 0 {
+		v = strconv.Itoa(flag)
+	}
+	if v == "" {
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 1<<20 {
+		return fmt.Errorf("invalid %s memo size %q MiB", name, v)
+	}
+	*bytes = n << 20
+	return nil
 }

@@ -98,25 +98,37 @@ func TestAuthToken(t *testing.T) {
 
 func TestMemoSize(t *testing.T) {
 	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	withEnv := func(k, v string) map[string]string {
+		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", k: v}
+	}
+	hash := func(c *Config) int { return c.MemoBytes }
+	token := func(c *Config) int { return c.TokenMemoBytes }
 	for _, tc := range []struct {
 		name string
 		args []string
 		env  map[string]string
+		get  func(*Config) int
 		want int
 		err  bool
 	}{
-		{"default", nil, base, DefaultMemoMiB << 20, false},
-		{"env", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_MEMO_MIB": "8"}, 8 << 20, false},
-		{"flag beats env", []string{"--hash-memo-mib", "0"}, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_MEMO_MIB": "8"}, 0, false},
-		{"bad env", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_MEMO_MIB": "lots"}, 0, true},
+		{"hash default", nil, base, hash, DefaultMemoMiB << 20, false},
+		{"hash env", nil, withEnv("CONDUCTOR_HASH_MEMO_MIB", "8"), hash, 8 << 20, false},
+		{"hash flag beats env", []string{"--hash-memo-mib", "0"}, withEnv("CONDUCTOR_HASH_MEMO_MIB", "8"), hash, 0, false},
+		{"hash bad env", nil, withEnv("CONDUCTOR_HASH_MEMO_MIB", "lots"), hash, 0, true},
+		{"token default", nil, base, token, DefaultTokenMemoMiB << 20, false},
+		{"token env", nil, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "3"), token, 3 << 20, false},
+		{"token flag beats env", []string{"--token-memo-mib", "0"}, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "3"), token, 0, false},
+		{"token env leaves hash", nil, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "3"), hash, DefaultMemoMiB << 20, false},
+		{"token negative", []string{"--token-memo-mib", "-2"}, base, token, DefaultTokenMemoMiB << 20, false},
+		{"token bad env", nil, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "-1"), token, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Load(tc.args, env(tc.env))
 			if (err != nil) != tc.err {
 				t.Fatalf("err %v", err)
 			}
-			if err == nil && c.MemoBytes != tc.want {
-				t.Errorf("MemoBytes %d, want %d", c.MemoBytes, tc.want)
+			if err == nil && tc.get(c) != tc.want {
+				t.Errorf("memo bytes %d, want %d", tc.get(c), tc.want)
 			}
 		})
 	}

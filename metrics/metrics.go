@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -25,6 +26,8 @@ type Options struct {
 	Registry *registry.Registry
 	Counters *subscriber.Counters
 	Memo     *hashing.Memo
+	// TokenMemo, when set, is reported as conductor_token_memo_*.
+	TokenMemo *codec.TokenMemo
 }
 
 // Metrics owns one Prometheus registry (not the global one, so tests and
@@ -86,6 +89,10 @@ var (
 	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
 	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
+	descTokenMemo = prometheus.NewDesc("conductor_token_memo_tokens_total",
+		"Token ids of accepted /query bodies copied from the token memo (hit) or decoded while it was consulted (miss).", []string{"result"}, nil)
+	descTokenMemoBytes = prometheus.NewDesc("conductor_token_memo_bytes",
+		"Memory held by the token memo's remembered arrays (bounded by --token-memo-mib; emptied when the last context goes).", nil, nil)
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
 	descIngest = map[string]*prometheus.Desc{}
@@ -127,7 +134,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo, descMemoBytes} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -174,6 +181,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(hits), "hit")
 		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(misses), "miss")
 		ch <- prometheus.MustNewConstMetric(descMemoBytes, prometheus.GaugeValue, float64(c.opts.Memo.Bytes()))
+	}
+	if c.opts.TokenMemo != nil {
+		hits, misses := c.opts.TokenMemo.Stats()
+		ch <- prometheus.MustNewConstMetric(descTokenMemo, prometheus.CounterValue, float64(hits), "hit")
+		ch <- prometheus.MustNewConstMetric(descTokenMemo, prometheus.CounterValue, float64(misses), "miss")
+		ch <- prometheus.MustNewConstMetric(descTokenMemoBytes, prometheus.GaugeValue, float64(c.opts.TokenMemo.Bytes()))
 	}
 	for _, s := range c.opts.Counters.Snapshot() {
 		d, ok := descIngest[s.Metric]

@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -276,7 +277,7 @@ func TestGoldenAPI(t *testing.T) {
 				if err := json.Unmarshal(raw, &gc); err != nil {
 					t.Fatalf("parse %s: %v", f, err)
 				}
-				h := startServer(t, Options{MaxBodyBytes: gc.MaxBody, Memo: hashing.NewMemo(memoBytes)})
+				h := startServer(t, Options{MaxBodyBytes: gc.MaxBody, Memo: hashing.NewMemo(memoBytes), TokenMemo: codec.NewTokenMemo(memoBytes)})
 				for i, st := range gc.Steps {
 					if st.Store != nil {
 						if err := h.store(st.Store); err != nil {

@@ -7,14 +7,16 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // queryFixture registers instances×ranks in one vLLM context and stores a
-// fully matched prompt of n tokens on device for every owner.
-func queryFixture(tb testing.TB, instances, ranks, n int, memo ...*hashing.Memo) (*Server, []byte) {
+// fully matched prompt of n tokens on device for every owner. warm gives
+// the server both memos (prefix and token), empty until the first query.
+func queryFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, []byte) {
 	tb.Helper()
 	ix := index.New(index.Options{})
 	reg := registry.New(registry.Options{Index: ix})
@@ -62,8 +64,8 @@ func queryFixture(tb testing.TB, instances, ranks, n int, memo ...*hashing.Memo)
 		tb.Fatal(err)
 	}
 	opts := Options{Registry: reg, Index: ix}
-	if len(memo) > 0 {
-		opts.Memo = memo[0]
+	if warm {
+		opts.Memo, opts.TokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
 	}
 	return New(opts), body
 }
@@ -86,13 +88,22 @@ func queryCtx(body []byte) *fasthttp.RequestCtx {
 	return &ctx
 }
 
-// TestQueryHandlerAllocations pins the hot path: a warm /query through the
-// handler (decode, hash chain, walk, encode) allocates nothing.
+// TestQueryHandlerAllocations pins the hot path: a repeated /query through
+// the handler (decode, hash chain, walk, encode) allocates nothing, with the
+// memos or without.
 func TestQueryHandlerAllocations(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("allocation counts need a normal build")
 	}
-	s, body := queryFixture(t, 8, 2, 1024)
+	for _, warm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "memos"}[warm], func(t *testing.T) {
+			testQueryHandlerAllocations(t, warm)
+		})
+	}
+}
+
+func testQueryHandlerAllocations(t *testing.T, warm bool) {
+	s, body := queryFixture(t, 8, 2, 1024, warm)
 	ctx := queryCtx(body)
 	s.Handle(ctx)
 	if ctx.Response.StatusCode() != 200 {
@@ -125,7 +136,7 @@ func TestQueryHandlerAllocations(t *testing.T) {
 func BenchmarkQueryHandler(b *testing.B) {
 	for _, n := range []int{8192, 32768} {
 		b.Run("tokens="+itoa(n), func(b *testing.B) {
-			s, body := queryFixture(b, 8, 2, n)
+			s, body := queryFixture(b, 8, 2, n, false)
 			ctx := queryCtx(body)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -134,7 +145,7 @@ func BenchmarkQueryHandler(b *testing.B) {
 			}
 		})
 		b.Run("tokens="+itoa(n)+"/warm-memo", func(b *testing.B) {
-			s, body := queryFixture(b, 8, 2, n, hashing.NewMemo(64<<20))
+			s, body := queryFixture(b, 8, 2, n, true)
 			ctx := queryCtx(body)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -156,13 +167,11 @@ func BenchmarkQueryVsChain(b *testing.B) {
 	for _, enc := range []string{"python", "int32"} {
 		for _, warm := range []bool{false, true} {
 			name := "handler=cold/enc=" + enc
-			var memo []*hashing.Memo
 			if warm {
 				name = "handler=warm/enc=" + enc
-				memo = append(memo, hashing.NewMemo(64<<20))
 			}
 			b.Run(name, func(b *testing.B) {
-				s, body := queryFixture(b, 4, 1, n, memo...)
+				s, body := queryFixture(b, 4, 1, n, warm)
 				if enc == "python" {
 					body = compactBody(b, body)
 				}

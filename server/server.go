@@ -45,6 +45,9 @@ type Options struct {
 	// Memo, when set, lets warm queries skip SHA-256 for blocks seen
 	// before; answers are identical either way.
 	Memo *hashing.Memo
+	// TokenMemo, when set, lets warm queries copy the token ids of a body
+	// prefix seen before instead of decoding them.
+	TokenMemo *codec.TokenMemo
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
@@ -314,7 +317,7 @@ var queryPool = sync.Pool{New: func() any { return new(queryState) }}
 func (s *Server) query(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
 	q := queryPool.Get().(*queryState)
 	defer queryPool.Put(q)
-	if e := codec.DecodeQuery(ctx.PostBody(), s.opts.Limits, &q.req); e != nil {
+	if e := s.opts.TokenMemo.DecodeQuery(ctx.PostBody(), s.opts.Limits, &q.req); e != nil {
 		return nil, validation(e)
 	}
 	r := &q.req

@@ -1,0 +1,210 @@
+package codec
+
+import (
+	"sort"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/mooncake-conductor-go/conductor/memostore"
+)
+
+// TokenMemo remembers the token arrays of recent /query bodies under their
+// packed bytes, so that a body repeating a prefix seen before (a system
+// prompt, the previous turn of a conversation) has that prefix copied
+// rather than decoded.
+//
+// Decoding is the one cost of a warm query that the prefix memo cannot
+// remove: Python's packer gives each id the smallest integer format, so
+// where an id starts depends on every id before it, and decoding is a chain
+// of dependent loads, about 4 ns per id here; it is a third of a warm 8K
+// query. Comparing and copying the same bytes runs at memory speed.
+//
+// Entries are filed under fingerprints of the array's first 256, 512, 1024,
+// … packed bytes, which a query computes in one pass over its body without
+// decoding anything; the deepest is looked up first. A candidate is then
+// verified with memcmp: only tokens whose bytes lie inside the common byte
+// prefix are reused, at a granularity of memoChunk tokens (or the whole
+// remembered array). MessagePack values delimit themselves, so equal bytes
+// are equal tokens: a reused prefix is exactly what decoding would give,
+// and it was validated when it was first decoded. The rest of the array is
+// decoded and checked as usual, so a body that is malformed anywhere is
+// rejected with the same error as without the memo.
+//
+// Memory is bounded by a byte budget with oldest-first eviction; entries
+// hold only pointer-free slices. Safe for concurrent use.
+type TokenMemo struct {
+	store  *memostore.Store[*packedEntry]
+	hits   atomic.Uint64
+	misses atomic.Uint64
+}
+
+const (
+	// memoChunk is the number of tokens between the byte offsets an entry
+	// records: the granularity at which a partly shared prefix is reused.
+	memoChunk = 64
+	// memoMinTokens: shorter arrays decode in less time than a lookup.
+	memoMinTokens = 256
+	// memoFirstBytes is the packed length of the shallowest fingerprint;
+	// each further one covers twice as much.
+	memoFirstBytes = 256
+	packedOverhead = 160
+)
+
+// packedEntry is one remembered token array. It is immutable once published.
+type packedEntry struct {
+	memostore.Record
+	raw  []byte   // the array's elements exactly as they were packed
+	toks []int32  // what raw decodes to
+	ends []uint32 // ends[j]: the offset in raw just past token (j+1)·memoChunk−1
+}
+
+func (e *packedEntry) Rec() *memostore.Record { return &e.Record }
+
+// NewTokenMemo returns a memo holding about maxBytes of token arrays;
+// maxBytes <= 0 returns nil, which decodes every body in full.
+func NewTokenMemo(maxBytes int) *TokenMemo {
+	if maxBytes <= 0 {
+		return nil
+	}
+	return &TokenMemo{store: memostore.New[*packedEntry](maxBytes)}
+}
+
+// Reset forgets every remembered array; the service calls it when the last
+// context is unregistered, so that memory returns to its idle size.
+func (m *TokenMemo) Reset() {
+	if m != nil {
+		m.store.Reset()
+	}
+}
+
+// Bytes returns the memory the remembered arrays account for.
+func (m *TokenMemo) Bytes() int {
+	if m == nil {
+		return 0
+	}
+	return m.store.Bytes()
+}
+
+// Stats returns how many tokens of accepted /query bodies were copied from
+// the memo (hits) and how many were decoded while it was consulted (misses;
+// arrays too short to look up are not counted).
+func (m *TokenMemo) Stats() (hits, misses uint64) {
+	if m == nil {
+		return 0, 0
+	}
+	return m.hits.Load(), m.misses.Load()
+}
+
+// DecodeQuery is codec.DecodeQuery consulting the memo: the result, and the
+// error for a malformed body, are the same. q.Tokens may then be a
+// remembered array, which must not be modified. A nil memo decodes in full.
+func (m *TokenMemo) DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
+	q.memo = m
+	e := decodeQueryBody(body, lim, q)
+	q.memo = nil
+	if e != nil || m == nil || q.learn.fps == 0 {
+		return e
+	}
+	l := &q.learn
+	m.hits.Add(uint64(l.reused))
+	m.misses.Add(uint64(len(q.Tokens) - l.reused))
+	if len(q.Tokens)-l.reused >= memoChunk {
+		m.remember(body[l.start:l.end], q.Tokens, q.ends, q.fps[:l.fps])
+	}
+	return nil
+}
+
+// memoLearn describes the token array of the body being decoded, for the
+// memo to remember once the whole body is accepted.
+type memoLearn struct {
+	start, end int // the array's elements in the body
+	reused     int // leading tokens copied from the memo
+	fps        int // fingerprints computed (0: the memo was not consulted)
+}
+
+// fingerprints appends the fingerprints of rest's first 256, 512, … bytes
+// that an array of n elements could span (at most 9 bytes each).
+func fingerprints(rest []byte, n int, dst []uint64) []uint64 {
+	limit := min(len(rest), 9*n)
+	var d xxhash.Digest
+	d.Reset()
+	fed := 0
+	for l := memoFirstBytes; l <= limit; l *= 2 {
+		d.Write(rest[fed:l])
+		fed = l
+		dst = append(dst, d.Sum64())
+	}
+	return dst
+}
+
+// match finds the remembered array sharing the most leading tokens with the
+// n-element array packed at the start of rest: it returns that entry, the
+// number of tokens k it supplies and the packed length off they span.
+func (m *TokenMemo) match(rest []byte, n int, fps []uint64) (best *packedEntry, k, off int) {
+	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
+		m.store.Lookup(fps[j], func(e *packedEntry) bool {
+			if ek, eoff := e.usable(rest, n); ek > k {
+				best, k, off = e, ek, eoff
+			}
+			return true
+		})
+	}
+	return best, k, off
+}
+
+// usable is how many leading tokens of e an n-element array packed at the
+// start of rest shares, and the packed length they span.
+func (e *packedEntry) usable(rest []byte, n int) (k, off int) {
+	common := commonBytes(rest, e.raw)
+	if common == len(e.raw) && len(e.toks) <= n {
+		return len(e.toks), len(e.raw)
+	}
+	// Chunks whose bytes all lie in the common prefix, and within the
+	// query's own array (the bytes after it may happen to match too).
+	c := sort.Search(len(e.ends), func(j int) bool { return int(e.ends[j]) > common })
+	c = min(c, n/memoChunk)
+	if c == 0 {
+		return 0, 0
+	}
+	return c * memoChunk, int(e.ends[c-1])
+}
+
+// commonBytes is the length of the longest common prefix of a and b,
+// compared in large chunks first (string equality is memcmp).
+func commonBytes(a, b []byte) int {
+	n := min(len(a), len(b))
+	lo := 0
+	for step := 4096; step >= 1; step /= 8 {
+		for lo+step <= n && string(a[lo:lo+step]) == string(b[lo:lo+step]) {
+			lo += step
+		}
+	}
+	return lo
+}
+
+// remember files a copy of an accepted array (raw, its tokens, and the
+// offsets of its chunk ends) under the fingerprints that lie inside it.
+func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint64) {
+	nf := 0
+	for l := memoFirstBytes; l <= len(raw) && nf < len(fps); l *= 2 {
+		nf++
+	}
+	if nf == 0 {
+		return
+	}
+	e := &packedEntry{
+		raw:  append([]byte(nil), raw...),
+		toks: append([]int32(nil), toks...),
+		ends: append([]uint32(nil), ends...),
+	}
+	e.Fps = append([]uint64(nil), fps[:nf]...)
+	e.Size = packedOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
+	m.store.Insert(e, e.extends)
+}
+
+// extends reports whether e holds o's whole array as its own prefix, so a
+// query finds at least as much in e (up to the last partial chunk).
+func (e *packedEntry) extends(o *packedEntry) bool {
+	return len(o.raw) <= len(e.raw) && len(o.toks) <= len(e.toks) && string(e.raw[:len(o.raw)]) == string(o.raw)
+}

@@ -1,0 +1,271 @@
+package codec
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"pgregory.net/rapid"
+)
+
+// checkSameQuery asserts that two decodes of one body agree: the same error,
+// or the same request.
+func checkSameQuery(t interface {
+	Helper()
+	Fatalf(string, ...any)
+}, wantErr *Error, want *QueryRequest, gotErr *Error, got *QueryRequest) {
+	t.Helper()
+	if diff := cmp.Diff(wantErr, gotErr); diff != "" {
+		t.Fatalf("error differs with the token memo (-plain +memo):\n%s", diff)
+	}
+	if wantErr == nil {
+		if diff := cmp.Diff(*want, *got, cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(QueryRequest{})); diff != "" {
+			t.Fatalf("request differs with the token memo (-plain +memo):\n%s", diff)
+		}
+	}
+}
+
+// packElem appends v in one of the integer formats a packer may choose for
+// it (format 0 is the smallest, as Python's packer writes).
+func packElem(b []byte, v int32, format int) []byte {
+	switch {
+	case format == 1:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(v))
+	case format == 2:
+		return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(int64(v)))
+	case v >= 0 && v <= 0x7f:
+		return append(b, byte(v))
+	case v >= -32 && v < 0:
+		return append(b, byte(int8(v)))
+	case v >= 0 && v <= 0xff:
+		return append(b, 0xcc, byte(v))
+	case v >= 0 && v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+	case v >= 0:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
+	case v >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(v))
+	default:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(v))
+	}
+}
+
+// queryBody packs a /query body with the token array at position at among
+// its three fields (0: first, 2: last), each token in format formats(i).
+func queryBody(toks []int32, at int, formats func(i int) int) []byte {
+	b := []byte{0x83}
+	for f := range 3 {
+		switch {
+		case f == at:
+			b = append(b, 0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdd)
+			b = binary.BigEndian.AppendUint32(b, uint32(len(toks)))
+			for i, v := range toks {
+				b = packElem(b, v, formats(i))
+			}
+		case f == (at+1)%3:
+			b = append(b, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm')
+		default:
+			b = append(b, 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10)
+		}
+	}
+	return b
+}
+
+// TestTokenMemoMatchesPlainDecode: bodies drawn from a few shared prompts,
+// cut anywhere, diverging anywhere, in mixed integer formats, with the
+// tokens first, in the middle or last, and sometimes damaged at one byte,
+// decode exactly as they do without the memo: the same request or the same
+// error. The memo is small, so it evicts, and it does get hits.
+func TestTokenMemoMatchesPlainDecode(t *testing.T) {
+	m := NewTokenMemo(1)
+	var q, mq QueryRequest
+	rapid.Check(t, func(rt *rapid.T) {
+		prompt := rapid.IntRange(0, 3).Draw(rt, "prompt")
+		n := rapid.IntRange(0, 3000).Draw(rt, "n")
+		r := rand.New(rand.NewPCG(uint64(prompt), 1))
+		toks := make([]int32, n)
+		for i := range toks {
+			toks[i] = int32(r.IntN(200000)) - 100
+		}
+		if n > 0 && rapid.Bool().Draw(rt, "diverge") {
+			toks[rapid.IntRange(0, n-1).Draw(rt, "at")] = rapid.Int32().Draw(rt, "tok")
+		}
+		formats := func(int) int { return 0 }
+		switch rapid.IntRange(0, 3).Draw(rt, "formats") {
+		case 1:
+			formats = func(int) int { return 1 }
+		case 2:
+			formats = func(i int) int { return i * 7 % 3 }
+		case 3:
+			odd := rapid.IntRange(0, max(n-1, 0)).Draw(rt, "odd")
+			formats = func(i int) int { return map[bool]int{true: 2}[i == odd] }
+		}
+		body := queryBody(toks, rapid.IntRange(0, 2).Draw(rt, "field"), formats)
+		if rapid.IntRange(0, 4).Draw(rt, "damage") == 0 {
+			body[rapid.IntRange(0, len(body)-1).Draw(rt, "pos")] = rapid.Byte().Draw(rt, "byte")
+		}
+		if rapid.IntRange(0, 6).Draw(rt, "cut") == 0 {
+			body = body[:rapid.IntRange(0, len(body)).Draw(rt, "cutAt")]
+		}
+		e := DecodeQuery(body, DefaultLimits(), &q)
+		checkSameQuery(rt, e, &q, m.DecodeQuery(body, DefaultLimits(), &mq), &mq)
+	})
+	if hits, _ := m.Stats(); hits == 0 {
+		t.Error("the memo was never used")
+	}
+}
+
+// TestTokenMemoReusesPrefix: the next turn of a conversation copies the
+// previous turn and decodes only what is new; the same tokens packed in
+// another format share no bytes and are decoded; an identical body is
+// copied whole and teaches the memo nothing.
+func TestTokenMemoReusesPrefix(t *testing.T) {
+	m := NewTokenMemo(8 << 20)
+	turn1 := make([]int32, 2000)
+	for i := range turn1 {
+		turn1[i] = int32(i * 7919 % 150000)
+	}
+	turn2 := append(append([]int32(nil), turn1...), turn1[:500]...)
+	compact := func(int) int { return 0 }
+	var q QueryRequest
+	step := func(toks []int32, formats func(int) int, wantHits, wantMisses uint64) {
+		t.Helper()
+		h0, m0 := m.Stats()
+		if e := m.DecodeQuery(queryBody(toks, 1, formats), DefaultLimits(), &q); e != nil {
+			t.Fatal(e)
+		}
+		if !cmp.Equal(q.Tokens, toks) {
+			t.Fatal("tokens differ")
+		}
+		if h, ms := m.Stats(); h-h0 != wantHits || ms-m0 != wantMisses {
+			t.Errorf("%d hits, %d misses; want %d, %d", h-h0, ms-m0, wantHits, wantMisses)
+		}
+	}
+	step(turn1, compact, 0, 2000)
+	step(turn2, compact, 2000, 500)
+	step(turn2, compact, 2500, 0)
+	bytesBefore := m.Bytes()
+	step(turn2, compact, 2500, 0)
+	if m.Bytes() != bytesBefore {
+		t.Error("an identical body was remembered again")
+	}
+	step(turn2, func(int) int { return 1 }, 0, 2500)
+	// A body that shares only the first 1000 tokens reuses whole chunks.
+	other := append(append([]int32(nil), turn1[:1000]...), 42, 43)
+	step(append(other, turn2[1002:]...), compact, 960, 2500-960)
+
+	m.Reset()
+	if m.Bytes() != 0 {
+		t.Errorf("%d bytes after Reset", m.Bytes())
+	}
+	step(turn2, compact, 0, 2500)
+}
+
+// TestTokenMemoEntriesStayIntact: a request answered with a remembered
+// array must not write into it when the same QueryRequest decodes the next
+// body.
+func TestTokenMemoEntriesStayIntact(t *testing.T) {
+	m := NewTokenMemo(8 << 20)
+	a, b := make([]int32, 1000), make([]int32, 1000)
+	for i := range a {
+		a[i], b[i] = int32(i), int32(5000+i)
+	}
+	var q QueryRequest
+	for _, toks := range [][]int32{a, a, b, a} {
+		if e := m.DecodeQuery(queryBody(toks, 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+			t.Fatal(e)
+		}
+		if !cmp.Equal(q.Tokens, toks) {
+			t.Fatal("tokens differ: a remembered array was overwritten")
+		}
+	}
+}
+
+func TestTokenMemoHitAllocations(t *testing.T) {
+	m := NewTokenMemo(8 << 20)
+	body := tokenBody(8192, false)
+	var q QueryRequest
+	if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+		t.Fatal(e)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+			t.Fatal(e)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("a remembered body allocates %.1f times per request, want 0", allocs)
+	}
+	if hits, _ := m.Stats(); hits != 101*8192 {
+		t.Errorf("%d tokens copied, want %d", hits, 101*8192)
+	}
+}
+
+// TestTokenMemoBudget: many distinct prompts keep the memo within its
+// budget (64 KiB per shard at least, plus one crossing entry each).
+func TestTokenMemoBudget(t *testing.T) {
+	m := NewTokenMemo(1)
+	var q QueryRequest
+	toks := make([]int32, 1000)
+	for p := range 500 {
+		for i := range toks {
+			toks[i] = int32(p*1000 + i)
+		}
+		if e := m.DecodeQuery(queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+			t.Fatal(e)
+		}
+	}
+	if got, limit := m.Bytes(), 64*(64<<10+packedOverhead+9*1000+8*16); got > limit || got == 0 {
+		t.Errorf("memo holds %d bytes, limit %d", got, limit)
+	}
+}
+
+// BenchmarkDecodeQuery8KMemo is BenchmarkDecodeQuery8K for a body the token
+// memo has seen before.
+func BenchmarkDecodeQuery8KMemo(b *testing.B) {
+	for _, enc := range []string{"compact", "int32"} {
+		b.Run("enc="+enc, func(b *testing.B) {
+			body := tokenBody(8192, enc == "int32")
+			m := NewTokenMemo(64 << 20)
+			var q QueryRequest
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+					b.Fatal(e)
+				}
+			}
+		})
+	}
+}
+
+// TestTokenMemoStopsAtArrayEnd: a malformed body whose token array is
+// followed by bytes that continue a remembered array (stray integers where
+// a key belongs) gets the error it gets without the memo; the memo must
+// not read past the array's own length.
+func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
+	toks := make([]int32, 1000)
+	for i := range toks {
+		toks[i] = int32(i % 100)
+	}
+	for _, tc := range []struct{ n, present int }{{500, 512}, {500, 1000}, {999, 1000}, {512, 576}} {
+		m := NewTokenMemo(8 << 20)
+		var q, mq QueryRequest
+		if e := m.DecodeQuery(queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &mq); e != nil {
+			t.Fatal(e)
+		}
+		// {"token_ids": [toks[:n]] toks[n:present], "model": …,
+		// "block_size": …}: stray integers stand where a key belongs. Read
+		// past them, the rest of the body would be a valid request.
+		body := queryBody(toks[:tc.present], 0, func(int) int { return 0 })
+		binary.BigEndian.PutUint32(body[12:], uint32(tc.n))
+		e := DecodeQuery(body, DefaultLimits(), &q)
+		if e == nil {
+			t.Fatal("the malformed body was accepted without the memo")
+		}
+		checkSameQuery(t, e, &q, m.DecodeQuery(body, DefaultLimits(), &mq), &mq)
+	}
+}
