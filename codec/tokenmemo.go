@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"encoding/binary"
 	"sort"
 	"sync/atomic"
 
@@ -21,8 +22,8 @@ import (
 // query. Comparing and copying the same bytes runs at memory speed.
 //
 // Entries are filed under fingerprints of the array's first 256, 512, 1024,
-// … packed bytes, which a query computes in one pass over its body without
-// decoding anything; the deepest is looked up first. A candidate is then
+// … packed bytes, which a query computes from a few bytes of its body
+// without decoding anything; the deepest is looked up first. A candidate is then
 // verified with memcmp: only tokens whose bytes lie inside the common byte
 // prefix are reused, at a granularity of memoChunk tokens (or the whole
 // remembered array). MessagePack values delimit themselves, so equal bytes
@@ -48,6 +49,9 @@ const (
 	// memoFirstBytes is the packed length of the shallowest fingerprint;
 	// each further one covers twice as much.
 	memoFirstBytes = 256
+	// memoWindow is how many bytes at the end of each span its fingerprint
+	// reads.
+	memoWindow = 64
 	packedOverhead = 160
 )
 
@@ -125,15 +129,21 @@ type memoLearn struct {
 
 // fingerprints appends the fingerprints of rest's first 256, 512, … bytes
 // that an array of n elements could span (at most 9 bytes each).
+//
+// A fingerprint reads only the last memoWindow bytes of its span, chained
+// to the fingerprint before it, so computing them costs the same for an 8K
+// array as for a 256-token one. Spans that differ only between windows
+// share a fingerprint; that costs a wasted comparison, never a wrong
+// token, since candidates are verified byte for byte.
 func fingerprints(rest []byte, n int, dst []uint64) []uint64 {
 	limit := min(len(rest), 9*n)
-	var d xxhash.Digest
-	d.Reset()
-	fed := 0
+	var fp uint64
+	var buf [8 + memoWindow]byte
 	for l := memoFirstBytes; l <= limit; l *= 2 {
-		d.Write(rest[fed:l])
-		fed = l
-		dst = append(dst, d.Sum64())
+		binary.LittleEndian.PutUint64(buf[:8], fp)
+		copy(buf[8:], rest[l-memoWindow:l])
+		fp = xxhash.Sum64(buf[:])
+		dst = append(dst, fp)
 	}
 	return dst
 }

@@ -269,3 +269,37 @@ func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
 		checkSameQuery(t, e, &q, m.DecodeQuery(body, DefaultLimits(), &mq), &mq)
 	}
 }
+
+// BenchmarkDecodeQuery8KColdMemo decodes 8K-token bodies the token memo
+// has not seen (512 distinct ones cycled through the smallest budget), the
+// memo's overhead on a cold query: looking up, missing, and remembering.
+func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
+	for _, memo := range []bool{false, true} {
+		b.Run(map[bool]string{false: "memo=none", true: "memo=cold"}[memo], func(b *testing.B) {
+			const prompts = 512
+			bodies := make([][]byte, prompts)
+			for p := range bodies {
+				toks := make([]int32, 8192)
+				for i := range toks {
+					toks[i] = int32((i*7919+p*104729)%150000 + 1)
+				}
+				bodies[p] = queryBody(toks, 2, func(int) int { return 0 })
+			}
+			var m *TokenMemo
+			if memo {
+				m = NewTokenMemo(1)
+			}
+			var q QueryRequest
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if e := m.DecodeQuery(bodies[i%prompts], DefaultLimits(), &q); e != nil {
+					b.Fatal(e)
+				}
+				i++
+			}
+			hits, _ := m.Stats()
+			b.ReportMetric(float64(hits)/float64(b.N), "hit-tokens/op")
+		})
+	}
+}

@@ -17,6 +17,17 @@ import (
 // fully matched prompt of n tokens on device for every owner. warm gives
 // the server both memos (prefix and token), empty until the first query.
 func queryFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, []byte) {
+	memoBytes := 0
+	if warm {
+		memoBytes = 64 << 20
+	}
+	s, bodies := queryFixtureN(tb, instances, ranks, n, 1, memoBytes)
+	return s, bodies[0]
+}
+
+// queryFixtureN is queryFixture for the given number of distinct prompts
+// (the first is queryFixture's), with memos of memoBytes each (0: none).
+func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (*Server, [][]byte) {
 	tb.Helper()
 	ix := index.New(index.Options{})
 	reg := registry.New(registry.Options{Index: ix})
@@ -24,10 +35,6 @@ func queryFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, [
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
 	if err != nil {
 		tb.Fatal(err)
-	}
-	tokens := make([]int32, n)
-	for i := range tokens {
-		tokens[i] = int32(i*7919%150000 + 1)
 	}
 	port := 20000
 	for i := 0; i < instances; i++ {
@@ -41,33 +48,38 @@ func queryFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, [
 		}
 	}
 	tbl := ix.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
-	ch := hashing.AcquireChain()
-	ch.Reset(tbl.Profile(), 16, tokens, "", "")
-	var keys []uint64
-	for {
-		k, _, ok := ch.Next()
-		if !ok {
-			break
-		}
-		keys = append(keys, k)
-	}
+	var owners []index.OwnerID
 	for i := 0; i < instances; i++ {
 		for r := 0; r < ranks; r++ {
-			id := tbl.AddEngineOwner("inst-"+itoa(i), r)
-			for _, k := range keys {
+			owners = append(owners, tbl.AddEngineOwner("inst-"+itoa(i), r))
+		}
+	}
+	var bodies [][]byte
+	for p := range prompts {
+		tokens := make([]int32, n)
+		for i := range tokens {
+			tokens[i] = int32((i*7919+p*104729)%150000 + 1)
+		}
+		ch := hashing.AcquireChain()
+		ch.Reset(tbl.Profile(), 16, tokens, "", "")
+		for {
+			k, _, ok := ch.Next()
+			if !ok {
+				break
+			}
+			for _, id := range owners {
 				tbl.Store(id, index.Device, k)
 			}
 		}
+		hashing.ReleaseChain(ch)
+		body, err := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "token_ids": tokens})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		bodies = append(bodies, body)
 	}
-	body, err := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "token_ids": tokens})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	opts := Options{Registry: reg, Index: ix}
-	if warm {
-		opts.Memo, opts.TokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
-	}
-	return New(opts), body
+	opts := Options{Registry: reg, Index: ix, Memo: hashing.NewMemo(memoBytes), TokenMemo: codec.NewTokenMemo(memoBytes)}
+	return New(opts), bodies
 }
 
 func itoa(i int) string { return string(appendInt(nil, i)) }
@@ -158,8 +170,10 @@ func BenchmarkQueryHandler(b *testing.B) {
 
 // BenchmarkQueryVsChain is issue 7's target shape, measured in one run: an
 // 8K-token prompt fully matched on 4 instances, through the handler cold (no
-// memo), warm (memo holding the prompt), and the bare sha256_cbor chain of
-// the same prompt that both are judged against. Bodies are packed the way
+// memos), warm (memos holding the prompt), cold-512 (see benchColdMany;
+// with memos=on the service's real cold cost, with memos=off the same walk
+// without them), and the bare sha256_cbor chain of the same prompt that all
+// are judged against. Bodies are packed the way
 // Python's msgpack packs a list of ints (smallest format per value), which
 // is what a Conductor router sends, and as Go packs []int32 (int32 format).
 func BenchmarkQueryVsChain(b *testing.B) {
@@ -181,6 +195,11 @@ func BenchmarkQueryVsChain(b *testing.B) {
 					ctx.Response.Reset()
 					s.Handle(ctx)
 				}
+			})
+		}
+		for _, memos := range []bool{false, true} {
+			b.Run("handler=cold-512/memos="+map[bool]string{false: "off", true: "on"}[memos]+"/enc="+enc, func(b *testing.B) {
+				benchColdMany(b, enc, memos)
 			})
 		}
 	}
@@ -206,6 +225,38 @@ func BenchmarkQueryVsChain(b *testing.B) {
 			hashing.ReleaseChain(ch)
 		}
 	})
+}
+
+// benchColdMany cycles 512 distinct prompts, all stored on 4 instances
+// (a table of 1 M entries, so the walk leaves the CPU caches). With memos,
+// they have the smallest budget (64 KiB a shard, about one 8K prompt), so
+// each prompt is evicted long before it comes round again: every query
+// looks up, misses and is learned, the service's real cold cost.
+func benchColdMany(b *testing.B, enc string, memos bool) {
+	const n, prompts = 8192, 512
+	memoBytes := 0
+	if memos {
+		memoBytes = 1
+	}
+	s, bodies := queryFixtureN(b, 4, 1, n, prompts, memoBytes)
+	ctxs := make([]*fasthttp.RequestCtx, prompts)
+	for i, body := range bodies {
+		if enc == "python" {
+			body = compactBody(b, body)
+		}
+		ctxs[i] = queryCtx(body)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		ctx := ctxs[i%prompts]
+		i++
+		ctx.Response.Reset()
+		s.Handle(ctx)
+	}
+	hits, _ := s.opts.Memo.Stats()
+	tokHits, _ := s.opts.TokenMemo.Stats()
+	b.ReportMetric(float64(hits+tokHits)/float64(b.N), "memo-hits/op")
 }
 
 // compactBody re-packs a /query body with every integer in its smallest
