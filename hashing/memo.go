@@ -18,8 +18,8 @@ import (
 // Entries are filed under fingerprints of everything that determines a
 // chain's first d blocks — encoding, block size, root digest, LoRA name,
 // salt and the tokens those blocks read — for d = 1, 2, 4, 8, … A query
-// computes the same fingerprints in one streaming pass over its tokens and
-// looks up the deepest first, so a conversation that shares only a system
+// computes the same fingerprints from a few tokens of each span and looks
+// up the deepest first, so a conversation that shares only a system
 // prompt with thousands of others still finds its own previous turn. A
 // candidate is then verified exactly: the header fields are compared, and
 // only blocks whose tokens lie inside the common token prefix (compared with
@@ -109,9 +109,19 @@ func readEnd(k kind, bs, i int) int {
 	return (i + 1) * bs
 }
 
+// fpWindow is how many tokens at the end of each span its fingerprint
+// reads.
+const fpWindow = 16
+
 // fingerprints fills c.fpVals with the fingerprint of the chain's first d
 // blocks for d = 1, 2, 4, … up to the query's full blocks; it leaves none
 // when the query cannot use the memo (no full first block, long names).
+//
+// The header (encoding, block size, root, names) is hashed once; each span
+// then adds only its last fpWindow tokens, chained to the fingerprint
+// before it, so the cost does not grow with the prompt. Spans that differ
+// only outside the windows share a bucket, which costs a comparison, never
+// a wrong digest: candidates are verified token by token.
 func (c *Chain) fingerprints() {
 	c.fpVals = c.fpVals[:0]
 	if len(c.lora)+len(c.salt) > MaxMemoNames || c.limit < c.bs || len(c.tokens) < readEnd(c.kind, c.bs, 0) {
@@ -127,12 +137,17 @@ func (c *Chain) fingerprints() {
 	d.WriteString(c.lora)
 	d.Write([]byte{0})
 	d.WriteString(c.salt)
+	fp := d.Sum64()
+	var buf [8 + 4*fpWindow]byte
 	fed := 0
 	for depth := 1; depth*c.bs <= c.limit; depth *= 2 {
 		end := readEnd(c.kind, c.bs, depth-1)
-		d.Write(int32Bytes(c.tokens[fed:end]))
+		from := max(fed, end-fpWindow)
+		binary.LittleEndian.PutUint64(buf[:8], fp)
+		w := copy(buf[8:], int32Bytes(c.tokens[from:end]))
+		fp = xxhash.Sum64(buf[:8+w])
 		fed = end
-		c.fpVals = append(c.fpVals, d.Sum64())
+		c.fpVals = append(c.fpVals, fp)
 	}
 }
 
