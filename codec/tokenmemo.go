@@ -114,9 +114,20 @@ func (m *TokenMemo) DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error
 	m.hits.Add(uint64(l.reused))
 	m.misses.Add(uint64(len(q.Tokens) - l.reused))
 	if len(q.Tokens)-l.reused >= memoChunk {
-		m.remember(body[l.start:l.end], q.Tokens, q.ends, q.fps[:l.fps])
+		if m.remember(body[l.start:l.end], q.buf[:len(q.Tokens)], q.ends, q.fps[:l.fps]) {
+			// The entry took the buffer (see remember): q.Tokens is
+			// now a remembered array, and the next decode gets a new one.
+			q.buf = nil
+		}
 	}
 	return nil
+}
+
+// TokensShared reports whether q.Tokens is a token memo's remembered
+// array, which is never modified and may be kept (hashing.Chain.KeepTokens)
+// for as long as anyone needs it.
+func (q *QueryRequest) TokensShared() bool {
+	return len(q.Tokens) > 0 && (len(q.buf) == 0 || &q.buf[0] != &q.Tokens[0])
 }
 
 // memoLearn describes the token array of the body being decoded, for the
@@ -193,24 +204,32 @@ func commonBytes(a, b []byte) int {
 	return lo
 }
 
-// remember files a copy of an accepted array (raw, its tokens, and the
-// offsets of its chunk ends) under the fingerprints that lie inside it.
-func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint64) {
+// remember files an accepted array (a copy of raw, its tokens, and the
+// offsets of its chunk ends) under the fingerprints that lie inside it. It
+// takes toks itself rather than a copy when toks is about as long as its
+// capacity, and reports whether it did: the caller must then never write
+// to toks again.
+func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint64) (took bool) {
 	nf := 0
 	for l := memoFirstBytes; l <= len(raw) && nf < len(fps); l *= 2 {
 		nf++
 	}
 	if nf == 0 {
-		return
+		return false
 	}
 	e := &packedEntry{
 		raw:  append([]byte(nil), raw...),
-		toks: append([]int32(nil), toks...),
 		ends: append([]uint32(nil), ends...),
 	}
+	if took = cap(toks) <= len(toks)+len(toks)/4; took {
+		e.toks = toks[:len(toks):len(toks)]
+	} else {
+		e.toks = append([]int32(nil), toks...)
+	}
 	e.Fps = append([]uint64(nil), fps[:nf]...)
-	e.Size = packedOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
+	e.Size = packedOverhead + len(e.raw) + 4*cap(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
 	m.store.Insert(e, e.extends)
+	return took
 }
 
 // extends reports whether e holds o's whole array as its own prefix, so a

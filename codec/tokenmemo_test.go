@@ -165,8 +165,8 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 }
 
 // TestTokenMemoEntriesStayIntact: a request answered with a remembered
-// array must not write into it when the same QueryRequest decodes the next
-// body.
+// array, or whose buffer the memo took, must not write into it when the
+// same QueryRequest decodes the next body.
 func TestTokenMemoEntriesStayIntact(t *testing.T) {
 	m := NewTokenMemo(8 << 20)
 	a, b := make([]int32, 1000), make([]int32, 1000)
@@ -174,12 +174,29 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 		a[i], b[i] = int32(i), int32(5000+i)
 	}
 	var q QueryRequest
-	for _, toks := range [][]int32{a, a, b, a} {
+	for _, toks := range [][]int32{a, a, b, a, b} {
 		if e := m.DecodeQuery(queryBody(toks, 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ: a remembered array was overwritten")
+		}
+		if !q.TokensShared() {
+			t.Error("a remembered array is not reported as shared")
+		}
+	}
+	// Without the memo, and for short arrays, the tokens are the
+	// request's own.
+	for _, n := range []int{1000, memoMinTokens - 1} {
+		var mm *TokenMemo
+		if n < memoMinTokens {
+			mm = m
+		}
+		if e := mm.DecodeQuery(queryBody(a[:n], 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+			t.Fatal(e)
+		}
+		if q.TokensShared() {
+			t.Errorf("%d tokens decoded into the request's buffer are reported as shared", n)
 		}
 	}
 }

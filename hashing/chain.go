@@ -60,6 +60,7 @@ type Chain struct {
 	digs       [][32]byte
 	memoHits   uint64
 	memoMisses uint64
+	keepTokens bool // tokens are never modified: the memo may keep them
 
 	tails    []byte
 	tail0    int
@@ -89,6 +90,7 @@ func ReleaseChain(c *Chain) {
 	c.endMemoQuery(true) // the caller's tokens are still intact here
 	c.tokens, c.lora, c.salt = nil, "", ""
 	c.kind, c.limit, c.pos = kindNone, 0, 0
+	c.keepTokens = false
 	c.memo = nil
 	if cap(c.buf) > maxPooledBuf {
 		c.buf = nil // the next query regrows it to the size it needs
@@ -111,6 +113,7 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	// The previous query's tokens may have been reused by the caller, so
 	// only ReleaseChain lets the memo learn a chain.
 	c.endMemoQuery(false)
+	c.keepTokens = false
 	c.tokens, c.lora, c.salt = tokens, lora, salt
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
 	c.havePr, c.tailsSet = false, false
@@ -145,6 +148,12 @@ func (c *Chain) UseMemo(m *Memo) {
 	c.endMemoQuery(false)
 	c.memo = m
 }
+
+// KeepTokens promises that the token slice given to Reset is never
+// modified again, so the memo may keep it instead of a copy when it learns
+// this query's chain (a token memo's remembered array is such a slice).
+// Call it after Reset.
+func (c *Chain) KeepTokens() { c.keepTokens = true }
 
 // Next computes the next block and returns its 64-bit index key (the
 // profile's projection of the block digest) and the number of query tokens

@@ -58,7 +58,8 @@ type prefixEntry struct {
 func (e *prefixEntry) Rec() *memostore.Record { return &e.Record }
 
 func (e *prefixEntry) size() int {
-	return entryOverhead + 4*len(e.tokens) + 32*len(e.digests) + 16*len(e.Fps) + len(e.lora) + len(e.salt)
+	// cap: a kept token array is held whole.
+	return entryOverhead + 4*cap(e.tokens) + 32*len(e.digests) + 16*len(e.Fps) + len(e.lora) + len(e.salt)
 }
 
 // NewMemo returns a memo that holds about maxBytes of chains; maxBytes <= 0
@@ -212,9 +213,13 @@ func (c *Chain) rememberPrefix() {
 	for depth := 1; depth <= m && n < len(c.fpVals); depth *= 2 {
 		n++
 	}
+	toks := c.tokens[:min(readEnd(c.kind, c.bs, m-1), len(c.tokens))]
+	if !c.keepTokens {
+		toks = append([]int32(nil), toks...)
+	}
 	e := &prefixEntry{
 		kind: c.kind, bs: c.bs, root: c.root, lora: c.lora, salt: c.salt,
-		tokens:  append([]int32(nil), c.tokens[:min(readEnd(c.kind, c.bs, m-1), len(c.tokens))]...),
+		tokens:  toks,
 		digests: append([][32]byte(nil), c.digs...),
 	}
 	e.Fps = append([]uint64(nil), c.fpVals[:n]...)

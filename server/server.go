@@ -326,6 +326,9 @@ func (s *Server) query(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError)
 	if tbl != nil {
 		ch := hashing.AcquireChain()
 		ch.Reset(tbl.Profile(), r.BlockSize, r.Tokens, r.LoraName, r.CacheSalt)
+		if r.TokensShared() {
+			ch.KeepTokens() // the prefix memo need not copy them
+		}
 		ch.UseMemo(s.opts.Memo)
 		tbl.Query(ch, r.InstanceID, &q.res)
 		hashing.ReleaseChain(ch)
