@@ -103,6 +103,7 @@ func (m *TokenMemo) Stats() (hits, misses uint64) {
 // DecodeQuery is codec.DecodeQuery consulting the memo: the result, and the
 // error for a malformed body, are the same. q.Tokens may then be a
 // remembered array, which must not be modified. A nil memo decodes in full.
+// The memo learns the body's array only through Remember.
 func (m *TokenMemo) DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
 	q.memo = m
 	e := decodeQueryBody(body, lim, q)
@@ -114,13 +115,27 @@ func (m *TokenMemo) DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error
 	m.hits.Add(uint64(l.reused))
 	m.misses.Add(uint64(len(q.Tokens) - l.reused))
 	if len(q.Tokens)-l.reused >= memoChunk {
-		if m.remember(body[l.start:l.end], q.buf[:len(q.Tokens)], q.ends, q.fps[:l.fps]) {
-			// The entry took the buffer (see remember): q.Tokens is
-			// now a remembered array, and the next decode gets a new one.
-			q.buf = nil
-		}
+		q.packed = body[l.start:l.end]
 	}
 	return nil
+}
+
+// Remember lets the memo learn the token array q was just decoded from,
+// if it holds enough tokens the memo did not have. The server calls it
+// once it knows the query has a context to be answered from, so that
+// queries for nothing (a model not registered, or no longer) do not fill
+// the memo. The body q was decoded from must still be intact.
+func (m *TokenMemo) Remember(q *QueryRequest) {
+	packed := q.packed
+	q.packed = nil
+	if m == nil || packed == nil {
+		return
+	}
+	if m.remember(packed, q.buf[:len(q.Tokens)], q.ends, q.fps[:q.learn.fps]) {
+		// The entry took the buffer (see remember): q.Tokens is now a
+		// remembered array, and the next decode gets a new one.
+		q.buf = nil
+	}
 }
 
 // TokensShared reports whether q.Tokens is a token memo's remembered

@@ -111,7 +111,9 @@ func TestTokenMemoMatchesPlainDecode(t *testing.T) {
 			body = body[:rapid.IntRange(0, len(body)).Draw(rt, "cutAt")]
 		}
 		e := DecodeQuery(body, DefaultLimits(), &q)
-		checkSameQuery(rt, e, &q, m.DecodeQuery(body, DefaultLimits(), &mq), &mq)
+		me := m.DecodeQuery(body, DefaultLimits(), &mq)
+		checkSameQuery(rt, e, &q, me, &mq)
+		m.Remember(&mq)
 	})
 	if hits, _ := m.Stats(); hits == 0 {
 		t.Error("the memo was never used")
@@ -137,6 +139,7 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 		if e := m.DecodeQuery(queryBody(toks, 1, formats), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
+		m.Remember(&q)
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ")
 		}
@@ -178,6 +181,7 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 		if e := m.DecodeQuery(queryBody(toks, 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
+		m.Remember(&q)
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ: a remembered array was overwritten")
 		}
@@ -208,10 +212,12 @@ func TestTokenMemoHitAllocations(t *testing.T) {
 	if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
 		t.Fatal(e)
 	}
+	m.Remember(&q)
 	allocs := testing.AllocsPerRun(100, func() {
 		if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
+		m.Remember(&q)
 	})
 	if allocs != 0 {
 		t.Errorf("a remembered body allocates %.1f times per request, want 0", allocs)
@@ -234,6 +240,7 @@ func TestTokenMemoBudget(t *testing.T) {
 		if e := m.DecodeQuery(queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
+		m.Remember(&q)
 	}
 	if got, limit := m.Bytes(), 64*(64<<10+packedOverhead+9*1000+8*16); got > limit || got == 0 {
 		t.Errorf("memo holds %d bytes, limit %d", got, limit)
@@ -254,6 +261,7 @@ func BenchmarkDecodeQuery8KMemo(b *testing.B) {
 				if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
 					b.Fatal(e)
 				}
+				m.Remember(&q)
 			}
 		})
 	}
@@ -274,6 +282,7 @@ func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
 		if e := m.DecodeQuery(queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &mq); e != nil {
 			t.Fatal(e)
 		}
+		m.Remember(&mq)
 		// {"token_ids": [toks[:n]] toks[n:present], "model": …,
 		// "block_size": …}: stray integers stand where a key belongs. Read
 		// past them, the rest of the body would be a valid request.
@@ -313,6 +322,7 @@ func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
 				if e := m.DecodeQuery(bodies[i%prompts], DefaultLimits(), &q); e != nil {
 					b.Fatal(e)
 				}
+				m.Remember(&q)
 				i++
 			}
 			hits, _ := m.Stats()

@@ -274,3 +274,32 @@ func compactBody(tb testing.TB, body []byte) []byte {
 	}
 	return buf.Bytes()
 }
+
+// TestTokenMemoLearnsOnlyAnsweredQueries: a query for a model with no
+// context is decoded through the token memo but not remembered, so traffic
+// after the last unregistration cannot refill a memo that was just emptied;
+// a query with a context is remembered, and its repeat copies every token.
+func TestTokenMemoLearnsOnlyAnsweredQueries(t *testing.T) {
+	s, body := queryFixture(t, 2, 1, 1024, true)
+	var m map[string]any
+	if err := msgpack.Unmarshal(body, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["model"] = "unregistered"
+	other, err := msgpack.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		s.Handle(queryCtx(other))
+	}
+	if b := s.opts.TokenMemo.Bytes(); b != 0 {
+		t.Errorf("queries without a context left %d bytes in the token memo", b)
+	}
+	for range 2 {
+		s.Handle(queryCtx(body))
+	}
+	if hits, _ := s.opts.TokenMemo.Stats(); s.opts.TokenMemo.Bytes() == 0 || hits != 1024 {
+		t.Errorf("answered queries: %d bytes remembered, %d tokens copied", s.opts.TokenMemo.Bytes(), hits)
+	}
+}

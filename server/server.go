@@ -324,6 +324,7 @@ func (s *Server) query(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError)
 	q.res.Instances = q.res.Instances[:0]
 	tbl := s.opts.Index.Table(index.ContextKey{Tenant: r.TenantID, Model: r.Model, Lora: r.LoraName, BlockSize: r.BlockSize})
 	if tbl != nil {
+		s.opts.TokenMemo.Remember(r)
 		ch := hashing.AcquireChain()
 		ch.Reset(tbl.Profile(), r.BlockSize, r.Tokens, r.LoraName, r.CacheSalt)
 		if r.TokensShared() {

@@ -224,7 +224,7 @@ func main() {
 func (o *options) serverOptions() serverOptions {
 	so := serverOptions{token: o.authToken, logLevel: o.serverLog, race: o.serverRace, args: o.serverArgs}
 	if o.soak.duration > 0 && o.soak.memoMiB >= 0 {
-		so.args = append(slices.Clone(so.args), fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB))
+		so.args = append(slices.Clone(so.args), fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB), fmt.Sprintf("--token-memo-mib=%d", o.soak.memoMiB))
 	}
 	return so
 }
