@@ -379,9 +379,9 @@ type QueryRequest struct {
 	BlockSize  int
 	Tokens     []int32
 
-	buf   []int32  // the token buffer this request owns
-	ends  []uint32 // chunk ends of the array, for the token memo
-	fps   []uint64 // fingerprints of the array, for the token memo
+	buf    []int32  // the token buffer this request owns
+	ends   []uint32 // chunk ends of the array, for the token memo
+	fps    []uint64 // fingerprints of the array, for the token memo
 	memo   *TokenMemo
 	learn  memoLearn
 	packed []byte // the array's bytes in the body, for TokenMemo.Remember

@@ -51,7 +51,7 @@ const (
 	memoFirstBytes = 256
 	// memoWindow is how many bytes at the end of each span its fingerprint
 	// reads.
-	memoWindow = 64
+	memoWindow     = 64
 	packedOverhead = 160
 )
 
