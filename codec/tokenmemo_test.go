@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -328,5 +330,45 @@ func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
 			hits, _ := m.Stats()
 			b.ReportMetric(float64(hits)/float64(b.N), "hit-tokens/op")
 		})
+	}
+}
+
+// TestTokenMemoConcurrent shares one memo between goroutines under -race,
+// one of them resetting it now and then: every decode stays exact while
+// others copy from, learn into and give buffers to the same entries.
+func TestTokenMemoConcurrent(t *testing.T) {
+	m := NewTokenMemo(1)
+	prompts := make([][]int32, 4)
+	for p := range prompts {
+		prompts[p] = make([]int32, 1500)
+		for i := range prompts[p] {
+			prompts[p][i] = int32((i*7919 + p*104729) % 150000)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			var q QueryRequest
+			r := rand.New(rand.NewPCG(uint64(g), 3))
+			for i := range 300 {
+				if g == 0 && i%50 == 0 {
+					m.Reset()
+				}
+				toks := prompts[r.IntN(len(prompts))][:256+r.IntN(1244)]
+				if e := m.DecodeQuery(queryBody(toks, r.IntN(3), func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+					t.Error(e)
+					return
+				}
+				m.Remember(&q)
+				if !slices.Equal(q.Tokens, toks) {
+					t.Error("tokens differ under concurrent use")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if hits, _ := m.Stats(); hits == 0 {
+		t.Error("the memo was never used")
 	}
 }
