@@ -55,6 +55,12 @@ type shard[E Entry] struct {
 type Store[E Entry] struct {
 	shards [shards]shard[E]
 	budget int // bytes per shard
+	// resetMu keeps Reset and Insert apart (inserts share it). An insert
+	// files an entry shard by shard and only then orders it for the
+	// budget; a Reset sweeping the shards in between would mark it dead
+	// through the order yet leave it filed where it had already passed,
+	// outside any budget.
+	resetMu sync.RWMutex
 }
 
 // New returns a store holding about maxBytes of entries (at least 64 KiB
@@ -89,6 +95,8 @@ func (s *Store[E]) Insert(e E, extends func(old E) bool) {
 	if len(fps) == 0 {
 		return
 	}
+	s.resetMu.RLock()
+	defer s.resetMu.RUnlock()
 	var retired []E
 	for _, fp := range fps {
 		sh := &s.shards[fp%shards]
@@ -108,6 +116,16 @@ func (s *Store[E]) Insert(e E, extends func(old E) bool) {
 		}
 		sh.buckets[fp] = kept
 		sh.mu.Unlock()
+	}
+	if e.Rec().Dead() {
+		// Superseded by a concurrent insert while it was being filed:
+		// that insert's retire may have swept the buckets before e
+		// reached them all, so e leaves them itself.
+		s.unfile(e)
+		for _, o := range retired {
+			s.retire(o)
+		}
+		return
 	}
 	// The budget is kept by the shard of the deepest fingerprint: the
 	// shallow ones are shared by every prompt with the same opening, and
@@ -138,11 +156,14 @@ func (s *Store[E]) Insert(e E, extends func(old E) bool) {
 // bytes leave the budget when that order reaches it). It must be called
 // with no shard lock held.
 func (s *Store[E]) retire(o E) {
-	r := o.Rec()
-	if r.dead.Swap(true) {
-		return
+	if !o.Rec().dead.Swap(true) {
+		s.unfile(o)
 	}
-	for _, fp := range r.Fps {
+}
+
+// unfile removes o from every bucket it is filed under.
+func (s *Store[E]) unfile(o E) {
+	for _, fp := range o.Rec().Fps {
 		sh := &s.shards[fp%shards]
 		sh.mu.Lock()
 		b := sh.buckets[fp]
@@ -164,6 +185,8 @@ func (s *Store[E]) retire(o E) {
 // Reset forgets every entry, so memory returns to its idle size. Lookups
 // running meanwhile are unaffected: an entry they hold stays valid.
 func (s *Store[E]) Reset() {
+	s.resetMu.Lock()
+	defer s.resetMu.Unlock()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
