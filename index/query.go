@@ -255,12 +255,18 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 		s.mu.RUnlock()
 		from = to
 	}
+	// A block held exactly like the one before it cuts nobody: the alive
+	// sets are already within its holder sets. The blocks of a cached
+	// prompt mostly are, so the cut runs only where the holders change.
+	prev := [4]uint64{3: ^uint64(0)} // equal to no block's, found (readyFound) or not (zero)
 	for i := range n {
-		h := r.held[i]
-		if h[3]&readyFound == 0 {
-			return total, false
+		if h := r.held[i]; h != prev {
+			if h[3]&readyFound == 0 {
+				return total, false
+			}
+			sc.cutSmall(alive, h[0], h[1], h[2], uint8(h[3]), total)
+			prev = h
 		}
-		sc.cutSmall(alive, h[0], h[1], h[2], uint8(h[3]), total)
 		total += r.covs[i]
 		if alive[Disk] == 0 {
 			return total, false

@@ -197,6 +197,19 @@ func BenchmarkQueryVsChain(b *testing.B) {
 				}
 			})
 		}
+		// The stretch goal's shape: a warm 32K-token prompt.
+		b.Run("handler=warm-32k/enc="+enc, func(b *testing.B) {
+			s, body := queryFixture(b, 4, 1, 4*n, true)
+			if enc == "python" {
+				body = compactBody(b, body)
+			}
+			ctx := queryCtx(body)
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Response.Reset()
+				s.Handle(ctx)
+			}
+		})
 		for _, memos := range []bool{false, true} {
 			b.Run("handler=cold-512/memos="+map[bool]string{false: "off", true: "on"}[memos]+"/enc="+enc, func(b *testing.B) {
 				benchColdMany(b, enc, memos)
