@@ -21,19 +21,21 @@ import (
 // of dependent loads, about 4 ns per id here; it is a third of a warm 8K
 // query. Comparing and copying the same bytes runs at memory speed.
 //
-// Entries are filed under fingerprints of the array's first 256, 512, 1024,
-// … packed bytes, which a query computes from a few bytes of its body
-// without decoding anything; the deepest is looked up first. A candidate is then
-// verified with memcmp: only tokens whose bytes lie inside the common byte
-// prefix are reused, at a granularity of memoChunk tokens (or the whole
-// remembered array). MessagePack values delimit themselves, so equal bytes
+// Entries are filed under fingerprints of the array's first 256, 512,
+// 1024, … packed bytes, which a query computes from a few bytes of its
+// body without decoding anything; the deepest is looked up first. A
+// candidate is then verified with memcmp: only tokens whose bytes lie
+// inside the common byte prefix are reused, at a granularity of memoChunk
+// tokens (or the whole remembered array). MessagePack values delimit themselves, so equal bytes
 // are equal tokens: a reused prefix is exactly what decoding would give,
 // and it was validated when it was first decoded. The rest of the array is
 // decoded and checked as usual, so a body that is malformed anywhere is
 // rejected with the same error as without the memo.
 //
 // Memory is bounded by a byte budget with oldest-first eviction; entries
-// hold only pointer-free slices. Safe for concurrent use.
+// hold only pointer-free slices, and an entry's token array may also be
+// kept by the prefix memo (see QueryRequest.TokensShared), so the two
+// budgets count it twice. Safe for concurrent use.
 type TokenMemo struct {
 	store  *memostore.Store[*packedEntry]
 	hits   atomic.Uint64
