@@ -690,7 +690,8 @@ var tokenFormatWord = func() (t [256]uint32) {
 // and the number of ids decoded, stopping at the first element the common
 // formats do not cover.
 func decodeGroup(b []byte, p int, d []int32) (int, int) {
-	_ = b[p+groupReach-1] // the promise above; every read is below it
+	_ = b[p+groupReach-1]   // the promise above; every read is below it
+	d = d[:min(len(d), 16)] // and no read goes past 16 elements
 	base := unsafe.Pointer(unsafe.SliceData(b))
 	for j := range d {
 		t := *(*byte)(unsafe.Add(base, p))
