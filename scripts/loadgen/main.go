@@ -232,6 +232,7 @@ func (o *options) serverOptions() serverOptions {
 // session holds what must be released at exit, whatever phase failed.
 type session struct {
 	o          *options
+	zctx       *zmq.Context // the run's own, so that runs in one process (tests) do not share one
 	api        *api
 	server     *spawned
 	pubs       []*publisher
@@ -256,12 +257,14 @@ func (s *session) close() error {
 	}
 	// With every socket closed (linger 0) terminating the ZMQ context is
 	// immediate; the timeout only guards against a socket we missed.
-	termed := make(chan struct{})
-	go func() { _ = zmq.Term(); close(termed) }()
-	select {
-	case <-termed:
-	case <-time.After(2 * time.Second):
-		fmt.Fprintln(os.Stderr, "loadgen: ZMQ context did not terminate; a socket was left open")
+	if s.zctx != nil {
+		termed := make(chan struct{})
+		go func() { _ = s.zctx.Term(); close(termed) }()
+		select {
+		case <-termed:
+		case <-time.After(2 * time.Second):
+			fmt.Fprintln(os.Stderr, "loadgen: ZMQ context did not terminate; a socket was left open")
+		}
 	}
 	if s.server != nil {
 		return s.server.cleanup()
@@ -374,9 +377,12 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	}
 	ids := make([]string, cfg.Publishers)
 	s.registered = make([]bool, cfg.Publishers)
+	if s.zctx, err = zmq.NewContext(); err != nil {
+		return rep, fmt.Errorf("ZMQ context: %w", err)
+	}
 	for i := range cfg.Publishers {
 		ids[i] = fmt.Sprintf("%s-e%d", o.model, i)
-		p, err := newPublisher(i, ids[i])
+		p, err := newPublisher(s.zctx, i, ids[i])
 		if err != nil {
 			return rep, fmt.Errorf("publisher %d: %w", i, err)
 		}

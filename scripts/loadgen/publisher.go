@@ -157,8 +157,8 @@ type publisher struct {
 // reached, which the server would see as a sequence gap and, without a
 // replay endpoint, mark the source stale. Our corpus is bounded, so the
 // queue is too.
-func newPublisher(idx int, instance string) (*publisher, error) {
-	s, err := zmq.NewSocket(zmq.PUB)
+func newPublisher(zctx *zmq.Context, idx int, instance string) (*publisher, error) {
+	s, err := zctx.NewSocket(zmq.PUB)
 	if err != nil {
 		return nil, err
 	}
