@@ -29,6 +29,7 @@ import (
 //	{"$bin_int32": [1, -2]}      a bin of little-endian int32 values
 //	{"$range": [start, count]}   an array of the integers start..start+count-1
 //	{"$float": 1.5}              a float64 (JSON numbers are integers)
+//	{"$concat": [a, b, …]}       the elements of arrays a, b, … in one array
 //
 // "body_hex" sends raw bytes instead, and "store" steps put blocks straight
 // into the index (keys computed by the hashing package from tokens), so query
@@ -185,6 +186,20 @@ func fromJSON(v any) (any, error) {
 						b = append(b, byte(n), byte(n>>8), byte(n>>16), byte(n>>24))
 					}
 					return b, nil
+				case "$concat":
+					var out []any
+					for _, part := range e.([]any) {
+						v, err := fromJSON(part)
+						if err != nil {
+							return nil, err
+						}
+						a, ok := v.([]any)
+						if !ok {
+							return nil, fmt.Errorf("$concat of a non-array %T", v)
+						}
+						out = append(out, a...)
+					}
+					return out, nil
 				case "$range":
 					a := e.([]any)
 					start, _ := a[0].(json.Number).Int64()
