@@ -32,10 +32,10 @@ import (
 // decoded and checked as usual, so a body that is malformed anywhere is
 // rejected with the same error as without the memo.
 //
-// Memory is bounded by a byte budget with oldest-first eviction; entries
-// hold only pointer-free slices, and an entry's token array may also be
-// kept by the prefix memo (see QueryRequest.TokensShared), so the two
-// budgets count it twice. Safe for concurrent use.
+// Memory is bounded by a byte budget with roughly oldest-first eviction;
+// entries hold only pointer-free slices, and an entry's token array may
+// also be kept by the prefix memo (see QueryRequest.TokensShared), so the
+// two budgets count it twice. Safe for concurrent use.
 type TokenMemo struct {
 	store  *memostore.Store[*packedEntry]
 	hits   atomic.Uint64

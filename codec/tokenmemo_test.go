@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"pgregory.net/rapid"
+
+	"github.com/mooncake-conductor-go/conductor/memostore"
 )
 
 // checkSameQuery asserts that two decodes of one body agree: the same error,
@@ -230,7 +232,8 @@ func TestTokenMemoHitAllocations(t *testing.T) {
 }
 
 // TestTokenMemoBudget: many distinct prompts keep the memo within its
-// budget (64 KiB per shard at least, plus one crossing entry each).
+// budget (memostore.MinBytes at least) plus the entry being inserted; a
+// prompt far longer than a 64th of the budget is still remembered.
 func TestTokenMemoBudget(t *testing.T) {
 	m := NewTokenMemo(1)
 	var q QueryRequest
@@ -244,8 +247,22 @@ func TestTokenMemoBudget(t *testing.T) {
 		}
 		m.Remember(&q)
 	}
-	if got, limit := m.Bytes(), 64*(64<<10+packedOverhead+9*1000+8*16); got > limit || got == 0 {
+	if got, limit := m.Bytes(), memostore.MinBytes+packedOverhead+9*1000+8*16; got > limit || got == 0 {
 		t.Errorf("memo holds %d bytes, limit %d", got, limit)
+	}
+	long := make([]int32, 200_000) // about 1.6 MB remembered
+	for i := range long {
+		long[i] = int32(i * 7919 % 150000)
+	}
+	body := queryBody(long, 0, func(int) int { return 0 })
+	for range 2 {
+		if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+			t.Fatal(e)
+		}
+		m.Remember(&q)
+	}
+	if hits, _ := m.Stats(); hits < uint64(len(long)) {
+		t.Errorf("a 200K-token prompt was not remembered (%d tokens copied in all)", hits)
 	}
 }
 

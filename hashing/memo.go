@@ -28,7 +28,7 @@ import (
 // hashing on SHA-NI hardware, because it paid two random memory reads per
 // block, while this pays one lookup and one sequential comparison per query.
 //
-// Memory is bounded by a byte budget per shard with oldest-first eviction;
+// Memory is bounded by a byte budget with roughly oldest-first eviction;
 // entries hold only pointer-free slices, so the garbage collector never
 // scans their contents. Safe for concurrent use.
 type Memo struct {

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/mooncake-conductor-go/conductor/memostore"
 )
 
 type keyCov struct {
@@ -190,14 +192,22 @@ func TestMemoBudget(t *testing.T) {
 		last = toks
 	}
 	// The store checks its own shards (memostore); here, the whole memo
-	// stays within its budget plus one crossing entry per shard.
-	if got, limit := m.Bytes(), 64*(64<<10+entryOverhead+4*128+32*8+16*4); got > limit {
+	// stays within its budget plus the entry being inserted.
+	if got, limit := m.Bytes(), memostore.MinBytes+entryOverhead+4*128+32*8+16*4; got > limit {
 		t.Errorf("memo holds %d bytes, limit %d", got, limit)
 	}
 	before, _ := m.Stats()
 	keysOf(&p, 16, last, "", "", m)
 	if after, _ := m.Stats(); after-before != 8 {
 		t.Errorf("newest chain: %d of 8 blocks reused", after-before)
+	}
+	// A prompt far longer than a 64th of the budget is remembered too.
+	long := seq(7, 100_000)
+	keysOf(&p, 16, long, "", "", m)
+	h0, _ := m.Stats()
+	keysOf(&p, 16, long, "", "", m)
+	if h1, _ := m.Stats(); h1-h0 != uint64(len(long)/16) {
+		t.Errorf("a 100K-token prompt: %d of %d blocks reused", h1-h0, len(long)/16)
 	}
 }
 

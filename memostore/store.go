@@ -1,6 +1,6 @@
 // Package memostore keeps the entries of a query memo: immutable records of
 // recent queries, each filed under fingerprints of its first 1, 2, 4, …
-// units, held within a byte budget and evicted oldest first.
+// units, held within a byte budget and evicted roughly oldest first.
 //
 // Two memos use it: the token memo (codec), which remembers decoded token
 // arrays by their packed bytes, and the prefix memo (hashing), which
@@ -46,15 +46,23 @@ type Entry interface {
 type shard[E Entry] struct {
 	mu      sync.RWMutex
 	buckets map[uint64][]E
-	order   []E // entries whose budget this shard keeps, oldest first
+	order   []E // entries this shard accounts for, oldest first
 	bytes   int
 }
 
 // Store is a bounded set of entries; the zero Store is not usable, see New.
 // Safe for concurrent use.
+//
+// The budget is the store's, not a shard's: a long prompt's entry (a
+// 128K-token array is over a megabyte) may be larger than a 64th of it,
+// and would never be kept under per-shard budgets. Each entry is accounted
+// in one shard; an insert that takes the store over budget evicts the
+// oldest entries of its own shard first, then of the others in turn.
 type Store[E Entry] struct {
 	shards [shards]shard[E]
-	budget int // bytes per shard
+	budget int64         // bytes in all
+	bytes  atomic.Int64  // accounted in all shards
+	next   atomic.Uint32 // the shard the next eviction sweep starts after its own
 	// resetMu keeps Reset and Insert apart (inserts share it). An insert
 	// files an entry shard by shard and only then orders it for the
 	// budget; a Reset sweeping the shards in between would mark it dead
@@ -63,10 +71,13 @@ type Store[E Entry] struct {
 	resetMu sync.RWMutex
 }
 
-// New returns a store holding about maxBytes of entries (at least 64 KiB
-// per shard, so that one long prompt always fits).
+// MinBytes is the smallest budget New grants.
+const MinBytes = 4 << 20
+
+// New returns a store holding about maxBytes of entries (at least
+// MinBytes): at most that plus the entry being inserted.
 func New[E Entry](maxBytes int) *Store[E] {
-	s := &Store[E]{budget: max(maxBytes/shards, 64<<10)}
+	s := &Store[E]{budget: int64(max(maxBytes, MinBytes))}
 	for i := range s.shards {
 		s.shards[i].buckets = make(map[uint64][]E)
 	}
@@ -92,8 +103,8 @@ func (s *Store[E]) Lookup(fp uint64, f func(E) bool) {
 // never nested, and extends runs under one of them.
 func (s *Store[E]) Insert(e E, extends func(old E) bool) {
 	fps := e.Rec().Fps
-	if len(fps) == 0 {
-		return
+	if len(fps) == 0 || int64(e.Rec().Size) > s.budget {
+		return // nothing to file it under, or it could never be kept
 	}
 	s.resetMu.RLock()
 	defer s.resetMu.RUnlock()
@@ -127,28 +138,52 @@ func (s *Store[E]) Insert(e E, extends func(old E) bool) {
 		}
 		return
 	}
-	// The budget is kept by the shard of the deepest fingerprint: the
+	// The entry is accounted in the shard of its deepest fingerprint: the
 	// shallow ones are shared by every prompt with the same opening, and
 	// would pile a whole fleet's entries into one shard.
-	sh := &s.shards[fps[len(fps)-1]%shards]
+	home := int(fps[len(fps)-1] % shards)
+	sh := &s.shards[home]
 	sh.mu.Lock()
 	sh.order = append(sh.order, e)
 	sh.bytes += e.Rec().Size
+	s.bytes.Add(int64(e.Rec().Size))
+	retired = sh.evict(retired, s, false, e)
+	sh.mu.Unlock()
+	// Over budget: the oldest entries go, this shard's first, then the
+	// other shards' in turn (one lock at a time); e itself stays.
+	for i := 0; i < shards && s.bytes.Load() > s.budget; i++ {
+		sh := &s.shards[home]
+		if i > 0 {
+			sh = &s.shards[(home+int(s.next.Add(1)))%shards]
+		}
+		sh.mu.Lock()
+		retired = sh.evict(retired, s, true, e)
+		sh.mu.Unlock()
+	}
+	for _, o := range retired {
+		s.retire(o)
+	}
+}
+
+// evict pops the shard's dead entries at the head of its order and, when
+// overBudget, its oldest live ones while the store is over budget, stopping
+// at keep (the entry being inserted); the popped entries are appended to
+// retired. It must be called with the shard's lock held.
+func (sh *shard[E]) evict(retired []E, s *Store[E], overBudget bool, keep E) []E {
 	var zero E
-	for len(sh.order) > 0 && (sh.bytes > s.budget || sh.order[0].Rec().Dead()) {
+	for len(sh.order) > 0 && sh.order[0] != keep &&
+		(sh.order[0].Rec().Dead() || overBudget && s.bytes.Load() > s.budget) {
 		o := sh.order[0]
 		sh.order[0] = zero
 		sh.order = sh.order[1:]
 		sh.bytes -= o.Rec().Size
+		s.bytes.Add(-int64(o.Rec().Size))
 		retired = append(retired, o)
 	}
 	if cap(sh.order) > 2*len(sh.order)+64 {
 		sh.order = append([]E(nil), sh.order...)
 	}
-	sh.mu.Unlock()
-	for _, o := range retired {
-		s.retire(o)
-	}
+	return retired
 }
 
 // retire marks o dead and removes it from every bucket it is filed under,
@@ -194,6 +229,7 @@ func (s *Store[E]) Reset() {
 			e.Rec().dead.Store(true)
 		}
 		sh.buckets = make(map[uint64][]E)
+		s.bytes.Add(-int64(sh.bytes))
 		sh.order, sh.bytes = nil, 0
 		sh.mu.Unlock()
 	}
@@ -202,12 +238,5 @@ func (s *Store[E]) Reset() {
 // Bytes returns the memory the entries account for: it grows to the budget
 // under varied traffic and drops to zero after Reset.
 func (s *Store[E]) Bytes() int {
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.RLock()
-		n += sh.bytes
-		sh.mu.RUnlock()
-	}
-	return n
+	return int(s.bytes.Load())
 }

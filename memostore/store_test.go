@@ -31,12 +31,14 @@ func filed(s *Store[*entry], fp uint64) []string {
 	return out
 }
 
-// check asserts the store's invariants: every shard within its budget plus
-// one crossing entry, no dead entry filed, every filed entry in some
-// shard's eviction order, and byte counts that match that order.
+// check asserts the store's invariants: within its budget plus one
+// crossing entry, shard byte counts that match their orders and add up to
+// the store's, no dead entry filed, and every filed entry in some shard's
+// eviction order.
 func check(t *testing.T, s *Store[*entry], maxEntry int) {
 	t.Helper()
 	ordered := map[*entry]bool{}
+	total := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sum := 0
@@ -47,9 +49,13 @@ func check(t *testing.T, s *Store[*entry], maxEntry int) {
 		if sum != sh.bytes {
 			t.Errorf("shard %d counts %d bytes, its entries hold %d", i, sh.bytes, sum)
 		}
-		if sh.bytes > s.budget+maxEntry {
-			t.Errorf("shard %d holds %d bytes, budget %d", i, sh.bytes, s.budget)
-		}
+		total += sh.bytes
+	}
+	if int64(total) != s.bytes.Load() {
+		t.Errorf("shards hold %d bytes, the store counts %d", total, s.bytes.Load())
+	}
+	if int64(total) > s.budget+int64(maxEntry) {
+		t.Errorf("store holds %d bytes, budget %d", total, s.budget)
 	}
 	for i := range s.shards {
 		for fp, b := range s.shards[i].buckets {
@@ -69,8 +75,8 @@ func check(t *testing.T, s *Store[*entry], maxEntry int) {
 }
 
 func TestBudgetEvictsOldestFirst(t *testing.T) {
-	s := New[*entry](0) // 64 KiB per shard
-	const size = 10 << 10
+	s := New[*entry](0) // MinBytes
+	const size = 100 << 10
 	var all []*entry
 	for i := range 200 {
 		e := newEntry(fmt.Sprint(i), 0, size, uint64(i)*shards+3) // all in shard 3
@@ -78,15 +84,48 @@ func TestBudgetEvictsOldestFirst(t *testing.T) {
 		s.Insert(e, e.extends)
 	}
 	check(t, s, size)
-	// 64 KiB holds six 10 KiB entries, the newest ones.
+	// 4 MiB holds forty 100 KiB entries, the newest ones.
+	keep := MinBytes / size
 	for i, e := range all {
-		if live := !e.Dead(); live != (i >= 194) {
+		if live := !e.Dead(); live != (i >= 200-keep) {
 			t.Errorf("entry %d live=%v", i, live)
 		}
 	}
-	if got := s.Bytes(); got != 6*size {
-		t.Errorf("Bytes() = %d, want %d", got, 6*size)
+	if got := s.Bytes(); got != keep*size {
+		t.Errorf("Bytes() = %d, want %d", got, keep*size)
 	}
+}
+
+// TestBudgetIsTheStores: entries larger than a 64th of the budget (a long
+// prompt's) are kept, the oldest elsewhere making room; one larger than
+// the whole budget is not filed at all.
+func TestBudgetIsTheStores(t *testing.T) {
+	s := New[*entry](MinBytes)
+	var all []*entry
+	for i := range 20 {
+		e := newEntry(fmt.Sprint(i), 0, 1<<20, uint64(i)) // 1 MiB each, shards 0..19
+		all = append(all, e)
+		s.Insert(e, e.extends)
+		if e.Dead() {
+			t.Fatalf("entry %d was evicted by its own insert", i)
+		}
+	}
+	check(t, s, 1<<20)
+	live := 0
+	for _, e := range all {
+		if !e.Dead() {
+			live++
+		}
+	}
+	if live != 4 || all[19].Dead() {
+		t.Errorf("%d of 20 one-MiB entries live (want 4, the newest among them)", live)
+	}
+	huge := newEntry("huge", 0, MinBytes+1, 77)
+	s.Insert(huge, huge.extends)
+	if got := filed(s, 77); len(got) != 0 {
+		t.Errorf("an entry over the whole budget was filed: %v", got)
+	}
+	check(t, s, 1<<20)
 }
 
 func TestSupersededEntriesAreRetired(t *testing.T) {
@@ -139,6 +178,7 @@ func TestResetForgetsEverything(t *testing.T) {
 
 func TestConcurrentUse(t *testing.T) {
 	s := New[*entry](0)
+	const size = 100 << 10 // forty fit
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
@@ -147,7 +187,7 @@ func TestConcurrentUse(t *testing.T) {
 				case g == 0 && i%500 == 0:
 					s.Reset()
 				case i%2 == 0:
-					e := newEntry(fmt.Sprint(i%50), i, 3000, uint64(i%50), uint64(i))
+					e := newEntry(fmt.Sprint(i%50), i, size, uint64(i%50), uint64(i))
 					s.Insert(e, e.extends)
 				default:
 					filed(s, uint64(i%50))
@@ -156,5 +196,5 @@ func TestConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	check(t, s, 3000)
+	check(t, s, 4*size) // each goroutine may be over by its entry at once
 }
