@@ -184,32 +184,10 @@ func BenchmarkQueryVsChain(b *testing.B) {
 			if warm {
 				name = "handler=warm/enc=" + enc
 			}
-			b.Run(name, func(b *testing.B) {
-				s, body := queryFixture(b, 4, 1, n, warm)
-				if enc == "python" {
-					body = compactBody(b, body)
-				}
-				ctx := queryCtx(body)
-				b.ReportAllocs()
-				for b.Loop() {
-					ctx.Response.Reset()
-					s.Handle(ctx)
-				}
-			})
+			b.Run(name, func(b *testing.B) { benchRepeated(b, n, enc, warm) })
 		}
 		// The stretch goal's shape: a warm 32K-token prompt.
-		b.Run("handler=warm-32k/enc="+enc, func(b *testing.B) {
-			s, body := queryFixture(b, 4, 1, 4*n, true)
-			if enc == "python" {
-				body = compactBody(b, body)
-			}
-			ctx := queryCtx(body)
-			b.ReportAllocs()
-			for b.Loop() {
-				ctx.Response.Reset()
-				s.Handle(ctx)
-			}
-		})
+		b.Run("handler=warm-32k/enc="+enc, func(b *testing.B) { benchRepeated(b, 4*n, enc, true) })
 		for _, memos := range []bool{false, true} {
 			b.Run("handler=cold-512/memos="+map[bool]string{false: "off", true: "on"}[memos]+"/enc="+enc, func(b *testing.B) {
 				benchColdMany(b, enc, memos)
@@ -238,6 +216,21 @@ func BenchmarkQueryVsChain(b *testing.B) {
 			hashing.ReleaseChain(ch)
 		}
 	})
+}
+
+// benchRepeated sends the same fully matched n-token prompt, packed as enc
+// says, to 4 instances again and again, with the memos when warm.
+func benchRepeated(b *testing.B, n int, enc string, warm bool) {
+	s, body := queryFixture(b, 4, 1, n, warm)
+	if enc == "python" {
+		body = compactBody(b, body)
+	}
+	ctx := queryCtx(body)
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Response.Reset()
+		s.Handle(ctx)
+	}
 }
 
 // benchColdMany cycles 512 distinct prompts, all stored on 4 instances
