@@ -255,21 +255,27 @@ func (s *session) close() error {
 	for _, p := range s.pubs {
 		p.close()
 	}
-	// With every socket closed (linger 0) terminating the ZMQ context is
-	// immediate; the timeout only guards against a socket we missed.
-	if s.zctx != nil {
-		termed := make(chan struct{})
-		go func() { _ = s.zctx.Term(); close(termed) }()
-		select {
-		case <-termed:
-		case <-time.After(2 * time.Second):
-			fmt.Fprintln(os.Stderr, "loadgen: ZMQ context did not terminate; a socket was left open")
-		}
-	}
+	termContext(s.zctx, "")
 	if s.server != nil {
 		return s.server.cleanup()
 	}
 	return nil
+}
+
+// termContext terminates a run's ZMQ context (nil: none). With every
+// socket closed (linger 0) that is immediate; the timeout only guards
+// against a socket we missed, which it reports (what names the run).
+func termContext(zctx *zmq.Context, what string) {
+	if zctx == nil {
+		return
+	}
+	termed := make(chan struct{})
+	go func() { _ = zctx.Term(); close(termed) }()
+	select {
+	case <-termed:
+	case <-time.After(2 * time.Second):
+		fmt.Fprintf(os.Stderr, "loadgen: %sZMQ context did not terminate; a socket was left open\n", what)
+	}
 }
 
 // logf writes a progress note on stderr.

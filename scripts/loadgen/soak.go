@@ -1185,15 +1185,7 @@ func (r *soakRun) close(server *spawned) error {
 			p.chain = nil
 		}
 	}
-	if r.zctx != nil {
-		termed := make(chan struct{})
-		go func() { _ = r.zctx.Term(); close(termed) }()
-		select {
-		case <-termed:
-		case <-time.After(2 * time.Second):
-			fmt.Fprintln(os.Stderr, "loadgen: soak ZMQ context did not terminate; a socket was left open")
-		}
-	}
+	termContext(r.zctx, "soak ")
 	if r.ipcDir != "" {
 		os.RemoveAll(r.ipcDir)
 	}
