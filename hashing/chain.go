@@ -50,7 +50,8 @@ type Chain struct {
 	// tails: block 0's is tails[:tail0], every later block's tails[tail0:].
 	// memo, when set, supplies the digests of a remembered chain sharing
 	// this query's prefix (see Memo): reuse's first reuseK blocks. digs
-	// records this query's full-block digests so the memo can learn them.
+	// records the full-block digests hashed after them, so the memo can
+	// learn the chain.
 	memo       *Memo
 	root       [32]byte
 	lookedUp   bool
@@ -208,16 +209,11 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.memo != nil {
 		c.memoMisses++
 	}
-	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && c.block >= c.reuseK {
-		// Record hashed digests for the memo to learn. A reused prefix is
-		// copied only once something beyond it is hashed: a fully warm
-		// query records nothing (it would teach the memo nothing new).
-		if c.reuseK > 0 && len(c.digs) == 0 && c.block == c.reuseK {
-			c.digs = append(c.digs, c.reuse.digests[:c.reuseK]...)
-		}
-		if len(c.digs) == c.block {
-			c.digs = append(c.digs, c.parent)
-		}
+	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block-c.reuseK {
+		// Record the digests hashed after the reused prefix, for the memo
+		// to learn; the prefix itself is taken from reuse only then (see
+		// rememberPrefix), so a fully warm query copies nothing.
+		c.digs = append(c.digs, c.parent)
 	}
 	c.havePr = true
 	c.pos = end

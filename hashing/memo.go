@@ -205,10 +205,10 @@ func (c *Chain) findPrefix() {
 // memo did not have. It runs when the chain is released, while the
 // caller's tokens are still intact.
 func (c *Chain) rememberPrefix() {
-	if c.memo == nil || len(c.fpVals) == 0 || len(c.digs) <= c.reuseK {
+	if c.memo == nil || len(c.fpVals) == 0 || len(c.digs) == 0 {
 		return
 	}
-	m := len(c.digs)
+	m := c.reuseK + len(c.digs)
 	n := 0 // fingerprints of the depths the stored chain covers
 	for depth := 1; depth <= m && n < len(c.fpVals); depth *= 2 {
 		n++
@@ -217,10 +217,14 @@ func (c *Chain) rememberPrefix() {
 	if !c.keepTokens {
 		toks = append([]int32(nil), toks...)
 	}
+	digests := make([][32]byte, 0, m)
+	if c.reuseK > 0 {
+		digests = append(digests, c.reuse.digests[:c.reuseK]...)
+	}
 	e := &prefixEntry{
 		kind: c.kind, bs: c.bs, root: c.root, lora: c.lora, salt: c.salt,
 		tokens:  toks,
-		digests: append([][32]byte(nil), c.digs...),
+		digests: append(digests, c.digs...),
 	}
 	e.Fps = append([]uint64(nil), c.fpVals[:n]...)
 	e.Size = e.size()
