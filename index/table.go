@@ -113,12 +113,8 @@ func (t *Table) stripeIndex(h uint64) int {
 	return int(h >> t.shift)
 }
 
-func (t *Table) stripeFor(h uint64) *stripe {
-	if t.shift == 64 {
-		return &t.stripes[0]
-	}
-	return &t.stripes[h>>t.shift]
-}
+// stripeFor is the stripe holding hash h.
+func (t *Table) stripeFor(h uint64) *stripe { return &t.stripes[t.stripeIndex(h)] }
 
 // Context returns the context the table indexes, so a caller holding only
 // the table can report it (metrics, /global_view).
