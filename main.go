@@ -11,13 +11,12 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/mooncake-conductor-go/conductor/bgjob"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -106,7 +105,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				memo.Reset()
 				tokenMemo.Reset()
 			}
-			returnMemory()
+			memoryReturn.Request()
 		},
 	})
 	for _, st := range cfg.Static {
@@ -192,8 +191,6 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[
 	}
 }
 
-var returning atomic.Bool
-
 // defaultGCPercent is the GC target the service runs with unless GOGC is
 // set. The index is a large, long-lived, pointer-free heap, so collections
 // are cheap to run and the default 100 % mostly buys idle headroom: at 50,
@@ -208,42 +205,21 @@ func setGCPercent(getenv func(string) string) {
 	}
 }
 
-// returnMemory hands memory freed by a dropped context back to the OS in
+// memoryReturn hands memory freed by a dropped context back to the OS in
 // the background (a forced GC plus scavenge, then a trim of the C heap that
-// held libzmq's buffers), at most one at a time: otherwise it would come back
-// over minutes or never, and operators read RSS.
-// The goroutine ends by itself within milliseconds; app.close waits for it.
-func returnMemory() {
-	if !returning.CompareAndSwap(false, true) {
-		return
-	}
-	done := make(chan struct{})
-	returnMu.Lock()
-	returned = done
-	returnMu.Unlock()
-	go func() {
-		defer close(done)
-		defer returning.Store(false)
-		debug.FreeOSMemory()
-		subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
-	}()
-}
+// held libzmq's buffers): otherwise it would come back over minutes or
+// never, and operators read RSS. Drops during a return get one more return
+// after it. It ends by itself within milliseconds; app.close waits for it.
+var memoryReturn = bgjob.New(func() {
+	debug.FreeOSMemory()
+	subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
+}, nil)
 
-var (
-	returnMu sync.Mutex
-	returned chan struct{} // closed when the latest returnMemory goroutine ends
-)
-
-// waitMemoryReturned returns once the returnMemory goroutine running at the
-// call, if any, has ended; shutdown waits for it and for the subscribers'
+// waitMemoryReturned returns once the memory return running at the call,
+// if any, has ended; shutdown waits for it and for the subscribers'
 // C-heap trims so that no goroutine outlives the service.
 func waitMemoryReturned() {
-	returnMu.Lock()
-	done := returned
-	returnMu.Unlock()
-	if done != nil {
-		<-done
-	}
+	memoryReturn.Wait()
 	subscriber.WaitTrims()
 }
 

@@ -264,11 +264,11 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 // countTrims replaces the C heap trim with a counter for the test.
 func countTrims(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimRunning.Load() })
+	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimJob.Running() })
 	old := trimHeap
 	trimHeap = func() { n.Add(1) }
 	t.Cleanup(func() {
-		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimRunning.Load() })
+		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimJob.Running() })
 		trimHeap = old
 	})
 	return &n
@@ -288,8 +288,8 @@ func TestTrimAfterRequest(t *testing.T) {
 		wg.Wait()
 		// WaitTrims returns once the trimmer has run and exited.
 		WaitTrims()
-		if n.Load() <= before || trimRunning.Load() {
-			t.Fatalf("round %d: WaitTrims returned with %d trims (had %d), trimmer running %v", round, n.Load(), before, trimRunning.Load())
+		if n.Load() <= before || trimJob.Running() {
+			t.Fatalf("round %d: WaitTrims returned with %d trims (had %d), trimmer running %v", round, n.Load(), before, trimJob.Running())
 		}
 	}
 }
@@ -326,7 +326,7 @@ func TestTrimAfterBacklogDrains(t *testing.T) {
 			_, _ = r.recv(p.b, frames[:0], drainBurst)
 		}
 	}
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimRunning.Load() })
+	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimJob.Running() })
 	if got := n.Load(); got != 1 {
 		t.Fatalf("%d trims, want 1", got)
 	}

@@ -1,9 +1,10 @@
 package subscriber
 
 import (
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mooncake-conductor-go/conductor/bgjob"
 )
 
 // trimAfterBytes is the backlog a source must have drained before its
@@ -23,66 +24,31 @@ const trimQuiet = 3 * time.Millisecond
 const trimInterval = 50 * time.Millisecond
 
 var (
-	trimHeap    = TrimCHeap // replaced by tests to count trims
-	trimRunning atomic.Bool
-	trimPending atomic.Bool
+	trimHeap    = TrimCHeap  // replaced by tests to count trims
 	lastTrim    atomic.Int64 // unix nanoseconds
 	lastBacklog atomic.Int64 // unix nanoseconds of the last receive that left messages queued
 
-	trimMu     sync.Mutex
-	trimExited chan struct{} // closed when the latest trim goroutine has exited
+	// trimJob calls TrimCHeap once no source has had a backlog for
+	// trimQuiet and the last trim is trimInterval old. Requests made
+	// meanwhile are coalesced into that trim, and one made while a trim
+	// runs gets another afterwards, so the last burst to end is always
+	// followed by a trim. No goroutine lingers when idle.
+	trimJob = bgjob.New(func() {
+		trimHeap()
+		lastTrim.Store(time.Now().UnixNano())
+	}, func() time.Duration {
+		return time.Duration(max(lastTrim.Load()+int64(trimInterval), lastBacklog.Load()+int64(trimQuiet)) - time.Now().UnixNano())
+	})
 )
 
 // WaitTrims returns once the trim goroutine running at the call, if any, has
 // exited (within about trimInterval). Shutdown calls it after every
 // subscriber has stopped, so that no goroutine of this package outlives the
 // service.
-func WaitTrims() {
-	trimMu.Lock()
-	done := trimExited
-	trimMu.Unlock()
-	if done != nil {
-		<-done
-	}
-}
+func WaitTrims() { trimJob.Wait() }
 
 // noteBacklog records that a source still had messages queued in libzmq.
 func noteBacklog() { lastBacklog.Store(time.Now().UnixNano()) }
 
-// requestTrim makes a background goroutine call TrimCHeap once no source
-// has had a backlog for trimQuiet and the last trim is trimInterval old.
-// Requests made meanwhile are coalesced into that trim, and one made while
-// a trim runs gets another afterwards, so the last burst to end is always
-// followed by a trim. No goroutine lingers when idle.
-func requestTrim() {
-	trimPending.Store(true)
-	if !trimRunning.CompareAndSwap(false, true) {
-		return
-	}
-	done := make(chan struct{})
-	trimMu.Lock()
-	trimExited = done
-	trimMu.Unlock()
-	go func() {
-		defer close(done)
-		for {
-			for trimPending.Load() {
-				now := time.Now().UnixNano()
-				wait := max(lastTrim.Load()+int64(trimInterval), lastBacklog.Load()+int64(trimQuiet)) - now
-				if wait > 0 {
-					time.Sleep(time.Duration(wait))
-					continue
-				}
-				trimPending.Store(false)
-				trimHeap()
-				lastTrim.Store(time.Now().UnixNano())
-			}
-			trimRunning.Store(false)
-			// A request between the last check and the store above found
-			// the flag still set and left the trim to us.
-			if !trimPending.Load() || !trimRunning.CompareAndSwap(false, true) {
-				return
-			}
-		}
-	}()
-}
+// requestTrim asks trimJob for a trim.
+func requestTrim() { trimJob.Request() }
