@@ -168,10 +168,7 @@ func TestFixturesOverZMQ(t *testing.T) {
 func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	e := newEnv(t, m, f.Registration, f.AlsoRegistered, pub.endpoint, "")
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	typ, _ := ParseSourceType(f.SourceType)

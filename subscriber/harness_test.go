@@ -610,3 +610,13 @@ func emptyBatch(typ string) []byte {
 	}
 	return b
 }
+
+// mustStart starts a subscriber or fails the test; the caller stops it.
+func mustStart(t testing.TB, cfg Config) *Subscriber {
+	t.Helper()
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

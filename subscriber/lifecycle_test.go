@@ -147,10 +147,7 @@ func TestGapReplayLosesNothing(t *testing.T) {
 	rs := startReplayService(t)
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	const n = 600
@@ -197,10 +194,7 @@ func TestLiveBufferedDuringReplay(t *testing.T) {
 	rs.hold = hold
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	for seq := uint64(1); seq <= 12; seq++ {
@@ -242,10 +236,7 @@ func TestReplayConflictMakesStale(t *testing.T) {
 	rs := startReplayService(t)
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	rs.put(2, storedBatch([]uint64{2}, 4, 0))
@@ -269,10 +260,7 @@ func TestRecoveryBufferOverflow(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
 	e.cfg.Tuning.MaxBufferedMessages = 3
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	pub.send(1, emptyBatch("vLLM"))
@@ -300,10 +288,7 @@ func TestStopDuringReplay(t *testing.T) {
 			e := vllmEnv(t, pub.endpoint, r.endpoint)
 			e.cfg.Tuning.ReplayReceiveTimeout = 30 * time.Second
 			e.cfg.Tuning.ReplayTotalTimeout = time.Minute
-			s, err := Start(e.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := mustStart(t, e.cfg)
 			pub.waitSubscribed()
 			pub.send(1, storedBatch([]uint64{11}, 4, 0))
 			pub.send(5, storedBatch([]uint64{55}, 4, 0))
@@ -336,10 +321,7 @@ func TestStopDuringReplay(t *testing.T) {
 func TestStopPromptAndIdempotent(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, "")
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	pub.waitSubscribed()
 	sent := make(chan struct{})
 	go func() {
@@ -493,10 +475,7 @@ func TestStopPromptBehindBacklog(t *testing.T) {
 	e := vllmEnv(t, pub.endpoint, "")
 	sink := &slowSink{}
 	e.cfg.Engine = sink
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	pub.waitSubscribed()
 	for seq := uint64(1); seq <= 3000; seq++ {
 		pub.send(seq, storedBatch([]uint64{seq, seq + 1<<40}, 4, 0))
@@ -583,10 +562,7 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 		pub := newPublisher(t, ipcEndpoint(t, "pub"))
 		e := vllmEnv(t, pub.endpoint, "")
 		e.cfg.OwnerRemovedAfterStop = removed
-		s, err := Start(e.cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := mustStart(t, e.cfg)
 		pub.waitSubscribed()
 		pub.send(1, storedBatch([]uint64{11, 12}, 4, 0))
 		waitSeq(t, s, 1)

@@ -57,10 +57,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	e.cfg.Context.BlockSize = 1024
 	e.cfg.Tuning.RcvHWM = 4
 	e.cfg.Engine = &lagSink{inner: e.engine, delay: 100 * time.Microsecond}
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 

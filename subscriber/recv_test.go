@@ -214,10 +214,7 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 	rs.hold = hold
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	var want []uint64
@@ -402,10 +399,7 @@ func TestPerFrameFallback(t *testing.T) {
 	}
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, "")
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	pub.waitSubscribed()
 	for seq := uint64(1); seq <= 50; seq++ {
 		pub.send(seq, storedBatch([]uint64{seq}, 4, 0))

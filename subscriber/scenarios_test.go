@@ -142,10 +142,7 @@ func runSequenceScenario(t *testing.T, m *fxManifest, sc scenario) {
 	}
 	e := newEnv(t, m, sc.Registration, also, pub.endpoint, replayEP)
 	e.cfg.Tuning = scenarioTuning
-	s, err := Start(e.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
 	var identity []byte
