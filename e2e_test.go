@@ -32,7 +32,7 @@ type e2e struct {
 
 func startApp(t *testing.T) *e2e {
 	t.Helper()
-	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, MemoBytes: config.DefaultMemoMiB << 20}
+	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, MemoBytes: config.DefaultMemoMiB << 20, TokenMemoBytes: config.DefaultTokenMemoMiB << 20}
 	a, err := newApp(cfg, zerolog.New(io.Discard))
 	if err != nil {
 		t.Fatal(err)
@@ -375,16 +375,33 @@ func TestMetricsMove(t *testing.T) {
 	if metricValue(before, `conductor_http_requests_total{endpoint="/query",status="200"}`) >= 0 {
 		t.Error("query counter existed before any query")
 	}
-	// The last context going empties the memo, so its budget does not stay
-	// resident in an idle service.
-	if got := metricValue(after, "conductor_hash_memo_bytes"); got <= 0 {
-		t.Errorf("conductor_hash_memo_bytes = %v with chains remembered", got)
+	// A prompt long enough for the token memo (256 ids or more), sent
+	// twice: the second copies its ids instead of decoding them.
+	long := append(append([]int32(nil), tokens...), make([]int32, 480)...)
+	for i := 0; i < 2; i++ {
+		if got := e.deviceHits("m0", long); got != 32 {
+			t.Fatalf("long prompt: device %d", got)
+		}
+	}
+	after = e.scrape()
+	if got := metricValue(after, `conductor_token_memo_tokens_total{result="hit"}`); got < float64(len(long)) {
+		t.Errorf("token memo hits %v after a repeated %d-token prompt", got, len(long))
+	}
+	// The last context going empties both memos, so their budgets do not
+	// stay resident in an idle service.
+	for _, m := range []string{"conductor_hash_memo_bytes", "conductor_token_memo_bytes"} {
+		if got := metricValue(after, m); got <= 0 {
+			t.Errorf("%s = %v with entries remembered", m, got)
+		}
 	}
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "tenant_id": "default", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister: %d %v", status, out)
 	}
-	if got := metricValue(e.scrape(), "conductor_hash_memo_bytes"); got != 0 {
-		t.Errorf("conductor_hash_memo_bytes = %v after the last context went, want 0", got)
+	idle := e.scrape()
+	for _, m := range []string{"conductor_hash_memo_bytes", "conductor_token_memo_bytes"} {
+		if got := metricValue(idle, m); got != 0 {
+			t.Errorf("%s = %v after the last context went, want 0", m, got)
+		}
 	}
 }
 
