@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"syscall"
@@ -206,12 +207,17 @@ func setGCPercent(getenv func(string) string) {
 }
 
 // memoryReturn hands memory freed by a dropped context back to the OS in
-// the background (a forced GC plus scavenge, then a trim of the C heap that
-// held libzmq's buffers): otherwise it would come back over minutes or
-// never, and operators read RSS. Drops during a return get one more return
-// after it. It ends by itself within milliseconds; app.close waits for it.
+// the background (two forced GCs plus a scavenge, then a trim of the C heap
+// that held libzmq's buffers): otherwise it would come back over minutes or
+// never, and operators read RSS. One collection is not enough: what it
+// takes out of sync.Pools (query state, fasthttp's contexts) waits in the
+// pools' victim caches until the next one, and each collection only halves
+// an idle goroutine's grown stack. Drops during a return get one more
+// return after it. It ends by itself within milliseconds; app.close waits
+// for it.
 var memoryReturn = bgjob.New(func() {
-	debug.FreeOSMemory()
+	runtime.GC()
+	debug.FreeOSMemory()   // the second collection, then the scavenge
 	subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
 }, nil)
 

@@ -111,7 +111,14 @@ func New(opts Options) *Server {
 		MaxConnsPerIP:                opts.MaxConnsPerIP,
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
-		Logger:                       fasthttpLogger{opts.Logger},
+		// A keep-alive connection gives its body buffer and bufio
+		// reader back between requests instead of keeping them: a
+		// router's idle connections would otherwise each pin a buffer
+		// the size of the largest prompt it sent (40 KB at 8K tokens),
+		// and nothing could return it. The loadgen's RSS after
+		// unregistration drops by ~1 MiB with 16 connections.
+		ReduceMemoryUsage: true,
+		Logger:            fasthttpLogger{opts.Logger},
 	}
 	return s
 }
