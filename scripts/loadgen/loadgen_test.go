@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -201,10 +202,23 @@ func TestProcParsing(t *testing.T) {
 	if _, err := parseStatCPU([]byte("4242 (x) S 1")); err == nil {
 		t.Error("short stat accepted")
 	}
-	status := "Name:\tconductor\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\nThreads:\t9\n"
+	status := "Name:\tconductor\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\nRssAnon:\t    4321 kB\nThreads:\t9\n"
 	rss, err := parseStatusRSS([]byte(status))
 	if err != nil || rss != 12345*1024 {
 		t.Errorf("parseStatusRSS = %v, %v", rss, err)
+	}
+	anon, err := parseStatusKB([]byte(status), "RssAnon:")
+	if err != nil || anon != 4321*1024 {
+		t.Errorf("parseStatusKB(RssAnon) = %v, %v", anon, err)
+	}
+	if _, err := parseStatusKB([]byte(status), "RssFile:"); err == nil {
+		t.Error("missing RssFile line not reported")
+	}
+	if _, err := parseStatusKB([]byte("RssAnon:\t12 MB\n"), "RssAnon:"); err == nil {
+		t.Error("odd unit accepted")
+	}
+	if got, err := procAnonRSS(os.Getpid()); err != nil || got <= 0 {
+		t.Errorf("procAnonRSS(self) = %v, %v", got, err)
 	}
 }
 

@@ -310,6 +310,18 @@ func (m sampler) rss() int64 {
 	return b
 }
 
+// memory reads the server's RSS and its anonymous part into *rss and *anon
+// (-1 when unknown). The rest is file-backed: code and shared-library pages
+// the server has touched, which grow as new paths run and never return.
+func (m sampler) memory(rss, anon *int64) {
+	*rss, *anon = m.rss(), -1
+	if m.pid > 0 {
+		if b, err := procAnonRSS(m.pid); err == nil {
+			*anon = b
+		}
+	}
+}
+
 // perUnit divides a CPU delta by a count in µs, or -1 when unknown. A zero
 // delta is unknown too: /proc counts in 10 ms ticks, and a phase shorter
 // than one tick of server work cannot be told apart from no work.
@@ -366,6 +378,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.PoolKinds[k.String()] = c.kinds[k]
 	}
 	rep.RSS = rssResult{-1, -1, -1, -1, -1} // phases not reached stay unknown
+	rep.RSSAnon = rep.RSS
 	rep.LoadAverage[1] = -1
 	fails := &failures{}
 	defer func() {
@@ -374,7 +387,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.FailureNotes = slices.Clone(fails.first)
 		fails.mu.Unlock()
 	}()
-	rep.RSS.Start = m.rss()
+	m.memory(&rep.RSS.Start, &rep.RSSAnon.Start)
 	rep.LoadAverage[0] = loadAverage()
 
 	prof, err := hashing.Resolve(o.engine.hashSpec())
@@ -428,13 +441,13 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	s.logf("all %d subscriptions carry events", len(s.pubs))
 
 	// Ingest.
-	rep.RSS.BeforeIngest = m.rss()
+	m.memory(&rep.RSS.BeforeIngest, &rep.RSSAnon.BeforeIngest)
 	cpu0 := m.cpu()
 	if err := s.ingest(ctx, c.distinctBlocks()+len(s.pubs), rep); err != nil {
 		return rep, err
 	}
 	rep.Ingest.ServerCPUPerBlockUS = perUnit(cpu0, m.cpu(), rep.Ingest.BlocksPublished)
-	rep.RSS.AfterIngest = m.rss()
+	m.memory(&rep.RSS.AfterIngest, &rep.RSSAnon.AfterIngest)
 
 	// One pass over the pool checks every answer once before load.
 	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
@@ -470,14 +483,14 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			return rep, err
 		}
 	}
-	rep.RSS.AfterLoad = m.rss()
+	m.memory(&rep.RSS.AfterLoad, &rep.RSSAnon.AfterLoad)
 
 	if err := s.unregisterUnderLoad(ctx, d, rep); err != nil {
 		return rep, err
 	}
 	// Give the runtime a moment to return freed memory before reading RSS.
 	time.Sleep(time.Second)
-	rep.RSS.AfterUnreg = m.rss()
+	m.memory(&rep.RSS.AfterUnreg, &rep.RSSAnon.AfterUnreg)
 
 	rep.LoadAverage[1] = loadAverage()
 	return rep, nil

@@ -55,16 +55,31 @@ func procRSS(pid int) (int64, error) {
 	return parseStatusRSS(b)
 }
 
+// procAnonRSS returns the anonymous part of process pid's resident set in
+// bytes: what the process allocated, without the pages of its binary and
+// shared libraries that it has touched.
+func procAnonRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatusKB(b, "RssAnon:")
+}
+
 // parseStatusRSS finds "VmRSS:   1234 kB" in /proc/<pid>/status.
-func parseStatusRSS(b []byte) (int64, error) {
+func parseStatusRSS(b []byte) (int64, error) { return parseStatusKB(b, "VmRSS:") }
+
+// parseStatusKB returns the byte count of the "<key>   1234 kB" line of
+// /proc/<pid>/status.
+func parseStatusKB(b []byte, key string) (int64, error) {
 	for _, line := range strings.Split(string(b), "\n") {
-		rest, ok := strings.CutPrefix(line, "VmRSS:")
+		rest, ok := strings.CutPrefix(line, key)
 		if !ok {
 			continue
 		}
 		f := strings.Fields(rest)
 		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("status: odd VmRSS line %q", line)
+			return 0, fmt.Errorf("status: odd %s line %q", key, line)
 		}
 		kb, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil {
@@ -72,7 +87,7 @@ func parseStatusRSS(b []byte) (int64, error) {
 		}
 		return kb * 1024, nil
 	}
-	return 0, fmt.Errorf("status: no VmRSS")
+	return 0, fmt.Errorf("status: no %s", key)
 }
 
 // loadAverage returns the 1-minute load average, or -1.

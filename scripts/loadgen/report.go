@@ -28,6 +28,7 @@ type report struct {
 	Levels  []levelResult `json:"levels"`
 	Unreg   unregResult   `json:"unregistration"`
 	RSS     rssResult     `json:"server_rss_bytes"`
+	RSSAnon rssResult     `json:"server_rss_anon_bytes"`
 	Checked int64         `json:"answers_checked"`
 
 	// LoadAverage is /proc/loadavg's 1-minute figure at the start and the
@@ -138,11 +139,11 @@ func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| ingest | %d blocks in %d messages (%d distinct) in %.2f s |\n", in.BlocksPublished, in.Messages, in.DistinctBlocks, in.Seconds)
 	fmt.Fprintf(w, "| ingest rate | %.0f blocks/s |\n", in.BlocksPerSec)
 	fmt.Fprintf(w, "| server CPU per ingested block | %s |\n", fmtFrac(in.ServerCPUPerBlockUS))
-	fmt.Fprintf(w, "| server RSS at start | %s |\n", fmtBytes(r.RSS.Start))
-	fmt.Fprintf(w, "| server RSS before ingest | %s |\n", fmtBytes(r.RSS.BeforeIngest))
-	fmt.Fprintf(w, "| server RSS after ingest | %s |\n", fmtBytes(r.RSS.AfterIngest))
-	fmt.Fprintf(w, "| server RSS after query load | %s |\n", fmtBytes(r.RSS.AfterLoad))
-	fmt.Fprintf(w, "| server RSS after unregistration | %s |\n", fmtBytes(r.RSS.AfterUnreg))
+	fmt.Fprintf(w, "| server RSS at start (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.Start), fmtBytes(r.RSSAnon.Start))
+	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))
+	fmt.Fprintf(w, "| server RSS after ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterIngest), fmtBytes(r.RSSAnon.AfterIngest))
+	fmt.Fprintf(w, "| server RSS after query load (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterLoad), fmtBytes(r.RSSAnon.AfterLoad))
+	fmt.Fprintf(w, "| server RSS after unregistration (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg))
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
