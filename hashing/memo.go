@@ -17,10 +17,16 @@ import (
 //
 // Entries are filed under fingerprints of everything that determines a
 // chain's first d blocks — encoding, block size, root digest, LoRA name,
-// salt and the tokens those blocks read — for d = 1, 2, 4, 8, … A query
-// computes the same fingerprints from a few tokens of each span and looks
-// up the deepest first, so a conversation that shares only a system
-// prompt with thousands of others still finds its own previous turn. A
+// salt and the tokens those blocks read — for d = 1, 2, 4, 8, …, and under
+// that of the whole query it was learned from. A query computes the same
+// fingerprints from a few tokens of each span and looks up the deepest
+// first, so a conversation that shares only a system prompt with thousands
+// of others still finds its own previous turn. The whole-query fingerprint
+// matters when a walk stopped soon after a shared opening (the rest of the
+// prompt was never cached): such a chain covers only depths that a whole
+// group of prompts shares, whose buckets keep only their newest entries,
+// and asking the same prompt again would otherwise hash and store its
+// chain anew every time. A
 // candidate is then verified exactly: the header fields are compared, and
 // only blocks whose tokens lie inside the common token prefix (compared with
 // memcmp) are reused. A reused digest is therefore exactly the one
@@ -115,7 +121,9 @@ func readEnd(k kind, bs, i int) int {
 const fpWindow = 16
 
 // fingerprints fills c.fpVals with the fingerprint of the chain's first d
-// blocks for d = 1, 2, 4, … up to the query's full blocks; it leaves none
+// blocks for d = 1, 2, 4, … up to the query's full blocks, then, if the
+// last of those is not all of them, of all its full blocks: the deepest
+// fingerprint always covers the whole query (see Memo). It leaves none
 // when the query cannot use the memo (no full first block, long names).
 //
 // The header (encoding, block size, root, names) is hashed once; each span
@@ -141,7 +149,7 @@ func (c *Chain) fingerprints() {
 	fp := d.Sum64()
 	var buf [8 + 4*fpWindow]byte
 	fed := 0
-	for depth := 1; depth*c.bs <= c.limit; depth *= 2 {
+	span := func(depth int) {
 		end := readEnd(c.kind, c.bs, depth-1)
 		from := max(fed, end-fpWindow)
 		binary.LittleEndian.PutUint64(buf[:8], fp)
@@ -149,6 +157,14 @@ func (c *Chain) fingerprints() {
 		fp = xxhash.Sum64(buf[:8+w])
 		fed = end
 		c.fpVals = append(c.fpVals, fp)
+	}
+	depth := 1
+	for ; 2*depth*c.bs <= c.limit; depth *= 2 {
+		span(depth)
+	}
+	span(depth)
+	if all := c.limit / c.bs; all > depth {
+		span(all)
 	}
 }
 
@@ -213,6 +229,12 @@ func (c *Chain) rememberPrefix() {
 	for depth := 1; depth <= m && n < len(c.fpVals); depth *= 2 {
 		n++
 	}
+	fps := append(make([]uint64, 0, n+1), c.fpVals[:n]...)
+	if n < len(c.fpVals) {
+		// Filed under the whole query too, even where the walk stopped
+		// short of it, so that asking again finds this very chain.
+		fps = append(fps, c.fpVals[len(c.fpVals)-1])
+	}
 	toks := c.tokens[:min(readEnd(c.kind, c.bs, m-1), len(c.tokens))]
 	if !c.keepTokens {
 		toks = append([]int32(nil), toks...)
@@ -226,7 +248,7 @@ func (c *Chain) rememberPrefix() {
 		tokens:  toks,
 		digests: append(digests, c.digs...),
 	}
-	e.Fps = append([]uint64(nil), c.fpVals[:n]...)
+	e.Fps = fps
 	e.Size = e.size()
 	c.memo.store.Insert(e, e.extends)
 }

@@ -294,3 +294,52 @@ func TestMemoReset(t *testing.T) {
 		t.Fatal("nil memo has bytes")
 	}
 }
+
+// walkPrefix runs the first n blocks of a query's chain through m, as an
+// index walk that stops at the first block no instance holds does.
+func walkPrefix(p *Profile, toks []int32, n int, m *Memo) {
+	c := AcquireChain()
+	defer ReleaseChain(c)
+	c.Reset(p, 16, toks, "", "")
+	c.KeepTokens()
+	c.UseMemo(m)
+	for range n {
+		if _, _, ok := c.Next(); !ok {
+			return
+		}
+	}
+}
+
+// TestMemoKeepsWalksThatStopInASharedPrefix: many prompts open with one
+// system prompt, and each query's walk stops a few blocks past it (the
+// rest of the prompt was never cached). Every such chain is filed only
+// under fingerprints the whole group shares, whose buckets keep the newest
+// BucketCap entries; the memo must still find each prompt's own chain when
+// it is asked again, rather than hash its blocks and store it anew on
+// every round, growing until the budget evicts everything.
+func TestMemoKeepsWalksThatStopInASharedPrefix(t *testing.T) {
+	p := allProfiles(t, "0")["sha256_cbor"]
+	m := NewMemo(256 << 20)
+	const prompts, system, walked = 64, 2048, 136 // walks: the system prompt's 128 blocks and 8 more
+	sys := seq(1, system)
+	queries := make([][]int32, prompts)
+	for i := range queries {
+		queries[i] = append(slices.Clip(sys), seq(1_000_000*(i+1), 8192-system)...)
+	}
+	for _, q := range queries {
+		walkPrefix(&p, q, walked, m)
+	}
+	bytes := m.Bytes()
+	_, misses := m.Stats()
+	for round := range 3 {
+		for _, q := range queries {
+			walkPrefix(&p, q, walked, m)
+		}
+		if _, got := m.Stats(); got != misses {
+			t.Fatalf("round %d hashed %d blocks again (of %d walked)", round+2, got-misses, prompts*walked)
+		}
+		if got := m.Bytes(); got != bytes {
+			t.Fatalf("round %d: memo grew from %d to %d bytes", round+2, bytes, got)
+		}
+	}
+}
