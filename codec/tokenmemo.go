@@ -22,8 +22,9 @@ import (
 // query. Comparing and copying the same bytes runs at memory speed.
 //
 // Entries are filed under fingerprints of the array's first 256, 512,
-// 1024, … packed bytes, which a query computes from a few bytes of its
-// body without decoding anything; the deepest is looked up first. A
+// 1024, … packed bytes and under one of the whole body they came in (see
+// fingerprints), which a query computes from a few bytes of its body
+// without decoding anything; the deepest is looked up first. A
 // candidate is then verified with memcmp: only tokens whose bytes lie
 // inside the common byte prefix are reused, at a granularity of memoChunk
 // tokens (or the whole remembered array). MessagePack values delimit themselves, so equal bytes
@@ -156,7 +157,14 @@ type memoLearn struct {
 }
 
 // fingerprints appends the fingerprints of rest's first 256, 512, … bytes
-// that an array of n elements could span (at most 9 bytes each).
+// that an array of n elements could span (at most 9 bytes each), then, if
+// there were any, the body's locator: a fingerprint of all of rest, so of
+// the whole array and the body after it. An entry is filed under the
+// locator of the body it was learned from, so that the same body sent
+// again finds it even when every span that fits in its array is shared
+// with many other prompts (a long system prompt before a short question):
+// those spans' buckets keep only their newest entries, and the prompt
+// would otherwise have its tail decoded and be remembered anew each time.
 //
 // A fingerprint reads only the last memoWindow bytes of its span, chained
 // to the fingerprint before it, so computing them costs the same for an 8K
@@ -167,11 +175,18 @@ func fingerprints(rest []byte, n int, dst []uint64) []uint64 {
 	limit := min(len(rest), 9*n)
 	var fp uint64
 	var buf [8 + memoWindow]byte
+	spans := 0
 	for l := memoFirstBytes; l <= limit; l *= 2 {
 		binary.LittleEndian.PutUint64(buf[:8], fp)
 		copy(buf[8:], rest[l-memoWindow:l])
 		fp = xxhash.Sum64(buf[:])
 		dst = append(dst, fp)
+		spans++
+	}
+	if spans > 0 {
+		binary.LittleEndian.PutUint64(buf[:8], fp)
+		copy(buf[8:], rest[len(rest)-memoWindow:])
+		dst = append(dst, xxhash.Sum64(buf[:]))
 	}
 	return dst
 }
@@ -222,13 +237,14 @@ func commonBytes(a, b []byte) int {
 }
 
 // remember files an accepted array (a copy of raw, its tokens, and the
-// offsets of its chunk ends) under the fingerprints that lie inside it. It
+// offsets of its chunk ends) under the fingerprints that lie inside it and
+// its body's locator, the last of fps (see fingerprints). It
 // takes toks itself rather than a copy when toks is about as long as its
 // capacity, and reports whether it did: the caller must then never write
 // to toks again.
 func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint64) (took bool) {
 	nf := 0
-	for l := memoFirstBytes; l <= len(raw) && nf < len(fps); l *= 2 {
+	for l := memoFirstBytes; l <= len(raw) && nf < len(fps)-1; l *= 2 {
 		nf++
 	}
 	if nf == 0 {
@@ -243,7 +259,7 @@ func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint
 	} else {
 		e.toks = append([]int32(nil), toks...)
 	}
-	e.Fps = append([]uint64(nil), fps[:nf]...)
+	e.Fps = append(append(make([]uint64, 0, nf+1), fps[:nf]...), fps[len(fps)-1])
 	e.Size = packedOverhead + len(e.raw) + 4*cap(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
 	m.store.Insert(e, e.extends)
 	return took

@@ -389,3 +389,46 @@ func TestTokenMemoConcurrent(t *testing.T) {
 		t.Error("the memo was never used")
 	}
 }
+
+// TestTokenMemoKeepsPromptsThatShareTheirOpening: many short prompts open
+// with one system prompt, so every span that fits inside one of them is
+// shared by all: those buckets keep only their newest BucketCap entries.
+// Each prompt must still be found whole when it is sent again, rather than
+// have its tail decoded and be remembered anew on every round.
+func TestTokenMemoKeepsPromptsThatShareTheirOpening(t *testing.T) {
+	m := NewTokenMemo(64 << 20)
+	const prompts, system, tail = 64, 2048, 512
+	sys := make([]int32, system)
+	for i := range sys {
+		sys[i] = int32(1000 + i*7%60000) // uint16: 3 bytes each, 6 KB in all
+	}
+	bodies := make([][]byte, prompts)
+	for p := range bodies {
+		toks := slices.Clone(sys)
+		for i := range tail {
+			toks = append(toks, int32(1000+(p*tail+i)*13%60000))
+		}
+		bodies[p] = queryBody(toks, 1, func(int) int { return 0 })
+	}
+	var q QueryRequest
+	send := func() {
+		for _, b := range bodies {
+			if e := m.DecodeQuery(b, DefaultLimits(), &q); e != nil {
+				t.Fatal(e)
+			}
+			m.Remember(&q)
+		}
+	}
+	send()
+	bytes := m.Bytes()
+	_, misses := m.Stats()
+	for round := range 3 {
+		send()
+		if _, got := m.Stats(); got != misses {
+			t.Fatalf("round %d decoded %d tokens again", round+2, got-misses)
+		}
+		if got := m.Bytes(); got != bytes {
+			t.Fatalf("round %d: memo grew from %d to %d bytes", round+2, bytes, got)
+		}
+	}
+}
