@@ -1,6 +1,7 @@
 // Package memostore keeps the entries of a query memo: immutable records of
 // recent queries, each filed under fingerprints of its first 1, 2, 4, …
-// units, held within a byte budget and evicted roughly oldest first.
+// units and of the whole query it came from, held within a byte budget and
+// evicted roughly oldest first.
 //
 // Two memos use it: the token memo (codec), which remembers decoded token
 // arrays by their packed bytes, and the prefix memo (hashing), which
@@ -26,7 +27,8 @@ const BucketCap = 8
 // Record is the bookkeeping every entry carries. Fps and Size are set before
 // the entry is inserted and never change after.
 type Record struct {
-	// Fps are the fingerprints the entry is filed under, shallowest first.
+	// Fps are the fingerprints the entry is filed under, shallowest first
+	// (a memo's whole-query fingerprint last).
 	Fps []uint64
 	// Size is the memory the entry accounts for against the budget.
 	Size int
