@@ -47,23 +47,20 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 }
 
 // procRSS returns process pid's resident set size in bytes.
-func procRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	return parseStatusRSS(b)
-}
+func procRSS(pid int) (int64, error) { return procStatusKB(pid, "VmRSS:") }
 
 // procAnonRSS returns the anonymous part of process pid's resident set in
 // bytes: what the process allocated, without the pages of its binary and
 // shared libraries that it has touched.
-func procAnonRSS(pid int) (int64, error) {
+func procAnonRSS(pid int) (int64, error) { return procStatusKB(pid, "RssAnon:") }
+
+// procStatusKB reads one "<key>   1234 kB" figure of /proc/<pid>/status.
+func procStatusKB(pid int, key string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
-	return parseStatusKB(b, "RssAnon:")
+	return parseStatusKB(b, key)
 }
 
 // parseStatusRSS finds "VmRSS:   1234 kB" in /proc/<pid>/status.
