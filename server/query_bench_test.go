@@ -156,7 +156,7 @@ func BenchmarkQueryHandler(b *testing.B) {
 				s.Handle(ctx)
 			}
 		})
-		b.Run("tokens="+itoa(n)+"/warm-memo", func(b *testing.B) {
+		b.Run("tokens="+itoa(n)+"-warm-memo", func(b *testing.B) {
 			s, body := queryFixture(b, 8, 2, n, true)
 			ctx := queryCtx(body)
 			b.ReportAllocs()
