@@ -276,3 +276,51 @@ func checkAnswer(r *queryResponse, expect []int, ids []string, pres func(i int) 
 	}
 	return nil
 }
+
+// memoStats is what the server's /metrics says of its two memos: lookups
+// by result and the memory they hold. A level's hit shares come from the
+// difference of two readings; a pool of queries cycled at a steady state
+// should be served almost wholly from both, and a share that stays low
+// while the bytes sit at the budget is a memo thrashing.
+type memoStats struct {
+	prefixHits, prefixMisses float64 // blocks
+	tokenHits, tokenMisses   float64 // token ids
+	prefixBytes, tokenBytes  float64
+}
+
+// memoStats reads the server's memo counters from /metrics.
+func (a *api) memoStats() (memoStats, error) {
+	status, body, err := a.do(fasthttp.MethodGet, "/metrics", nil, false)
+	if err != nil {
+		return memoStats{}, err
+	}
+	if status != 200 {
+		return memoStats{}, fmt.Errorf("metrics: status %d", status)
+	}
+	m, err := parsePromText(body)
+	if err != nil {
+		return memoStats{}, err
+	}
+	hit, miss := map[string]string{"result": "hit"}, map[string]string{"result": "miss"}
+	return memoStats{
+		prefixHits:   m.value("conductor_hash_memo_lookups_total", hit),
+		prefixMisses: m.value("conductor_hash_memo_lookups_total", miss),
+		tokenHits:    m.value("conductor_token_memo_tokens_total", hit),
+		tokenMisses:  m.value("conductor_token_memo_tokens_total", miss),
+		prefixBytes:  m.value("conductor_hash_memo_bytes", nil),
+		tokenBytes:   m.value("conductor_token_memo_bytes", nil),
+	}, nil
+}
+
+// hitPct is the percentage of lookups between readings a and b that hit,
+// or -1 when there were none or a reading is missing.
+func hitPct(hitsA, missesA, hitsB, missesB float64) float64 {
+	if hitsA < 0 || missesA < 0 || hitsB < 0 || missesB < 0 {
+		return -1
+	}
+	h, n := hitsB-hitsA, hitsB-hitsA+missesB-missesA
+	if n <= 0 {
+		return -1
+	}
+	return 100 * h / n
+}

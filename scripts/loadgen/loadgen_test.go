@@ -368,6 +368,16 @@ func TestLoadShort(t *testing.T) {
 	if len(rep.Levels) != 1 || rep.Levels[0].Queries == 0 || rep.Checked == 0 {
 		t.Fatalf("no queries measured: %+v", rep.Levels)
 	}
+	// Every query of the pool was asked once before the level (the
+	// verification pass), so the server's memos serve the level wholly and
+	// hold about what the pool's prompts take (~15 bytes per token in
+	// both together). A memo that keeps storing what it cannot find again
+	// shows here: the prefix memo's did, at 98 % of blocks and 42 MiB.
+	limit := int64(2 * 64 * 1024 * 16)
+	if l := rep.Levels[0]; l.PrefixMemoHitPct < 99 || l.TokenMemoHitPct < 99 || l.MemoBytes <= 0 || l.MemoBytes > limit {
+		t.Errorf("memos served %.1f %% of blocks and %.1f %% of token ids and hold %d bytes; want ≥ 99 %% each and at most %d bytes",
+			l.PrefixMemoHitPct, l.TokenMemoHitPct, l.MemoBytes, limit)
+	}
 	rc := rep.Unreg.Reclaim
 	if rep.Unreg.Publishers != 3 || rc == nil || rc.Queries == 0 || rc.Seconds < 0.5 {
 		t.Fatalf("unregistration or reclaim window not measured: %+v %+v", rep.Unreg, rc)
@@ -397,4 +407,28 @@ func spawnedRun(t *testing.T, args ...string) (*options, context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return o, ctx
+}
+
+func TestHitPct(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		ha, ma, hb, mb, want float64
+	}{
+		{"all hits", 100, 50, 400, 50, 100},
+		{"a quarter", 0, 0, 25, 75, 25},
+		{"no lookups between", 10, 10, 10, 10, -1},
+		{"counter missing", -1, 0, 5, 5, -1},
+	} {
+		if got := hitPct(c.ha, c.ma, c.hb, c.mb); got != c.want {
+			t.Errorf("%s: hitPct = %v, want %v", c.name, got, c.want)
+		}
+	}
+	m, err := parsePromText([]byte("conductor_hash_memo_lookups_total{result=\"hit\"} 7\nconductor_hash_memo_lookups_total{result=\"miss\"} 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hit, miss := map[string]string{"result": "hit"}, map[string]string{"result": "miss"}
+	if got := hitPct(0, 0, m.value("conductor_hash_memo_lookups_total", hit), m.value("conductor_hash_memo_lookups_total", miss)); got != 70 {
+		t.Errorf("parsed counters give %v %%, want 70", got)
+	}
 }

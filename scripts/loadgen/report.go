@@ -66,6 +66,12 @@ type levelResult struct {
 	// (encoding is done up front; this is HTTP plus decoding and checking).
 	ClientCPUPerQueryUS float64 `json:"client_cpu_per_query_us"`
 	Failures            int64   `json:"failures"`
+	// PrefixMemoHitPct and TokenMemoHitPct are the shares of blocks and
+	// token ids the server's memos served over the level (-1: unknown, or
+	// the memo is off); MemoBytes is what both held at its end.
+	PrefixMemoHitPct float64 `json:"prefix_memo_hit_pct"`
+	TokenMemoHitPct  float64 `json:"token_memo_hit_pct"`
+	MemoBytes        int64   `json:"memo_bytes"`
 }
 
 type unregResult struct {
@@ -121,16 +127,24 @@ func fmtBytes(b int64) string {
 	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 }
 
+func fmtPct(v float64) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f %%", v)
+}
+
 // writeMarkdown prints the per-level table and a summary table.
 func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s\n\n",
 		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding)
-	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | wrong |")
-	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | memo hits (blocks / ids), memory | wrong |")
+	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, l := range r.Levels {
-		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %d |\n",
+		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %s / %s, %s | %d |\n",
 			l.Concurrency, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.MaxUS),
-			fmtUS(l.ServerCPUPerQueryUS), fmtUS(l.ClientCPUPerQueryUS), l.Failures)
+			fmtUS(l.ServerCPUPerQueryUS), fmtUS(l.ClientCPUPerQueryUS),
+			fmtPct(l.PrefixMemoHitPct), fmtPct(l.TokenMemoHitPct), fmtBytes(l.MemoBytes), l.Failures)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| measure | value |")
