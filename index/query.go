@@ -166,6 +166,8 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
 	total, more := 0, true
 	var hm holderMemo
+	var prev [4]uint64 // the holder sets of the last block cut, once cutOnce
+	cutOnce := false
 	rc, _ := chain.(ReadyChain)
 	for more && alive[Disk] != 0 {
 		if rc != nil {
@@ -192,7 +194,12 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 		b := &s.blocks[idx]
 		dev, loc, dsk, shared := hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
 		s.mu.RUnlock()
-		sc.cutSmall(&alive, dev, loc, dsk, shared, total)
+		// As in walkReady: a block held exactly like the one before it
+		// cuts nobody, so the cut runs only where the holders change.
+		if h := [4]uint64{dev, loc, dsk, uint64(shared)}; !cutOnce || h != prev {
+			sc.cutSmall(&alive, dev, loc, dsk, shared, total)
+			prev, cutOnce = h, true
+		}
 		total += covered
 	}
 	for tier, a := range alive {
