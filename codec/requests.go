@@ -587,23 +587,6 @@ func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 	}
 }
 
-// tokenFormat describes, by first byte, the integer formats token ids arrive
-// in: positive fixint, uint8, uint16 and uint32 (Python's packer picks the
-// smallest by value) and int32 (Go packers). size is the encoded size, shift
-// turns the big-endian word after the first byte into the value, fix is the
-// value of a fixint, and check marks uint32, whose top bit would leave the
-// int32 range. size 0 sends the element to the general path.
-var tokenFormat = func() (t [256]struct{ size, shift, fix, check uint8 }) {
-	for c := 0; c <= 0x7f; c++ {
-		t[c] = struct{ size, shift, fix, check uint8 }{1, 32, uint8(c), 0}
-	}
-	t[0xcc] = struct{ size, shift, fix, check uint8 }{2, 24, 0, 0}
-	t[0xcd] = struct{ size, shift, fix, check uint8 }{3, 16, 0, 0}
-	t[0xce] = struct{ size, shift, fix, check uint8 }{5, 0, 0, 1}
-	t[0xd2] = struct{ size, shift, fix, check uint8 }{5, 0, 0, 0}
-	return t
-}()
-
 // decodeTokenRun decodes token ids into dst from index i while they are in
 // the common formats and at least five bytes of body remain, and returns the
 // index it stopped at. Each element costs table lookups and one unaligned
@@ -643,25 +626,22 @@ run:
 		}
 		if end := min(len(dst), i+16); p+groupReach <= len(b) {
 			var j int
-			p, j = decodeGroup(b, p, dst[i:end], &groupFormat)
+			p, j = decodeGroup(b, p, dst[i:end], &tokenFormat)
 			if i += j; i < end {
 				break run
 			}
 			continue
 		}
+		// The last few elements of the body: the same formats, with the
+		// word built from five checked bytes instead of one 8-byte load.
 		for end := min(len(dst), i+16); i < end && p+5 <= len(b); i++ {
 			t := b[p]
-			f := tokenFormat[t]
-			w := binary.BigEndian.Uint32(b[p+1 : p+5])
-			if f.size == 0 || w>>31&uint32(f.check) != 0 {
+			v, ok := takeToken(uint64(t)<<56|uint64(binary.BigEndian.Uint32(b[p+1:p+5]))<<24, tokenFormat[t])
+			if !ok {
 				break run
 			}
-			dst[i] = int32(w>>f.shift + uint32(f.fix))
-			// The size again, computed from t rather than loaded from
-			// the table: the next element's position then waits for one
-			// load (t), not two. For the formats taken here (fixint 1,
-			// uint8 2, uint16 3, uint32 and int32 5) it is 1+(t>>7)<<(t&3).
-			p += 1 + int(t>>7)<<(t&3)
+			dst[i] = v
+			p += tokenSize(t)
 		}
 	}
 	c.p = p
@@ -672,12 +652,14 @@ run:
 // of at most 5 bytes, then the 8 bytes it loads for the 16th.
 const groupReach = 15*5 + 8
 
-// groupFormat says, per first byte, how decodeGroup takes an element from
-// the big-endian 8-byte word W that starts at it: the value is
-// W>>(e&63) & (e>>32), which drops the first byte itself (a positive fixint
-// keeps it). Bit 31 marks the formats it leaves to the general path:
-// everything but positive fixint, uint8, uint16, uint32 and int32.
-var groupFormat = func() (t [256]uint64) {
+// tokenFormat says, per first byte, how the fast token loops take an
+// element from the big-endian word w whose top byte is that first byte and
+// whose next bytes follow it in the body: the value is
+// w>>(e&63) & (e>>32), which drops the first byte itself (a positive fixint
+// keeps it). The formats are positive fixint, uint8, uint16 and uint32
+// (Python's packer picks the smallest by value) and int32 (Go packers); bit
+// 31 marks every other first byte, which the general path takes.
+var tokenFormat = func() (t [256]uint64) {
 	for c := range t {
 		t[c] = 1 << 31
 	}
@@ -691,13 +673,26 @@ var groupFormat = func() (t [256]uint64) {
 	return t
 }()
 
+// takeToken returns the token an element of format e (tokenFormat) packs in
+// w, and false for a format the fast loops leave out or a value with bit 31
+// set (a uint32 over the int32 range, or a negative int32), which the
+// general path then accepts or rejects.
+func takeToken(w, e uint64) (int32, bool) {
+	v := w >> (e & 63) & (e >> 32)
+	return int32(v), (v|e)&(1<<31) == 0
+}
+
+// tokenSize is the encoded size of an element that takeToken took, from
+// its first byte rather than from the table: the next element's position
+// then waits for one load (t), not two. For fixint 1, uint8 2, uint16 3,
+// uint32 and int32 5 it is 1+(t>>7)<<(t&3).
+func tokenSize(t byte) int { return 1 + int(t>>7)<<(t&3) }
+
 // decodeGroup is decodeTokenRun's general loop for up to 16 elements
 // (len(d) <= 16) when b holds at least groupReach bytes from p, which its
 // caller checks once: the loads then need no bounds checks. It returns the
 // position and the number of ids decoded, stopping at the first element
-// it does not take: a format groupFormat leaves out, or a value with bit 31
-// set (a uint32 over the int32 range, or a negative int32), which the
-// general path then accepts or rejects.
+// takeToken does not take.
 //
 // The loop was bound by its instruction count, so it is written for few
 // instructions: one 8-byte load gives the payload of every format (the
@@ -706,25 +701,19 @@ var groupFormat = func() (t [256]uint64) {
 // first byte needed a second shift and an add for fixints and two tests.
 // At 26 instructions per id (36 before) it takes about as long as the chain
 // of element positions (load the type byte, compute the size, add). tab is
-// groupFormat, passed in so that its address stays in a register.
+// tokenFormat, passed in so that its address stays in a register.
 func decodeGroup(b []byte, p int, d []int32, tab *[256]uint64) (int, int) {
 	_ = b[p+groupReach-1]   // the promise above; every read is below it
 	d = d[:min(len(d), 16)] // and no read goes past 16 elements
 	base := unsafe.Pointer(unsafe.SliceData(b))
 	for j := range d {
 		t := *(*byte)(unsafe.Add(base, p))
-		w := bits.ReverseBytes64(*(*uint64)(unsafe.Add(base, p)))
-		e := tab[t]
-		v := w >> (e & 63) & (e >> 32)
-		if (v|e)&(1<<31) != 0 {
+		v, ok := takeToken(bits.ReverseBytes64(*(*uint64)(unsafe.Add(base, p))), tab[t])
+		if !ok {
 			return p, j
 		}
-		d[j] = int32(v)
-		// The size from t rather than from the table: the next element's
-		// position then waits for one load (t), not two. For the formats
-		// taken here (fixint 1, uint8 2, uint16 3, uint32 and int32 5) it
-		// is 1+(t>>7)<<(t&3).
-		p += 1 + int(t>>7)<<(t&3)
+		d[j] = v
+		p += tokenSize(t)
 	}
 	return p, len(d)
 }

@@ -74,7 +74,7 @@ func TestDecodeGroupMatchesReference(t *testing.T) {
 		}
 		n := rapid.IntRange(0, 20).Draw(t, "n")
 		d := make([]int32, n)
-		gotP, gotK := decodeGroup(b[:len(b):len(b)], lead, d, &groupFormat)
+		gotP, gotK := decodeGroup(b[:len(b):len(b)], lead, d, &tokenFormat)
 
 		wantP, wantK := lead, 0
 		for wantK < min(n, 16) {
