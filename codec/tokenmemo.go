@@ -209,7 +209,7 @@ func (m *TokenMemo) match(rest []byte, n int, fps []uint64) (best *packedEntry, 
 // usable is how many leading tokens of e an n-element array packed at the
 // start of rest shares, and the packed length they span.
 func (e *packedEntry) usable(rest []byte, n int) (k, off int) {
-	common := commonBytes(rest, e.raw)
+	common := memostore.CommonPrefix(rest, e.raw)
 	if common == len(e.raw) && len(e.toks) <= n {
 		return len(e.toks), len(e.raw)
 	}
@@ -221,19 +221,6 @@ func (e *packedEntry) usable(rest []byte, n int) (k, off int) {
 		return 0, 0
 	}
 	return c * memoChunk, int(e.ends[c-1])
-}
-
-// commonBytes is the length of the longest common prefix of a and b,
-// compared in large chunks first (string equality is memcmp).
-func commonBytes(a, b []byte) int {
-	n := min(len(a), len(b))
-	lo := 0
-	for step := 4096; step >= 1; step /= 8 {
-		for lo+step <= n && string(a[lo:lo+step]) == string(b[lo:lo+step]) {
-			lo += step
-		}
-	}
-	return lo
 }
 
 // remember files an accepted array (a copy of raw, its tokens, and the
@@ -259,7 +246,7 @@ func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint
 	} else {
 		e.toks = append([]int32(nil), toks...)
 	}
-	e.Fps = append(append(make([]uint64, 0, nf+1), fps[:nf]...), fps[len(fps)-1])
+	e.Fps = memostore.FiledUnder(fps, nf)
 	e.Size = packedOverhead + len(e.raw) + 4*cap(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
 	m.store.Insert(e, e.extends)
 	return took

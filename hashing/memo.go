@@ -51,7 +51,7 @@ const (
 
 // prefixEntry is one remembered chain. It is immutable once published.
 type prefixEntry struct {
-	memostore.Record // filed under the fingerprints of its first 1, 2, 4, … blocks
+	memostore.Record // filed under its first 1, 2, 4, … blocks and its whole query
 	kind             kind
 	bs               int
 	root             [32]byte
@@ -178,16 +178,7 @@ func int32Bytes(t []int32) []byte {
 // commonPrefix is the length of the longest common prefix of a and b.
 func commonPrefix(a, b []int32) int {
 	n := min(len(a), len(b))
-	ab, bb := int32Bytes(a[:n]), int32Bytes(b[:n])
-	// Compare in large chunks first; memcmp through string equality is
-	// far faster than a token loop.
-	lo := 0
-	for step := 4096; step >= 4; step /= 4 {
-		for lo+step <= 4*n && string(ab[lo:lo+step]) == string(bb[lo:lo+step]) {
-			lo += step
-		}
-	}
-	return lo / 4
+	return memostore.CommonPrefix(int32Bytes(a[:n]), int32Bytes(b[:n])) / 4
 }
 
 // usable is how many leading blocks of e the chain c may reuse.
@@ -229,12 +220,6 @@ func (c *Chain) rememberPrefix() {
 	for depth := 1; depth <= m && n < len(c.fpVals); depth *= 2 {
 		n++
 	}
-	fps := append(make([]uint64, 0, n+1), c.fpVals[:n]...)
-	if n < len(c.fpVals) {
-		// Filed under the whole query too, even where the walk stopped
-		// short of it, so that asking again finds this very chain.
-		fps = append(fps, c.fpVals[len(c.fpVals)-1])
-	}
 	toks := c.tokens[:min(readEnd(c.kind, c.bs, m-1), len(c.tokens))]
 	if !c.keepTokens {
 		toks = append([]int32(nil), toks...)
@@ -248,7 +233,9 @@ func (c *Chain) rememberPrefix() {
 		tokens:  toks,
 		digests: append(digests, c.digs...),
 	}
-	e.Fps = fps
+	// Filed under the whole query too, even where the walk stopped short
+	// of it, so that asking again finds this very chain.
+	e.Fps = memostore.FiledUnder(c.fpVals, n)
 	e.Size = e.size()
 	c.memo.store.Insert(e, e.extends)
 }

@@ -242,3 +242,31 @@ func (s *Store[E]) Reset() {
 func (s *Store[E]) Bytes() int {
 	return int(s.bytes.Load())
 }
+
+// FiledUnder returns the fingerprints of an entry that covers the first n
+// of a query's fingerprinted depths (shallowest first): those n, and the
+// query's deepest, its whole-query fingerprint, when it is not among them.
+// Filing under the whole query lets the same query find the entry again
+// even when every depth it covers is shared by many prompts, whose
+// buckets keep only their newest BucketCap entries.
+func FiledUnder(fps []uint64, n int) []uint64 {
+	out := append(make([]uint64, 0, n+1), fps[:n]...)
+	if n < len(fps) {
+		out = append(out, fps[len(fps)-1])
+	}
+	return out
+}
+
+// CommonPrefix is the length of the longest common prefix of a and b, the
+// exact check both memos make of a candidate entry. It compares in large
+// chunks first: string equality is memcmp, far faster than a byte loop.
+func CommonPrefix(a, b []byte) int {
+	n := min(len(a), len(b))
+	lo := 0
+	for step := 4096; step >= 1; step /= 8 {
+		for lo+step <= n && string(a[lo:lo+step]) == string(b[lo:lo+step]) {
+			lo += step
+		}
+	}
+	return lo
+}

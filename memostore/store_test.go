@@ -2,6 +2,7 @@ package memostore
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -197,4 +198,45 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	wg.Wait()
 	check(t, s, 4*size) // each goroutine may be over by its entry at once
+}
+
+func TestFiledUnder(t *testing.T) {
+	fps := []uint64{1, 2, 4, 8, 99} // depths 1, 2, 4, 8, then the whole query
+	for _, c := range []struct {
+		n    int
+		want []uint64
+	}{
+		{1, []uint64{1, 99}},
+		{3, []uint64{1, 2, 4, 99}},
+		{4, []uint64{1, 2, 4, 8, 99}},
+		{5, []uint64{1, 2, 4, 8, 99}}, // covers every depth: the deepest once
+	} {
+		got := FiledUnder(fps, c.n)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("FiledUnder(%v, %d) = %v, want %v", fps, c.n, got, c.want)
+		}
+		if len(got) > 0 && &got[0] == &fps[0] {
+			t.Errorf("FiledUnder(%v, %d) shares the query's slice", fps, c.n)
+		}
+	}
+}
+
+func TestCommonPrefix(t *testing.T) {
+	long := make([]byte, 10_000)
+	for i := range long {
+		long[i] = byte(i * 7)
+	}
+	for _, at := range []int{0, 1, 7, 8, 63, 4095, 4096, 4097, 9_999} {
+		other := slices.Clone(long)
+		other[at]++
+		if got := CommonPrefix(long, other); got != at {
+			t.Errorf("differing at %d: CommonPrefix = %d", at, got)
+		}
+	}
+	if got := CommonPrefix(long, long[:5000]); got != 5000 {
+		t.Errorf("a prefix of the other: CommonPrefix = %d, want 5000", got)
+	}
+	if got := CommonPrefix(nil, long); got != 0 {
+		t.Errorf("empty: CommonPrefix = %d", got)
+	}
 }
