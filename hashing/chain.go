@@ -179,10 +179,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		start := c.pos
 		c.pos = min(start+c.bs, c.limit)
 		c.block++
-		if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
-			return binary.BigEndian.Uint64(d[24:]), c.pos - start, true
-		}
-		return binary.BigEndian.Uint64(d[:8]), c.pos - start, true
+		return c.key(d), c.pos - start, true
 	}
 	start := c.pos
 	end := c.limit
@@ -195,9 +192,8 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.kind == kindNone {
 		return 0, 0, false
 	}
-	if c.memo != nil && !c.lookedUp {
-		c.lookedUp = true
-		c.findPrefix()
+	if c.memo != nil {
+		c.lookUp()
 	}
 	if c.block < c.reuseK { // the memo lookup just above found a prefix
 		return c.Next()
@@ -208,20 +204,37 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	c.hashBlock(start, end)
 	if c.memo != nil {
 		c.memoMisses++
-	}
-	if c.memo != nil && len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block-c.reuseK {
-		// Record the digests hashed after the reused prefix, for the memo
-		// to learn; the prefix itself is taken from reuse only then (see
-		// rememberPrefix), so a fully warm query copies nothing.
-		c.digs = append(c.digs, c.parent)
+		if len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block-c.reuseK {
+			// Record the digests hashed after the reused prefix, for the
+			// memo to learn; the prefix itself is taken from reuse only
+			// then (see rememberPrefix), so a fully warm query copies
+			// nothing.
+			c.digs = append(c.digs, c.parent)
+		}
 	}
 	c.havePr = true
 	c.pos = end
 	c.block++
+	return c.key(&c.parent), end - start, true
+}
+
+// key is a block digest's 64-bit index key: vLLM projects its low 64 bits
+// (low64_be), SGLang its first 64 (first64_be).
+func (c *Chain) key(d *[32]byte) uint64 {
 	if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
-		return binary.BigEndian.Uint64(c.parent[24:]), end - start, true
+		return binary.BigEndian.Uint64(d[24:])
 	}
-	return binary.BigEndian.Uint64(c.parent[:8]), end - start, true
+	return binary.BigEndian.Uint64(d[:8])
+}
+
+// lookUp consults the memo for this query's longest remembered prefix, once
+// per query and only when it is first needed (an answered query may never
+// need a block).
+func (c *Chain) lookUp() {
+	if !c.lookedUp {
+		c.lookedUp = true
+		c.findPrefix()
+	}
 }
 
 // Ready reports how many of the next Next calls are served from the memo
@@ -231,10 +244,7 @@ func (c *Chain) Ready() int {
 	if c.memo == nil || c.kind == kindNone || c.pos >= c.limit {
 		return 0
 	}
-	if !c.lookedUp {
-		c.lookedUp = true
-		c.findPrefix()
-	}
+	c.lookUp()
 	return max(0, c.reuseK-c.block)
 }
 
