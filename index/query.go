@@ -32,6 +32,11 @@ type readyScratch struct {
 // readyFound marks a position whose block exists, in held[i][3].
 const readyFound = 1 << 8
 
+// noBlockHeld starts the walks' "holder sets last cut with": equal to no
+// block's, found (readyFound) or not (zero), so the first block always
+// cuts.
+var noBlockHeld = [4]uint64{3: ^uint64(0)}
+
 // maxReadyBatch bounds a walkReady batch, so its scratch (about 60 bytes a
 // key, kept with a pooled result) stays small even for a long prompt with a
 // small block size; 1,024 keys still share each of 64 stripe locks 16 ways.
@@ -166,8 +171,7 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
 	total, more := 0, true
 	var hm holderMemo
-	var prev [4]uint64 // the holder sets of the last block cut, once cutOnce
-	cutOnce := false
+	prev := noBlockHeld // the holder sets of the last block cut
 	rc, _ := chain.(ReadyChain)
 	for more && alive[Disk] != 0 {
 		if rc != nil {
@@ -196,9 +200,9 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 		s.mu.RUnlock()
 		// As in walkReady: a block held exactly like the one before it
 		// cuts nobody, so the cut runs only where the holders change.
-		if h := [4]uint64{dev, loc, dsk, uint64(shared)}; !cutOnce || h != prev {
+		if h := [4]uint64{dev, loc, dsk, uint64(shared)}; h != prev {
 			sc.cutSmall(&alive, dev, loc, dsk, shared, total)
-			prev, cutOnce = h, true
+			prev = h
 		}
 		total += covered
 	}
@@ -265,7 +269,7 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 	// A block held exactly like the one before it cuts nobody: the alive
 	// sets are already within its holder sets. The blocks of a cached
 	// prompt mostly are, so the cut runs only where the holders change.
-	prev := [4]uint64{3: ^uint64(0)} // equal to no block's, found (readyFound) or not (zero)
+	prev := noBlockHeld
 	for i := range n {
 		if h := r.held[i]; h != prev {
 			if h[3]&readyFound == 0 {
