@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -477,4 +478,34 @@ func TestReadinessFollowsStaticRegistrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "readiness after the publisher binds", func() bool { return readyz() == 200 })
+}
+
+// TestNewAppFailureLeavesNothingRunning: when the port is taken after a
+// static registration has started its subscriber, newApp fails with the
+// listen error and stops everything it started: the subscriber, the
+// index's reaper and the memory return the dropped context requested.
+func TestNewAppFailureLeavesNothingRunning(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	svcBody, err := msgpack.Marshal(vllmRegistration("static-0", "ipc://"+t.TempDir()+"/pub.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
+	if e != nil {
+		t.Fatal(e)
+	}
+	cfg := &config.Config{Addr: "127.0.0.1", Port: taken.Addr().(*net.TCPAddr).Port,
+		Static: []config.Static{{Name: "static-0", Service: svc}}}
+	if a, err := newApp(cfg, zerolog.New(io.Discard)); err == nil {
+		a.close()
+		t.Fatal("newApp listened on a taken port")
+	} else if !strings.Contains(err.Error(), "listen on") {
+		t.Fatalf("newApp: %v, want the listen error", err)
+	}
+	goleak.VerifyNone(t, append(fasthttpGlobals, ignore)...)
 }

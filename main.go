@@ -75,6 +75,8 @@ type app struct {
 	ix  *index.Index
 	srv *server.Server
 	ln  net.Listener
+	// memReturn runs returnMemory after a context is dropped.
+	memReturn *bgjob.Job
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -95,6 +97,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
+	memReturn := bgjob.New(returnMemory, nil)
 	reg := registry.New(registry.Options{
 		Index:  ix,
 		Start:  sourceFactory(log, counters, staticKeys(cfg)),
@@ -106,21 +109,25 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				memo.Reset()
 				tokenMemo.Reset()
 			}
-			memoryReturn.Request()
+			memReturn.Request()
 		},
 	})
+	// undo stops what is running when newApp fails halfway.
+	undo := func() {
+		reg.Close()
+		ix.Close()
+		memReturn.Wait()
+	}
 	for _, st := range cfg.Static {
 		if _, err := reg.Register(st.Service); err != nil {
-			reg.Close()
-			ix.Close()
+			undo()
 			return nil, fmt.Errorf("static registration %q: %w", st.Name, err)
 		}
 	}
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		reg.Close()
-		ix.Close()
+		undo()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo})
@@ -134,7 +141,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Ready: func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
 	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
-	return &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln}, nil
+	return &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn}, nil
 }
 
 func (a *app) serve() error { return a.srv.Serve(a.ln) }
@@ -145,7 +152,10 @@ func (a *app) close() {
 	_ = a.srv.Shutdown()
 	a.reg.Close()
 	a.ix.Close() // after the registry, whose removals feed it
-	waitMemoryReturned()
+	// No goroutine outlives the service: the memory return the last
+	// drops requested, and the subscribers' C-heap trims.
+	a.memReturn.Wait()
+	subscriber.WaitTrims()
 }
 
 func newLogger(cfg *config.Config) zerolog.Logger {
@@ -206,27 +216,18 @@ func setGCPercent(getenv func(string) string) {
 	}
 }
 
-// memoryReturn hands memory freed by a dropped context back to the OS in
-// the background (two forced GCs plus a scavenge, then a trim of the C heap
-// that held libzmq's buffers): otherwise it would come back over minutes or
-// never, and operators read RSS. One collection is not enough: what it
-// takes out of sync.Pools (query state, fasthttp's contexts) waits in the
-// pools' victim caches until the next one, and each collection only halves
-// an idle goroutine's grown stack. Drops during a return get one more
-// return after it. It ends by itself within milliseconds; app.close waits
-// for it.
-var memoryReturn = bgjob.New(func() {
+// returnMemory hands memory freed by a dropped context back to the OS (two
+// forced GCs plus a scavenge, then a trim of the C heap that held libzmq's
+// buffers): otherwise it would come back over minutes or never, and
+// operators read RSS. One collection is not enough: what it takes out of
+// sync.Pools (query state, fasthttp's contexts) waits in the pools' victim
+// caches until the next one, and each collection only halves an idle
+// goroutine's grown stack. The app runs it in the background (app.memReturn:
+// drops during a run get one more run after it); it takes milliseconds.
+func returnMemory() {
 	runtime.GC()
 	debug.FreeOSMemory()   // the second collection, then the scavenge
 	subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
-}, nil)
-
-// waitMemoryReturned returns once the memory return running at the call,
-// if any, has ended; shutdown waits for it and for the subscribers'
-// C-heap trims so that no goroutine outlives the service.
-func waitMemoryReturned() {
-	memoryReturn.Wait()
-	subscriber.WaitTrims()
 }
 
 // staticKeys are the config file's registrations: readiness waits for
