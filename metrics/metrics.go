@@ -177,16 +177,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(stale))
 	}
 	if c.opts.Memo != nil {
-		hits, misses := c.opts.Memo.Stats()
-		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(hits), "hit")
-		ch <- prometheus.MustNewConstMetric(descMemo, prometheus.CounterValue, float64(misses), "miss")
-		ch <- prometheus.MustNewConstMetric(descMemoBytes, prometheus.GaugeValue, float64(c.opts.Memo.Bytes()))
+		collectMemo(ch, descMemo, descMemoBytes, c.opts.Memo)
 	}
 	if c.opts.TokenMemo != nil {
-		hits, misses := c.opts.TokenMemo.Stats()
-		ch <- prometheus.MustNewConstMetric(descTokenMemo, prometheus.CounterValue, float64(hits), "hit")
-		ch <- prometheus.MustNewConstMetric(descTokenMemo, prometheus.CounterValue, float64(misses), "miss")
-		ch <- prometheus.MustNewConstMetric(descTokenMemoBytes, prometheus.GaugeValue, float64(c.opts.TokenMemo.Bytes()))
+		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
 	}
 	for _, s := range c.opts.Counters.Snapshot() {
 		d, ok := descIngest[s.Metric]
@@ -195,4 +189,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(s.Value), s.Source, s.Reason)
 	}
+}
+
+// memo is what both memos report: lookups by result and the memory held.
+type memo interface {
+	Stats() (hits, misses uint64)
+	Bytes() int
+}
+
+// collectMemo sends a memo's lookups (by result) and memory.
+func collectMemo(ch chan<- prometheus.Metric, lookups, bytes *prometheus.Desc, m memo) {
+	hits, misses := m.Stats()
+	ch <- prometheus.MustNewConstMetric(lookups, prometheus.CounterValue, float64(hits), "hit")
+	ch <- prometheus.MustNewConstMetric(lookups, prometheus.CounterValue, float64(misses), "miss")
+	ch <- prometheus.MustNewConstMetric(bytes, prometheus.GaugeValue, float64(m.Bytes()))
 }
