@@ -288,16 +288,23 @@ type memoStats struct {
 	prefixBytes, tokenBytes  float64
 }
 
-// memoStats reads the server's memo counters from /metrics.
-func (a *api) memoStats() (memoStats, error) {
+// metrics fetches and parses GET /metrics. status is the response's (0
+// when none came back), so callers can count a 5xx.
+func (a *api) metrics() (m promText, status int, err error) {
 	status, body, err := a.do(fasthttp.MethodGet, "/metrics", nil, false)
 	if err != nil {
-		return memoStats{}, err
+		return nil, 0, err
 	}
 	if status != 200 {
-		return memoStats{}, fmt.Errorf("metrics: status %d", status)
+		return nil, status, fmt.Errorf("metrics: status %d", status)
 	}
-	m, err := parsePromText(body)
+	m, err = parsePromText(body)
+	return m, status, err
+}
+
+// memoStats reads the server's memo counters from /metrics.
+func (a *api) memoStats() (memoStats, error) {
+	m, _, err := a.metrics()
 	if err != nil {
 		return memoStats{}, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -359,9 +360,7 @@ func TestLoadShort(t *testing.T) {
 	if rep == nil {
 		t.Fatalf("load did not run: %v", err)
 	}
-	var md bytes.Buffer
-	rep.writeMarkdown(&md)
-	t.Log(md.String())
+	md := logMarkdown(t, rep)
 	if err != nil || rep.Failures != 0 {
 		t.Fatalf("load failed (%v): %d wrong answers or errors", err, rep.Failures)
 	}
@@ -382,7 +381,7 @@ func TestLoadShort(t *testing.T) {
 	if rep.Unreg.Publishers != 3 || rc == nil || rc.Queries == 0 || rc.Seconds < 0.5 {
 		t.Fatalf("unregistration or reclaim window not measured: %+v %+v", rep.Unreg, rc)
 	}
-	if !strings.Contains(md.String(), "while the others' entries are reclaimed") {
+	if !strings.Contains(md, "while the others' entries are reclaimed") {
 		t.Error("the Markdown report lacks the reclaim window")
 	}
 	for _, bad := range [][]string{{"--reclaim-window", "-1s"}, {"--reclaim-window", "2m"}} {
@@ -390,6 +389,15 @@ func TestLoadShort(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+}
+
+// logMarkdown logs a run's Markdown report (either kind) and returns it.
+func logMarkdown(t *testing.T, rep interface{ writeMarkdown(io.Writer) }) string {
+	t.Helper()
+	var md bytes.Buffer
+	rep.writeMarkdown(&md)
+	t.Log(md.String())
+	return md.String()
 }
 
 // spawnedRun parses the options of a short run against a spawned server

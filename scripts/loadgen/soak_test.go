@@ -516,9 +516,7 @@ func TestSoakShort(t *testing.T) {
 	if rep == nil {
 		t.Fatalf("soak did not run: %v", err)
 	}
-	var md bytes.Buffer
-	rep.writeMarkdown(&md)
-	t.Log(md.String())
+	logMarkdown(t, rep)
 	if err != nil || !rep.passed() {
 		t.Fatalf("soak failed (%v)", err)
 	}
