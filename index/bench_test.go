@@ -62,6 +62,23 @@ func BenchmarkWalk(b *testing.B) {
 	}
 }
 
+// BenchmarkWalkReady is the stretch goal's walk with hashing excluded: a
+// warm 32K-token prompt (2,048 blocks of 16) fully held by 8 instances × 2
+// ranks, every key ready (a memo hit), so walkReady does all of it.
+func BenchmarkWalkReady(b *testing.B) {
+	const blocks = 2048
+	tb, c := walkTable(b, 8, 2, blocks, func(int) int { return blocks })
+	var res QueryResult
+	ch := &readyChain{c, blocks}
+	tb.Query(ch, "", &res)
+	b.ReportAllocs()
+	for b.Loop() {
+		c.reset()
+		tb.Query(ch, "", &res)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
+}
+
 // BenchmarkWalkMixed is 8 instances x 2 ranks with staggered device
 // prefixes and the whole prompt in the shared pool, so owners die at
 // different blocks and the shared tier carries them to the end.

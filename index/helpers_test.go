@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -109,6 +110,7 @@ func stripeErr(tb *Table, s *stripe) error {
 	}
 	var tiers [numTiers]int
 	pairs := map[OwnerID]int{}
+	refs := map[uint32]uint32{}
 	for idx := range inIndex {
 		b := &s.blocks[idx]
 		if b.first.own == 0 {
@@ -152,14 +154,20 @@ func stripeErr(tb *Table, s *stripe) error {
 				return fmt.Errorf("unregistered owner %d holds block %d", p.id(), idx)
 			}
 		}
-		if m != b.mask {
-			return fmt.Errorf("block %d mask %b, union %b", idx, b.mask, m)
+		if m != b.mask() {
+			return fmt.Errorf("block %d mask %b, union %b", idx, b.mask(), m)
+		}
+		if err := holderIDErr(s, b, all, refs); err != nil {
+			return fmt.Errorf("block %d: %w", idx, err)
 		}
 		for k := range numTiers {
 			if m&(1<<k) != 0 {
 				tiers[k]++
 			}
 		}
+	}
+	if err := holderSetsErr(&s.sets, refs); err != nil {
+		return err
 	}
 	if tiers != s.tierKeys {
 		return fmt.Errorf("tierKeys %v, actual %v", s.tierKeys, tiers)
@@ -196,4 +204,67 @@ func asReady(c *keyChain, ready, want int) (Chain, int) {
 		want = max(want, min(ready, len(c.keys)+1))
 	}
 	return &readyChain{c, ready}, want
+}
+
+// holderIDErr checks that block b, whose holders are all, refers to the
+// interned list of exactly its holders' words, or to none when it has a
+// single holder (or more than are interned), and counts the reference.
+func holderIDErr(s *stripe, b *block, all []pair, refs map[uint32]uint32) error {
+	id := b.holderID()
+	if len(all) == 1 || len(all) > maxInternedHolders {
+		if id != 0 {
+			return fmt.Errorf("%d holders but holder list %d", len(all), id)
+		}
+		return nil
+	}
+	if id == 0 || int(id) > len(s.sets.sets) {
+		return fmt.Errorf("%d holders, holder list id %d of %d", len(all), id, len(s.sets.sets))
+	}
+	var want []uint32
+	for _, p := range all {
+		want = append(want, p.own)
+	}
+	slices.Sort(want)
+	if got := s.sets.wordsOf(id); !slices.Equal(got, want) {
+		return fmt.Errorf("holder list %d is %x, holders %x", id, got, want)
+	}
+	refs[id]++
+	return nil
+}
+
+// holderSetsErr checks reference counts, the free list and the hash chains.
+func holderSetsErr(hs *holderSets, refs map[uint32]uint32) error {
+	free := map[uint32]bool{}
+	for _, id := range hs.free {
+		if free[id] || hs.sets[id-1].words != nil {
+			return fmt.Errorf("holder list %d on the free list twice or live", id)
+		}
+		free[id] = true
+	}
+	chained := 0
+	for h, head := range hs.byHash {
+		for id := head; id != 0; id = hs.sets[id-1].next {
+			if set := hs.sets[id-1]; set.hash != h || set.words == nil || hashWords(set.words) != h {
+				return fmt.Errorf("holder list %d misfiled under hash %x", id, h)
+			}
+			if chained++; chained > len(hs.sets) {
+				return fmt.Errorf("holder list hash chain cycle")
+			}
+		}
+	}
+	live := 0
+	for i, set := range hs.sets {
+		id := uint32(i + 1)
+		if free[id] {
+			continue
+		}
+		live++
+		if set.refs != refs[id] {
+			return fmt.Errorf("holder list %d has %d references, %d blocks", id, set.refs, refs[id])
+		}
+	}
+	if live != chained {
+		return fmt.Errorf("%d live holder lists, %d reachable by hash", live, chained)
+	}
+	return nil
 }

@@ -16,6 +16,18 @@ type queryScratch struct {
 	cnt [][numTiers]int
 	// ready is walkReady's working memory.
 	ready readyScratch
+	// lists is, by stripe, the last interned holder list the walk
+	// resolved there (see holdersOf).
+	lists []listMemo
+}
+
+// listMemo is one stripe's interned holder list and the holder sets it
+// gave this query; epoch is the stripe's holderSets.epoch when it was read,
+// so an id freed and reused since does not match.
+type listMemo struct {
+	id, epoch     uint32
+	dev, loc, dsk uint64
+	shared        uint8
 }
 
 // readyScratch holds a batch of keys a ReadyChain produced, grouped by
@@ -84,6 +96,8 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 	}
 	sc.cnt = resize(sc.cnt, n)
 	if words == 1 {
+		sc.lists = resize(sc.lists, len(t.stripes))
+		clear(sc.lists)
 		t.walkSmall(v, chain, lo, n, sc)
 	} else {
 		t.walk(v, chain, lo, n, sc)
@@ -188,15 +202,15 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 			break
 		}
 		h := mix(key)
-		s := t.stripeFor(h)
+		si := t.stripeIndex(h)
+		s := &t.stripes[si]
 		s.mu.RLock()
 		idx := s.find(key, h)
 		if idx < 0 {
 			s.mu.RUnlock()
 			break
 		}
-		b := &s.blocks[idx]
-		dev, loc, dsk, shared := hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
+		dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, &hm)
 		s.mu.RUnlock()
 		// As in walkReady: a block held exactly like the one before it
 		// cuts nobody, so the cut runs only where the holders change.
@@ -259,8 +273,7 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 				r.held[i] = [4]uint64{}
 				continue
 			}
-			b := &s.blocks[idx]
-			dev, loc, dsk, shared := hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
+			dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, hm)
 			r.held[i] = [4]uint64{dev, loc, dsk, uint64(shared) | readyFound}
 		}
 		s.mu.RUnlock()
@@ -305,6 +318,27 @@ func (sc *queryScratch) cutSmall(alive *[numTiers]uint64, dev, loc, dsk uint64, 
 	}
 }
 
+// holdersOf returns the holder sets of block b of stripe s, number si,
+// which the caller holds read-locked. A block with an interned holder list
+// resolves it once per query and stripe (the list's words are all the
+// sets depend on), so the walk never reads its overflow list; others go
+// through hm.
+func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, lo int, un uint, hm *holderMemo) (dev, loc, dsk uint64, shared uint8) {
+	id := b.holderID()
+	if id == 0 {
+		return hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
+	}
+	m := &sc.lists[si]
+	if m.id == id && m.epoch == s.sets.epoch {
+		return m.dev, m.loc, m.dsk, m.shared
+	}
+	for _, w := range s.sets.wordsOf(id) {
+		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, pair{own: w}, dev, loc, dsk, shared)
+	}
+	*m = listMemo{id: id, epoch: s.sets.epoch, dev: dev, loc: loc, dsk: dsk, shared: shared}
+	return dev, loc, dsk, shared
+}
+
 // holderMemo remembers the holders of the last block walkSmall resolved and
 // the sets they gave. The blocks of a cached prompt are usually held by the
 // same owners in the same tiers, and comparing a block's pairs with the
@@ -324,11 +358,15 @@ type holderMemo struct {
 // rest, from the memo when they are the last block's.
 func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, first pair, rest []pair) (dev, loc, dsk uint64, shared uint8) {
 	if n := len(rest) + 1; n == m.n && first.own == m.own[0] {
-		same := true
+		// Branch-free: every word is compared, which pipelines where an
+		// early exit made each pair a dependent branch.
+		own := m.own[1:n]
+		own = own[:len(rest)]
+		var diff uint32
 		for i, p := range rest {
-			same = same && p.own == m.own[i+1]
+			diff |= p.own ^ own[i]
 		}
-		if same {
+		if diff == 0 {
 			return m.dev, m.loc, m.dsk, m.shared
 		}
 	}

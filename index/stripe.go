@@ -40,9 +40,24 @@ type block struct {
 	// ext is a 1-based index into stripe.ext (0: no overflow). While the
 	// block sits on the free list it holds the 1-based next free block.
 	ext uint32
-	// mask is the union of the tiers any holder has, kept so per-tier key
-	// counts change only when a tier's first holder arrives or last leaves.
-	mask uint8
+	// meta packs the id of the block's interned holder list (holderSets;
+	// 0 with a single holder or an uninterned list) above maskBits, and
+	// below them the union of the tiers any holder has, kept so per-tier
+	// key counts change only when a tier's first holder arrives or last
+	// leaves. Packing keeps the block at 24 bytes.
+	meta uint32
+}
+
+// maxHolderID is the largest id meta can hold; holderSets stops interning
+// new lists in a stripe that has that many.
+const maxHolderID = 1<<(32-maskBits) - 1
+
+func (b *block) mask() uint8      { return uint8(b.meta & tierBits) }
+func (b *block) holderID() uint32 { return b.meta >> maskBits }
+
+func (b *block) setMaskBits(m uint8) { b.meta = b.meta&^tierBits | uint32(m) }
+func (b *block) setHolderID(id uint32) {
+	b.meta = id<<maskBits | b.meta&tierBits
 }
 
 // stripe is one independently locked shard of a table: an open-addressing
@@ -70,7 +85,9 @@ type stripe struct {
 	// registration slot holds here (see OwnerID's layout in table.go).
 	owned    [][]uint32
 	tierKeys [numTiers]int
-	_        [64]byte // keep neighbouring stripes' locks off one cache line
+	// sets interns the holder lists of blocks with overflow (see block.meta).
+	sets holderSets
+	_    [64]byte // keep neighbouring stripes' locks off one cache line
 }
 
 // mix is the splitmix64 finalizer: projected keys from tests or odd
@@ -223,9 +240,11 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 	}
 	s.slots[i] = s.tombstone()
 	s.tombs++
-	if b := &s.blocks[idx]; b.ext != 0 {
+	b := &s.blocks[idx]
+	if b.ext != 0 {
 		s.freeExt(b.ext)
 	}
+	s.sets.release(b.holderID())
 	s.blocks[idx] = block{ext: s.free}
 	s.free = uint32(idx + 1)
 	s.nlive--
@@ -385,7 +404,7 @@ func (s *stripe) union(b *block) uint8 {
 
 // setMask records the block's new union and adjusts per-tier key counts.
 func (s *stripe) setMask(b *block, m uint8) {
-	if d := b.mask ^ m; d != 0 {
+	if d := b.mask() ^ m; d != 0 {
 		for t := range numTiers {
 			if d&(1<<t) != 0 {
 				if m&(1<<t) != 0 {
@@ -395,7 +414,7 @@ func (s *stripe) setMask(b *block, m uint8) {
 				}
 			}
 		}
-		b.mask = m
+		b.setMaskBits(m)
 	}
 }
 
@@ -438,10 +457,11 @@ func (s *stripe) ownerRemoveAt(id OwnerID, pos uint32) {
 	s.owned[sl] = list
 }
 
-// settle refreshes a changed block's union mask and deletes it when nobody
-// holds it any more.
+// settle refreshes a changed block's union mask and interned holder list,
+// and deletes the block when nobody holds it any more.
 func (s *stripe) settle(idx int, b *block) {
 	s.setMask(b, s.union(b))
+	s.reintern(b)
 	if b.first.own == 0 {
 		s.deleteBlock(idx, mix(b.key))
 	}

@@ -315,12 +315,16 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findEngine(b, id); k != noPair {
-		s.pairAt(b, k).own |= bit
+		if p := s.pairAt(b, k); p.own&bit == 0 {
+			p.own |= bit
+			s.reintern(b)
+		}
 	} else {
 		pos := s.ownerAppend(id, idx)
 		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: pos})
+		s.reintern(b)
 	}
-	s.setMask(b, b.mask|uint8(bit))
+	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
 }
 
@@ -427,8 +431,9 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 		}
 	} else {
 		s.addPair(b, pair{own: bit, aux: 1})
+		s.reintern(b)
 	}
-	s.setMask(b, b.mask|uint8(bit))
+	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
 }
 
@@ -470,6 +475,7 @@ func (t *Table) drop() {
 		s.mu.Lock()
 		s.dead = true
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
+		s.sets = holderSets{}
 		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}
 		s.mu.Unlock()
 	}
