@@ -252,19 +252,25 @@ func holderSetsErr(hs *holderSets, refs map[uint32]uint32) error {
 			}
 		}
 	}
-	live := 0
+	live, unused := 0, 0
 	for i, set := range hs.sets {
 		id := uint32(i + 1)
 		if free[id] {
 			continue
 		}
 		live++
+		if set.refs == 0 {
+			unused++
+		}
 		if set.refs != refs[id] {
 			return fmt.Errorf("holder list %d has %d references, %d blocks", id, set.refs, refs[id])
 		}
 	}
 	if live != chained {
 		return fmt.Errorf("%d live holder lists, %d reachable by hash", live, chained)
+	}
+	if unused != hs.unused {
+		return fmt.Errorf("%d unreferenced holder lists, counted %d", unused, hs.unused)
 	}
 	return nil
 }

@@ -15,13 +15,17 @@ import "slices"
 // only input of a block's holder sets for a given registration snapshot and
 // owner span (see noteSmall), which is what makes the id a safe memo key.
 //
-// A set is freed with its last reference and its id reused; epoch counts
-// those frees, so a query that remembered an id across two lock holds of
-// the stripe can tell whether the id may have changed meaning meanwhile.
+// A set whose last reference goes stays interned, unreferenced, so the
+// lists a block passes through while its owners arrive one by one are not
+// built again for the next block; sweep frees such sets once they outnumber
+// the referenced ones, and reuses their ids. epoch counts sweeps, so a
+// query that remembered an id across two lock holds of the stripe can tell
+// whether the id may have changed meaning meanwhile.
 type holderSets struct {
 	byHash map[uint64]uint32 // hash of words → id of the newest set with it
 	sets   []holderSet       // by id - 1
 	free   []uint32          // ids of freed sets
+	unused int               // interned sets without references
 	epoch  uint32
 	words  []uint32 // scratch for intern
 }
@@ -38,20 +42,25 @@ type holderSet struct {
 // block is left uninterned (id 0) and queries compare its pairs instead.
 const maxInternedHolders = 64
 
+// minSweep is how many unreferenced sets a stripe keeps before sweeping;
+// with up to maxInternedHolders words each, at most a few tens of KiB.
+const minSweep = 64
+
 // hashWords mixes a sorted word list; equal lists hash equally.
 func hashWords(w []uint32) uint64 {
 	h := uint64(len(w))
 	for _, x := range w {
-		h = mix(h ^ uint64(x))
+		h = (h ^ uint64(x)) * 0x9e3779b97f4a7c15
 	}
-	return h
+	return mix(h)
 }
 
 // intern returns the id of the set equal to the holders first and rest,
 // with one more reference, creating it when absent. It returns 0, and takes
-// no reference, for lists longer than maxInternedHolders.
+// no reference, for lists longer than maxInternedHolders or when the
+// stripe has as many sets as an id can name.
 func (hs *holderSets) intern(first pair, rest []pair) uint32 {
-	if len(rest)+1 > maxInternedHolders || len(hs.free) == 0 && len(hs.sets) == maxHolderID {
+	if len(rest)+1 > maxInternedHolders {
 		return 0
 	}
 	w := append(hs.words[:0], first.own)
@@ -64,6 +73,9 @@ func (hs *holderSets) intern(first pair, rest []pair) uint32 {
 	head := hs.byHash[h]
 	for id := head; id != 0; id = hs.sets[id-1].next {
 		if set := &hs.sets[id-1]; slices.Equal(set.words, w) {
+			if set.refs == 0 {
+				hs.unused--
+			}
 			set.refs++
 			return id
 		}
@@ -72,9 +84,11 @@ func (hs *holderSets) intern(first pair, rest []pair) uint32 {
 	if n := len(hs.free); n > 0 {
 		id = hs.free[n-1]
 		hs.free = hs.free[:n-1]
-	} else {
+	} else if len(hs.sets) < maxHolderID {
 		hs.sets = append(hs.sets, holderSet{})
 		id = uint32(len(hs.sets))
+	} else {
+		return 0
 	}
 	hs.sets[id-1] = holderSet{words: slices.Clone(w), hash: h, refs: 1, next: head}
 	if hs.byHash == nil {
@@ -84,8 +98,7 @@ func (hs *holderSets) intern(first pair, rest []pair) uint32 {
 	return id
 }
 
-// release drops one reference to id (0 is ignored) and frees the set with
-// its last one.
+// release drops one reference to id (0 is ignored).
 func (hs *holderSets) release(id uint32) {
 	if id == 0 {
 		return
@@ -94,30 +107,33 @@ func (hs *holderSets) release(id uint32) {
 	if set.refs--; set.refs > 0 {
 		return
 	}
-	// Unlink from the hash chain.
-	if hs.byHash[set.hash] == id {
-		if set.next == 0 {
-			delete(hs.byHash, set.hash)
-		} else {
-			hs.byHash[set.hash] = set.next
-		}
-	} else {
-		for p := hs.byHash[set.hash]; p != 0; p = hs.sets[p-1].next {
-			if hs.sets[p-1].next == id {
-				hs.sets[p-1].next = set.next
-				break
-			}
-		}
+	hs.unused++
+	if live := len(hs.sets) - len(hs.free); hs.unused > minSweep && 2*hs.unused > live {
+		hs.sweep()
 	}
-	*set = holderSet{}
+}
+
+// sweep frees every unreferenced set and refiles the others.
+func (hs *holderSets) sweep() {
 	hs.epoch++
-	if len(hs.free)+1 == len(hs.sets) {
-		// The last set went: give the memory back (a stripe emptied by an
-		// unregistration would otherwise keep its peak forever).
-		*hs = holderSets{epoch: hs.epoch}
-		return
+	hs.unused = 0
+	clear(hs.byHash)
+	hs.free = hs.free[:0]
+	for i := range hs.sets {
+		id, set := uint32(i+1), &hs.sets[i]
+		if set.refs == 0 {
+			*set = holderSet{}
+			hs.free = append(hs.free, id)
+			continue
+		}
+		set.next = hs.byHash[set.hash]
+		hs.byHash[set.hash] = id
 	}
-	hs.free = append(hs.free, id)
+	if len(hs.free) == len(hs.sets) {
+		// Nothing is referenced (a stripe emptied by unregistrations):
+		// give the memory back rather than keep the peak.
+		*hs = holderSets{epoch: hs.epoch}
+	}
 }
 
 // wordsOf returns the sorted words of a live set.

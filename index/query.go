@@ -358,15 +358,11 @@ type holderMemo struct {
 // rest, from the memo when they are the last block's.
 func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, first pair, rest []pair) (dev, loc, dsk uint64, shared uint8) {
 	if n := len(rest) + 1; n == m.n && first.own == m.own[0] {
-		// Branch-free: every word is compared, which pipelines where an
-		// early exit made each pair a dependent branch.
-		own := m.own[1:n]
-		own = own[:len(rest)]
-		var diff uint32
+		same := true
 		for i, p := range rest {
-			diff |= p.own ^ own[i]
+			same = same && p.own == m.own[i+1]
 		}
-		if diff == 0 {
+		if same {
 			return m.dev, m.loc, m.dsk, m.shared
 		}
 	}

@@ -252,6 +252,7 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 		// Give everything back when a stripe empties (e.g. after a drop of
 		// all owners); a steady-state cache never gets here.
 		s.slots, s.blocks, s.free, s.ext, s.extFre, s.tombs = nil, nil, 0, nil, nil, 0
+		s.sets = holderSets{epoch: s.sets.epoch + 1}
 	} else if len(s.blocks) > 256 && s.nlive*4 < len(s.blocks) {
 		s.compact()
 	}
