@@ -653,6 +653,9 @@ func TestCompaction(t *testing.T) {
 	if tb.PrefixCount() != 0 || s.blocks != nil {
 		t.Fatalf("empty stripe keeps %d blocks", len(s.blocks))
 	}
+	if s.sets.sets != nil || s.sets.byHash != nil {
+		t.Fatalf("empty stripe keeps %d interned holder lists", len(s.sets.sets))
+	}
 }
 
 // TestClearSpansManyHolds clears owners holding several clearBudget's worth

@@ -240,11 +240,9 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 	}
 	s.slots[i] = s.tombstone()
 	s.tombs++
-	b := &s.blocks[idx]
-	if b.ext != 0 {
+	if b := &s.blocks[idx]; b.ext != 0 {
 		s.freeExt(b.ext)
 	}
-	s.sets.release(b.holderID())
 	s.blocks[idx] = block{ext: s.free}
 	s.free = uint32(idx + 1)
 	s.nlive--

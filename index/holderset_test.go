@@ -1,0 +1,174 @@
+package index
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// own packs an engine holder word for tests.
+func ownWord(id OwnerID, mask uint32) pair { return pair{own: uint32(id)<<maskBits | mask} }
+
+func TestHolderSetsIntern(t *testing.T) {
+	var hs holderSets
+	a, b, c := ownWord(1, bitDevice), ownWord(2, bitDevice), ownWord(3, bitDisk)
+	ab := hs.intern(a, []pair{b})
+	cases := []struct {
+		name  string
+		first pair
+		rest  []pair
+		want  uint32 // 0: a new id, other than ab
+	}{
+		{"same holders", a, []pair{b}, ab},
+		{"same holders, other order", b, []pair{a}, ab},
+		{"another holder", a, []pair{b, c}, 0},
+		{"another tier", a, []pair{ownWord(2, bitLocal)}, 0},
+		{"shared holder", a, []pair{{own: bitShare, aux: 1}}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := hs.intern(tc.first, tc.rest)
+			if tc.want != 0 && got != tc.want || tc.want == 0 && (got == 0 || got == ab) {
+				t.Fatalf("id %d, want %d (ab is %d)", got, tc.want, ab)
+			}
+			hs.release(got)
+		})
+	}
+	if refs := hs.sets[ab-1].refs; refs != 1 {
+		t.Fatalf("ab has %d references after balanced interns, want 1", refs)
+	}
+	if err := holderSetsErr(&hs, map[uint32]uint32{ab: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var long []pair
+	for i := range maxInternedHolders {
+		long = append(long, ownWord(OwnerID(10+i), bitDevice))
+	}
+	if id := hs.intern(a, long); id != 0 {
+		t.Fatalf("%d holders interned as %d, want uninterned", len(long)+1, id)
+	}
+}
+
+// TestHolderSetsSweep checks that unreferenced lists keep their ids (and
+// the epoch) until they outnumber referenced ones, and that a sweep frees
+// them, bumps the epoch, keeps live lists findable and returns all memory
+// once nothing is referenced.
+func TestHolderSetsSweep(t *testing.T) {
+	var hs holderSets
+	a := ownWord(1, bitDevice)
+	kept := hs.intern(a, []pair{ownWord(2, bitDevice)})
+	var ids []uint32
+	for i := range minSweep {
+		ids = append(ids, hs.intern(a, []pair{ownWord(OwnerID(100+i), bitDevice)}))
+	}
+	for _, id := range ids {
+		hs.release(id)
+	}
+	if hs.epoch != 0 || hs.unused != minSweep {
+		t.Fatalf("after %d releases: epoch %d, unused %d; want no sweep yet", minSweep, hs.epoch, hs.unused)
+	}
+	if again := hs.intern(a, []pair{ownWord(100, bitDevice)}); again != ids[0] {
+		t.Fatalf("unreferenced list came back as %d, want its old id %d", again, ids[0])
+	}
+	hs.release(ids[0])
+	extra := hs.intern(a, []pair{ownWord(999, bitDevice)})
+	hs.release(extra) // minSweep+1 unused of minSweep+2: sweep
+	if hs.epoch != 1 || hs.unused != 0 || len(hs.free) != minSweep+1 {
+		t.Fatalf("after the sweep: epoch %d, unused %d, free %d", hs.epoch, hs.unused, len(hs.free))
+	}
+	if err := holderSetsErr(&hs, map[uint32]uint32{kept: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if again := hs.intern(ownWord(2, bitDevice), []pair{a}); again != kept {
+		t.Fatalf("referenced list lost by the sweep: %d, want %d", again, kept)
+	}
+	hs.release(kept)
+	hs.release(kept)
+	for i := 0; hs.epoch == 1 && i <= 2*minSweep; i++ { // until the next sweep
+		hs.release(hs.intern(a, []pair{ownWord(OwnerID(500+i), bitDevice)}))
+	}
+	if hs.sets != nil || hs.byHash != nil || hs.epoch != 2 {
+		t.Fatalf("nothing referenced, but %d sets and map %v kept (epoch %d)", len(hs.sets), hs.byHash != nil, hs.epoch)
+	}
+}
+
+// hookChain runs hook once, just before handing out key number at, so a
+// test can change the table in the middle of a walk, between two lock holds
+// of one stripe.
+type hookChain struct {
+	keyChain
+	at   int
+	hook func()
+}
+
+func (c *hookChain) Next() (uint64, int, bool) {
+	if c.i == c.at && c.hook != nil {
+		c.hook()
+		c.hook = nil
+	}
+	return c.keyChain.Next()
+}
+
+// TestQueryAfterHolderListReuse: a walk remembers, per stripe, the holder
+// sets an interned list id gave. When that id is freed and reissued to
+// another list while the walk is between blocks, the next block with the id
+// must be resolved again, not answered from the memo.
+func TestQueryAfterHolderListReuse(t *testing.T) {
+	ix := New(Options{Stripes: 1}) // every key in one stripe
+	tb := ix.EnsureTable(testCtx, hashing.Profile{Strategy: "vllm_v1"})
+	o1, o2, o3 := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 0)
+	const keyA, keyB = 1001, 1002
+	// Other lists, enough to sweep once unreferenced, interned before
+	// keyA's so that its id is the newest and the first one reissued. Each
+	// of a few owners holds a key in every combination of its tiers, so
+	// the query still has at most 64 owners (walkSmall).
+	tiers := []Tier{Device, CPULocal, Disk}
+	var others []OwnerID
+	for n, k := 0, uint64(5000); n <= minSweep; n++ {
+		if n%7 == 0 {
+			others = append(others, tb.AddEngineOwner(fmt.Sprint("x", n/7), 0))
+		}
+		tb.Store(o1, Device, k)
+		for i, tier := range tiers {
+			if (n%7+1)&(1<<i) != 0 {
+				tb.Store(others[len(others)-1], tier, k)
+			}
+		}
+		k++
+	}
+	tb.Store(o1, Device, keyA)
+	tb.Store(o2, Device, keyA)
+	s := &tb.stripes[0]
+	idA := s.blocks[s.find(keyA, mix(keyA))].holderID()
+
+	reuse := func() {
+		// keyA's list and the others lose their last reference, which
+		// sweeps them, and keyB's new list gets keyA's old id.
+		tb.Remove(o2, Device, keyA)
+		for _, id := range others {
+			tb.ClearOwner(id, AllEngineTiers)
+		}
+		tb.Store(o1, Device, keyB)
+		tb.Store(o3, Device, keyB)
+		if got := s.blocks[s.find(keyB, mix(keyB))].holderID(); got != idA {
+			t.Fatalf("keyB's list got id %d, want keyA's old id %d: the test no longer reuses an id", got, idA)
+		}
+	}
+	c := &hookChain{keyChain: keyChain{keys: []uint64{keyA, keyB}}, at: 1, hook: reuse}
+	var res QueryResult
+	tb.Query(c, "", &res)
+	// a holds both blocks; b held keyA only; c held keyB only.
+	got := map[string]int{}
+	for _, ih := range res.Instances {
+		if ih.Instance <= "c" {
+			got[ih.Instance] = ih.Max.Device
+		}
+	}
+	want := map[string]int{"a": 32, "b": 16, "c": 0}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("device counts %v, want %v", got, want)
+	}
+	checkInvariants(t, tb)
+}
