@@ -1,6 +1,9 @@
 package index
 
-import "math/bits"
+import (
+	"math/bits"
+	"slices"
+)
 
 // queryScratch is per-QueryResult working memory, so a reused result makes
 // the walk allocation-free. Owners are numbered by their position f within
@@ -320,9 +323,9 @@ func (sc *queryScratch) cutSmall(alive *[numTiers]uint64, dev, loc, dsk uint64, 
 
 // holdersOf returns the holder sets of block b of stripe s, number si,
 // which the caller holds read-locked. A block with an interned holder list
-// resolves it once per query and stripe (the list's words are all the
-// sets depend on), so the walk never reads its overflow list; others go
-// through hm.
+// is answered by id when the stripe's last list is the same, otherwise by
+// comparing the list's words (hot: a stripe has few lists) with hm's, so
+// the walk never reads its overflow list; others go through hm's pairs.
 func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, lo int, un uint, hm *holderMemo) (dev, loc, dsk uint64, shared uint8) {
 	id := b.holderID()
 	if id == 0 {
@@ -332,10 +335,12 @@ func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, 
 	if m.id == id && m.epoch == s.sets.epoch {
 		return m.dev, m.loc, m.dsk, m.shared
 	}
-	for _, w := range s.sets.wordsOf(id) {
-		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, pair{own: w}, dev, loc, dsk, shared)
-	}
-	*m = listMemo{id: id, epoch: s.sets.epoch, dev: dev, loc: loc, dsk: dsk, shared: shared}
+	dev, loc, dsk, shared = hm.resolveWords(bySlot, lo, un, s.sets.wordsOf(id))
+	// Field by field: a composite literal went through the stack and its
+	// 16-byte reload stalled on the narrow stores just made (a quarter of
+	// BenchmarkWalkMixed's time).
+	m.id, m.epoch, m.shared = id, s.sets.epoch, shared
+	m.dev, m.loc, m.dsk = dev, loc, dsk
 	return dev, loc, dsk, shared
 }
 
@@ -375,6 +380,24 @@ func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, first pair, rest 
 		for i, p := range rest {
 			m.own[i+1] = p.own
 		}
+		m.dev, m.loc, m.dsk, m.shared = dev, loc, dsk, shared
+	}
+	return dev, loc, dsk, shared
+}
+
+// resolveWords is resolve for an interned holder list's words. Both
+// remember holders in the order given, and equal sequences are equal
+// holders, so the two share the memo: a pair order that differs from the
+// sorted words only costs a miss.
+func (m *holderMemo) resolveWords(bySlot []uint64, lo int, un uint, words []uint32) (dev, loc, dsk uint64, shared uint8) {
+	if len(words) == m.n && slices.Equal(words, m.own[:len(words)]) {
+		return m.dev, m.loc, m.dsk, m.shared
+	}
+	for _, w := range words {
+		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, pair{own: w}, dev, loc, dsk, shared)
+	}
+	if len(words) <= len(m.own) {
+		m.n = copy(m.own[:], words)
 		m.dev, m.loc, m.dsk, m.shared = dev, loc, dsk, shared
 	}
 	return dev, loc, dsk, shared
