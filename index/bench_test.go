@@ -115,20 +115,23 @@ func BenchmarkStore(b *testing.B) {
 			i++
 		}
 	})
-	b.Run("16-owners", func(b *testing.B) {
-		// Every block gets all 16 owners in turn, as when 8 instances × 2
-		// ranks cache the same prompt: each Store grows a holder list.
-		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
-		var ids [16]OwnerID
-		for o := range ids {
-			ids[o] = tb.AddEngineOwner(fmt.Sprint("inst-", o/2), o%2)
-		}
-		i := 0
-		for b.Loop() {
-			tb.Store(ids[i%16], Device, benchKey(i/16))
-			i++
-		}
-	})
+	for _, owners := range []int{2, 16} {
+		// Every block gets all owners in turn, as when replicas or 8
+		// instances × 2 ranks cache the same prompt: each Store after the
+		// first grows a holder list.
+		b.Run(fmt.Sprint(owners, "-owners"), func(b *testing.B) {
+			tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+			ids := make([]OwnerID, owners)
+			for o := range ids {
+				ids[o] = tb.AddEngineOwner(fmt.Sprint("inst-", o/2), o%2)
+			}
+			i := 0
+			for b.Loop() {
+				tb.Store(ids[i%owners], Device, benchKey(i/owners))
+				i++
+			}
+		})
+	}
 	b.Run("store-remove", func(b *testing.B) {
 		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
 		id := tb.AddEngineOwner("a", 0)
