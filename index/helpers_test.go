@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 // keyChain is a precomputed Chain that counts how often it was advanced.
@@ -108,6 +109,9 @@ func stripeErr(tb *Table, s *stripe) error {
 	if nfree+s.nlive != len(s.blocks) {
 		return fmt.Errorf("slab %d = free %d + live %d?", len(s.blocks), nfree, s.nlive)
 	}
+	if n := len(s.slots); int64(n) != s.slotsLen.Load() || n > 0 && s.slotsAt.Load() != uintptr(unsafe.Pointer(&s.slots[0])) {
+		return fmt.Errorf("prefetch mirror %#x+%d, slots %d", s.slotsAt.Load(), s.slotsLen.Load(), n)
+	}
 	var tiers [numTiers]int
 	pairs := map[OwnerID]int{}
 	refs := map[uint32]uint32{}
@@ -194,16 +198,31 @@ type readyChain struct {
 func (c *readyChain) Ready() int { return max(0, c.ready-c.i) }
 
 // asReady wraps c so its first ready keys are batched; ready 0 returns c
-// itself. want is the number of Next calls a reference walk allows; the
-// batch takes all ready keys whenever a walk starts.
+// itself. want is what a reference walk allows (see walkCalls), and the
+// result is how many times the walk advances the chain.
 func asReady(c *keyChain, ready, want int) (Chain, int) {
+	calls := walkCalls(want, len(c.keys), ready)
 	if ready == 0 {
-		return c, want
+		return c, calls
 	}
-	if want > 0 {
-		want = max(want, min(ready, len(c.keys)+1))
+	return &readyChain{c, ready}, calls
+}
+
+// walkCalls is how many times a walk advances a chain of n keys whose first
+// ready keys come as a batch, given decide, the number of blocks it
+// decides on: up to and including the block that ends the walk, n+1 when
+// the chain runs out (its last Next says so), 0 when no owner is reported.
+// A batch takes all its ready keys and looks no further; key by key the
+// walk hashes one block ahead (walkKeys).
+func walkCalls(decide, n, ready int) int {
+	switch {
+	case decide == 0:
+		return 0
+	case decide <= ready:
+		return min(ready, n+1)
+	default:
+		return min(decide+1, n+1)
 	}
-	return &readyChain{c, ready}, want
 }
 
 // holderIDErr checks that block b, whose holders are all, refers to the

@@ -96,7 +96,8 @@ func TestHolderSetsSweep(t *testing.T) {
 
 // hookChain runs hook once, just before handing out key number at, so a
 // test can change the table in the middle of a walk, between two lock holds
-// of one stripe.
+// of one stripe. A key-by-key walk hashes one block ahead, so that is after
+// the walk has looked up key at-2 and before it looks up key at-1.
 type hookChain struct {
 	keyChain
 	at   int
@@ -116,17 +117,28 @@ func (c *hookChain) Next() (uint64, int, bool) {
 // another list while the walk is between blocks, the next block with the id
 // must be resolved again, not answered from the memo.
 func TestQueryAfterHolderListReuse(t *testing.T) {
-	ix := New(Options{Stripes: 1}) // every key in one stripe
+	ix := New(Options{Stripes: 2})
 	tb := ix.EnsureTable(testCtx, hashing.Profile{Strategy: "vllm_v1"})
+	// keysIn returns n keys from start on that live in stripe si.
+	keysIn := func(si, n int, start uint64) []uint64 {
+		var ks []uint64
+		for k := start; len(ks) < n; k++ {
+			if tb.stripeIndex(mix(k)) == si {
+				ks = append(ks, k)
+			}
+		}
+		return ks
+	}
 	o1, o2, o3 := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 0)
-	const keyA, keyB = 1001, 1002
-	// Other lists, enough to sweep once unreferenced, interned before
-	// keyA's so that its id is the newest and the first one reissued. Each
-	// of a few owners holds a key in every combination of its tiers, so
-	// the query still has at most 64 owners (walkSmall).
+	ab := keysIn(0, 2, 1000) // keyA, keyB in stripe 0
+	keyA, keyB, keyF := ab[0], ab[1], keysIn(1, 1, 1000)[0]
+	// Other lists in stripe 0, enough to sweep once unreferenced, interned
+	// before keyA's so that its id is the newest and the first reissued.
+	// Each of a few owners holds a key in every combination of its tiers,
+	// so the query still has at most 64 owners (walkSmall).
 	tiers := []Tier{Device, CPULocal, Disk}
 	var others []OwnerID
-	for n, k := 0, uint64(5000); n <= minSweep; n++ {
+	for n, k := range keysIn(0, minSweep+1, 5000) {
 		if n%7 == 0 {
 			others = append(others, tb.AddEngineOwner(fmt.Sprint("x", n/7), 0))
 		}
@@ -136,10 +148,13 @@ func TestQueryAfterHolderListReuse(t *testing.T) {
 				tb.Store(others[len(others)-1], tier, k)
 			}
 		}
-		k++
 	}
 	tb.Store(o1, Device, keyA)
 	tb.Store(o2, Device, keyA)
+	// keyF, in the other stripe, keeps a and b going between keyA and keyB
+	// without touching stripe 0's memo.
+	tb.Store(o1, Device, keyF)
+	tb.Store(o2, Device, keyF)
 	s := &tb.stripes[0]
 	idA := s.blocks[s.find(keyA, mix(keyA))].holderID()
 
@@ -156,17 +171,20 @@ func TestQueryAfterHolderListReuse(t *testing.T) {
 			t.Fatalf("keyB's list got id %d, want keyA's old id %d: the test no longer reuses an id", got, idA)
 		}
 	}
-	c := &hookChain{keyChain: keyChain{keys: []uint64{keyA, keyB}}, at: 1, hook: reuse}
+	c := &hookChain{keyChain: keyChain{keys: []uint64{keyA, keyF, keyB}}, at: 2, hook: reuse}
 	var res QueryResult
 	tb.Query(c, "", &res)
-	// a holds both blocks; b held keyA only; c held keyB only.
+	if c.hook != nil {
+		t.Fatal("the walk ended before the hook ran")
+	}
+	// a holds all three blocks; b keyA (when looked up) and keyF; c keyB only.
 	got := map[string]int{}
 	for _, ih := range res.Instances {
 		if ih.Instance <= "c" {
 			got[ih.Instance] = ih.Max.Device
 		}
 	}
-	want := map[string]int{"a": 32, "b": 16, "c": 0}
+	want := map[string]int{"a": 48, "b": 32, "c": 0}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("device counts %v, want %v", got, want)
 	}

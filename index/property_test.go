@@ -127,9 +127,9 @@ func (m *refModel) stats() (prefixes int, tiers [4]int) {
 	return len(keys), tiers
 }
 
-// query answers literally from the contract and returns how many times the
-// chain may be advanced: up to and including the first block that ends
-// every reported owner's disk prefix.
+// query answers literally from the contract and returns how many blocks a
+// walk decides on (see walkCalls): up to and including the first block
+// that ends every reported owner's disk prefix.
 func (m *refModel) query(keys []uint64, cov []int, filter string) ([]InstanceHits, int) {
 	var owners []ownerRef
 	for k, id := range m.reg {
@@ -411,8 +411,8 @@ func TestWideQueryAgainstReference(t *testing.T) {
 			c.cov = append(c.cov, 1+r.IntN(16))
 		}
 		tb.Query(c, filter, &res)
-		want, calls := m.query(c.keys, c.cov, filter)
-		if !reflect.DeepEqual(res.Instances, want) || c.calls != calls {
+		want, decide := m.query(c.keys, c.cov, filter)
+		if calls := walkCalls(decide, len(c.keys), 0); !reflect.DeepEqual(res.Instances, want) || c.calls != calls {
 			t.Fatalf("filter %q: got %+v (%d calls)\nwant %+v (%d calls)", filter, res.Instances, c.calls, want, calls)
 		}
 	}

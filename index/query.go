@@ -132,13 +132,13 @@ func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 	dev, loc, dsk := sc.hold[0], sc.hold[1], sc.hold[2]
 	total := 0 // tokens covered by the blocks matched so far
-	for more := true; more; {
-		key, covered, ok := chain.Next()
-		if !ok {
-			break
-		}
+	// One block ahead, as walkKeys.
+	key, covered, ok := chain.Next()
+	for more := true; more && ok; {
 		h := mix(key)
 		s := t.stripeFor(h)
+		s.prefetchSlot(h)
+		next, nextCovered, nextOK := chain.Next()
 		s.mu.RLock()
 		idx := s.find(key, h)
 		if idx < 0 {
@@ -171,6 +171,7 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 			more = sc.cut(Disk, w, sh|dsk[w]|allDisk, total) || more
 		}
 		total += covered
+		key, covered, ok = next, nextCovered, nextOK
 	}
 	for tier := range sc.alive {
 		for w, a := range sc.alive[tier] {
@@ -188,46 +189,56 @@ func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch
 	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
 	total, more := 0, true
 	var hm holderMemo
-	prev := noBlockHeld // the holder sets of the last block cut
-	rc, _ := chain.(ReadyChain)
-	for more && alive[Disk] != 0 {
-		if rc != nil {
-			// A memo-served prefix goes in batches; once it is used up
-			// (Ready 0) it stays so, and the rest is walked key by key.
-			if r := rc.Ready(); r > 0 {
-				total, more = t.walkReady(v, chain, min(r, maxReadyBatch), lo, un, sc, &alive, total, &hm)
-				continue
-			}
-			rc = nil
+	// A memo-served prefix goes in batches; once it is used up (Ready 0)
+	// it stays so, and the rest is walked key by key.
+	if rc, _ := chain.(ReadyChain); rc != nil {
+		for r := rc.Ready(); r > 0 && more && alive[Disk] != 0; r = rc.Ready() {
+			total, more = t.walkReady(v, chain, min(r, maxReadyBatch), lo, un, sc, &alive, total, &hm)
 		}
-		key, covered, ok := chain.Next()
-		if !ok {
-			break
-		}
-		h := mix(key)
-		si := t.stripeIndex(h)
-		s := &t.stripes[si]
-		s.mu.RLock()
-		idx := s.find(key, h)
-		if idx < 0 {
-			s.mu.RUnlock()
-			break
-		}
-		dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, &hm)
-		s.mu.RUnlock()
-		// As in walkReady: a block held exactly like the one before it
-		// cuts nobody, so the cut runs only where the holders change.
-		if h := [4]uint64{dev, loc, dsk, uint64(shared)}; h != prev {
-			sc.cutSmall(&alive, dev, loc, dsk, shared, total)
-			prev = h
-		}
-		total += covered
+	}
+	if more && alive[Disk] != 0 {
+		total = t.walkKeys(chain, bySlot, lo, un, sc, &alive, total, &hm)
 	}
 	for tier, a := range alive {
 		for ; a != 0; a &= a - 1 {
 			sc.cnt[bits.TrailingZeros64(a)][tier] = total
 		}
 	}
+}
+
+// walkKeys is walkSmall's key-by-key part: it looks each block up and cuts
+// with its holders, from total tokens on, and returns the tokens matched.
+// It hashes one block ahead: the next block's SHA-256 runs while the slot
+// this block's lookup starts at is fetched from memory (prefetchSlot), so
+// on a table larger than the caches the miss costs little; a walk thus
+// advances the chain at most one block past the block that ends it.
+func (t *Table) walkKeys(chain Chain, bySlot []uint64, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64, total int, hm *holderMemo) int {
+	prev := noBlockHeld // the holder sets of the last block cut
+	key, covered, ok := chain.Next()
+	for ok && alive[Disk] != 0 {
+		h := mix(key)
+		si := t.stripeIndex(h)
+		s := &t.stripes[si]
+		s.prefetchSlot(h)
+		next, nextCovered, nextOK := chain.Next()
+		s.mu.RLock()
+		idx := s.find(key, h)
+		if idx < 0 {
+			s.mu.RUnlock()
+			break
+		}
+		dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, hm)
+		s.mu.RUnlock()
+		// As in walkReady: a block held exactly like the one before it
+		// cuts nobody, so the cut runs only where the holders change.
+		if h := [4]uint64{dev, loc, dsk, uint64(shared)}; h != prev {
+			sc.cutSmall(alive, dev, loc, dsk, shared, total)
+			prev = h
+		}
+		total += covered
+		key, covered, ok = next, nextCovered, nextOK
+	}
+	return total
 }
 
 // walkReady is walkSmall's start for the n keys a ReadyChain has without

@@ -1,6 +1,10 @@
 package index
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
 
 // Tier bits inside a pair's mask and a block's union mask, in the
 // contract's cumulative order: tier t's count admits a block held in any
@@ -87,6 +91,10 @@ type stripe struct {
 	tierKeys [numTiers]int
 	// sets interns the holder lists of blocks with overflow (see block.meta).
 	sets holderSets
+	// slotsAt and slotsLen mirror slots for prefetchSlot, which reads them
+	// without the lock; see there.
+	slotsAt  atomic.Uintptr
+	slotsLen atomic.Int64
 	_    [64]byte // keep neighbouring stripes' locks off one cache line
 }
 
@@ -112,6 +120,29 @@ func home(h uint64, n int) int {
 // new key, every query's last block) costs no slab cache misses.
 func (s *stripe) fingerprint(h uint64) uint32 {
 	return uint32(h>>32) << s.idxBits
+}
+
+// publishSlots mirrors slots for prefetchSlot; writers call it, under the
+// lock, whenever they replace slots.
+func (s *stripe) publishSlots() {
+	if len(s.slots) == 0 {
+		s.slotsLen.Store(0)
+		return
+	}
+	s.slotsAt.Store(uintptr(unsafe.Pointer(&s.slots[0])))
+	s.slotsLen.Store(int64(len(s.slots)))
+}
+
+// prefetchSlot starts loading the slot where a lookup of hash h begins,
+// without taking the lock, so the cache miss overlaps other work (a
+// query hashes its next block meanwhile). It is only a hint: the mirror
+// may be stale or torn between its two words while a writer resizes, and
+// a prefetch of an address that is no longer the table's, or not mapped,
+// loads a useless line or nothing; it never faults.
+func (s *stripe) prefetchSlot(h uint64) {
+	if n := s.slotsLen.Load(); n > 0 {
+		prefetch(s.slotsAt.Load() + uintptr(home(h, int(n)))*4)
+	}
 }
 
 // tombstone marks a deleted slot: a zero index part, which no live slot has.
@@ -226,6 +257,7 @@ func (s *stripe) resize(want int) {
 		slots[i] = s.fingerprint(h) | uint32(idx+1)
 	}
 	s.slots, s.tombs = slots, 0
+	s.publishSlots()
 }
 
 // deleteBlock removes an empty block from the index and puts its slab entry
@@ -250,6 +282,7 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 		// Give everything back when a stripe empties (e.g. after a drop of
 		// all owners); a steady-state cache never gets here.
 		s.slots, s.blocks, s.free, s.ext, s.extFre, s.tombs = nil, nil, 0, nil, nil, 0
+		s.publishSlots()
 		s.sets = holderSets{epoch: s.sets.epoch + 1}
 	} else if len(s.blocks) > 256 && s.nlive*4 < len(s.blocks) {
 		s.compact()

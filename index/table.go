@@ -475,6 +475,7 @@ func (t *Table) drop() {
 		s.mu.Lock()
 		s.dead = true
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
+		s.publishSlots()
 		s.sets = holderSets{}
 		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}
 		s.mu.Unlock()
