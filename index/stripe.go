@@ -95,7 +95,7 @@ type stripe struct {
 	// without the lock; see there.
 	slotsAt  atomic.Uintptr
 	slotsLen atomic.Int64
-	_    [64]byte // keep neighbouring stripes' locks off one cache line
+	_        [64]byte // keep neighbouring stripes' locks off one cache line
 }
 
 // mix is the splitmix64 finalizer: projected keys from tests or odd
