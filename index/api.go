@@ -57,8 +57,9 @@ type ContextKey struct {
 // no-ops, even after its slot is reissued to a new owner.
 type OwnerID uint32
 
-// Chain yields a query's block keys lazily; the walk stops calling Next at the
-// first block nobody holds, so the unmatched tail is never hashed.
+// Chain yields a query's block keys lazily; the walk stops calling Next one
+// block past the first block nobody holds (it hashes a block ahead, see
+// walkKeys), so the rest of the unmatched tail is never hashed.
 type Chain interface {
 	// Next returns block i's key and the number of tokens it covers.
 	Next() (key uint64, covered int, ok bool)

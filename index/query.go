@@ -61,8 +61,9 @@ const maxReadyBatch = 1024
 // or only those of instance when it is not "" — the cumulative tier counts
 // of the prompt's cached prefix. Shared tiers count for every owner. The
 // walk stops as soon as no reported owner can extend any tier, so the lazy
-// chain is never advanced past the first block nobody relevant holds. Only
-// one stripe read lock is held at a time, and once res has grown to the
+// chain is advanced at most one block (the look-ahead of walkKeys) past the
+// first block nobody relevant holds. Only one stripe read lock is held at a
+// time, and never while the chain hashes, and once res has grown to the
 // answer's shape the call does not allocate.
 func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
 	v := t.view.Load()
