@@ -35,7 +35,16 @@ type holderSet struct {
 	hash  uint64
 	refs  uint32
 	next  uint32 // older set with the same hash, 0 ends the chain
+	// grown remembers, newest first, which sets this one became when a
+	// block gained a holder, the usual change while several owners store
+	// one prompt, so that needs no sort, hash or map lookup. Every sweep
+	// forgets them all, since it may free their targets.
+	grown [2]growth
 }
+
+// growth is one entry of holderSet.grown: plus word, the set is to (0:
+// empty).
+type growth struct{ word, to uint32 }
 
 // maxInternedHolders bounds the lists that are interned. Interning costs a
 // sort of the list on every change of a block's holders; past this size the
@@ -127,6 +136,7 @@ func (hs *holderSets) sweep() {
 			continue
 		}
 		set.next = hs.byHash[set.hash]
+		set.grown = [2]growth{}
 		hs.byHash[set.hash] = id
 	}
 	if len(hs.free) == len(hs.sets) {
@@ -134,6 +144,28 @@ func (hs *holderSets) sweep() {
 		// give the memory back rather than keep the peak.
 		*hs = holderSets{epoch: hs.epoch}
 	}
+}
+
+// internGrown is intern for a block whose set was from before it gained
+// the holder with word w (first and rest, now including it): it takes the
+// set from grown when it is remembered there, and remembers it otherwise.
+func (hs *holderSets) internGrown(from, w uint32, first pair, rest []pair) uint32 {
+	for _, g := range hs.sets[from-1].grown {
+		if g.to != 0 && g.word == w {
+			set := &hs.sets[g.to-1]
+			if set.refs == 0 {
+				hs.unused--
+			}
+			set.refs++
+			return g.to
+		}
+	}
+	id := hs.intern(first, rest) // may grow hs.sets: index it afresh below
+	if id != 0 {
+		grown := &hs.sets[from-1].grown
+		grown[1], grown[0] = grown[0], growth{word: w, to: id}
+	}
+	return id
 }
 
 // wordsOf returns the sorted words of a live set.
@@ -148,5 +180,16 @@ func (s *stripe) reintern(b *block) {
 		id = s.sets.intern(b.first, s.overflow(b))
 	}
 	b.setHolderID(id)
+	s.sets.release(old)
+}
+
+// reinternAdded is reintern after b gained the holder p (addPair).
+func (s *stripe) reinternAdded(b *block, p pair) {
+	old := b.holderID()
+	if old == 0 {
+		s.reintern(b)
+		return
+	}
+	b.setHolderID(s.sets.internGrown(old, p.own, b.first, s.overflow(b)))
 	s.sets.release(old)
 }

@@ -3,6 +3,7 @@ package index
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -189,4 +190,42 @@ func TestQueryAfterHolderListReuse(t *testing.T) {
 		t.Fatalf("device counts %v, want %v", got, want)
 	}
 	checkInvariants(t, tb)
+}
+
+// TestHolderSetsGrown checks that a remembered growth gives the same set a
+// full intern would, and that a sweep forgets growths whose target it
+// freed, even when the target's id is reissued to another list.
+func TestHolderSetsGrown(t *testing.T) {
+	var hs holderSets
+	x, y, w := ownWord(1, bitDevice), ownWord(2, bitDevice), ownWord(3, bitLocal)
+	a := hs.intern(x, []pair{y})
+	b := hs.internGrown(a, w.own, x, []pair{y, w})
+	if again := hs.internGrown(a, w.own, x, []pair{w, y}); again != b {
+		t.Fatalf("remembered growth gave %d, first time %d", again, b)
+	}
+	if full := hs.intern(w, []pair{y, x}); full != b {
+		t.Fatalf("full intern gave %d, growth %d", full, b)
+	}
+	for range 3 {
+		hs.release(b) // b unreferenced, still interned
+	}
+	// Sweep b away with other unreferenced lists, keeping a, then intern
+	// new lists until b's id is reissued.
+	for i := 0; hs.epoch == 0 && i <= 2*minSweep; i++ {
+		hs.release(hs.intern(x, []pair{ownWord(OwnerID(100+i), bitDisk)}))
+	}
+	if hs.epoch == 0 {
+		t.Fatal("no sweep")
+	}
+	for i := 0; i < 4*minSweep; i++ {
+		if id := hs.intern(x, []pair{ownWord(OwnerID(1000+i), bitDisk)}); id == b {
+			break
+		}
+	}
+	got := hs.internGrown(a, w.own, x, []pair{y, w})
+	want := []uint32{x.own, y.own, w.own}
+	slices.Sort(want)
+	if words := hs.wordsOf(got); !slices.Equal(words, want) {
+		t.Fatalf("growth after a sweep gave list %d = %x, want %x", got, words, want)
+	}
 }

@@ -320,9 +320,9 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 			s.reintern(b)
 		}
 	} else {
-		pos := s.ownerAppend(id, idx)
-		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: pos})
-		s.reintern(b)
+		p := pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)}
+		s.addPair(b, p)
+		s.reinternAdded(b, p)
 	}
 	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
@@ -430,8 +430,9 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 			p.aux++
 		}
 	} else {
-		s.addPair(b, pair{own: bit, aux: 1})
-		s.reintern(b)
+		p := pair{own: bit, aux: 1}
+		s.addPair(b, p)
+		s.reinternAdded(b, p)
 	}
 	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
