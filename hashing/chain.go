@@ -17,8 +17,9 @@ const maxPooledBuf = 256 << 10
 
 // Chain yields a query's block keys one at a time, hashing block i only when
 // Next is called for it: a prefix walk stops within a block of the first
-// miss, and the blocks after it would be wasted SHA-256 work. Values are exactly those
-// of the eager definition in hashing.md, chained on full 32-byte digests.
+// miss, and the blocks after it would be wasted SHA-256 work. Values are
+// exactly those of the eager definition in hashing.md, chained on full
+// 32-byte digests.
 //
 // A Chain owns one SHA-256 state and one encode buffer that are reused for
 // every block and, through AcquireChain/ReleaseChain, across queries, so

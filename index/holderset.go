@@ -46,13 +46,15 @@ type holderSet struct {
 // empty).
 type growth struct{ word, to uint32 }
 
-// maxInternedHolders bounds the lists that are interned. Interning costs a
-// sort of the list on every change of a block's holders; past this size the
-// block is left uninterned (id 0) and queries compare its pairs instead.
+// maxInternedHolders bounds the lists that are interned. Interning a list
+// sorts it, on every change of a block's holders that is not a remembered
+// growth; past this size the block is left uninterned (id 0) and queries
+// compare its pairs instead.
 const maxInternedHolders = 64
 
-// minSweep is how many unreferenced sets a stripe keeps before sweeping;
-// with up to maxInternedHolders words each, at most a few tens of KiB.
+// minSweep is how many unreferenced sets a stripe may keep however few it
+// references; beyond it, up to as many as it references, so unreferenced
+// sets at most double the sets' memory.
 const minSweep = 64
 
 // hashWords mixes a sorted word list; equal lists hash equally.
