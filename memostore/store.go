@@ -49,7 +49,6 @@ type shard[E Entry] struct {
 	mu      sync.RWMutex
 	buckets map[uint64][]E
 	order   []E // entries this shard accounts for, oldest first
-	bytes   int
 }
 
 // Store is a bounded set of entries; the zero Store is not usable, see New.
@@ -147,7 +146,6 @@ func (s *Store[E]) Insert(e E, extends func(old E) bool) {
 	sh := &s.shards[home]
 	sh.mu.Lock()
 	sh.order = append(sh.order, e)
-	sh.bytes += e.Rec().Size
 	s.bytes.Add(int64(e.Rec().Size))
 	retired = sh.evict(retired, s, false, e)
 	sh.mu.Unlock()
@@ -178,7 +176,6 @@ func (sh *shard[E]) evict(retired []E, s *Store[E], overBudget bool, keep E) []E
 		o := sh.order[0]
 		sh.order[0] = zero
 		sh.order = sh.order[1:]
-		sh.bytes -= o.Rec().Size
 		s.bytes.Add(-int64(o.Rec().Size))
 		retired = append(retired, o)
 	}
@@ -231,10 +228,10 @@ func (s *Store[E]) Reset() {
 			e.Rec().dead.Store(true)
 		}
 		sh.buckets = make(map[uint64][]E)
-		s.bytes.Add(-int64(sh.bytes))
-		sh.order, sh.bytes = nil, 0
+		sh.order = nil
 		sh.mu.Unlock()
 	}
+	s.bytes.Store(0) // no insert runs: it would hold resetMu
 }
 
 // Bytes returns the memory the entries account for: it grows to the budget
