@@ -185,7 +185,8 @@ func (s *stripe) reintern(b *block) {
 	s.sets.release(old)
 }
 
-// reinternAdded is reintern after b gained the holder p (addPair).
+// reinternAdded is reintern after b, which had a holder already, gained
+// the holder p (addPair).
 func (s *stripe) reinternAdded(b *block, p pair) {
 	old := b.holderID()
 	if old == 0 {

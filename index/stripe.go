@@ -376,7 +376,8 @@ func (s *stripe) findShared(b *block, bit uint32) int {
 	return noPair
 }
 
-// addPair appends a holder to the block.
+// addPair appends a holder to the block and re-interns its holder list
+// (a lone holder has none).
 func (s *stripe) addPair(b *block, p pair) {
 	if b.first.own == 0 {
 		b.first = p
@@ -392,6 +393,7 @@ func (s *stripe) addPair(b *block, p pair) {
 		}
 	}
 	s.ext[b.ext-1] = append(s.ext[b.ext-1], p)
+	s.reinternAdded(b, p)
 }
 
 // removePair deletes the holder at k, keeping the inline pair filled while

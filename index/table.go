@@ -320,9 +320,7 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 			s.reintern(b)
 		}
 	} else {
-		p := pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)}
-		s.addPair(b, p)
-		s.reinternAdded(b, p)
+		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
 	}
 	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
@@ -430,9 +428,7 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 			p.aux++
 		}
 	} else {
-		p := pair{own: bit, aux: 1}
-		s.addPair(b, p)
-		s.reinternAdded(b, p)
+		s.addPair(b, pair{own: bit, aux: 1})
 	}
 	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
