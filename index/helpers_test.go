@@ -57,7 +57,7 @@ func invariantErr(tb *Table) error {
 
 func stripeErr(tb *Table, s *stripe) error {
 	if s.dead {
-		if s.nlive != 0 || len(s.blocks) != 0 {
+		if s.nlive != 0 || len(s.blocks) != 0 || s.sets.sets != nil || s.slotsLen.Load() != 0 {
 			return fmt.Errorf("dead stripe keeps data")
 		}
 		return nil

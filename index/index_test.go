@@ -448,6 +448,7 @@ func TestTablesAndDrop(t *testing.T) {
 	}
 	a := tb.AddEngineOwner("a", 0)
 	tb.Store(a, Device, 1)
+	tb.Store(tb.AddEngineOwner("a", 1), Device, 1) // an interned holder list
 	tb.AcquireShared(Disk, 2)
 	ix.DropTable(ctxs[0])
 	ix.DropTable(ctxs[0])
