@@ -204,9 +204,9 @@ func TestProcParsing(t *testing.T) {
 		t.Error("short stat accepted")
 	}
 	status := "Name:\tconductor\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\nRssAnon:\t    4321 kB\nThreads:\t9\n"
-	rss, err := parseStatusRSS([]byte(status))
+	rss, err := parseStatusKB([]byte(status), "VmRSS:")
 	if err != nil || rss != 12345*1024 {
-		t.Errorf("parseStatusRSS = %v, %v", rss, err)
+		t.Errorf("parseStatusKB(VmRSS) = %v, %v", rss, err)
 	}
 	anon, err := parseStatusKB([]byte(status), "RssAnon:")
 	if err != nil || anon != 4321*1024 {

@@ -63,9 +63,6 @@ func procStatusKB(pid int, key string) (int64, error) {
 	return parseStatusKB(b, key)
 }
 
-// parseStatusRSS finds "VmRSS:   1234 kB" in /proc/<pid>/status.
-func parseStatusRSS(b []byte) (int64, error) { return parseStatusKB(b, "VmRSS:") }
-
 // parseStatusKB returns the byte count of the "<key>   1234 kB" line of
 // /proc/<pid>/status.
 func parseStatusKB(b []byte, key string) (int64, error) {
