@@ -27,9 +27,10 @@ import (
 // without decoding anything; the deepest is looked up first. A
 // candidate is then verified with memcmp: only tokens whose bytes lie
 // inside the common byte prefix are reused, at a granularity of memoChunk
-// tokens (or the whole remembered array). MessagePack values delimit themselves, so equal bytes
-// are equal tokens: a reused prefix is exactly what decoding would give,
-// and it was validated when it was first decoded. The rest of the array is
+// tokens (or the whole remembered array). MessagePack values delimit
+// themselves, so equal bytes are equal tokens: a reused prefix is exactly
+// what decoding would give, and it was validated when it was first
+// decoded. The rest of the array is
 // decoded and checked as usual, so a body that is malformed anywhere is
 // rejected with the same error as without the memo.
 //
