@@ -337,17 +337,28 @@ func (sc *queryScratch) cutSmall(alive *[numTiers]uint64, dev, loc, dsk uint64, 
 // which the caller holds read-locked. A block with an interned holder list
 // is answered by id when the stripe's last list is the same, otherwise by
 // comparing the list's words (hot: a stripe has few lists) with hm's, so
-// the walk never reads its overflow list; others go through hm's pairs.
+// the walk never reads its overflow list; a lone holder is compared with
+// hm too. Only a block with more holders than are interned has its pairs
+// resolved one by one.
 func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, lo int, un uint, hm *holderMemo) (dev, loc, dsk uint64, shared uint8) {
 	id := b.holderID()
-	if id == 0 {
-		return hm.resolve(bySlot, lo, un, b.first, s.overflow(b))
+	switch {
+	case id != 0:
+	case b.ext == 0:
+		one := [1]uint32{b.first.own}
+		return hm.resolve(bySlot, lo, un, one[:])
+	default:
+		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, b.first, 0, 0, 0, 0)
+		for _, p := range s.overflow(b) {
+			dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
+		}
+		return dev, loc, dsk, shared
 	}
 	m := &sc.lists[si]
 	if m.id == id && m.epoch == s.sets.epoch {
 		return m.dev, m.loc, m.dsk, m.shared
 	}
-	dev, loc, dsk, shared = hm.resolveWords(bySlot, lo, un, s.sets.wordsOf(id))
+	dev, loc, dsk, shared = hm.resolve(bySlot, lo, un, s.sets.wordsOf(id))
 	// Field by field: a composite literal went through the stack and its
 	// 16-byte reload stalled on the narrow stores just made (a quarter of
 	// BenchmarkWalkMixed's time).
@@ -356,12 +367,13 @@ func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, 
 	return dev, loc, dsk, shared
 }
 
-// holderMemo remembers the holders of the last block walkSmall resolved and
-// the sets they gave. The blocks of a cached prompt are usually held by the
-// same owners in the same tiers, and comparing a block's pairs with the
-// last ones costs less than resolving each owner again (a snapshot lookup
-// and a generation check per pair). The sets depend only on the pairs'
-// owner-and-tier words, given the query's snapshot and owner span.
+// holderMemo remembers the holder words of the last block the walk
+// resolved through it and the sets they gave. The blocks of a cached
+// prompt are usually held by the same owners in the same tiers, and
+// comparing a block's words with the last ones costs less than resolving
+// each owner again (a snapshot lookup and a generation check per word).
+// The sets depend only on those words, given the query's snapshot and
+// owner span.
 type holderMemo struct {
 	n      int // 0: nothing remembered; at most len(own)
 	own    [32]uint32
@@ -371,37 +383,10 @@ type holderMemo struct {
 	shared uint8
 }
 
-// resolve returns the holder sets of a block whose holders are first and
-// rest, from the memo when they are the last block's.
-func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, first pair, rest []pair) (dev, loc, dsk uint64, shared uint8) {
-	if n := len(rest) + 1; n == m.n && first.own == m.own[0] {
-		same := true
-		for i, p := range rest {
-			same = same && p.own == m.own[i+1]
-		}
-		if same {
-			return m.dev, m.loc, m.dsk, m.shared
-		}
-	}
-	dev, loc, dsk, shared = noteSmall(bySlot, lo, un, first, 0, 0, 0, 0)
-	for _, p := range rest {
-		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, p, dev, loc, dsk, shared)
-	}
-	if len(rest) < len(m.own) {
-		m.n, m.own[0] = len(rest)+1, first.own
-		for i, p := range rest {
-			m.own[i+1] = p.own
-		}
-		m.dev, m.loc, m.dsk, m.shared = dev, loc, dsk, shared
-	}
-	return dev, loc, dsk, shared
-}
-
-// resolveWords is resolve for an interned holder list's words. Both
-// remember holders in the order given, and equal sequences are equal
-// holders, so the two share the memo: a pair order that differs from the
-// sorted words only costs a miss.
-func (m *holderMemo) resolveWords(bySlot []uint64, lo int, un uint, words []uint32) (dev, loc, dsk uint64, shared uint8) {
+// resolve returns the holder sets of a block held by the owner-and-tier
+// words given (a lone holder's, or an interned list's), from the memo when
+// they are the last block's.
+func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32) (dev, loc, dsk uint64, shared uint8) {
 	if len(words) == m.n && slices.Equal(words, m.own[:len(words)]) {
 		return m.dev, m.loc, m.dsk, m.shared
 	}
