@@ -194,8 +194,16 @@ func (r retryable) Unwrap() error { return r.err }
 // req.Deadline. It returns the records From, From+1, ... (stopping before
 // Until), which may be empty when the publisher had nothing newer.
 //
+// Records received by a failed attempt are kept, and the next attempt asks
+// from the first sequence still missing. A publisher's ROUTER silently drops
+// replies past its send high-water mark when this reader falls behind, so a
+// large gap tends to break off at about the same depth on every attempt;
+// restarting from From would then never finish, while resuming gains that
+// depth each time. The budget and the deadline bound the whole recovery.
+//
 // Errors: ErrUnrecoverable (wrapped, with the reason), ErrDeadline (wrapped,
-// with the last retryable failure), or whatever OnWatch returned.
+// with the last retryable failure), or whatever OnWatch returned. On error no
+// record is returned and every reservation in req.Budget is given back.
 func (c *Client) Fetch(req Request) ([]Record, error) {
 	recvTimeout := req.ReceiveTimeout
 	if recvTimeout <= 0 {
@@ -208,18 +216,19 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 		records []Record
 		lastErr error
 	)
-	for {
-		// Records of a failed attempt are dropped; so is their reservation.
+	fail := func(err error) ([]Record, error) {
 		for _, r := range records {
 			req.Budget.Give(len(r.Payload))
 		}
-		records = records[:0]
+		c.Close()
+		return nil, err
+	}
+	for {
 		if !time.Now().Before(req.Deadline) {
-			c.Close()
 			if lastErr == nil {
 				lastErr = errors.New("no attempt completed")
 			}
-			return nil, fmt.Errorf("%w: from %d: %w", ErrDeadline, req.From, lastErr)
+			return fail(fmt.Errorf("%w: from %d (%d of the range received): %w", ErrDeadline, req.From, len(records), lastErr))
 		}
 		var err error
 		records, err = c.attempt(&req, recvTimeout, records)
@@ -228,11 +237,7 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 		}
 		var rt retryable
 		if !errors.As(err, &rt) {
-			for _, r := range records {
-				req.Budget.Give(len(r.Payload))
-			}
-			c.Close()
-			return nil, err
+			return fail(err)
 		}
 		// A late reply to the abandoned request must not be taken for an
 		// answer to the next one, so the socket goes with the request.
@@ -248,7 +253,10 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 	if err := c.open(); err != nil {
 		return records, retryable{err}
 	}
-	binary.BigEndian.PutUint64(c.req[:], req.From)
+	// Resume after what earlier attempts kept: records holds From, From+1,
+	// ... without holes, so the first missing sequence follows its length.
+	next := req.From + uint64(len(records))
+	binary.BigEndian.PutUint64(c.req[:], next)
 	if _, err := c.dealer.SendBytes(nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
 		return records, retryable{fmt.Errorf("send replay request: %w", err)}
 	}
@@ -260,7 +268,6 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 	for _, s := range req.Watch {
 		poller.Add(s, zmq.POLLIN)
 	}
-	next := req.From
 	var frames [][]byte
 	// The receive timeout runs from the last reply, not from the last
 	// wake-up: live traffic on watched sockets must not keep a silent

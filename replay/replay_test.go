@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"
@@ -431,5 +433,100 @@ loop:
 	r.send(id, nil, end, nil)
 	if res := wait(t, ch); res.err != nil {
 		t.Fatal(res.err)
+	}
+}
+
+// TestFetchResumesPastDroppedReplies: a ROUTER that loses every reply past
+// the first perRequest of each request (what a publisher's send high-water
+// mark does to a reader that falls behind, end marker included) still
+// yields a gap of ten times that, because every attempt asks from the first
+// sequence still missing. Before the fix each attempt restarted at From and
+// the gap never completed.
+func TestFetchResumesPastDroppedReplies(t *testing.T) {
+	const (
+		perRequest = 50
+		gap        = 10 * perRequest
+	)
+	r := newRouter(t)
+	c := NewClient(r.ep)
+	defer c.Close()
+	budget := &Budget{MaxMessages: gap + 1}
+	ch := fetchAsync(c, Request{
+		From:     1,
+		Deadline: time.Now().Add(60 * time.Second),
+		// Only the silence after the dropped replies waits this long; each
+		// attempt's replies arrive at once.
+		ReceiveTimeout: 100 * time.Millisecond,
+		Budget:         budget,
+	})
+	var froms []uint64
+	for {
+		id, req := r.request()
+		from := binary.BigEndian.Uint64(req[1])
+		froms = append(froms, from)
+		sent := 0
+		for s := from; s <= gap && sent < perRequest; s++ {
+			r.send(id, nil, seq8(s), []byte(fmt.Sprintf("batch %d", s)))
+			sent++
+		}
+		if from+uint64(sent) > gap && sent < perRequest {
+			r.send(id, nil, end, nil) // the end marker fits under the limit
+			break
+		}
+	}
+	res := wait(t, ch)
+	if res.err != nil {
+		t.Fatalf("Fetch: %v (requests from %v)", res.err, froms)
+	}
+	want := make([]Record, gap)
+	for i := range want {
+		want[i] = Record{Seq: uint64(i + 1), Payload: []byte(fmt.Sprintf("batch %d", i+1))}
+	}
+	if diff := cmp.Diff(want, res.recs); diff != "" {
+		t.Errorf("records (-want +got):\n%s", diff)
+	}
+	// Every attempt gains ground: the requested start never moves back and
+	// the first one asks for From.
+	if froms[0] != 1 {
+		t.Errorf("first request from %d, want 1", froms[0])
+	}
+	for i := 1; i < len(froms); i++ {
+		if froms[i] < froms[i-1] {
+			t.Errorf("request %d asked from %d after %d: %v", i, froms[i], froms[i-1], froms)
+		}
+	}
+	if len(froms) < gap/perRequest+1 {
+		t.Errorf("%d requests, want at least %d (each loses replies past %d): %v", len(froms), gap/perRequest+1, perRequest, froms)
+	}
+	if m, _ := budget.Used(); m != gap {
+		t.Errorf("budget holds %d messages, want %d", m, gap)
+	}
+}
+
+// TestFetchDeadlineGivesBackPartialRecords: when the deadline ends a
+// recovery that kept records from earlier attempts, none is returned and
+// their budget is released.
+func TestFetchDeadlineGivesBackPartialRecords(t *testing.T) {
+	r := newRouter(t)
+	c := NewClient(r.ep)
+	defer c.Close()
+	budget := &Budget{}
+	ch := fetchAsync(c, Request{
+		From: 1, Deadline: time.Now().Add(2 * time.Second), ReceiveTimeout: 100 * time.Millisecond,
+		Budget: budget,
+	})
+	id, _ := r.request()
+	r.send(id, nil, seq8(1), []byte("one"))
+	r.send(id, nil, seq8(2), []byte("two"))
+	// No end marker, and later requests get nothing: the deadline ends it.
+	res := wait(t, ch)
+	if !errors.Is(res.err, ErrDeadline) {
+		t.Fatalf("err = %v, want ErrDeadline", res.err)
+	}
+	if res.recs != nil {
+		t.Errorf("records %+v returned with an error", res.recs)
+	}
+	if m, b := budget.Used(); m != 0 || b != 0 {
+		t.Errorf("budget still holds %d messages, %d bytes", m, b)
 	}
 }
