@@ -20,6 +20,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/bgjob"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/metrics"
@@ -29,6 +30,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "hash" {
+		os.Exit(hashcmd.Run(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "conductor:", err)
 		os.Exit(1)
