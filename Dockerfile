@@ -5,7 +5,13 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=1 go build -trimpath -ldflags='-s -w' -o /out/conductor .
+# --version and conductor_build_info report these, e.g.
+# docker build --build-arg VERSION=$(git describe --tags --always) --build-arg COMMIT=$(git rev-parse HEAD) .
+ARG VERSION=devel
+ARG COMMIT=unknown
+RUN CGO_ENABLED=1 go build -trimpath -buildvcs=false \
+	-ldflags="-s -w -X github.com/mooncake-conductor-go/conductor/buildinfo.version=${VERSION} -X github.com/mooncake-conductor-go/conductor/buildinfo.commit=${COMMIT}" \
+	-o /out/conductor .
 
 FROM debian:bookworm-slim
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends libzmq5 ca-certificates && rm -rf /var/lib/apt/lists/* \

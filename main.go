@@ -5,7 +5,10 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -15,9 +18,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/bgjob"
+	"github.com/mooncake-conductor-go/conductor/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
@@ -41,15 +46,22 @@ func main() {
 
 func run(args []string) error {
 	cfg, err := config.Load(args, os.Getenv)
-	if err != nil {
-		return err
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Print(config.Usage())
+		return nil
+	case err != nil:
+		return fmt.Errorf("%w (see conductor --help)", err)
+	case cfg.ShowVersion:
+		fmt.Println(buildinfo.Get())
+		return nil
 	}
 	setGCPercent(os.Getenv)
 	// Signals are caught before anything listens, so a SIGTERM that
 	// follows the "listening" log line always takes the graceful path.
 	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a, err := newApp(cfg, newLogger(cfg))
+	a, err := newApp(cfg, newLogger(cfg, os.Stderr, isatty.IsTerminal(os.Stderr.Fd())))
 	if err != nil {
 		return err
 	}
@@ -134,7 +146,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		undo()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo})
+	build := buildinfo.Get()
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()
@@ -162,11 +175,14 @@ func (a *app) close() {
 	subscriber.WaitTrims()
 }
 
-func newLogger(cfg *config.Config) zerolog.Logger {
+// newLogger writes to out: JSON, or with --log-format console a line per
+// event for people, coloured only when tty says out is a terminal (escape
+// codes in a file or a log collector are noise).
+func newLogger(cfg *config.Config, out io.Writer, tty bool) zerolog.Logger {
 	zerolog.SetGlobalLevel(cfg.LogLevel)
-	var w = zerolog.New(os.Stderr)
+	var w = zerolog.New(out)
 	if cfg.LogFormat == "console" {
-		w = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.RFC3339})
+		w = zerolog.New(zerolog.ConsoleWriter{Out: out, TimeFormat: time.RFC3339, NoColor: !tty})
 	}
 	return w.Level(cfg.LogLevel).With().Timestamp().Logger()
 }

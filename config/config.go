@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -51,6 +52,8 @@ type Config struct {
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
+	// ShowVersion is --version: print the build and exit.
+	ShowVersion bool
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.
@@ -70,74 +73,126 @@ type file struct {
 	KVEventInstance map[string]json.RawMessage `json:"kvevent_instance"`
 }
 
-// Load reads configuration. args are the command-line arguments without the
-// program name; getenv is os.Getenv in production.
-func Load(args []string, getenv func(string) string) (*Config, error) {
+// flags are the command line's values; set holds the names given
+// explicitly, which is how a flag left at its (displayed) default yields to
+// the environment and the config file.
+type flags struct {
+	fs        *flag.FlagSet
+	path      *string
+	port      *int
+	addr      *string
+	level     *string
+	format    *string
+	memo      *int
+	tokenMemo *int
+	tokenFile *string
+	version   *bool
+	set       map[string]bool
+}
+
+// newFlags declares the command line with the defaults the service really
+// uses, so that --help shows them.
+func newFlags() *flags {
 	fl := flag.NewFlagSet("conductor", flag.ContinueOnError)
-	path := fl.String("config", "", "config file (env CONDUCTOR_CONFIG_PATH, default ~/.mooncake/conductor_config.json)")
-	port := fl.Int("port", 0, "HTTP port (env CONDUCTOR_HTTP_PORT, file http_server_port, default 13333)")
-	addr := fl.String("addr", "", "HTTP listen address (env CONDUCTOR_HTTP_ADDR, default all interfaces)")
-	level := fl.String("log-level", "", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL, default INFO)")
-	format := fl.String("log-format", "", "json or console (env CONDUCTOR_LOG_FORMAT, default json)")
-	memo := fl.Int("hash-memo-mib", -1, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing (env CONDUCTOR_HASH_MEMO_MIB, default 64, 0 disables)")
-	tokenMemo := fl.Int("token-memo-mib", -1, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them (env CONDUCTOR_TOKEN_MEMO_MIB, default 64, 0 disables)")
-	tokenFile := fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE or CONDUCTOR_AUTH_TOKEN; default off)")
-	if err := fl.Parse(args); err != nil {
+	// Load reports errors itself and main prints Usage on --help.
+	fl.SetOutput(io.Discard)
+	f := &flags{fs: fl, set: map[string]bool{}}
+	f.path = fl.String("config", defaultConfigPath(), "config file (env CONDUCTOR_CONFIG_PATH); a missing file means defaults and one warning")
+	f.port = fl.Int("port", DefaultPort, "HTTP port (env CONDUCTOR_HTTP_PORT, file http_server_port)")
+	f.addr = fl.String("addr", "", "HTTP listen address (env CONDUCTOR_HTTP_ADDR; default all interfaces)")
+	f.level = fl.String("log-level", "INFO", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL)")
+	f.format = fl.String("log-format", "json", "json, or console for people, coloured on a terminal (env CONDUCTOR_LOG_FORMAT)")
+	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing; 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
+	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
+	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
+	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
+	return f
+}
+
+// defaultConfigPath is ~/.mooncake/conductor_config.json, or "" when the
+// home directory is unknown.
+func defaultConfigPath() string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".mooncake", "conductor_config.json")
+}
+
+// Usage is the --help text: a synopsis, then every flag with its default.
+func Usage() string {
+	var b strings.Builder
+	b.WriteString("Usage: conductor [flags]\n       conductor hash --help   (hash a prompt's token ids as an engine does)\n\n" +
+		"Precedence: flags, then environment, then the config file.\n\nFlags:\n")
+	f := newFlags()
+	f.fs.SetOutput(&b)
+	f.fs.PrintDefaults()
+	return b.String()
+}
+
+// Load reads configuration. args are the command-line arguments without the
+// program name; getenv is os.Getenv in production. --help returns
+// flag.ErrHelp; --version returns a Config with only ShowVersion set,
+// reading no file.
+func Load(args []string, getenv func(string) string) (*Config, error) {
+	f := newFlags()
+	if err := f.fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if fl.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %v", fl.Args())
+	if f.fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", f.fs.Args())
+	}
+	f.fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
+	if *f.version {
+		return &Config{ShowVersion: true}, nil
 	}
 	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20}
 
-	p := first(*path, getenv("CONDUCTOR_CONFIG_PATH"))
-	if p == "" {
-		home, err := os.UserHomeDir()
-		if err == nil {
-			p = filepath.Join(home, ".mooncake", "conductor_config.json")
-		}
-	}
+	p := f.pick("config", *f.path, getenv("CONDUCTOR_CONFIG_PATH"))
 	if p != "" {
 		if err := c.readFile(p); err != nil {
 			return nil, err
 		}
 	}
 
-	if v := first(*port, getenv("CONDUCTOR_HTTP_PORT")); v != "" {
+	// The port alone has a file value between the environment and the
+	// default, so its flag default must not hide the file's.
+	if f.set["port"] || getenv("CONDUCTOR_HTTP_PORT") != "" {
+		v := f.pick("port", strconv.Itoa(*f.port), getenv("CONDUCTOR_HTTP_PORT"))
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > 65535 {
 			return nil, fmt.Errorf("invalid HTTP port %q", v)
 		}
 		c.Port = n
 	}
-	c.Addr = first(*addr, getenv("CONDUCTOR_HTTP_ADDR"))
-	if v := first(*level, getenv("CONDUCTOR_LOG_LEVEL")); v != "" {
+	c.Addr = f.pick("addr", *f.addr, getenv("CONDUCTOR_HTTP_ADDR"))
+	if v := f.pick("log-level", *f.level, getenv("CONDUCTOR_LOG_LEVEL")); v != "" {
 		l, err := ParseLevel(v)
 		if err != nil {
 			return nil, err
 		}
 		c.LogLevel = l
 	}
-	if v := first(*format, getenv("CONDUCTOR_LOG_FORMAT")); v != "" {
+	if v := f.pick("log-format", *f.format, getenv("CONDUCTOR_LOG_FORMAT")); v != "" {
 		if v != "json" && v != "console" {
 			return nil, fmt.Errorf("invalid log format %q: want json or console", v)
 		}
 		c.LogFormat = v
 	}
-	if err := memoSize(&c.MemoBytes, "hash", *memo, getenv("CONDUCTOR_HASH_MEMO_MIB")); err != nil {
+	if err := memoSize(&c.MemoBytes, "hash", f.pick("hash-memo-mib", strconv.Itoa(*f.memo), getenv("CONDUCTOR_HASH_MEMO_MIB"))); err != nil {
 		return nil, err
 	}
-	if err := memoSize(&c.TokenMemoBytes, "token", *tokenMemo, getenv("CONDUCTOR_TOKEN_MEMO_MIB")); err != nil {
+	if err := memoSize(&c.TokenMemoBytes, "token", f.pick("token-memo-mib", strconv.Itoa(*f.tokenMemo), getenv("CONDUCTOR_TOKEN_MEMO_MIB"))); err != nil {
 		return nil, err
 	}
-	if f := first(*tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); f != "" {
-		b, err := os.ReadFile(f)
+	if tf := f.pick("auth-token-file", *f.tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); tf != "" {
+		b, err := os.ReadFile(tf)
 		if err != nil {
 			return nil, fmt.Errorf("read auth token: %w", err)
 		}
 		c.AuthToken = strings.TrimSpace(string(b))
 		if c.AuthToken == "" {
-			return nil, fmt.Errorf("auth token file %s is empty", f)
+			return nil, fmt.Errorf("auth token file %s is empty", tf)
 		}
 	} else {
 		c.AuthToken = getenv("CONDUCTOR_AUTH_TOKEN")
@@ -145,11 +200,11 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	return c, nil
 }
 
-// first returns the first non-empty of a flag value and an env value.
-func first[T comparable](flagVal T, env string) string {
-	var zero T
-	if flagVal != zero {
-		return fmt.Sprint(flagVal)
+// pick returns a flag's value when it was given, else the environment's
+// when set, else the flag's default.
+func (f *flags) pick(name, flagVal, env string) string {
+	if f.set[name] || env == "" {
+		return flagVal
 	}
 	return env
 }
@@ -251,16 +306,8 @@ func toMsgpack(v any) any {
 	return v
 }
 
-// memoSize sets *bytes from a MiB flag (if given, ≥ 0) or else the value
-// of its environment variable (if set); a memo of 0 MiB is disabled.
-func memoSize(bytes *int, name string, flag int, env string) error {
-	v := env
-	if flag >= 0 {
-		v = strconv.Itoa(flag)
-	}
-	if v == "" {
-		return nil
-	}
+// memoSize sets *bytes from a size in MiB; a memo of 0 MiB is disabled.
+func memoSize(bytes *int, name string, v string) error {
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 || n > 1<<20 {
 		return fmt.Errorf("invalid %s memo size %q MiB", name, v)

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,7 +121,8 @@ func TestMemoSize(t *testing.T) {
 		{"token env", nil, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "3"), token, 3 << 20, false},
 		{"token flag beats env", []string{"--token-memo-mib", "0"}, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "3"), token, 0, false},
 		{"token env leaves hash", nil, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "3"), hash, DefaultMemoMiB << 20, false},
-		{"token negative", []string{"--token-memo-mib", "-2"}, base, token, DefaultTokenMemoMiB << 20, false},
+		{"token negative flag", []string{"--token-memo-mib", "-2"}, base, token, 0, true},
+		{"hash flag at its default beats env", []string{"--hash-memo-mib", "64"}, withEnv("CONDUCTOR_HASH_MEMO_MIB", "8"), hash, 64 << 20, false},
 		{"token bad env", nil, withEnv("CONDUCTOR_TOKEN_MEMO_MIB", "-1"), token, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +132,80 @@ func TestMemoSize(t *testing.T) {
 			}
 			if err == nil && tc.get(c) != tc.want {
 				t.Errorf("memo bytes %d, want %d", tc.get(c), tc.want)
+			}
+		})
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	for _, h := range []string{"-h", "--help", "-help"} {
+		if _, err := Load([]string{h}, env(nil)); !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("%s: err %v, want flag.ErrHelp", h, err)
+		}
+	}
+	// --version reads no file: a broken one must not stop it.
+	bad := writeFile(t, "{")
+	c, err := Load([]string{"--version"}, env(map[string]string{"CONDUCTOR_CONFIG_PATH": bad}))
+	if err != nil || !c.ShowVersion {
+		t.Fatalf("--version: %+v, %v", c, err)
+	}
+	c, err = Load(nil, env(map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}))
+	if err != nil || c.ShowVersion {
+		t.Fatalf("no flags: ShowVersion %v, %v", c.ShowVersion, err)
+	}
+	if _, err := Load([]string{"--no-such-flag"}, env(nil)); err == nil || !strings.Contains(err.Error(), "no-such-flag") {
+		t.Errorf("unknown flag: %v", err)
+	}
+}
+
+// TestUsageShowsRealDefaults: --help states the values the service runs
+// with when nothing else sets them.
+func TestUsageShowsRealDefaults(t *testing.T) {
+	u := Usage()
+	for _, want := range []string{
+		"-hash-memo-mib int\n", "(default 64)", "-port int\n", "(default 13333)",
+		`(default "INFO")`, `(default "json")`, "-version", "conductor_config.json",
+	} {
+		if !strings.Contains(u, want) {
+			t.Errorf("usage lacks %q:\n%s", want, u)
+		}
+	}
+	if strings.Contains(u, "default -1") {
+		t.Errorf("usage shows a sentinel default:\n%s", u)
+	}
+	// Every memo flag line carries the real default.
+	if n := strings.Count(u, "(default 64)"); n != 2 {
+		t.Errorf("%d flags show (default 64), want 2 (both memos)", n)
+	}
+}
+
+// TestFlagDefaultsYield: a flag left at its default never hides the
+// environment or the file, and a flag given explicitly wins even when it
+// repeats the default.
+func TestFlagDefaultsYield(t *testing.T) {
+	withPort := writeFile(t, `{"http_server_port": 14000}`)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		port   int
+		level  zerolog.Level
+		format string
+	}{
+		{"env level over default", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": withPort, "CONDUCTOR_LOG_LEVEL": "DEBUG"}, 14000, zerolog.DebugLevel, "json"},
+		{"explicit default level over env", []string{"--log-level", "INFO"}, map[string]string{"CONDUCTOR_CONFIG_PATH": withPort, "CONDUCTOR_LOG_LEVEL": "DEBUG"}, 14000, zerolog.InfoLevel, "json"},
+		{"explicit default port over file", []string{"--port", "13333"}, map[string]string{"CONDUCTOR_CONFIG_PATH": withPort}, 13333, zerolog.InfoLevel, "json"},
+		{"explicit port 0", []string{"--port", "0"}, map[string]string{"CONDUCTOR_CONFIG_PATH": withPort}, 0, zerolog.InfoLevel, "json"},
+		{"env format", nil, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_LOG_FORMAT": "console"}, 13333, zerolog.InfoLevel, "console"},
+		{"explicit json format over env", []string{"--log-format", "json"}, map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_LOG_FORMAT": "console"}, 13333, zerolog.InfoLevel, "json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Port != tc.port || c.LogLevel != tc.level || c.LogFormat != tc.format {
+				t.Errorf("port %d level %v format %s", c.Port, c.LogLevel, c.LogFormat)
 			}
 		})
 	}

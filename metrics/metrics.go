@@ -13,6 +13,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/mooncake-conductor-go/conductor/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
@@ -28,6 +29,8 @@ type Options struct {
 	Memo     *hashing.Memo
 	// TokenMemo, when set, is reported as conductor_token_memo_*.
 	TokenMemo *codec.TokenMemo
+	// Build, when set, is exported as conductor_build_info.
+	Build *buildinfo.Info
 }
 
 // Metrics owns one Prometheus registry (not the global one, so tests and
@@ -56,6 +59,19 @@ func New(opts Options) *Metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{opts: opts})
+	if b := opts.Build; b != nil {
+		// The usual info-metric shape: constant 1, the facts in labels,
+		// so a query can join them onto any other series.
+		build := prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conductor_build_info",
+			Help: "1, labelled with the running build's version, commit, Go version and libzmq version.",
+			ConstLabels: prometheus.Labels{
+				"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion, "libzmq": b.LibZMQ,
+			},
+		})
+		build.Set(1)
+		m.reg.MustRegister(build)
+	}
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m
 }

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mooncake-conductor-go/conductor/config"
+)
+
+// TestConsoleLogColoursOnlyOnTerminal: the console format writes escape
+// codes for a terminal and plain text for anything else.
+func TestConsoleLogColoursOnlyOnTerminal(t *testing.T) {
+	defer zerolog.SetGlobalLevel(zerolog.GlobalLevel())
+	for _, tc := range []struct {
+		name        string
+		format      string
+		tty, colour bool
+	}{
+		{"console on a terminal", "console", true, true},
+		{"console into a pipe or file", "console", false, false},
+		{"json on a terminal", "json", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			log := newLogger(&config.Config{LogLevel: zerolog.InfoLevel, LogFormat: tc.format}, &buf, tc.tty)
+			log.Warn().Str("service", "p0").Msg("hello")
+			out := buf.String()
+			if !strings.Contains(out, "hello") {
+				t.Fatalf("nothing logged: %q", out)
+			}
+			if got := strings.Contains(out, "\x1b["); got != tc.colour {
+				t.Errorf("escape codes %v, want %v: %q", got, tc.colour, out)
+			}
+		})
+	}
+}
+
+func TestBuildInfoMetric(t *testing.T) {
+	e := startApp(t)
+	text := e.scrape()
+	re := regexp.MustCompile(`(?m)^conductor_build_info\{commit="[^"]+",goversion="` + regexp.QuoteMeta(runtime.Version()) +
+		`",libzmq="\d+\.\d+\.\d+",version="[^"]+"\} 1$`)
+	if !re.MatchString(text) {
+		t.Errorf("no conductor_build_info series of value 1 in:\n%s", grepLines(text, "build_info"))
+	}
+}
+
+func grepLines(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestCommandLine runs the real binary, built with a version and commit
+// stamped at link time, the way an operator meets it first.
+func TestCommandLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "conductor")
+	const pkg = "github.com/mooncake-conductor-go/conductor/buildinfo"
+	build := exec.Command("go", "build", "-ldflags", "-X "+pkg+".version=v9.8.7 -X "+pkg+".commit=0123abc", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatal(err)
+	}
+	run := func(stdin string, args ...string) (code int, stdout, stderr string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"))
+		cmd.Stdin = strings.NewReader(stdin)
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), o.String(), e.String()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0, o.String(), e.String()
+	}
+	for _, h := range []string{"--help", "-h"} {
+		code, out, _ := run("", h)
+		if code != 0 || !strings.Contains(out, "-hash-memo-mib int") || !strings.Contains(out, "(default 64)") {
+			t.Errorf("%s: exit %d, stdout %q", h, code, out)
+		}
+	}
+	code, out, _ := run("", "--version")
+	want := regexp.MustCompile(`^conductor v9\.8\.7 \(commit 0123abc, ` + regexp.QuoteMeta(runtime.Version()) + `, libzmq \d+\.\d+\.\d+\)\n$`)
+	if code != 0 || !want.MatchString(out) {
+		t.Errorf("--version: exit %d, stdout %q", code, out)
+	}
+	if code, _, errOut := run("", "--no-such-flag"); code == 0 || !strings.Contains(errOut, "--help") {
+		t.Errorf("unknown flag: exit %d, stderr %q", code, errOut)
+	}
+	code, out, _ = run("[1,2,3,4]", "hash", "--strategy", "sglang", "--block-size", "4")
+	if code != 0 || !strings.Contains(out, "key 14958615928728313947 (0xcf97adeedb59e05b)  event -3488128144981237669") {
+		t.Errorf("hash: exit %d, stdout %q", code, out)
+	}
+	if code, _, errOut := run("[1", "hash", "--strategy", "sglang", "--block-size", "4"); code != 2 || errOut == "" {
+		t.Errorf("hash with bad input: exit %d, stderr %q", code, errOut)
+	}
+}
