@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -31,7 +32,8 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory(zerolog.New(io.Discard), subscriber.NewCounters(), nil)})
+	checks := hashcheck.NewSet(hashcheck.Options{})
+	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory(zerolog.New(io.Discard), subscriber.NewCounters(), checks, nil)})
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
 	if err != nil {
@@ -58,6 +60,9 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	if got := len(reg.Services()); got != n {
 		t.Fatalf("%d services after refusals, want %d", got, n)
 	}
+	if got := len(checks.Snapshot()); got != n {
+		t.Fatalf("%d hash checkers for %d services", got, n)
+	}
 	start = time.Now()
 	for i := 0; i < n; i++ {
 		s := svc(i)
@@ -66,7 +71,7 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 		}
 	}
 	t.Logf("%d unregistrations in %v", n, time.Since(start))
-	if len(reg.Services()) != 0 || len(ix.Tables()) != 0 {
+	if len(reg.Services()) != 0 || len(ix.Tables()) != 0 || len(checks.Snapshot()) != 0 {
 		t.Fatal("state left after unregistering everything")
 	}
 	eventually(t, "descriptors to be released", func() bool { return openFDs(t) <= fdsBefore+8 })

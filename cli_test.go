@@ -115,3 +115,32 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("hash with bad input: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestHashCheckSeriesFollowRegistration: an engine's hash-check series
+// appear at zero when it registers and go when it unregisters.
+func TestHashCheckSeriesFollowRegistration(t *testing.T) {
+	e := startApp(t)
+	pub := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("hc0", pub.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	series := []string{
+		`conductor_hash_check_total{result="match",service="hc0|default|0"}`,
+		`conductor_hash_check_total{result="mismatch",service="hc0|default|0"}`,
+	}
+	text := e.scrape()
+	for _, s := range series {
+		if got := metricValue(text, s); got != 0 {
+			t.Errorf("%s = %v after registration, want 0", s, got)
+		}
+	}
+	if status, out := e.post("/unregister", map[string]any{"instance_id": "hc0", "tenant_id": "default", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister: %d %v", status, out)
+	}
+	text = e.scrape()
+	for _, s := range series {
+		if got := metricValue(text, s); got != -1 {
+			t.Errorf("%s = %v after unregistration, want absent", s, got)
+		}
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
@@ -114,9 +115,10 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
 	memReturn := bgjob.New(returnMemory, nil)
+	checks := hashcheck.NewSet(hashcheck.Options{Logger: log})
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, staticKeys(cfg)),
+		Start:  sourceFactory(log, counters, checks, staticKeys(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -147,7 +149,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build})
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build, HashChecks: checks})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()
@@ -187,10 +189,17 @@ func newLogger(cfg *config.Config, out io.Writer, tty bool) zerolog.Logger {
 	return w.Level(cfg.LogLevel).With().Timestamp().Logger()
 }
 
-// sourceFactory connects the registry to the ZMQ subscribers.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[registry.ServiceKey]bool) registry.SourceFactory {
+// sourceFactory connects the registry to the ZMQ subscribers. Each engine
+// service also gets a hash checker, whose counts live as long as its source.
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
+		var chk *hashcheck.Checker
+		if svc.IsEngine() {
+			// Ready for the event decoder to call (Checker.Sample and
+			// CheckEvent on each applied BlockStored).
+			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
+		}
 		sub, err := subscriber.Start(subscriber.Config{
 			Key:            key,
 			Type:           svc.Type,
@@ -216,9 +225,10 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, watch map[
 			OwnerRemovedAfterStop: true,
 		})
 		if err != nil {
+			checks.Remove(chk)
 			return nil, err
 		}
-		return source{sub}, nil
+		return source{Subscriber: sub, stopped: func() { checks.Remove(chk) }}, nil
 	}
 }
 
@@ -261,7 +271,16 @@ func staticKeys(cfg *config.Config) map[registry.ServiceKey]bool {
 }
 
 // source adapts a subscriber to the registry's view of a source.
-type source struct{ *subscriber.Subscriber }
+type source struct {
+	*subscriber.Subscriber
+	stopped func() // drops what lives as long as the source (its hash checker)
+}
+
+// Stop stops the subscription, then drops the service's hash-check series.
+func (s source) Stop() {
+	s.Subscriber.Stop()
+	s.stopped()
+}
 
 func (s source) State() string { return s.Subscriber.State().String() }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -31,6 +32,8 @@ type Options struct {
 	TokenMemo *codec.TokenMemo
 	// Build, when set, is exported as conductor_build_info.
 	Build *buildinfo.Info
+	// HashChecks, when set, is exported as conductor_hash_check_total.
+	HashChecks *hashcheck.Set
 }
 
 // Metrics owns one Prometheus registry (not the global one, so tests and
@@ -111,6 +114,8 @@ var (
 		"Memory held by the token memo's remembered arrays (bounded by --token-memo-mib; emptied when the last context goes).", nil, nil)
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
+	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
+		"Sampled event blocks re-hashed under the service's registered profile: match, or mismatch (queries will not find that engine's blocks).", []string{"service", "result"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
 )
 
@@ -150,7 +155,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -197,6 +202,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.opts.TokenMemo != nil {
 		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
+	}
+	for _, hc := range c.opts.HashChecks.Snapshot() {
+		svc := clip(hc.Service)
+		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Matches), svc, "match")
+		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Mismatches), svc, "mismatch")
 	}
 	for _, s := range c.opts.Counters.Snapshot() {
 		d, ok := descIngest[s.Metric]
