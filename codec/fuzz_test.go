@@ -134,24 +134,3 @@ func TestQueryOnePassMatchesValidated(t *testing.T) {
 		checkOnePass(t, body, DecodeQuery(body, DefaultLimits(), &q), &q)
 	}
 }
-
-// TestScalarSizeMatchesHeader pins validate's size table to header, the
-// general decoder: for every first byte the table knows, the header's size
-// plus payload must be the table's size.
-func TestScalarSizeMatchesHeader(t *testing.T) {
-	for c := 0; c < 256; c++ {
-		s := int(scalarSize[c])
-		if s == 0 {
-			continue
-		}
-		b := make([]byte, 32)
-		b[0] = byte(c)
-		k, n, hdr, err := header(b, 0)
-		if err != nil || k == kindArray || k == kindMap || k == kindStr || k == kindBin {
-			t.Fatalf("%#x: table says scalar of %d bytes, header says %v %v", c, s, k, err)
-		}
-		if got := hdr + int(n); got != s {
-			t.Errorf("%#x: table size %d, header size %d", c, s, got)
-		}
-	}
-}

@@ -324,38 +324,3 @@ func TestEnvelopeEdges(t *testing.T) {
 		t.Errorf("envelope rejections must not make the source stale")
 	}
 }
-
-// TestInt32Run checks the in-place integer scanner on every integer
-// encoding, at the int32 boundaries, and that it stops before other types.
-func TestInt32Run(t *testing.T) {
-	cases := []struct {
-		name    string
-		b       []byte
-		n       int
-		inRange bool
-	}{
-		{"fixint uint8 uint16", []byte{0x05, 0xcc, 0xff, 0xcd, 0xff, 0xff}, 3, true},
-		{"uint32 max int32", []byte{0xce, 0x7f, 0xff, 0xff, 0xff}, 1, true},
-		{"uint32 above int32", []byte{0xce, 0x80, 0, 0, 0}, 1, false},
-		{"uint64 small", []byte{0xcf, 0, 0, 0, 0, 0, 0, 0, 1}, 1, true},
-		{"uint64 big", []byte{0xcf, 0, 0, 0, 1, 0, 0, 0, 0}, 1, false},
-		{"negative fixint int8 int16", []byte{0xff, 0xd0, 0x80, 0xd1, 0x80, 0}, 3, true},
-		{"int32 min", []byte{0xd2, 0x80, 0, 0, 0}, 1, true},
-		{"int64 below int32", []byte{0xd3, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff}, 1, false},
-		{"stops at nil", []byte{0x01, 0xc0, 0x02}, 1, true},
-		{"stops at truncated", []byte{0x01, 0xcd, 0x01}, 1, true},
-	}
-	for _, c := range cases {
-		r := newMPReader()
-		r.reset(c.b)
-		n, ok := r.int32Run(10)
-		if n != c.n || ok != c.inRange {
-			t.Errorf("%s: n=%d inRange=%v, want %d %v", c.name, n, ok, c.n, c.inRange)
-		}
-	}
-	r := newMPReader()
-	r.reset([]byte{1, 2, 3})
-	if n, _ := r.int32Run(2); n != 2 || r.remaining() != 1 {
-		t.Errorf("max not honoured: n=%d remaining=%d", n, r.remaining())
-	}
-}

@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"bytes"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"math"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -158,11 +159,11 @@ func (e *engineMapEvent) fieldID(key []byte) (uint8, bool) {
 func (e *engineMapEvent) seenMask() *uint32 { return &e.f.seen }
 func (e *engineMapEvent) failed() bool      { return e.f.reject != ReasonNone }
 func (e *engineMapEvent) fail(r Reason)     { e.f.fail(r) }
-func (e *engineMapEvent) readField(r *mpReader, id uint8) error {
+func (e *engineMapEvent) readField(r *msgp.Reader, id uint8) error {
 	return e.d.readField(r, id, e.f)
 }
 
-func (d *engineDecoder) readEvent(r *mpReader, _ *envelope, _ int) error {
+func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	d.events = append(d.events, engineEvent{})
 	ev := &d.events[len(d.events)-1]
 	d.fields = engineFields{}
@@ -187,41 +188,41 @@ func (d *engineDecoder) readEvent(r *mpReader, _ *envelope, _ int) error {
 }
 
 // readField reads one recognized value and type-checks it.
-func (d *engineDecoder) readField(r *mpReader, id uint8, f *engineFields) error {
-	k, err := r.peek()
+func (d *engineDecoder) readField(r *msgp.Reader, id uint8, f *engineFields) error {
+	k, err := r.Peek()
 	if err != nil {
 		return err
 	}
-	if k != kNil {
+	if k != msgp.Nil {
 		f.nonNil |= bit(id)
 	}
 	switch id {
 	case fType:
-		if k != kStr {
+		if k != msgp.Str {
 			f.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
-		f.tag, err = r.str()
+		f.tag, err = r.Str()
 		return err
 	case fBlockHashes:
-		if k != kArray {
+		if k != msgp.Array {
 			f.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
 		return d.readHashes(r, f)
 	case fParent:
 		return d.readParent(r, k, f)
 	case fTokenIDs:
-		if k == kNil {
-			return r.nil()
+		if k == msgp.Nil {
+			return r.Nil()
 		}
-		if k != kArray {
+		if k != msgp.Array {
 			f.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
 		return readTokenArray(r, d.typ == TypeSGLang, f)
 	case fBlockSize:
-		v, present, ok, err := r.optInt()
+		v, present, ok, err := optInt(r)
 		if err != nil {
 			return err
 		}
@@ -231,7 +232,7 @@ func (d *engineDecoder) readField(r *mpReader, id uint8, f *engineFields) error 
 		f.blockSize = v
 		return nil
 	case fLoraID, fGroupIdx, fSlidingWindow:
-		v, _, ok, err := r.optInt()
+		v, _, ok, err := optInt(r)
 		if err != nil {
 			return err
 		}
@@ -245,7 +246,7 @@ func (d *engineDecoder) readField(r *mpReader, id uint8, f *engineFields) error 
 		}
 		return nil
 	case fMedium, fLoraName, fSpecKind, fCacheSalt, fSessionID:
-		b, _, ok, err := r.optStr()
+		b, _, ok, err := optStr(r)
 		if err != nil {
 			return err
 		}
@@ -262,50 +263,50 @@ func (d *engineDecoder) readField(r *mpReader, id uint8, f *engineFields) error 
 		}
 		return nil
 	case fExtraKeys:
-		if k == kNil {
-			return r.nil()
+		if k == msgp.Nil {
+			return r.Nil()
 		}
-		if k != kArray {
+		if k != msgp.Array {
 			f.fail(EvExtraKeys)
-			return r.skip()
+			return r.Skip()
 		}
-		n, err := r.arrayLen()
+		n, err := r.ArrayLen()
 		if err != nil {
 			return err
 		}
 		f.extraKeysLen = n
 		for i := 0; i < n; i++ {
-			ek, err := r.peek()
+			ek, err := r.Peek()
 			if err != nil {
 				return err
 			}
-			if ek != kNil && ek != kArray {
+			if ek != msgp.Nil && ek != msgp.Array {
 				f.fail(EvExtraKeys)
 			}
 			// entries are not interpreted (§3.4.1)
-			if err := r.skip(); err != nil {
+			if err := r.Skip(); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	return r.skip()
+	return r.Skip()
 }
 
 // readHashes projects every block hash to its index key (§3.6) and appends
 // it to the arena.
-func (d *engineDecoder) readHashes(r *mpReader, f *engineFields) error {
-	n, err := r.arrayLen()
+func (d *engineDecoder) readHashes(r *msgp.Reader, f *engineFields) error {
+	n, err := r.ArrayLen()
 	if err != nil {
 		return err
 	}
 	for i := 0; i < n; i++ {
-		k, err := r.peek()
+		k, err := r.Peek()
 		if err != nil {
 			return err
 		}
 		if f.reject != ReasonNone {
-			if err := r.skip(); err != nil {
+			if err := r.Skip(); err != nil {
 				return err
 			}
 			continue
@@ -313,8 +314,8 @@ func (d *engineDecoder) readHashes(r *mpReader, f *engineFields) error {
 		var key uint64
 		var herr error
 		switch {
-		case k.isInt():
-			u, s, neg, err := r.integer(k)
+		case k == msgp.Int:
+			u, neg, err := r.Integer()
 			if err != nil {
 				return err
 			}
@@ -324,7 +325,7 @@ func (d *engineDecoder) readHashes(r *mpReader, f *engineFields) error {
 				f.fail(EvHash)
 				continue
 			case neg:
-				key, herr = hashing.KeyFromInt(d.proj, s)
+				key, herr = hashing.KeyFromInt(d.proj, int64(u))
 			case d.typ == TypeSGLang && u > math.MaxInt64:
 				// SGLang publishes signed int64; a larger uint is not its form
 				f.fail(EvHash)
@@ -332,8 +333,8 @@ func (d *engineDecoder) readHashes(r *mpReader, f *engineFields) error {
 			default:
 				key, herr = hashing.KeyFromUint(d.proj, u)
 			}
-		case k == kBin && d.typ == TypeVLLM:
-			b, err := r.str()
+		case k == msgp.Bin && d.typ == TypeVLLM:
+			b, err := r.Str()
 			if err != nil {
 				return err
 			}
@@ -344,7 +345,7 @@ func (d *engineDecoder) readHashes(r *mpReader, f *engineFields) error {
 			key, herr = hashing.KeyFromBytes(d.proj, b)
 		default:
 			f.fail(EvHash)
-			if err := r.skip(); err != nil {
+			if err := r.Skip(); err != nil {
 				return err
 			}
 			continue
@@ -360,12 +361,12 @@ func (d *engineDecoder) readHashes(r *mpReader, f *engineFields) error {
 
 // readParent type-checks parent_block_hash; the chain link itself is not
 // needed because hashes are prefix hashes (§3.8).
-func (d *engineDecoder) readParent(r *mpReader, k mkind, f *engineFields) error {
+func (d *engineDecoder) readParent(r *msgp.Reader, k msgp.Kind, f *engineFields) error {
 	switch {
-	case k == kNil:
-		return r.nil()
-	case k.isInt():
-		u, _, neg, err := r.integer(k)
+	case k == msgp.Nil:
+		return r.Nil()
+	case k == msgp.Int:
+		u, neg, err := r.Integer()
 		if err != nil {
 			return err
 		}
@@ -373,12 +374,12 @@ func (d *engineDecoder) readParent(r *mpReader, k mkind, f *engineFields) error 
 			f.fail(EvHash)
 		}
 		return nil
-	case k == kBin && d.typ == TypeVLLM:
-		_, err := r.str()
+	case k == msgp.Bin && d.typ == TypeVLLM:
+		_, err := r.Str()
 		return err
 	}
 	f.fail(EvWrongType)
-	return r.skip()
+	return r.Skip()
 }
 
 // keyRules are, per source type and event kind, the recognized keys an

@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"math"
 )
 
@@ -19,31 +20,31 @@ type envelope struct {
 // on with its siblings.
 type eventReader interface {
 	beginBatch()
-	readEvent(r *mpReader, env *envelope, i int) error
+	readEvent(r *msgp.Reader, env *envelope, i int) error
 }
 
 // decodeEnvelope walks one payload, handing each event to er. Nothing is
 // applied here: the batch dp_rank follows the events on the wire and a
 // truncated tail must reject the envelope, so effects wait until the whole
 // payload decoded.
-func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader, env *envelope) Reason {
+func decodeEnvelope(r *msgp.Reader, typ SourceType, payload []byte, er eventReader, env *envelope) Reason {
 	*env = envelope{}
 	er.beginBatch()
 	if len(payload) == 0 {
 		return EnvEmpty
 	}
-	r.reset(payload)
-	k, err := r.peek()
+	r.Reset(payload)
+	k, err := r.Peek()
 	if err != nil {
 		return EnvInvalid
 	}
-	if k != kArray {
-		if k == kInvalid {
+	if k != msgp.Array {
+		if k == msgp.Invalid {
 			return EnvInvalid
 		}
 		return EnvNotArray
 	}
-	n, err := r.arrayLen()
+	n, err := r.ArrayLen()
 	if err != nil {
 		return EnvInvalid
 	}
@@ -51,14 +52,14 @@ func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader,
 		return EnvLength
 	}
 	// timestamp: float seconds for engines, integer milliseconds for the master
-	if k, err = r.peek(); err != nil {
+	if k, err = r.Peek(); err != nil {
 		return EnvInvalid
 	}
 	if typ == TypeMooncake {
-		if !k.isInt() {
+		if k != msgp.Int {
 			return EnvTimestamp
 		}
-		u, _, neg, err := r.integer(k)
+		u, neg, err := r.Integer()
 		if err != nil {
 			return EnvInvalid
 		}
@@ -67,10 +68,10 @@ func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader,
 		}
 		env.tsInt = u
 	} else {
-		if k != kFloat {
+		if k != msgp.Float {
 			return EnvTimestamp
 		}
-		f, err := r.float()
+		f, err := r.Float()
 		if err != nil {
 			return EnvInvalid
 		}
@@ -80,13 +81,13 @@ func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader,
 		env.tsFloat = f
 	}
 	// events
-	if k, err = r.peek(); err != nil {
+	if k, err = r.Peek(); err != nil {
 		return EnvInvalid
 	}
-	if k != kArray {
+	if k != msgp.Array {
 		return EnvEventsNotArray
 	}
-	m, err := r.arrayLen()
+	m, err := r.ArrayLen()
 	if err != nil {
 		return EnvInvalid
 	}
@@ -96,16 +97,16 @@ func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader,
 		}
 	}
 	// dp_rank
-	if k, err = r.peek(); err != nil {
+	if k, err = r.Peek(); err != nil {
 		return EnvInvalid
 	}
 	switch {
-	case k == kNil:
-		if r.nil() != nil {
+	case k == msgp.Nil:
+		if r.Nil() != nil {
 			return EnvInvalid
 		}
-	case k.isInt():
-		u, _, neg, err := r.integer(k)
+	case k == msgp.Int:
+		u, neg, err := r.Integer()
 		if err != nil {
 			return EnvInvalid
 		}
@@ -116,7 +117,7 @@ func decodeEnvelope(r *mpReader, typ SourceType, payload []byte, er eventReader,
 	default:
 		return EnvDPRank
 	}
-	if r.remaining() != 0 {
+	if r.Remaining() != 0 {
 		return EnvTrailingBytes
 	}
 	return ReasonNone

@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"bytes"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"math"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -222,11 +223,11 @@ func (m *mooncakeMapEvent) fieldID(key []byte) (uint8, bool) {
 func (m *mooncakeMapEvent) seenMask() *uint32 { return &m.e.seen }
 func (m *mooncakeMapEvent) failed() bool      { return m.e.result == Rejected }
 func (m *mooncakeMapEvent) fail(r Reason)     { m.e.fail(r) }
-func (m *mooncakeMapEvent) readField(r *mpReader, id uint8) error {
+func (m *mooncakeMapEvent) readField(r *msgp.Reader, id uint8) error {
 	return m.d.readField(r, id, m.e)
 }
 
-func (d *mooncakeDecoder) readEvent(r *mpReader, env *envelope, _ int) error {
+func (d *mooncakeDecoder) readEvent(r *msgp.Reader, env *envelope, _ int) error {
 	d.events = append(d.events, mcEvent{})
 	e := &d.events[len(d.events)-1]
 	d.mapEv = mooncakeMapEvent{d: d, e: e}
@@ -239,25 +240,25 @@ func (d *mooncakeDecoder) readEvent(r *mpReader, env *envelope, _ int) error {
 	return nil
 }
 
-func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
-	k, err := r.peek()
+func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error {
+	k, err := r.Peek()
 	if err != nil {
 		return err
 	}
-	if k != kNil {
+	if k != msgp.Nil {
 		e.nonNil |= 1 << id
 	}
 	switch id {
 	case mEventID, mTimestamp, mParentHash, mParentBlockHash:
 		// uint64 (nil allowed for the parent hashes only)
-		if k == kNil && (id == mParentHash || id == mParentBlockHash) {
-			return r.nil()
+		if k == msgp.Nil && (id == mParentHash || id == mParentBlockHash) {
+			return r.Nil()
 		}
-		if !k.isInt() {
+		if k != msgp.Int {
 			e.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
-		u, _, neg, err := r.integer(k)
+		u, neg, err := r.Integer()
 		if err != nil {
 			return err
 		}
@@ -275,11 +276,11 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 		return nil
 	case mEventType, mTenantID, mBackendID, mObjectKey, mConnectorBlockHash, mCachePrefix:
 		// str, non-nil
-		if k != kStr {
+		if k != msgp.Str {
 			e.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
-		b, err := r.str()
+		b, err := r.Str()
 		if err != nil {
 			return err
 		}
@@ -297,7 +298,7 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 		}
 		return nil
 	case mType, mModelName, mAdditionalSalt, mLoraName, mMedium, mGroupID:
-		b, _, ok, err := r.optStr()
+		b, _, ok, err := optStr(r)
 		if err != nil {
 			return err
 		}
@@ -318,7 +319,7 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 		}
 		return nil
 	case mDPRank:
-		v, present, ok, err := r.optInt()
+		v, present, ok, err := optInt(r)
 		if err != nil {
 			return err
 		}
@@ -328,7 +329,7 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 		}
 		return nil
 	case mBlockSize, mBaseBlockIdx, mTPRank, mHeadOrTPRank, mPCPRank, mDCPRank, mPPRank, mLayerID:
-		v, _, ok, err := r.optInt()
+		v, _, ok, err := optInt(r)
 		if err != nil {
 			return err
 		}
@@ -340,28 +341,28 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 		}
 		return nil
 	case mSeqHashes, mBlockHashes:
-		if k != kArray {
+		if k != msgp.Array {
 			e.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
-		n, err := r.arrayLen()
+		n, err := r.ArrayLen()
 		if err != nil {
 			return err
 		}
 		var first uint64
 		for i := 0; i < n; i++ {
-			k, err := r.peek()
+			k, err := r.Peek()
 			if err != nil {
 				return err
 			}
-			if !k.isInt() {
+			if k != msgp.Int {
 				e.fail(EvWrongType)
-				if err := r.skip(); err != nil {
+				if err := r.Skip(); err != nil {
 					return err
 				}
 				continue
 			}
-			u, _, neg, err := r.integer(k)
+			u, neg, err := r.Integer()
 			if err != nil {
 				return err
 			}
@@ -379,16 +380,16 @@ func (d *mooncakeDecoder) readField(r *mpReader, id uint8, e *mcEvent) error {
 		}
 		return nil
 	case mTokenIDs:
-		if k == kNil {
-			return r.nil()
+		if k == msgp.Nil {
+			return r.Nil()
 		}
-		if k != kArray {
+		if k != msgp.Array {
 			e.fail(EvWrongType)
-			return r.skip()
+			return r.Skip()
 		}
 		return readTokenArray(r, false, e)
 	}
-	return r.skip()
+	return r.Skip()
 }
 
 // validate applies the structural rules that need no index state.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"math"
 	"runtime/debug"
 	"sort"
@@ -83,7 +84,7 @@ type Subscriber struct {
 	stopRx    *zmq.Socket
 	poller    *zmq.Poller
 	replay    *replay.Client
-	r         *mpReader
+	r         *msgp.Reader
 	env       envelope
 	engine    *engineDecoder
 	moon      *mooncakeDecoder
@@ -142,7 +143,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 		typ:    typ,
 		tuning: cfg.Tuning.withDefaults(),
 		done:   make(chan struct{}),
-		r:      newMPReader(),
+		r:      new(msgp.Reader),
 	}
 	s.log = cfg.Logger.With().Str("service", cfg.Key).Str("type", typ.String()).Str("endpoint", cfg.Endpoint).Logger()
 	s.sampled = s.log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute})
@@ -468,7 +469,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 // at freed C memory is a hazard should the Go heap ever map that range.
 func (s *Subscriber) forgetPayloads() {
 	clear(s.frames[:cap(s.frames)])
-	s.r.reset(nil)
+	s.r.Reset(nil)
 	if s.engine != nil {
 		s.engine.fields = engineFields{}
 	}

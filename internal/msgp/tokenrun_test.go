@@ -1,4 +1,4 @@
-package codec
+package msgp
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package subscriber
+package msgp
 
 import (
 	"encoding/binary"
@@ -7,18 +7,18 @@ import (
 	"testing"
 )
 
-// int32RunReference is the value-by-value definition of int32Run: consume
+// int32RunReference is the value-by-value definition of ScanInt32Run: consume
 // up to max consecutive integers, report how many and whether all fit in
 // int32.
 func int32RunReference(buf []byte, max int) (n, consumed int, inRange bool) {
 	p := 0
 	inRange = true
 	for n < max && p < len(buf) {
-		u, s, neg, size := intAt(buf, p)
+		v, neg, size := IntAt(buf, p)
 		if size == 0 {
 			break
 		}
-		if (neg && s < math.MinInt32) || (!neg && u > math.MaxInt32) {
+		if (neg && int64(v) < math.MinInt32) || (!neg && v > math.MaxInt32) {
 			inRange = false
 		}
 		p += size
@@ -67,12 +67,12 @@ func TestInt32RunMatchesReference(t *testing.T) {
 			b = b[:rng.IntN(len(b))]
 		}
 		max := 1 + rng.IntN(30)
-		r := newMPReader()
-		r.reset(b)
-		n, ok := r.int32Run(max)
+		var r Reader
+		r.Reset(b)
+		n, ok := r.Int32Run(max)
 		wn, wp, wok := int32RunReference(b, max)
-		if n != wn || ok != wok || r.pos() != wp {
-			t.Fatalf("% x (max %d): n=%d inRange=%v pos=%d, reference %d %v %d", b, max, n, ok, r.pos(), wn, wok, wp)
+		if n != wn || ok != wok || r.Pos() != wp {
+			t.Fatalf("% x (max %d): n=%d inRange=%v pos=%d, reference %d %v %d", b, max, n, ok, r.Pos(), wn, wok, wp)
 		}
 	}
 }
@@ -101,16 +101,51 @@ func benchTokenRun(b *testing.B, vocab uint32) {
 		bufs[i] = append(appendTokens(nil, ids), 0xc0) // the next key, as in a payload
 		size += len(bufs[i])
 	}
-	r := newMPReader()
+	var r Reader
 	b.SetBytes(int64(size / len(bufs)))
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		r.reset(bufs[i%len(bufs)])
+		r.Reset(bufs[i%len(bufs)])
 		i++
-		if n, ok := r.int32Run(tokens); n != tokens || !ok {
+		if n, ok := r.Int32Run(tokens); n != tokens || !ok {
 			b.Fatal(n, ok)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*tokens), "ns/token")
+}
+
+// TestInt32Run checks the in-place integer scanner on every integer
+// encoding, at the int32 boundaries, and that it stops before other types.
+func TestInt32Run(t *testing.T) {
+	cases := []struct {
+		name    string
+		b       []byte
+		n       int
+		inRange bool
+	}{
+		{"fixint uint8 uint16", []byte{0x05, 0xcc, 0xff, 0xcd, 0xff, 0xff}, 3, true},
+		{"uint32 max int32", []byte{0xce, 0x7f, 0xff, 0xff, 0xff}, 1, true},
+		{"uint32 above int32", []byte{0xce, 0x80, 0, 0, 0}, 1, false},
+		{"uint64 small", []byte{0xcf, 0, 0, 0, 0, 0, 0, 0, 1}, 1, true},
+		{"uint64 big", []byte{0xcf, 0, 0, 0, 1, 0, 0, 0, 0}, 1, false},
+		{"negative fixint int8 int16", []byte{0xff, 0xd0, 0x80, 0xd1, 0x80, 0}, 3, true},
+		{"int32 min", []byte{0xd2, 0x80, 0, 0, 0}, 1, true},
+		{"int64 below int32", []byte{0xd3, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff}, 1, false},
+		{"stops at nil", []byte{0x01, 0xc0, 0x02}, 1, true},
+		{"stops at truncated", []byte{0x01, 0xcd, 0x01}, 1, true},
+	}
+	for _, c := range cases {
+		var r Reader
+		r.Reset(c.b)
+		n, ok := r.Int32Run(10)
+		if n != c.n || ok != c.inRange {
+			t.Errorf("%s: n=%d inRange=%v, want %d %v", c.name, n, ok, c.n, c.inRange)
+		}
+	}
+	var r Reader
+	r.Reset([]byte{1, 2, 3})
+	if n, _ := r.Int32Run(2); n != 2 || r.Remaining() != 1 {
+		t.Errorf("max not honoured: n=%d remaining=%d", n, r.Remaining())
+	}
 }
