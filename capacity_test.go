@@ -12,6 +12,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -28,7 +29,7 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	fdsBefore := openFDs(t)
 	n := registry.DefaultMaxServices
-	if err := subscriber.ReserveSockets(n); err != nil {
+	if err := zmqx.ReserveSockets(n * subscriber.SocketsPerSource); err != nil {
 		t.Fatal(err)
 	}
 	ix := index.New(index.Options{})

@@ -29,6 +29,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/metrics"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
@@ -107,7 +108,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn().Msg(w)
 	}
-	if err := subscriber.ReserveSockets(registry.DefaultMaxServices); err != nil {
+	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
 	ix := index.New(index.Options{RemovalPause: removalPause})
@@ -174,7 +175,7 @@ func (a *app) close() {
 	// No goroutine outlives the service: the memory return the last
 	// drops requested, and the subscribers' C-heap trims.
 	a.memReturn.Wait()
-	subscriber.WaitTrims()
+	zmqx.WaitTrims()
 }
 
 // newLogger writes to out: JSON, or with --log-format console a line per
@@ -256,8 +257,8 @@ func setGCPercent(getenv func(string) string) {
 // drops during a run get one more run after it); it takes milliseconds.
 func returnMemory() {
 	runtime.GC()
-	debug.FreeOSMemory()   // the second collection, then the scavenge
-	subscriber.TrimCHeap() // libzmq's receive buffers live in the C heap
+	debug.FreeOSMemory() // the second collection, then the scavenge
+	zmqx.TrimCHeap()     // libzmq's receive buffers live in the C heap
 }
 
 // staticKeys are the config file's registrations: readiness waits for

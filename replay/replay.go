@@ -14,6 +14,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"syscall"
 	"time"
 
@@ -163,17 +164,13 @@ func (c *Client) open() error {
 	if c.dealer != nil {
 		return nil
 	}
-	d, err := zmq.NewSocket(zmq.DEALER)
+	// Linger 0 (zmqx's default): abandoned requests must never delay Close
+	// or Stop. No receive limit: the reply stream is bounded by the
+	// publisher's buffer.
+	d, err := zmqx.NewSocket(zmq.DEALER, 0)
 	if err != nil {
-		return fmt.Errorf("create replay DEALER: %w", err)
+		return fmt.Errorf("replay DEALER: %w", err)
 	}
-	// Linger 0: abandoned requests must never delay Close or Stop.
-	if err := d.SetLinger(0); err != nil {
-		_ = d.Close()
-		return fmt.Errorf("set replay DEALER linger: %w", err)
-	}
-	_ = d.SetIpv6(true)
-	_ = d.SetRcvhwm(0) // the reply stream is bounded by the publisher's buffer
 	if err := d.Connect(c.endpoint); err != nil {
 		_ = d.Close()
 		return fmt.Errorf("connect replay DEALER to %s: %w", c.endpoint, err)
@@ -315,7 +312,7 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 		// Drain what is queued so a long reply stream costs one poll per
 		// burst, not one per reply.
 		for range 1024 {
-			frames, err = recvFrames(c.dealer, frames[:0])
+			frames, err = zmqx.RecvMessage(c.dealer, frames[:0], keepFrames)
 			if err != nil {
 				if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
 					break
@@ -359,38 +356,9 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 	}
 }
 
-// recvFrames reads one whole multipart message without blocking; frames
-// beyond the fourth are read and dropped so an oversized message is still
-// consumed as a unit and reported as malformed by its count.
-func recvFrames(s *zmq.Socket, frames [][]byte) ([][]byte, error) {
-	flags := zmq.DONTWAIT
-	n := 0
-	for {
-		b, err := s.RecvBytes(flags)
-		if err != nil {
-			if n == 0 {
-				return frames, err
-			}
-			return frames, fmt.Errorf("receive frame %d: %w", n, err)
-		}
-		flags = 0 // the rest of a multipart message is already here
-		if n < 8 {
-			frames = append(frames, b)
-		}
-		n++
-		more, err := s.GetRcvmore()
-		if err != nil {
-			return frames, fmt.Errorf("read RCVMORE: %w", err)
-		}
-		if !more {
-			if n > len(frames) {
-				// keep the count visible to the parser
-				frames = append(frames, nil)
-			}
-			return frames, nil
-		}
-	}
-}
+// keepFrames is how many frames of a reply are kept: a well-formed one has
+// three or four, and more are counted so that parseReply rejects them.
+const keepFrames = 8
 
 // parseReply extracts sequence and payload from a reply as received on the
 // DEALER: ["", seq8, payload] (SGLang, older vLLM) or ["", topic, seq8,

@@ -119,7 +119,7 @@ type Tuning struct {
 // too: it moves a burst's backlog into the publisher's send queue (100000
 // messages for vLLM/SGLang, but 10000 for the Mooncake master, which has no
 // replay, so an overflow there makes the source stale). Since the C heap is
-// trimmed once a burst drains (trim.go), the long queue costs memory only
+// trimmed once a burst drains (zmqx.RequestTrim), the long queue costs memory only
 // while the burst lasts: at the end of a 2 M-block, 16-publisher loadgen
 // burst RSS was 125-129 MiB at 200000 and 124-130 MiB at 1000 (GOGC=50,
 // two runs each), so the safety margin is kept.

@@ -25,7 +25,7 @@
 // (messages held during a replay) is copied. The SUB queue is long
 // (defaultRcvHWM), so a burst queues here rather than overflowing a
 // publisher's send queue, and the C heap is trimmed when a burst has
-// drained (trim.go), so RSS follows the index rather than the largest burst.
+// drained (zmqx.RequestTrim), so RSS follows the index rather than the largest burst.
 //
 // Decoding: a batch is decoded completely into reused buffers before any of
 // its events touches the index, because the batch dp_rank follows the events

@@ -109,6 +109,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -119,7 +120,7 @@ const batchMaxBytes = 4 << 20
 // socketHandleOffset is where pebbe/zmq4 keeps the libzmq socket handle
 // (the unexported field soc unsafe.Pointer of zmq.Socket), or -1 when this
 // version of pebbe has no such field; then batchReceiver falls back to
-// recvFrames.
+// zmqx.RecvMessage.
 //
 // Why reach into pebbe at all: the receive path is per frame there (a cgo
 // call each for init, recv, copy and close, one for RCVMORE, and a Go
@@ -172,9 +173,9 @@ func (r *batchReceiver) queued() bool { return r.next < r.n }
 
 // recv returns the next queued message's frames appended to frames (the
 // first four, then a nil per extra frame up to five entries, like
-// recvFrames), filling the queue from sock when it is empty. limit bounds how
+// zmqx.RecvMessage), filling the queue from sock when it is empty. limit bounds how
 // many messages a fill takes, so that a drain does not leave messages
-// queued behind an empty socket. Errors are those of recvFrames: EAGAIN
+// queued behind an empty socket. Errors are those of zmqx.RecvMessage: EAGAIN
 // (as zmq.Errno) when nothing is queued.
 func (r *batchReceiver) recv(sock *zmq.Socket, frames [][]byte, limit int) ([][]byte, error) {
 	if r.next == r.n {
@@ -215,7 +216,7 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 	r.bytes += int(r.b.total)
 	if cerr == 0 {
 		r.backlog = true
-		noteBacklog()
+		zmqx.NoteBacklog()
 	}
 	var err error
 	if cerr != 0 {
@@ -241,13 +242,13 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 }
 
 // noteEmpty is called when the socket has nothing queued. If it had a
-// backlog of at least trimAfterBytes since the last request, the C heap
+// backlog of at least zmqx.TrimAfterBytes since the last request, the C heap
 // that backlog occupied is now free, and a trim is requested: glibc keeps
 // freed memory of libzmq's I/O thread arena otherwise, so RSS stays at the
 // burst's peak.
 func (r *batchReceiver) noteEmpty() {
-	if r.backlog && r.bytes >= trimAfterBytes {
-		requestTrim()
+	if r.backlog && r.bytes >= zmqx.TrimAfterBytes {
+		zmqx.RequestTrim()
 		r.backlog, r.bytes = false, 0
 	} else if !r.backlog {
 		r.bytes = 0 // steady traffic the subscriber keeps up with

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"sync"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -111,7 +111,7 @@ func TestBatchReceiveMatchesPerFrame(t *testing.T) {
 	defer r.discard()
 	var got [][]byte
 	for i := range sent {
-		want, err := recvFrames(p.a, nil)
+		want, err := zmqx.RecvMessage(p.a, nil, keepFrames)
 		if err != nil {
 			t.Fatalf("message %d: per-frame receive: %v", i, err)
 		}
@@ -261,34 +261,13 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 // countTrims replaces the C heap trim with a counter for the test.
 func countTrims(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimJob.Running() })
-	old := trimHeap
-	trimHeap = func() { n.Add(1) }
+	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
+	old := zmqx.SwapTrim(func() { n.Add(1) })
 	t.Cleanup(func() {
-		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimJob.Running() })
-		trimHeap = old
+		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
+		zmqx.SwapTrim(old)
 	})
 	return &n
-}
-
-// TestTrimAfterRequest: every request is followed by a trim, however many
-// arrive at once (they are coalesced, never lost).
-func TestTrimAfterRequest(t *testing.T) {
-	n := countTrims(t)
-	for round := int64(1); round <= 3; round++ {
-		before := n.Load()
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Add(1)
-			go func() { defer wg.Done(); requestTrim() }()
-		}
-		wg.Wait()
-		// WaitTrims returns once the trimmer has run and exited.
-		WaitTrims()
-		if n.Load() <= before || trimJob.Running() {
-			t.Fatalf("round %d: WaitTrims returned with %d trims (had %d), trimmer running %v", round, n.Load(), before, trimJob.Running())
-		}
-	}
 }
 
 // TestTrimAfterBacklogDrains: a source that had a backlog of several MiB
@@ -323,7 +302,7 @@ func TestTrimAfterBacklogDrains(t *testing.T) {
 			_, _ = r.recv(p.b, frames[:0], drainBurst)
 		}
 	}
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !trimJob.Running() })
+	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
 	if got := n.Load(); got != 1 {
 		t.Fatalf("%d trims, want 1", got)
 	}
@@ -389,7 +368,7 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 }
 
 // TestPerFrameFallback: with the batch path unavailable (a pebbe release
-// without the handle field), ingestion still works through recvFrames.
+// without the handle field), ingestion still works through zmqx.RecvMessage.
 func TestPerFrameFallback(t *testing.T) {
 	saved := socketHandleOffset
 	socketHandleOffset = ^uintptr(0)

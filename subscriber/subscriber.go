@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"math"
 	"runtime/debug"
 	"sort"
@@ -43,20 +44,6 @@ var stopEndpointSeq atomic.Uint64
 // the first connection). An idle source holds two sockets, i.e. two
 // descriptors plus its TCP connection.
 const SocketsPerSource = 6
-
-// ReserveSockets raises libzmq's per-process socket limit (1023 by default)
-// so that the given number of sources can run at once. Call it before the
-// first subscriber starts; it never lowers the limit.
-func ReserveSockets(sources int) error {
-	want := sources*SocketsPerSource + 64
-	if cur, err := zmq.GetMaxSockets(); err == nil && cur >= want {
-		return nil
-	}
-	if err := zmq.SetMaxSockets(want); err != nil {
-		return fmt.Errorf("raise the ZMQ socket limit to %d: %w", want, err)
-	}
-	return nil
-}
 
 // Subscriber consumes one registered publisher. All sequence state and all
 // index writes belong to its goroutine, so no locks guard them; the exported
@@ -174,20 +161,11 @@ func isNilSink(e EngineSink) bool {
 // open creates the SUB socket and the inproc pair Stop uses to wake the
 // goroutine out of a blocking poll.
 func (s *Subscriber) open() error {
-	sub, err := zmq.NewSocket(zmq.SUB)
+	sub, err := zmqx.NewSocket(zmq.SUB, s.tuning.RcvHWM)
 	if err != nil {
-		return fmt.Errorf("create SUB socket: %w", err)
+		return err
 	}
 	s.sub = sub
-	if err := sub.SetLinger(0); err != nil {
-		return fmt.Errorf("set SUB linger: %w", err)
-	}
-	if err := sub.SetRcvhwm(s.tuning.RcvHWM); err != nil {
-		return fmt.Errorf("set SUB receive high-water mark: %w", err)
-	}
-	if err := sub.SetIpv6(true); err != nil {
-		return fmt.Errorf("enable IPv6 on SUB socket: %w", err)
-	}
 	if err := sub.SetSubscribe(""); err != nil {
 		return fmt.Errorf("subscribe to all topics: %w", err)
 	}
@@ -445,7 +423,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 		if batchReceiveAvailable() {
 			frames, err = s.rx.recv(s.sub, s.frames[:0], drainBurst-i)
 		} else {
-			frames, err = recvFrames(s.sub, s.frames[:0])
+			frames, err = zmqx.RecvMessage(s.sub, s.frames[:0], keepFrames)
 		}
 		s.frames = frames
 		if err != nil {
@@ -479,36 +457,10 @@ func (s *Subscriber) forgetPayloads() {
 	}
 }
 
-// recvFrames reads one multipart message without blocking, keeping at most
-// four frames (more are read and counted so the message is consumed whole).
-func recvFrames(sock *zmq.Socket, frames [][]byte) ([][]byte, error) {
-	flags := zmq.DONTWAIT
-	n := 0
-	for {
-		b, err := sock.RecvBytes(flags)
-		if err != nil {
-			if n == 0 {
-				return frames, err
-			}
-			return frames, fmt.Errorf("receive frame %d: %w", n, err)
-		}
-		flags = 0
-		if n < 4 {
-			frames = append(frames, b)
-		}
-		n++
-		more, err := sock.GetRcvmore()
-		if err != nil {
-			return frames, fmt.Errorf("read RCVMORE: %w", err)
-		}
-		if !more {
-			for len(frames) < n && len(frames) < 5 {
-				frames = append(frames, nil)
-			}
-			return frames, nil
-		}
-	}
-}
+// keepFrames is how many frames of a live message are kept: a well-formed
+// one has three (§1.2), and a fourth or more only needs to be seen to be
+// counted as malformed.
+const keepFrames = 4
 
 // frameSeq checks the framing rules of §1.2/§1.4 and returns the sequence;
 // ok=false means the message was dropped (and counted).

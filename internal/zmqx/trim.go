@@ -1,4 +1,4 @@
-package subscriber
+package zmqx
 
 import (
 	"sync/atomic"
@@ -7,10 +7,10 @@ import (
 	"github.com/mooncake-conductor-go/conductor/bgjob"
 )
 
-// trimAfterBytes is the backlog a source must have drained before its
+// TrimAfterBytes is the backlog a source must have drained before its
 // emptying asks for a C heap trim; smaller backlogs leave too little free
 // memory to be worth one.
-const trimAfterBytes = 4 << 20
+const TrimAfterBytes = 4 << 20
 
 // trimQuiet is how long no source may have had a backlog before a trim
 // runs. During a burst, sources whose queue momentarily empties ask for
@@ -47,8 +47,21 @@ var (
 // service.
 func WaitTrims() { trimJob.Wait() }
 
-// noteBacklog records that a source still had messages queued in libzmq.
-func noteBacklog() { lastBacklog.Store(time.Now().UnixNano()) }
+// NoteBacklog records that a socket still had messages queued in libzmq;
+// trims wait for trimQuiet after the last such note.
+func NoteBacklog() { lastBacklog.Store(time.Now().UnixNano()) }
 
-// requestTrim asks trimJob for a trim.
-func requestTrim() { trimJob.Request() }
+// RequestTrim asks for a C heap trim once every backlog has drained; a
+// receiver calls it when a backlog of at least TrimAfterBytes emptied.
+func RequestTrim() { trimJob.Request() }
+
+// TrimRunning reports whether the trim goroutine exists (tests wait for it
+// to be idle before they swap the trim out).
+func TrimRunning() bool { return trimJob.Running() }
+
+// SwapTrim replaces the trim itself and returns the previous one. Tests
+// count trims with it; call it only while TrimRunning is false.
+func SwapTrim(f func()) (old func()) {
+	old, trimHeap = trimHeap, f
+	return old
+}

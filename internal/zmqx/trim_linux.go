@@ -1,6 +1,6 @@
 //go:build linux && cgo
 
-package subscriber
+package zmqx
 
 // #include <malloc.h>
 import "C"

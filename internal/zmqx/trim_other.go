@@ -1,6 +1,6 @@
 //go:build !linux || !cgo
 
-package subscriber
+package zmqx
 
 // TrimCHeap is a no-op where glibc's malloc_trim is unavailable.
 func TrimCHeap() {}
