@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	src "github.com/mooncake-conductor-go/conductor/source"
 	"io"
 	"testing"
 	"time"
@@ -42,7 +43,7 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	}
 	dir := t.TempDir()
 	svc := func(i int) registry.Service {
-		return registry.Service{Endpoint: fmt.Sprintf("ipc://%s/%d", dir, i), Type: registry.TypeVLLM, ModelName: fmt.Sprint("m", i%8),
+		return registry.Service{Endpoint: fmt.Sprintf("ipc://%s/%d", dir, i), Type: src.VLLM, ModelName: fmt.Sprint("m", i%8),
 			TenantID: "default", InstanceID: fmt.Sprint("cap-", i), BlockSize: 16, Profile: p}
 	}
 	start := time.Now()

@@ -182,7 +182,7 @@ func AppendServices(b []byte, svcs []registry.ServiceStatus) []byte {
 		b = appendMapLen(b, 11)
 		b = appendStr(appendStr(b, "Endpoint"), s.Endpoint)
 		b = appendStr(appendStr(b, "ReplayEndpoint"), s.ReplayEndpoint)
-		b = appendStr(appendStr(b, "Type"), s.Type)
+		b = appendStr(appendStr(b, "Type"), s.Type.String())
 		b = appendStr(appendStr(b, "ModelName"), s.ModelName)
 		b = appendStr(appendStr(b, "LoraName"), s.LoraName)
 		b = appendStr(appendStr(b, "TenantID"), s.TenantID)

@@ -3,6 +3,7 @@ package codec
 import (
 	"encoding/binary"
 	"errors"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"net"
 	"strconv"
@@ -55,6 +56,7 @@ const (
 // profile's resolution; on error nothing has been changed anywhere.
 func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
 	var r registry.Service
+	var typ string // parsed into r.Type by validateRegister
 	c, n, e := open(body)
 	if e != nil {
 		return r, e
@@ -77,7 +79,7 @@ func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
 			}
 		case "type":
 			if e = seen.mark(regType, "type"); e == nil {
-				r.Type, e = c.str("type", lim.MaxIdentityBytes)
+				typ, e = c.str("type", lim.MaxIdentityBytes)
 			}
 		case "modelname":
 			if e = seen.mark(regModelName, "modelname"); e == nil {
@@ -135,17 +137,16 @@ func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
 	if r.TenantID == "" {
 		r.TenantID = DefaultTenant
 	}
-	if e := validateRegister(&r, spec); e != nil {
+	if e := validateRegister(&r, typ, spec); e != nil {
 		return r, e
 	}
 	return r, nil
 }
 
-func validateRegister(r *registry.Service, spec hashing.Spec) *Error {
-	switch r.Type {
-	case registry.TypeVLLM, registry.TypeSGLang, registry.TypeMooncake:
-	default:
-		return Errorf(InvalidValue, "type", "type must be vLLM, SGLang or Mooncake, got %q", r.Type)
+func validateRegister(r *registry.Service, typ string, spec hashing.Spec) *Error {
+	var ok bool
+	if r.Type, ok = source.Parse(typ); !ok {
+		return Errorf(InvalidValue, "type", "type must be vLLM, SGLang or Mooncake, got %q", typ)
 	}
 	if r.InstanceID == "" {
 		return Errorf(InvalidValue, "instance_id", "instance_id must not be empty")
@@ -173,9 +174,9 @@ func validateRegister(r *registry.Service, spec hashing.Spec) *Error {
 		return Errorf(InvalidValue, "hash_profile", "%v", err)
 	}
 	switch {
-	case r.Type == registry.TypeVLLM && p.Strategy != "vllm_v1":
+	case r.Type == source.VLLM && p.Strategy != "vllm_v1":
 		return Errorf(InvalidValue, "hash_profile.strategy", "a vLLM publisher hashes with strategy vllm_v1, got %q", p.Strategy)
-	case r.Type == registry.TypeSGLang && p.Strategy == "vllm_v1":
+	case r.Type == source.SGLang && p.Strategy == "vllm_v1":
 		return Errorf(InvalidValue, "hash_profile.strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
 	}
 	r.Profile = p

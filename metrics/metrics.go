@@ -4,6 +4,7 @@
 package metrics
 
 import (
+	"github.com/mooncake-conductor-go/conductor/source"
 	"strconv"
 	"time"
 
@@ -183,17 +184,17 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if r := c.opts.Registry; r != nil {
-		byType := map[string]int{registry.TypeVLLM: 0, registry.TypeSGLang: 0, registry.TypeMooncake: 0}
+		var byType [source.NumTypes]int
 		stale := 0
 		for _, s := range r.Services() {
 			byType[s.Type]++
 			if s.Stale {
 				stale++
 			}
-			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type, s.State)
+			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
 		}
 		for typ, n := range byType {
-			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), typ)
+			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())
 		}
 		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(stale))
 	}

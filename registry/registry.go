@@ -6,6 +6,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"sort"
 	"strconv"
 	"sync"
@@ -15,13 +16,6 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
-)
-
-// Service types, as the contract spells them.
-const (
-	TypeVLLM     = "vLLM"
-	TypeSGLang   = "SGLang"
-	TypeMooncake = "Mooncake"
 )
 
 // ServiceKey identifies a registration: instance_id|tenant_id|dp_rank.
@@ -36,7 +30,7 @@ func KeyOf(instanceID, tenantID string, dpRank int) ServiceKey {
 type Service struct {
 	Endpoint       string
 	ReplayEndpoint string
-	Type           string
+	Type           source.Type
 	ModelName      string
 	LoraName       string
 	TenantID       string
@@ -58,7 +52,7 @@ func (s *Service) Context() index.ContextKey {
 
 // IsEngine reports whether the service is an engine (vLLM or SGLang), whose
 // instance is a scheduling target, rather than a Mooncake master stream.
-func (s *Service) IsEngine() bool { return s.Type != TypeMooncake }
+func (s *Service) IsEngine() bool { return s.Type.IsEngine() }
 
 // sameConfig reports whether two registrations are identical; nil and 0
 // cache groups both mean group 0.
@@ -242,7 +236,7 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 	}
 	r.services[key] = e
 	r.endpoints[svc.Endpoint] = key
-	r.opts.Logger.Info().Str("service", string(key)).Str("type", svc.Type).Str("endpoint", svc.Endpoint).Msg("service registered")
+	r.opts.Logger.Info().Str("service", string(key)).Str("type", svc.Type.String()).Str("endpoint", svc.Endpoint).Msg("service registered")
 	return true, nil
 }
 

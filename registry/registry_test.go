@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"sync"
 	"testing"
 
@@ -48,7 +49,7 @@ func profile(t *testing.T, seed string) hashing.Profile {
 }
 
 func svc(t *testing.T, instance string, rank int, endpoint string) Service {
-	return Service{Endpoint: endpoint, Type: TypeVLLM, ModelName: "m", TenantID: "default", InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t, "0")}
+	return Service{Endpoint: endpoint, Type: source.VLLM, ModelName: "m", TenantID: "default", InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t, "0")}
 }
 
 func newReg(f *factory, max int) (*Registry, *index.Index) {
@@ -199,7 +200,7 @@ func TestStartFailureChangesNothing(t *testing.T) {
 func TestMooncakeDoesNotBindContext(t *testing.T) {
 	r, _ := newReg(&factory{}, 0)
 	m := svc(t, "master", 0, "tcp://h:9")
-	m.Type = TypeMooncake
+	m.Type = source.Mooncake
 	if _, err := r.Register(m); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -40,7 +41,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 	for i := 0; i < instances; i++ {
 		for r := 0; r < ranks; r++ {
 			port++
-			svc := registry.Service{Endpoint: "tcp://127.0.0.1:" + itoa(port), Type: registry.TypeVLLM, ModelName: "m", TenantID: "default",
+			svc := registry.Service{Endpoint: "tcp://127.0.0.1:" + itoa(port), Type: source.VLLM, ModelName: "m", TenantID: "default",
 				InstanceID: "inst-" + itoa(i), BlockSize: 16, DPRank: r, Profile: p}
 			if _, err := reg.Register(svc); err != nil {
 				tb.Fatal(err)

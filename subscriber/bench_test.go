@@ -3,6 +3,7 @@ package subscriber
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"syscall"
 	"testing"
@@ -112,7 +113,7 @@ func BenchmarkDecodeVLLMBatch(b *testing.B) {
 		s.applyBatch(uint64(i), p)
 	}
 	b.StopTimer()
-	if got := e.cfg.Counters.Value(MetricApplied, TypeVLLM, ReasonNone); got != uint64(b.N) {
+	if got := e.cfg.Counters.Value(MetricApplied, source.VLLM, ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/b.Elapsed().Seconds(), "blocks/s")
@@ -144,7 +145,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	pub := newPublisher(b, "tcp://127.0.0.1:*")
 	counters := NewCounters()
 	s, err := Start(Config{
-		Key: "bench|default|0", Type: "vLLM", Endpoint: pub.endpoint, Context: ctx,
+		Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint, Context: ctx,
 		Profile: prof, Engine: sink, Owner: owner, Logger: testLogger(b), Counters: counters,
 	})
 	if err != nil {
@@ -185,7 +186,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	el := time.Since(start)
 	cpu := processCPU() - cpu0
 	b.StopTimer()
-	if got := counters.Value(MetricApplied, TypeVLLM, ReasonNone); got != uint64(b.N) {
+	if got := counters.Value(MetricApplied, source.VLLM, ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d events of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/el.Seconds(), "blocks/s")

@@ -1,7 +1,7 @@
 package subscriber
 
 import (
-	"fmt"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -33,43 +33,10 @@ type SharedSink interface {
 // the subscriber cannot be handed a single table.
 type LookupFunc func(index.ContextKey) (sink SharedSink, profile *hashing.Profile, ok bool)
 
-// SourceType is a registered publisher type. It alone selects the payload
-// decoder; topics and payload shapes never do.
-type SourceType uint8
-
-// Source types, in counter order.
-const (
-	TypeVLLM SourceType = iota
-	TypeSGLang
-	TypeMooncake
-	numSourceTypes
-)
-
-var sourceTypeNames = [numSourceTypes]string{"vLLM", "SGLang", "Mooncake"}
-
-// String returns the registration spelling ("vLLM", "SGLang", "Mooncake").
-func (t SourceType) String() string {
-	if t < numSourceTypes {
-		return sourceTypeNames[t]
-	}
-	return fmt.Sprintf("SourceType(%d)", t)
-}
-
-// ParseSourceType maps the case-sensitive registration `type` to a
-// SourceType, so the registry can validate it before calling Start.
-func ParseSourceType(s string) (SourceType, error) {
-	for i, n := range sourceTypeNames {
-		if n == s {
-			return SourceType(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown publisher type %q (want vLLM, SGLang or Mooncake)", s)
-}
-
 // Config is everything Start needs for one registration.
 type Config struct {
-	Key            string // service key "instance|tenant|rank", for logs
-	Type           string // "vLLM", "SGLang", "Mooncake" — selects the decoder, never topic/shape
+	Key            string      // service key "instance|tenant|rank", for logs
+	Type           source.Type // selects the decoder, never topic/shape
 	Endpoint       string
 	ReplayEndpoint string // "" = none; ignored for Mooncake
 	DPRank         int

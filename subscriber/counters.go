@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"sync/atomic"
 )
 
@@ -188,14 +189,14 @@ func (m Metric) String() string {
 // is rejected) visible. All methods are safe for concurrent use and on a nil
 // receiver (counting disabled).
 type Counters struct {
-	v [numMetrics][numSourceTypes][numReasons]atomic.Uint64
+	v [numMetrics][source.NumTypes][numReasons]atomic.Uint64
 }
 
 // NewCounters returns a zeroed counter set.
 func NewCounters() *Counters { return &Counters{} }
 
-func (c *Counters) add(m Metric, t SourceType, r Reason, n uint64) {
-	if c == nil || t >= numSourceTypes {
+func (c *Counters) add(m Metric, t source.Type, r Reason, n uint64) {
+	if c == nil || t >= source.NumTypes {
 		return
 	}
 	c.v[m][t][r].Add(n)
@@ -203,15 +204,15 @@ func (c *Counters) add(m Metric, t SourceType, r Reason, n uint64) {
 
 // Value returns one counter; reason is ReasonNone for families without a
 // reason (received, applied, gaps).
-func (c *Counters) Value(m Metric, t SourceType, r Reason) uint64 {
-	if c == nil || m >= numMetrics || t >= numSourceTypes || r >= numReasons {
+func (c *Counters) Value(m Metric, t source.Type, r Reason) uint64 {
+	if c == nil || m >= numMetrics || t >= source.NumTypes || r >= numReasons {
 		return 0
 	}
 	return c.v[m][t][r].Load()
 }
 
 // Total sums a family over all reasons for one source type.
-func (c *Counters) Total(m Metric, t SourceType) uint64 {
+func (c *Counters) Total(m Metric, t source.Type) uint64 {
 	var n uint64
 	for r := Reason(0); r < numReasons; r++ {
 		n += c.Value(m, t, r)
@@ -236,7 +237,7 @@ func (c *Counters) Snapshot() []Sample {
 	}
 	var out []Sample
 	for m := Metric(0); m < numMetrics; m++ {
-		for t := SourceType(0); t < numSourceTypes; t++ {
+		for t := source.Type(0); t < source.NumTypes; t++ {
 			for r := Reason(0); r < numReasons; r++ {
 				v := c.v[m][t][r].Load()
 				if v == 0 {

@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"github.com/mooncake-conductor-go/conductor/source"
 	"strings"
 	"testing"
 
@@ -306,7 +307,7 @@ func TestEnvelopeEdges(t *testing.T) {
 	s, e := direct(t, "vllm-a")
 	// batch rank beyond int: mismatch -> stale
 	s.applyBatch(1, encode(t, []any{1.5, []any{}, uint64(1) << 40}))
-	if s.State() != Stale || e.counters.Value(MetricBatchRejected, TypeVLLM, BatchDPMismatch) != 1 {
+	if s.State() != Stale || e.counters.Value(MetricBatchRejected, source.VLLM, BatchDPMismatch) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
 	s2, e2 := direct(t, "pool-a-sub", "vllm-a")
@@ -317,7 +318,7 @@ func TestEnvelopeEdges(t *testing.T) {
 	} {
 		s2.applyBatch(uint64(i+1), p)
 	}
-	if n := e2.counters.Total(MetricEnvelopeRejected, TypeMooncake); n != 3 {
+	if n := e2.counters.Total(MetricEnvelopeRejected, source.Mooncake); n != 3 {
 		t.Errorf("rejected %d envelopes: %v", n, e2.counters.Snapshot())
 	}
 	if s2.State() != Live {

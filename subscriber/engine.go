@@ -3,6 +3,7 @@ package subscriber
 import (
 	"bytes"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -55,7 +56,7 @@ type engineEvent struct {
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
 // batch to batch so steady-state decoding does not allocate.
 type engineDecoder struct {
-	typ       SourceType
+	typ       source.Type
 	proj      hashing.Projection
 	blockSize int64
 	lora      []byte
@@ -67,7 +68,7 @@ type engineDecoder struct {
 	mapEv  engineMapEvent
 }
 
-func newEngineDecoder(typ SourceType, p *hashing.Profile, blockSize int, lora string) *engineDecoder {
+func newEngineDecoder(typ source.Type, p *hashing.Profile, blockSize int, lora string) *engineDecoder {
 	return &engineDecoder{
 		typ:       typ,
 		proj:      p.Projection(),
@@ -100,7 +101,7 @@ func (d *engineDecoder) field(key []byte) uint8 {
 	case "medium":
 		return fMedium
 	}
-	if d.typ == TypeVLLM {
+	if d.typ == source.VLLM {
 		switch string(key) {
 		case "lora_name":
 			return fLoraName
@@ -220,7 +221,7 @@ func (d *engineDecoder) readField(r *msgp.Reader, id uint8, f *engineFields) err
 			f.fail(EvWrongType)
 			return r.Skip()
 		}
-		return readTokenArray(r, d.typ == TypeSGLang, f)
+		return readTokenArray(r, d.typ == source.SGLang, f)
 	case fBlockSize:
 		v, present, ok, err := optInt(r)
 		if err != nil {
@@ -320,20 +321,20 @@ func (d *engineDecoder) readHashes(r *msgp.Reader, f *engineFields) error {
 				return err
 			}
 			switch {
-			case neg && d.typ == TypeVLLM:
+			case neg && d.typ == source.VLLM:
 				// current vLLM never emits negative hashes
 				f.fail(EvHash)
 				continue
 			case neg:
 				key, herr = hashing.KeyFromInt(d.proj, int64(u))
-			case d.typ == TypeSGLang && u > math.MaxInt64:
+			case d.typ == source.SGLang && u > math.MaxInt64:
 				// SGLang publishes signed int64; a larger uint is not its form
 				f.fail(EvHash)
 				continue
 			default:
 				key, herr = hashing.KeyFromUint(d.proj, u)
 			}
-		case k == msgp.Bin && d.typ == TypeVLLM:
+		case k == msgp.Bin && d.typ == source.VLLM:
 			b, err := r.Str()
 			if err != nil {
 				return err
@@ -370,11 +371,11 @@ func (d *engineDecoder) readParent(r *msgp.Reader, k msgp.Kind, f *engineFields)
 		if err != nil {
 			return err
 		}
-		if (neg && d.typ == TypeVLLM) || (!neg && d.typ == TypeSGLang && u > math.MaxInt64) {
+		if (neg && d.typ == source.VLLM) || (!neg && d.typ == source.SGLang && u > math.MaxInt64) {
 			f.fail(EvHash)
 		}
 		return nil
-	case k == msgp.Bin && d.typ == TypeVLLM:
+	case k == msgp.Bin && d.typ == source.VLLM:
 		_, err := r.Str()
 		return err
 	}
@@ -386,12 +387,12 @@ func (d *engineDecoder) readParent(r *msgp.Reader, k msgp.Kind, f *engineFields)
 // event may carry (others reject it as foreign, §3.2 rule 5) and the ones
 // it must carry.
 var keyRules = [2][numEvKinds]struct{ allowed, required uint32 }{
-	TypeVLLM: {
+	source.VLLM: {
 		evStored:  {^uint32(0), vllmStoredRequired},
 		evRemoved: {vllmRemovedAllowed, vllmRemovedRequired},
 		evCleared: {clearedAllowed, 1 << fType},
 	},
-	TypeSGLang: {
+	source.SGLang: {
 		evStored:  {^uint32(0), sglangStoredRequired},
 		evRemoved: {sglangRemovedAllowed, sglangRemovedRequired},
 		evCleared: {clearedAllowed, 1 << fType},
@@ -442,7 +443,7 @@ func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
 		ev.result = Applied
 		return
 	}
-	if d.typ == TypeVLLM {
+	if d.typ == source.VLLM {
 		d.validateVLLM(ev, f, reject)
 	} else {
 		d.validateSGLang(ev, f, reject)
@@ -554,7 +555,7 @@ func (d *engineDecoder) apply(sink EngineSink, owner index.OwnerID) {
 				sink.Remove(owner, ev.tier, k)
 			}
 		case evCleared:
-			if d.typ == TypeVLLM {
+			if d.typ == source.VLLM {
 				// vLLM's clear carries no medium; it resets the GPU pool (Q13)
 				sink.ClearOwner(owner, index.TierMask(1)<<index.Device)
 			} else {

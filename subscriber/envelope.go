@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 )
 
@@ -27,7 +28,7 @@ type eventReader interface {
 // applied here: the batch dp_rank follows the events on the wire and a
 // truncated tail must reject the envelope, so effects wait until the whole
 // payload decoded.
-func decodeEnvelope(r *msgp.Reader, typ SourceType, payload []byte, er eventReader, env *envelope) Reason {
+func decodeEnvelope(r *msgp.Reader, typ source.Type, payload []byte, er eventReader, env *envelope) Reason {
 	*env = envelope{}
 	er.beginBatch()
 	if len(payload) == 0 {
@@ -55,7 +56,7 @@ func decodeEnvelope(r *msgp.Reader, typ SourceType, payload []byte, er eventRead
 	if k, err = r.Peek(); err != nil {
 		return EnvInvalid
 	}
-	if typ == TypeMooncake {
+	if typ == source.Mooncake {
 		if k != msgp.Int {
 			return EnvTimestamp
 		}

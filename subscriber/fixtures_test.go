@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"encoding/hex"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
 	"strings"
 	"testing"
@@ -16,7 +17,7 @@ import (
 // recorded itself.
 func checkFixture(t *testing.T, f *fxFixture, e *env, s *Subscriber, seq uint64, prior, got []op, envRejectedBefore uint64, exactSeq bool) {
 	t.Helper()
-	typ, _ := ParseSourceType(f.SourceType)
+	typ, _ := source.Parse(f.SourceType)
 	outcomes := e.outcomesOf(seq)
 	switch {
 	case f.Expect.Envelope == "reject":
@@ -125,7 +126,7 @@ func TestFixturesDirect(t *testing.T) {
 				s.applyBatch(seq, payloadOf(t, m.fixture(t, r)))
 			}
 			prior := append(e.engine.take(), e.shared.take()...)
-			typ, _ := ParseSourceType(f.SourceType)
+			typ, _ := source.Parse(f.SourceType)
 			before := e.counters.Total(MetricEnvelopeRejected, typ)
 			seq++
 			s.applyBatch(seq, payloadOf(t, f))
@@ -171,7 +172,7 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
-	typ, _ := ParseSourceType(f.SourceType)
+	typ, _ := source.Parse(f.SourceType)
 
 	if f.FramesFile != "" {
 		frames := framesOf(t, f)
@@ -246,7 +247,7 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	if bal := sharedBalance(all); len(bal) != 0 {
 		t.Errorf("shared references left after Stop: %v", bal)
 	}
-	if typ != TypeMooncake {
+	if typ != source.Mooncake {
 		if ops := all[len(all)-1]; ops.Kind != "clear" || ops.Mask != index.AllEngineTiers {
 			t.Errorf("Stop did not clear the engine owner: last op %v", ops)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -294,9 +295,13 @@ func newEnv(t testing.TB, m *fxManifest, regName string, also []string, endpoint
 		p := resolveProfile(t, ar)
 		tables[contextOf(ar)] = &p
 	}
+	typ, ok := source.Parse(reg.Type)
+	if !ok {
+		t.Fatalf("registration type %q", reg.Type)
+	}
 	e.cfg = Config{
 		Key:            reg.InstanceID + "|default|" + fmt.Sprint(reg.DPRank),
-		Type:           reg.Type,
+		Type:           typ,
 		Endpoint:       endpoint,
 		ReplayEndpoint: replayEndpoint,
 		DPRank:         reg.DPRank,

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
 	"sync"
 	"testing"
@@ -179,10 +180,10 @@ func TestGapReplayLosesNothing(t *testing.T) {
 			t.Fatalf("applied order broken at %d: %d", i, sq)
 		}
 	}
-	if e.counters.Total(MetricGaps, TypeVLLM) == 0 || e.counters.Value(MetricReplays, TypeVLLM, ReplayRecovered) == 0 {
+	if e.counters.Total(MetricGaps, source.VLLM) == 0 || e.counters.Value(MetricReplays, source.VLLM, ReplayRecovered) == 0 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
-	t.Logf("gaps %d, replay requests %d", e.counters.Total(MetricGaps, TypeVLLM), rs.requestCount())
+	t.Logf("gaps %d, replay requests %d", e.counters.Total(MetricGaps, source.VLLM), rs.requestCount())
 }
 
 // TestLiveBufferedDuringReplay: live messages that arrive while the replay
@@ -207,7 +208,7 @@ func TestLiveBufferedDuringReplay(t *testing.T) {
 		pub.send(seq, rs.store[seq])
 	}
 	waitFor(t, "live messages drained while replay waits", 5*time.Second, func() bool {
-		return e.counters.Value(MetricReceived, TypeVLLM, ReasonNone) == 7
+		return e.counters.Value(MetricReceived, source.VLLM, ReasonNone) == 7
 	})
 	if got := e.appliedOrder(); !slices.Equal(got, []uint64{1}) {
 		t.Fatalf("applied before replay answered: %v", got)
@@ -244,7 +245,7 @@ func TestReplayConflictMakesStale(t *testing.T) {
 	pub.send(1, storedBatch([]uint64{1}, 4, 0))
 	pub.send(3, storedBatch([]uint64{3}, 4, 0))
 	waitFor(t, "stale", 5*time.Second, s.Stale)
-	if e.counters.Value(MetricStale, TypeVLLM, StaleReplay) != 1 {
+	if e.counters.Value(MetricStale, source.VLLM, StaleReplay) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 	assertRetracted(t, e)
@@ -268,7 +269,7 @@ func TestRecoveryBufferOverflow(t *testing.T) {
 		pub.send(seq, emptyBatch("vLLM"))
 	}
 	waitFor(t, "stale", 5*time.Second, s.Stale)
-	if e.counters.Value(MetricStale, TypeVLLM, StaleBufferOverflow) != 1 {
+	if e.counters.Value(MetricStale, source.VLLM, StaleBufferOverflow) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 }
@@ -307,7 +308,7 @@ func TestStopDuringReplay(t *testing.T) {
 				t.Errorf("state %v", st)
 			}
 			assertRetracted(t, e)
-			if e.counters.Value(MetricReplays, TypeVLLM, ReplayStopped) != 1 {
+			if e.counters.Value(MetricReplays, source.VLLM, ReplayStopped) != 1 {
 				t.Errorf("counters %v", e.counters.Snapshot())
 			}
 			s.Stop() // idempotent
@@ -360,11 +361,11 @@ func TestStartErrors(t *testing.T) {
 	m := loadManifest(t)
 	base := newEnv(t, m, "vllm-a", nil, "tcp://127.0.0.1:1", "").cfg
 	cases := map[string]func(c *Config){
-		"unknown type":       func(c *Config) { c.Type = "vllm" },
+		"unknown type":       func(c *Config) { c.Type = source.NumTypes },
 		"no engine sink":     func(c *Config) { c.Engine = nil },
 		"unresolved profile": func(c *Config) { c.Profile = hashing.Profile{} },
 		"bad endpoint":       func(c *Config) { c.Endpoint = "tcp://no-port" },
-		"mooncake no lookup": func(c *Config) { c.Type = "Mooncake" },
+		"mooncake no lookup": func(c *Config) { c.Type = source.Mooncake },
 	}
 	for name, mod := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -393,14 +394,14 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	tb.AcquireShared(index.CPUShare, 99) // another master's object
 
 	pubV := newPublisher(t, ipcEndpoint(t, "v"))
-	sv, err := Start(Config{Key: "vllm-a", Type: "vLLM", Endpoint: pubV.endpoint, Context: contextOf(reg),
+	sv, err := Start(Config{Key: "vllm-a", Type: source.VLLM, Endpoint: pubV.endpoint, Context: contextOf(reg),
 		Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sv.Stop()
 	pubM := newPublisher(t, ipcEndpoint(t, "m"))
-	sm, err := Start(Config{Key: "pool-a-sub", Type: "Mooncake", Endpoint: pubM.endpoint, Context: contextOf(reg),
+	sm, err := Start(Config{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint, Context: contextOf(reg),
 		Profile: prof, Logger: testLogger(t), Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
 			t := ix.Table(ctx)
 			return t, t != nil
@@ -437,8 +438,8 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 
 func TestCountersSnapshot(t *testing.T) {
 	c := NewCounters()
-	c.add(MetricRejected, TypeSGLang, EvArrayEncoded, 3)
-	c.add(MetricApplied, TypeVLLM, ReasonNone, 2)
+	c.add(MetricRejected, source.SGLang, EvArrayEncoded, 3)
+	c.add(MetricApplied, source.VLLM, ReasonNone, 2)
 	snap := c.Snapshot()
 	want := []Sample{
 		{Metric: "events_applied", Source: "vLLM", Value: 2},
@@ -448,8 +449,8 @@ func TestCountersSnapshot(t *testing.T) {
 		t.Errorf("snapshot %v", snap)
 	}
 	var nilC *Counters
-	nilC.add(MetricApplied, TypeVLLM, ReasonNone, 1)
-	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, TypeVLLM, ReasonNone) != 0 {
+	nilC.add(MetricApplied, source.VLLM, ReasonNone, 1)
+	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, source.VLLM, ReasonNone) != 0 {
 		t.Error("nil counters must be inert")
 	}
 	for r := Reason(0); r < numReasons; r++ {
@@ -506,7 +507,7 @@ func TestPanicMakesStale(t *testing.T) {
 	sink := &panicSink{}
 	s.cfg.Engine = sink
 	s.applyBatch(1, payloadOf(t, loadManifest(t).fixture(t, "vllm_stored_gpu_2blocks")))
-	if s.State() != Stale || e.counters.Value(MetricStale, TypeVLLM, StaleInternal) != 1 {
+	if s.State() != Stale || e.counters.Value(MetricStale, source.VLLM, StaleInternal) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
 	if ops := sink.snapshot(); len(ops) != 1 || ops[0].Kind != "clear" {

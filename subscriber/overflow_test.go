@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
 
 	zmq "github.com/pebbe/zmq4"
@@ -101,7 +102,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("stored %d keys, want %d", len(got), len(want))
 	}
-	gaps := e.counters.Total(MetricGaps, TypeVLLM)
+	gaps := e.counters.Total(MetricGaps, source.VLLM)
 	if gaps == 0 {
 		t.Fatal("no message was dropped: the test did not overflow the high-water marks")
 	}

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"encoding/hex"
 	"encoding/json"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"os"
 	"path/filepath"
 	"slices"
@@ -194,7 +195,7 @@ func runSequenceScenario(t *testing.T, m *fxManifest, sc scenario) {
 				}
 			}
 			if r, ok := staleReasonFor(st.Expect.Reason); ok && want == Stale {
-				typ, _ := ParseSourceType(reg.Type)
+				typ, _ := source.Parse(reg.Type)
 				if e.counters.Value(MetricStale, typ, r) != 1 {
 					t.Errorf("step %d: stale reason counters %v, want %v", i, e.counters.Snapshot(), r)
 				}
@@ -232,12 +233,12 @@ func assertRetracted(t *testing.T, e *env) {
 // registrations and checks query answers after ingestion.
 func runQueryScenario(t *testing.T, m *fxManifest, sc scenario) {
 	ix := index.New(index.Options{})
-	type source struct {
+	type src struct {
 		pub     *publisher
 		sub     *Subscriber
 		profile hashing.Profile
 	}
-	sources := map[string]*source{}
+	sources := map[string]*src{}
 	// engines first: they bind the contexts Mooncake events name
 	regs := slices.Clone(sc.Registrations)
 	slices.SortStableFunc(regs, func(a, b string) int {
@@ -254,8 +255,9 @@ func runQueryScenario(t *testing.T, m *fxManifest, sc scenario) {
 		reg := m.Registrations[name]
 		prof := resolveProfile(t, reg)
 		pub := newPublisher(t, ipcEndpoint(t, name))
+		typ, _ := source.Parse(reg.Type)
 		cfg := Config{
-			Key: name, Type: reg.Type, Endpoint: pub.endpoint, DPRank: reg.DPRank,
+			Key: name, Type: typ, Endpoint: pub.endpoint, DPRank: reg.DPRank,
 			Context: contextOf(reg), Profile: prof, Logger: testLogger(t),
 		}
 		if reg.Type == "Mooncake" {
@@ -274,7 +276,7 @@ func runQueryScenario(t *testing.T, m *fxManifest, sc scenario) {
 		}
 		t.Cleanup(s.Stop)
 		pub.waitSubscribed()
-		sources[name] = &source{pub: pub, sub: s, profile: prof}
+		sources[name] = &src{pub: pub, sub: s, profile: prof}
 	}
 	only := ""
 	if len(sc.Registrations) == 1 {

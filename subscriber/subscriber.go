@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"runtime/debug"
 	"sort"
@@ -50,7 +51,7 @@ const SocketsPerSource = 6
 // methods only read atomics.
 type Subscriber struct {
 	cfg     Config
-	typ     SourceType
+	typ     source.Type
 	tuning  Tuning
 	log     zerolog.Logger
 	sampled zerolog.Logger // per-message warnings, rate limited
@@ -112,17 +113,17 @@ func Start(cfg Config) (*Subscriber, error) {
 
 // newSubscriber validates cfg and builds the decoders, without sockets.
 func newSubscriber(cfg Config) (*Subscriber, error) {
-	typ, err := ParseSourceType(cfg.Type)
-	if err != nil {
-		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
+	typ := cfg.Type
+	if typ >= source.NumTypes {
+		return nil, fmt.Errorf("start subscriber %s: unknown publisher type %v", cfg.Key, typ)
 	}
 	if cfg.Profile.Projection() == 0 {
 		return nil, fmt.Errorf("start subscriber %s: hash profile is not resolved", cfg.Key)
 	}
 	switch {
-	case typ == TypeMooncake && cfg.Lookup == nil:
+	case typ == source.Mooncake && cfg.Lookup == nil:
 		return nil, fmt.Errorf("start subscriber %s: Mooncake source needs a context lookup", cfg.Key)
-	case typ != TypeMooncake && isNilSink(cfg.Engine):
+	case typ != source.Mooncake && isNilSink(cfg.Engine):
 		return nil, fmt.Errorf("start subscriber %s: engine source needs an index table", cfg.Key)
 	}
 	s := &Subscriber{
@@ -134,7 +135,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	}
 	s.log = cfg.Logger.With().Str("service", cfg.Key).Str("type", typ.String()).Str("endpoint", cfg.Endpoint).Logger()
 	s.sampled = s.log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute})
-	if typ == TypeMooncake {
+	if typ == source.Mooncake {
 		s.moon = newMooncakeDecoder(&cfg)
 		if cfg.ReplayEndpoint != "" {
 			s.log.Warn().Str("replay_endpoint", cfg.ReplayEndpoint).Msg("the Mooncake master has no replay; replay_endpoint ignored")
