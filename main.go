@@ -25,6 +25,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -211,7 +212,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Profile:        svc.Profile,
 			Engine:         b.Table,
 			Owner:          b.Owner,
-			Lookup: func(ctx index.ContextKey) (subscriber.SharedSink, *hashing.Profile, bool) {
+			Lookup: func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
 				t, ok := b.Lookup(ctx)
 				if !ok {
 					return nil, nil, false

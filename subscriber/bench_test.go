@@ -2,17 +2,15 @@ package subscriber
 
 import (
 	"encoding/binary"
-	"fmt"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	zmq "github.com/pebbe/zmq4"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // benchBlocks is the number of blocks per BlockStored batch in the
@@ -113,7 +111,7 @@ func BenchmarkDecodeVLLMBatch(b *testing.B) {
 		s.applyBatch(uint64(i), p)
 	}
 	b.StopTimer()
-	if got := e.cfg.Counters.Value(MetricApplied, source.VLLM, ReasonNone); got != uint64(b.N) {
+	if got := e.cfg.Counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/b.Elapsed().Seconds(), "blocks/s")
@@ -135,7 +133,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	reg.BlockSize = benchBlockSize
 	prof := resolveProfile(b, reg)
 	ctx := contextOf(reg)
-	var sink EngineSink = nopSink{}
+	var sink events.EngineSink = nopSink{}
 	var owner index.OwnerID
 	if sinkName == "index" {
 		tb := index.New(index.Options{}).EnsureTable(ctx, prof)
@@ -186,7 +184,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	el := time.Since(start)
 	cpu := processCPU() - cpu0
 	b.StopTimer()
-	if got := counters.Value(MetricApplied, source.VLLM, ReasonNone); got != uint64(b.N) {
+	if got := counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d events of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/el.Seconds(), "blocks/s")
@@ -203,46 +201,3 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
-
-// BenchmarkMooncakeStoreRemove measures a master batch of 32 stored and 32
-// removed objects (vLLM keys): binding-table upkeep dominates, one shared
-// reference per object.
-func BenchmarkMooncakeStoreRemove(b *testing.B) {
-	m := loadManifest(b)
-	e := newEnv(b, m, "pool-a-sub", []string{"vllm-a"}, "inproc://unused", "")
-	e.cfg.onEvent, e.cfg.onApply = nil, nil
-	sink := nopShared{}
-	lookup := e.cfg.Lookup
-	e.cfg.Lookup = func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
-		_, p, ok := lookup(ctx)
-		return sink, p, ok
-	}
-	s, err := newSubscriber(e.cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var stored, removed []any
-	for i := range 32 {
-		key := fmt.Sprintf("deploy@test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%064x", i+1)
-		stored = append(stored, mcEventMap("stored", "cpu", key, nil))
-		removed = append(removed, mcEventMap("removed", "cpu", key, nil))
-	}
-	p1, _ := msgpack.Marshal([]any{uint64(1000), stored, 0})
-	p2, _ := msgpack.Marshal([]any{uint64(1000), removed, 0})
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		s.applyBatch(uint64(2*i), p1)
-		s.applyBatch(uint64(2*i+1), p2)
-	}
-	b.StopTimer()
-	if len(s.moon.bindings) != 0 {
-		b.Fatalf("%d bindings left", len(s.moon.bindings))
-	}
-	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "events/s")
-}
-
-type nopShared struct{}
-
-func (nopShared) AcquireShared(index.Tier, uint64) {}
-func (nopShared) ReleaseShared(index.Tier, uint64) {}

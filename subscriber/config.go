@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"time"
 
@@ -9,29 +10,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/replay"
 	"github.com/rs/zerolog"
 )
-
-// EngineSink is the part of an index table an engine (vLLM/SGLang) source
-// writes to. *index.Table satisfies it; tests substitute a recorder so fixture
-// effects can be asserted exactly.
-type EngineSink interface {
-	Store(id index.OwnerID, tier index.Tier, key uint64)
-	Remove(id index.OwnerID, tier index.Tier, key uint64)
-	ClearOwner(id index.OwnerID, tiers index.TierMask)
-}
-
-// SharedSink is the part of an index table a Mooncake source writes to:
-// shared-tier presence is reference counted, one reference per object
-// binding, because several objects (TP ranks, K/V parts) can carry one block.
-type SharedSink interface {
-	AcquireShared(tier index.Tier, key uint64)
-	ReleaseShared(tier index.Tier, key uint64)
-}
-
-// LookupFunc resolves a Mooncake event's context to the table that holds it
-// and the hash profile it was registered with; ok=false when no engine
-// registered the context. Mooncake events pick their context per event, so
-// the subscriber cannot be handed a single table.
-type LookupFunc func(index.ContextKey) (sink SharedSink, profile *hashing.Profile, ok bool)
 
 // Config is everything Start needs for one registration.
 type Config struct {
@@ -42,9 +20,9 @@ type Config struct {
 	DPRank         int
 	Context        index.ContextKey // the registration's own context
 	Profile        hashing.Profile
-	Engine         EngineSink    // the registration's table (engine types)
-	Owner          index.OwnerID // engine owner in that table
-	Lookup         LookupFunc    // Mooncake: event context -> table
+	Engine         events.EngineSink // the registration's table (engine types)
+	Owner          index.OwnerID     // engine owner in that table
+	Lookup         events.LookupFunc // Mooncake: event context -> table
 	Logger         zerolog.Logger
 	Counters       *Counters // shared, may be nil; counts by source type and reason
 	// WatchConnection makes Connected report the first TCP/IPC connection
@@ -65,7 +43,7 @@ type Config struct {
 
 	// onEvent, when set (tests only), is told the outcome of every decoded
 	// event so fixture expectations can be checked per event.
-	onEvent func(seq uint64, o EventOutcome)
+	onEvent func(seq uint64, o events.Outcome)
 	// onApply, when set (tests only), is told every sequence applied, in
 	// order, including empty and rejected batches.
 	onApply func(seq uint64)
@@ -111,51 +89,10 @@ func (t Tuning) withDefaults() Tuning {
 	return t
 }
 
-// EventOutcome is what happened to one event of a batch; it is reported to
-// the test hook and mirrored in the counters.
-type EventOutcome struct {
-	Index  int
-	Result Result
-	Reason Reason
-}
-
-// Result classifies an event outcome.
-type Result uint8
-
-// Event results (events.md §0.3): applied changed or confirmed index state;
-// ignored is well-formed but deliberately not indexed; rejected failed
-// validation; noop had nothing to act on (e.g. removing an unknown object).
-const (
-	Applied Result = iota
-	Ignored
-	Rejected
-	NoOp
-)
-
-// String returns the result as fixture expectations spell it ("applied",
-// "ignored", "rejected", "no-op").
-func (r Result) String() string {
-	switch r {
-	case Applied:
-		return "applied"
-	case Ignored:
-		return "ignored"
-	case Rejected:
-		return "rejected"
-	case NoOp:
-		return "no-op"
-	}
-	return "unknown"
-}
-
-// allEngineTiers is every tier an engine owner can hold; staleness and Stop
-// clear all of them.
-const allEngineTiers = index.AllEngineTiers
-
 // TableLookup adapts a registry lookup that returns index tables to the
 // LookupFunc a Mooncake source needs, so callers need not write the glue.
-func TableLookup(lookup func(index.ContextKey) (*index.Table, bool)) LookupFunc {
-	return func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
+func TableLookup(lookup func(index.ContextKey) (*index.Table, bool)) events.LookupFunc {
+	return func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
 		t, ok := lookup(ctx)
 		if !ok || t == nil {
 			return nil, nil, false

@@ -2,154 +2,10 @@ package subscriber
 
 import (
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"sync/atomic"
 )
-
-// Reason names why a message, envelope, batch or event was dropped, ignored
-// or rejected, why a source went stale, or how a replay ended. One enum keeps
-// counter labels and log fields consistent across all of them.
-type Reason uint8
-
-// Reasons. Their String values are stable metric labels.
-const (
-	ReasonNone Reason = iota
-
-	// Frame-level drops (§1.2, §1.4); sequence state untouched.
-	DropFrameCount
-	DropSeqLength
-	DropSeqReserved
-	DropReceiveError
-	// Sequence-level drops (§1.5).
-	DropStale
-	DropDuplicate
-
-	// Envelope rejections (§3.1); the sequence advances.
-	EnvEmpty
-	EnvInvalid
-	EnvTrailingBytes
-	EnvNotArray
-	EnvLength
-	EnvTimestamp
-	EnvEventsNotArray
-	EnvDPRank
-
-	// Batch rejection (§3.10).
-	BatchDPMismatch
-
-	// Event rejections (§3.2–§4.10).
-	EvArrayEncoded
-	EvNotMap
-	EvNonStringKey
-	EvDuplicateKey
-	EvMissingKey
-	EvWrongType
-	EvUnknownTag
-	EvForeignKey
-	EvHash
-	EvBlockSize
-	EvLora
-	EvGroup
-	EvAttention
-	EvExtraKeys
-	EvTokenRange
-	EvTimestamp
-	EvTypeConflict
-	EvDPRank
-	EvBackend
-	EvContext
-	EvObjectKey
-	EvSeqHashes
-	EvConflict
-	EvAssertion
-
-	// Ignored / no-op events.
-	IgnMedium
-	NoBinding
-
-	// Stale triggers (§5.1).
-	StaleGap
-	StaleRegression
-	StaleReplay
-	StaleDeadline
-	StaleBufferOverflow
-	StaleBatchRejected
-	StaleInternal
-
-	// Replay outcomes (§2.6).
-	ReplayRecovered
-	ReplayRetried
-	ReplayUnrecoverable
-	ReplayDeadline
-	ReplayStopped
-
-	numReasons
-)
-
-var reasonNames = [numReasons]string{
-	ReasonNone:          "none",
-	DropFrameCount:      "frame_count",
-	DropSeqLength:       "sequence_length",
-	DropSeqReserved:     "sequence_reserved",
-	DropReceiveError:    "receive_error",
-	DropStale:           "stale",
-	DropDuplicate:       "duplicate",
-	EnvEmpty:            "empty_payload",
-	EnvInvalid:          "invalid_msgpack",
-	EnvTrailingBytes:    "trailing_bytes",
-	EnvNotArray:         "not_array",
-	EnvLength:           "length",
-	EnvTimestamp:        "timestamp",
-	EnvEventsNotArray:   "events_not_array",
-	EnvDPRank:           "dp_rank",
-	BatchDPMismatch:     "dp_rank_mismatch",
-	EvArrayEncoded:      "array_encoded_event",
-	EvNotMap:            "not_map",
-	EvNonStringKey:      "non_string_key",
-	EvDuplicateKey:      "duplicate_key",
-	EvMissingKey:        "missing_key",
-	EvWrongType:         "wrong_type",
-	EvUnknownTag:        "unknown_tag",
-	EvForeignKey:        "foreign_key",
-	EvHash:              "hash",
-	EvBlockSize:         "block_size",
-	EvLora:              "lora",
-	EvGroup:             "group",
-	EvAttention:         "attention_kind",
-	EvExtraKeys:         "extra_keys",
-	EvTokenRange:        "token_range",
-	EvTimestamp:         "timestamp",
-	EvTypeConflict:      "type_conflict",
-	EvDPRank:            "dp_rank",
-	EvBackend:           "backend",
-	EvContext:           "context",
-	EvObjectKey:         "object_key",
-	EvSeqHashes:         "seq_hashes",
-	EvConflict:          "binding_conflict",
-	EvAssertion:         "assertion",
-	IgnMedium:           "medium",
-	NoBinding:           "no_binding",
-	StaleGap:            "gap",
-	StaleRegression:     "regression",
-	StaleReplay:         "replay_unrecoverable",
-	StaleDeadline:       "replay_deadline",
-	StaleBufferOverflow: "buffer_overflow",
-	StaleBatchRejected:  "batch_rejected",
-	StaleInternal:       "internal_error",
-	ReplayRecovered:     "recovered",
-	ReplayRetried:       "retried",
-	ReplayUnrecoverable: "unrecoverable",
-	ReplayDeadline:      "deadline",
-	ReplayStopped:       "stopped",
-}
-
-// String returns the stable label used in metrics and logs.
-func (r Reason) String() string {
-	if r < numReasons {
-		return reasonNames[r]
-	}
-	return fmt.Sprintf("Reason(%d)", r)
-}
 
 // Metric is one counter family of Counters.
 type Metric uint8
@@ -189,13 +45,13 @@ func (m Metric) String() string {
 // is rejected) visible. All methods are safe for concurrent use and on a nil
 // receiver (counting disabled).
 type Counters struct {
-	v [numMetrics][source.NumTypes][numReasons]atomic.Uint64
+	v [numMetrics][source.NumTypes][events.NumReasons]atomic.Uint64
 }
 
 // NewCounters returns a zeroed counter set.
 func NewCounters() *Counters { return &Counters{} }
 
-func (c *Counters) add(m Metric, t source.Type, r Reason, n uint64) {
+func (c *Counters) add(m Metric, t source.Type, r events.Reason, n uint64) {
 	if c == nil || t >= source.NumTypes {
 		return
 	}
@@ -204,8 +60,8 @@ func (c *Counters) add(m Metric, t source.Type, r Reason, n uint64) {
 
 // Value returns one counter; reason is ReasonNone for families without a
 // reason (received, applied, gaps).
-func (c *Counters) Value(m Metric, t source.Type, r Reason) uint64 {
-	if c == nil || m >= numMetrics || t >= source.NumTypes || r >= numReasons {
+func (c *Counters) Value(m Metric, t source.Type, r events.Reason) uint64 {
+	if c == nil || m >= numMetrics || t >= source.NumTypes || r >= events.NumReasons {
 		return 0
 	}
 	return c.v[m][t][r].Load()
@@ -214,7 +70,7 @@ func (c *Counters) Value(m Metric, t source.Type, r Reason) uint64 {
 // Total sums a family over all reasons for one source type.
 func (c *Counters) Total(m Metric, t source.Type) uint64 {
 	var n uint64
-	for r := Reason(0); r < numReasons; r++ {
+	for r := events.Reason(0); r < events.NumReasons; r++ {
 		n += c.Value(m, t, r)
 	}
 	return n
@@ -238,13 +94,13 @@ func (c *Counters) Snapshot() []Sample {
 	var out []Sample
 	for m := Metric(0); m < numMetrics; m++ {
 		for t := source.Type(0); t < source.NumTypes; t++ {
-			for r := Reason(0); r < numReasons; r++ {
+			for r := events.Reason(0); r < events.NumReasons; r++ {
 				v := c.v[m][t][r].Load()
 				if v == 0 {
 					continue
 				}
 				reason := ""
-				if r != ReasonNone {
+				if r != events.ReasonNone {
 					reason = r.String()
 				}
 				out = append(out, Sample{Metric: m.String(), Source: t.String(), Reason: reason, Value: v})

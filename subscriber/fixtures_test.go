@@ -4,7 +4,6 @@ import (
 	"encoding/hex"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -62,90 +61,6 @@ func checkFixture(t *testing.T, f *fxFixture, e *env, s *Subscriber, seq uint64,
 	}
 	if last, ok := s.LastSeq(); !ok || last < seq || (exactSeq && last != seq) {
 		t.Errorf("last applied = %d,%v, want %d (sequence advances)", last, ok, seq)
-	}
-}
-
-// checkBindings verifies the shared owners named by Mooncake effects exist
-// (store) or are gone (remove) in the source's binding table.
-func checkBindings(t *testing.T, f *fxFixture, d *mooncakeDecoder) {
-	t.Helper()
-	for _, ef := range f.Expect.Effects {
-		if !strings.HasPrefix(ef.Owner, "shared ") {
-			continue
-		}
-		var backend, identity string
-		rest := strings.TrimPrefix(ef.Owner, "shared backend=")
-		backend, rest, _ = strings.Cut(rest, " ")
-		if _, after, ok := strings.Cut(rest, ") object="); ok {
-			identity = after
-		} else if _, after, ok := strings.Cut(rest, ") logical="); ok {
-			identity = after
-		} else {
-			t.Fatalf("cannot parse owner %q", ef.Owner)
-		}
-		k := bindingKey{backend: backend, tenant: "default", identity: identity, tier: tierNames[ef.Tier]}
-		b, ok := d.bindings[k]
-		switch ef.Op {
-		case "store":
-			if !ok {
-				t.Errorf("no binding %+v after store", k)
-			} else if b.prefix != parseU64(t, ef.Prefixes[0]) {
-				t.Errorf("binding %+v prefix %d, want %s", k, b.prefix, ef.Prefixes[0])
-			}
-		case "remove":
-			if ok {
-				t.Errorf("binding %+v still present after remove", k)
-			}
-		}
-	}
-}
-
-// TestFixturesDirect feeds every payload fixture (after its requires) to a
-// subscriber's batch path without sockets and checks events, index ops and
-// the Mooncake binding table exactly.
-func TestFixturesDirect(t *testing.T) {
-	m := loadManifest(t)
-	n := 0
-	for i := range m.Fixtures {
-		f := &m.Fixtures[i]
-		if f.PayloadFile == "" {
-			continue
-		}
-		n++
-		t.Run(f.ID, func(t *testing.T) {
-			e := newEnv(t, m, f.Registration, f.AlsoRegistered, "inproc://unused", "")
-			s, err := newSubscriber(e.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.started = true
-			s.setState(Live)
-			seq := uint64(0)
-			for _, r := range f.Requires {
-				seq++
-				s.applyBatch(seq, payloadOf(t, m.fixture(t, r)))
-			}
-			prior := append(e.engine.take(), e.shared.take()...)
-			typ, _ := source.Parse(f.SourceType)
-			before := e.counters.Total(MetricEnvelopeRejected, typ)
-			seq++
-			s.applyBatch(seq, payloadOf(t, f))
-			got := append(e.engine.take(), e.shared.take()...)
-			checkFixture(t, f, e, s, seq, prior, got, before, true)
-			if s.moon != nil && f.Expect.Envelope != "reject" {
-				checkBindings(t, f, s.moon)
-			}
-			// retraction leaves nothing behind
-			s.retract()
-			all := append(append(prior, got...), e.engine.take()...)
-			all = append(all, e.shared.take()...)
-			if bal := sharedBalance(all); len(bal) != 0 {
-				t.Errorf("shared references left after retract: %v", bal)
-			}
-		})
-	}
-	if n < 90 {
-		t.Errorf("only %d payload fixtures found", n)
 	}
 }
 

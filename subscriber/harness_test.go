@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"math/big"
 	"os"
@@ -255,12 +256,12 @@ type env struct {
 	engine   *recorder
 	shared   *recorder // the table bound by also_registered engines
 	mu       sync.Mutex
-	outcomes map[uint64][]EventOutcome
+	outcomes map[uint64][]events.Outcome
 	applied  []uint64
 	counters *Counters
 }
 
-func (e *env) outcomesOf(seq uint64) []EventOutcome {
+func (e *env) outcomesOf(seq uint64) []events.Outcome {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.outcomes[seq])
@@ -287,7 +288,7 @@ func newEnv(t testing.TB, m *fxManifest, regName string, also []string, endpoint
 	if !ok {
 		t.Fatalf("no registration %q", regName)
 	}
-	e := &env{engine: &recorder{}, shared: &recorder{}, outcomes: map[uint64][]EventOutcome{}, counters: NewCounters()}
+	e := &env{engine: &recorder{}, shared: &recorder{}, outcomes: map[uint64][]events.Outcome{}, counters: NewCounters()}
 	prof := resolveProfile(t, reg)
 	tables := map[index.ContextKey]*hashing.Profile{}
 	for _, a := range also {
@@ -310,7 +311,7 @@ func newEnv(t testing.TB, m *fxManifest, regName string, also []string, endpoint
 		Owner:          testOwner,
 		Logger:         testLogger(t),
 		Counters:       e.counters,
-		onEvent: func(seq uint64, o EventOutcome) {
+		onEvent: func(seq uint64, o events.Outcome) {
 			e.mu.Lock()
 			e.outcomes[seq] = append(e.outcomes[seq], o)
 			e.mu.Unlock()
@@ -322,7 +323,7 @@ func newEnv(t testing.TB, m *fxManifest, regName string, also []string, endpoint
 		},
 	}
 	if reg.Type == "Mooncake" {
-		e.cfg.Lookup = func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
+		e.cfg.Lookup = func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
 			p, ok := tables[ctx]
 			if !ok {
 				return nil, nil, false
@@ -385,16 +386,16 @@ func sortOps(ops []op) []op {
 	return ops
 }
 
-func resultOf(s string) Result {
+func resultOf(s string) events.Result {
 	switch {
 	case strings.HasPrefix(s, "applied"):
-		return Applied
+		return events.Applied
 	case strings.HasPrefix(s, "ignored"):
-		return Ignored
+		return events.Ignored
 	case strings.HasPrefix(s, "rejected"):
-		return Rejected
+		return events.Rejected
 	case strings.HasPrefix(s, "no-op"):
-		return NoOp
+		return events.NoOp
 	}
 	panic("unknown event expectation " + s)
 }

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
 	"sync"
@@ -180,7 +181,7 @@ func TestGapReplayLosesNothing(t *testing.T) {
 			t.Fatalf("applied order broken at %d: %d", i, sq)
 		}
 	}
-	if e.counters.Total(MetricGaps, source.VLLM) == 0 || e.counters.Value(MetricReplays, source.VLLM, ReplayRecovered) == 0 {
+	if e.counters.Total(MetricGaps, source.VLLM) == 0 || e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered) == 0 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 	t.Logf("gaps %d, replay requests %d", e.counters.Total(MetricGaps, source.VLLM), rs.requestCount())
@@ -208,7 +209,7 @@ func TestLiveBufferedDuringReplay(t *testing.T) {
 		pub.send(seq, rs.store[seq])
 	}
 	waitFor(t, "live messages drained while replay waits", 5*time.Second, func() bool {
-		return e.counters.Value(MetricReceived, source.VLLM, ReasonNone) == 7
+		return e.counters.Value(MetricReceived, source.VLLM, events.ReasonNone) == 7
 	})
 	if got := e.appliedOrder(); !slices.Equal(got, []uint64{1}) {
 		t.Fatalf("applied before replay answered: %v", got)
@@ -245,7 +246,7 @@ func TestReplayConflictMakesStale(t *testing.T) {
 	pub.send(1, storedBatch([]uint64{1}, 4, 0))
 	pub.send(3, storedBatch([]uint64{3}, 4, 0))
 	waitFor(t, "stale", 5*time.Second, s.Stale)
-	if e.counters.Value(MetricStale, source.VLLM, StaleReplay) != 1 {
+	if e.counters.Value(MetricStale, source.VLLM, events.StaleReplay) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 	assertRetracted(t, e)
@@ -269,7 +270,7 @@ func TestRecoveryBufferOverflow(t *testing.T) {
 		pub.send(seq, emptyBatch("vLLM"))
 	}
 	waitFor(t, "stale", 5*time.Second, s.Stale)
-	if e.counters.Value(MetricStale, source.VLLM, StaleBufferOverflow) != 1 {
+	if e.counters.Value(MetricStale, source.VLLM, events.StaleBufferOverflow) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 }
@@ -308,7 +309,7 @@ func TestStopDuringReplay(t *testing.T) {
 				t.Errorf("state %v", st)
 			}
 			assertRetracted(t, e)
-			if e.counters.Value(MetricReplays, source.VLLM, ReplayStopped) != 1 {
+			if e.counters.Value(MetricReplays, source.VLLM, events.ReplayStopped) != 1 {
 				t.Errorf("counters %v", e.counters.Snapshot())
 			}
 			s.Stop() // idempotent
@@ -438,8 +439,8 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 
 func TestCountersSnapshot(t *testing.T) {
 	c := NewCounters()
-	c.add(MetricRejected, source.SGLang, EvArrayEncoded, 3)
-	c.add(MetricApplied, source.VLLM, ReasonNone, 2)
+	c.add(MetricRejected, source.SGLang, events.EvArrayEncoded, 3)
+	c.add(MetricApplied, source.VLLM, events.ReasonNone, 2)
 	snap := c.Snapshot()
 	want := []Sample{
 		{Metric: "events_applied", Source: "vLLM", Value: 2},
@@ -449,12 +450,12 @@ func TestCountersSnapshot(t *testing.T) {
 		t.Errorf("snapshot %v", snap)
 	}
 	var nilC *Counters
-	nilC.add(MetricApplied, source.VLLM, ReasonNone, 1)
-	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, source.VLLM, ReasonNone) != 0 {
+	nilC.add(MetricApplied, source.VLLM, events.ReasonNone, 1)
+	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, source.VLLM, events.ReasonNone) != 0 {
 		t.Error("nil counters must be inert")
 	}
-	for r := Reason(0); r < numReasons; r++ {
-		if reasonNames[r] == "" {
+	for r := events.Reason(0); r < events.NumReasons; r++ {
+		if r.String() == "" {
 			t.Errorf("reason %d has no name", r)
 		}
 	}
@@ -503,11 +504,17 @@ func (p *panicSink) Store(index.OwnerID, index.Tier, uint64) { panic("index bug"
 // TestPanicMakesStale: a panic while applying a batch retracts the source
 // instead of crashing the service.
 func TestPanicMakesStale(t *testing.T) {
-	s, e := direct(t, "vllm-a")
+	e := newEnv(t, loadManifest(t), "vllm-a", nil, "inproc://unused", "")
 	sink := &panicSink{}
-	s.cfg.Engine = sink
+	e.cfg.Engine = sink
+	s, err := newSubscriber(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.started = true
+	s.setState(Live)
 	s.applyBatch(1, payloadOf(t, loadManifest(t).fixture(t, "vllm_stored_gpu_2blocks")))
-	if s.State() != Stale || e.counters.Value(MetricStale, source.VLLM, StaleInternal) != 1 {
+	if s.State() != Stale || e.counters.Value(MetricStale, source.VLLM, events.StaleInternal) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
 	if ops := sink.snapshot(); len(ops) != 1 || ops[0].Kind != "clear" {

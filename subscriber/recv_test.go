@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"sync/atomic"
@@ -233,7 +234,7 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 		pub.send(seq, storedBatch([]uint64{key(seq)}, 4, 0))
 	}
 	waitFor(t, "live messages buffered", 5*time.Second, func() bool {
-		return e.counters.Value(MetricReceived, source.VLLM, ReasonNone) == 299
+		return e.counters.Value(MetricReceived, source.VLLM, events.ReasonNone) == 299
 	})
 	close(hold)
 	waitSeq(t, s, 300)
@@ -254,7 +255,7 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 			t.Fatalf("block %d: key %d, want %d", i, got[i], want[i])
 		}
 	}
-	if s.Stale() || e.counters.Value(MetricReplays, source.VLLM, ReplayRecovered) != 1 {
+	if s.Stale() || e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered) != 1 {
 		t.Fatalf("state %v, counters %v", s.State(), e.counters.Snapshot())
 	}
 }
@@ -360,7 +361,7 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 	if last, ok := s.LastSeq(); !ok || last != seq-1 {
 		t.Fatalf("applied up to %d (%v), sent %d", last, ok, seq)
 	}
-	if got := e.counters.Value(MetricApplied, source.VLLM, ReasonNone); got != seq {
+	if got := e.counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != seq {
 		t.Fatalf("%d events applied, want %d", got, seq)
 	}
 	if allocs != 0 {
@@ -388,10 +389,10 @@ func TestPerFrameFallback(t *testing.T) {
 	pub.send(51, storedBatch([]uint64{51}, 4, 0))
 	waitSeq(t, s, 51)
 	s.Stop()
-	if got := e.counters.Value(MetricApplied, source.VLLM, ReasonNone); got != 51 {
+	if got := e.counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != 51 {
 		t.Fatalf("%d events applied, want 51", got)
 	}
-	if got := e.counters.Value(MetricDropped, source.VLLM, DropFrameCount); got != 1 {
+	if got := e.counters.Value(MetricDropped, source.VLLM, events.DropFrameCount); got != 1 {
 		t.Fatalf("%d messages dropped for their frame count, want 1", got)
 	}
 }

@@ -3,6 +3,7 @@ package subscriber
 import (
 	"encoding/hex"
 	"encoding/json"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"os"
 	"path/filepath"
@@ -36,14 +37,14 @@ type scExpect struct {
 }
 
 // staleReasonFor maps a scenario's prose reason to the counter it must bump.
-func staleReasonFor(text string) (Reason, bool) {
+func staleReasonFor(text string) (events.Reason, bool) {
 	switch {
 	case strings.Contains(text, "deadline"):
-		return StaleDeadline, true
+		return events.StaleDeadline, true
 	case strings.Contains(text, "skipped"), strings.Contains(text, "end marker"):
-		return StaleReplay, true
+		return events.StaleReplay, true
 	case strings.Contains(text, "regression"):
-		return StaleRegression, true
+		return events.StaleRegression, true
 	}
 	return 0, false
 }

@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
@@ -72,10 +72,8 @@ type Subscriber struct {
 	stopRx    *zmq.Socket
 	poller    *zmq.Poller
 	replay    *replay.Client
-	r         *msgp.Reader
-	env       envelope
-	engine    *engineDecoder
-	moon      *mooncakeDecoder
+	dec       events.Decoder
+	rep       reporter // the outcome of each event of the batch being applied
 	frames    [][]byte
 	rx        batchReceiver
 	depth     int    // nested drains (a replay drains the SUB from inside one)
@@ -131,17 +129,23 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 		typ:    typ,
 		tuning: cfg.Tuning.withDefaults(),
 		done:   make(chan struct{}),
-		r:      new(msgp.Reader),
 	}
+	s.rep.s = s
 	s.log = cfg.Logger.With().Str("service", cfg.Key).Str("type", typ.String()).Str("endpoint", cfg.Endpoint).Logger()
 	s.sampled = s.log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute})
+	var err error
+	s.dec, err = events.New(events.Config{
+		Type: typ, Profile: cfg.Profile, Context: cfg.Context,
+		Engine: cfg.Engine, Owner: cfg.Owner, Lookup: cfg.Lookup, Logger: s.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
+	}
 	if typ == source.Mooncake {
-		s.moon = newMooncakeDecoder(&cfg)
 		if cfg.ReplayEndpoint != "" {
 			s.log.Warn().Str("replay_endpoint", cfg.ReplayEndpoint).Msg("the Mooncake master has no replay; replay_endpoint ignored")
 		}
 	} else {
-		s.engine = newEngineDecoder(typ, &cfg.Profile, cfg.Context.BlockSize, cfg.Context.Lora)
 		if cfg.ReplayEndpoint != "" {
 			s.replay = replay.NewClient(cfg.ReplayEndpoint)
 		}
@@ -151,7 +155,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 
 // isNilSink reports a missing sink, including a nil *index.Table wrapped in
 // the interface (which would only fail later, inside the goroutine).
-func isNilSink(e EngineSink) bool {
+func isNilSink(e events.EngineSink) bool {
 	if e == nil {
 		return true
 	}
@@ -281,7 +285,7 @@ func (s *Subscriber) setState(st State) { s.state.Store(int32(st)) }
 
 func (s *Subscriber) run() {
 	defer func() {
-		if !s.retracted && (s.moon != nil || !s.cfg.OwnerRemovedAfterStop) {
+		if !s.retracted && (!s.typ.IsEngine() || !s.cfg.OwnerRemovedAfterStop) {
 			s.retract()
 		}
 		s.closeMonitor()
@@ -431,7 +435,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {
 				return nil
 			}
-			s.cfg.Counters.add(MetricDropped, s.typ, DropReceiveError, 1)
+			s.cfg.Counters.add(MetricDropped, s.typ, events.DropReceiveError, 1)
 			s.sampled.Warn().Err(err).Msg("receive failed")
 			return nil
 		}
@@ -448,14 +452,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 // at freed C memory is a hazard should the Go heap ever map that range.
 func (s *Subscriber) forgetPayloads() {
 	clear(s.frames[:cap(s.frames)])
-	s.r.Reset(nil)
-	if s.engine != nil {
-		s.engine.fields = engineFields{}
-	}
-	if s.moon != nil {
-		clear(s.moon.events[:cap(s.moon.events)])
-		s.moon.events = s.moon.events[:0]
-	}
+	s.dec.Forget()
 }
 
 // keepFrames is how many frames of a live message are kept: a well-formed
@@ -466,20 +463,20 @@ const keepFrames = 4
 // frameSeq checks the framing rules of §1.2/§1.4 and returns the sequence;
 // ok=false means the message was dropped (and counted).
 func (s *Subscriber) frameSeq(frames [][]byte) (uint64, bool) {
-	s.cfg.Counters.add(MetricReceived, s.typ, ReasonNone, 1)
-	var why Reason
+	s.cfg.Counters.add(MetricReceived, s.typ, events.ReasonNone, 1)
+	var why events.Reason
 	switch {
 	case len(frames) != 3:
-		why = DropFrameCount
+		why = events.DropFrameCount
 	case len(frames[1]) != 8:
-		why = DropSeqLength
+		why = events.DropSeqLength
 	}
-	if why == ReasonNone {
+	if why == events.ReasonNone {
 		seq := binary.BigEndian.Uint64(frames[1])
 		if seq <= math.MaxInt64 {
 			return seq, true
 		}
-		why = DropSeqReserved
+		why = events.DropSeqReserved
 	}
 	s.cfg.Counters.add(MetricDropped, s.typ, why, 1)
 	s.sampled.Warn().Str("reason", why.String()).Int("frames", len(frames)).Msg("malformed message dropped")
@@ -495,7 +492,7 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	payload := frames[2]
 	switch {
 	case s.State() == Stale:
-		s.cfg.Counters.add(MetricDropped, s.typ, DropStale, 1)
+		s.cfg.Counters.add(MetricDropped, s.typ, events.DropStale, 1)
 	case !s.started:
 		// The first message is the baseline; nothing before it is
 		// requested (slow-joiner loss is accepted, as upstream does).
@@ -507,18 +504,18 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 		// The live stream went backwards: a new publisher process whose
 		// predecessor's entries can no longer be retracted one by one.
 		// Spec decision (§5.4, Q6); upstream silently drops or applies.
-		s.markStale(StaleRegression, seq)
+		s.markStale(events.StaleRegression, seq)
 	case seq <= s.applied:
 		// already applied through replay
-		s.cfg.Counters.add(MetricDropped, s.typ, DropDuplicate, 1)
+		s.cfg.Counters.add(MetricDropped, s.typ, events.DropDuplicate, 1)
 		s.high = seq
 	case seq == s.applied+1:
 		s.high = seq
 		s.applyBatch(seq, payload)
 	default:
-		s.cfg.Counters.add(MetricGaps, s.typ, ReasonNone, 1)
+		s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
 		if s.replay == nil {
-			s.markStale(StaleGap, seq)
+			s.markStale(events.StaleGap, seq)
 			return nil
 		}
 		s.high = seq
@@ -536,7 +533,7 @@ func (s *Subscriber) recover(first liveMsg) error {
 	s.budget = replay.Budget{MaxMessages: s.tuning.MaxBufferedMessages, MaxBytes: s.tuning.MaxBufferedBytes}
 	s.buffered = s.buffered[:0]
 	if !s.budget.Take(len(first.payload)) {
-		s.markStale(StaleBufferOverflow, first.seq)
+		s.markStale(events.StaleBufferOverflow, first.seq)
 		return nil
 	}
 	// Live payloads are views into the receive batch, valid only until the
@@ -560,7 +557,7 @@ func (s *Subscriber) recover(first liveMsg) error {
 				Watch:          []*zmq.Socket{s.sub, s.stopRx},
 				OnWatch:        s.onWatchDuringReplay,
 				OnRetry: func(err error) {
-					s.cfg.Counters.add(MetricReplays, s.typ, ReplayRetried, 1)
+					s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayRetried, 1)
 					s.sampled.Warn().Err(err).Msg("replay attempt failed; retrying")
 				},
 			})
@@ -568,24 +565,24 @@ func (s *Subscriber) recover(first liveMsg) error {
 		switch {
 		case err == nil:
 		case errors.Is(err, errStopped):
-			s.cfg.Counters.add(MetricReplays, s.typ, ReplayStopped, 1)
+			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayStopped, 1)
 			return errStopped
 		case errors.Is(err, errStaleInFetch):
 			return nil
 		case errors.Is(err, replay.ErrBudget):
-			s.cfg.Counters.add(MetricReplays, s.typ, ReplayUnrecoverable, 1)
+			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
 			s.log.Warn().Err(err).Msg("replay exceeds recovery buffer")
-			s.markStale(StaleBufferOverflow, 0)
+			s.markStale(events.StaleBufferOverflow, 0)
 			return nil
 		case errors.Is(err, replay.ErrDeadline):
-			s.cfg.Counters.add(MetricReplays, s.typ, ReplayDeadline, 1)
+			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayDeadline, 1)
 			s.log.Warn().Err(err).Msg("replay did not complete in time")
-			s.markStale(StaleDeadline, 0)
+			s.markStale(events.StaleDeadline, 0)
 			return nil
 		default:
-			s.cfg.Counters.add(MetricReplays, s.typ, ReplayUnrecoverable, 1)
+			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
 			s.log.Warn().Err(err).Msg("replay cannot fill the gap")
-			s.markStale(StaleReplay, 0)
+			s.markStale(events.StaleReplay, 0)
 			return nil
 		}
 		for _, rec := range recs {
@@ -616,15 +613,15 @@ func (s *Subscriber) recover(first liveMsg) error {
 		clear(s.buffered[n:])
 		s.buffered = s.buffered[:n]
 		if len(s.buffered) == 0 {
-			s.cfg.Counters.add(MetricReplays, s.typ, ReplayRecovered, 1)
+			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayRecovered, 1)
 			s.log.Info().Uint64("last_applied", s.applied).Msg("gap recovered")
 			s.setState(Live)
 			return nil
 		}
 		if s.applied == before {
-			s.cfg.Counters.add(MetricReplays, s.typ, ReplayUnrecoverable, 1)
+			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
 			s.log.Warn().Uint64("last_applied", s.applied).Uint64("next_buffered", s.buffered[0].seq).Msg("replay advanced nothing; gap remains")
-			s.markStale(StaleReplay, 0)
+			s.markStale(events.StaleReplay, 0)
 			return nil
 		}
 		// A further hole among the buffered messages: recover from A+1 again.
@@ -681,15 +678,15 @@ func (s *Subscriber) bufferLive(frames [][]byte) error {
 		return nil
 	}
 	if seq <= s.high {
-		s.markStale(StaleRegression, seq)
+		s.markStale(events.StaleRegression, seq)
 		return errStaleInFetch
 	}
 	if seq > s.high+1 {
-		s.cfg.Counters.add(MetricGaps, s.typ, ReasonNone, 1)
+		s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
 	}
 	s.high = seq
 	if !s.budget.Take(len(frames[2])) {
-		s.markStale(StaleBufferOverflow, seq)
+		s.markStale(events.StaleBufferOverflow, seq)
 		return errStaleInFetch
 	}
 	// The frames are views into the receive batch; the buffer outlives it.
@@ -699,7 +696,7 @@ func (s *Subscriber) bufferLive(frames [][]byte) error {
 
 // markStale retracts everything the source contributed and ignores it from
 // now on (§5.2). seq is the message that triggered it, if any.
-func (s *Subscriber) markStale(why Reason, seq uint64) {
+func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 	if s.State() == Stale {
 		return
 	}
@@ -724,11 +721,7 @@ func (s *Subscriber) markStale(why Reason, seq uint64) {
 // retract removes everything the source put in the index.
 func (s *Subscriber) retract() {
 	s.retracted = true
-	if s.moon != nil {
-		s.moon.retract()
-		return
-	}
-	s.cfg.Engine.ClearOwner(s.cfg.Owner, allEngineTiers)
+	s.dec.Retract()
 }
 
 // publishApplied makes the last applied sequence visible to LastSeq; it runs
@@ -749,60 +742,57 @@ func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
 		// retracted instead (part of the batch may have been applied).
 		if r := recover(); r != nil {
 			s.log.Error().Interface("panic", r).Uint64("seq", seq).Bytes("stack", debug.Stack()).Msg("batch handling panicked")
-			s.markStale(StaleInternal, seq)
+			s.markStale(events.StaleInternal, seq)
 		}
 	}()
 	if s.cfg.onApply != nil {
 		s.cfg.onApply(seq)
 	}
-	var rej Reason
-	if s.moon != nil {
-		rej = decodeEnvelope(s.r, s.typ, payload, s.moon, &s.env)
-	} else {
-		rej = decodeEnvelope(s.r, s.typ, payload, s.engine, &s.env)
-	}
-	if rej != ReasonNone {
+	if rej := s.dec.Decode(payload); rej != events.ReasonNone {
 		s.cfg.Counters.add(MetricEnvelopeRejected, s.typ, rej, 1)
 		s.sampled.Warn().Uint64("seq", seq).Str("reason", rej.String()).Int("payload_bytes", len(payload)).Msg("batch envelope rejected")
 		return
 	}
-	if s.moon != nil {
-		s.moon.apply()
-		for i := range s.moon.events {
-			e := &s.moon.events[i]
-			s.report(seq, i, e.result, e.reason)
-		}
+	// An engine batch belongs to one dp rank; a Mooncake master's events
+	// carry theirs one by one.
+	if dp, ok := s.dec.DPRank(); ok && s.typ.IsEngine() && dp != uint64(s.cfg.DPRank) {
+		s.cfg.Counters.add(MetricBatchRejected, s.typ, events.BatchDPMismatch, 1)
+		s.log.Warn().Uint64("seq", seq).Uint64("batch_dp_rank", dp).Int("registered_dp_rank", s.cfg.DPRank).Msg("batch dp_rank does not match the registration")
+		s.markStale(events.StaleBatchRejected, seq)
 		return
 	}
-	if s.env.dpPresent && s.env.dp != uint64(s.cfg.DPRank) {
-		s.cfg.Counters.add(MetricBatchRejected, s.typ, BatchDPMismatch, 1)
-		s.log.Warn().Uint64("seq", seq).Uint64("batch_dp_rank", s.env.dp).Int("registered_dp_rank", s.cfg.DPRank).Msg("batch dp_rank does not match the registration")
-		s.markStale(StaleBatchRejected, seq)
-		return
-	}
-	s.engine.apply(s.cfg.Engine, s.cfg.Owner)
-	for i := range s.engine.events {
-		e := &s.engine.events[i]
-		s.report(seq, i, e.result, e.reason)
-	}
+	s.rep.seq = seq
+	s.dec.Apply(&s.rep)
+}
+
+// reporter passes the outcomes of a batch's events to report, with the
+// batch's sequence; it lives in the Subscriber so that handing it to the
+// decoder allocates nothing.
+type reporter struct {
+	s   *Subscriber
+	seq uint64
+}
+
+func (r *reporter) Report(i int, res events.Result, why events.Reason) {
+	r.s.report(r.seq, i, res, why)
 }
 
 // report counts one event outcome and logs rejections (rate limited).
-func (s *Subscriber) report(seq uint64, i int, res Result, why Reason) {
+func (s *Subscriber) report(seq uint64, i int, res events.Result, why events.Reason) {
 	switch res {
-	case Applied:
-		s.cfg.Counters.add(MetricApplied, s.typ, ReasonNone, 1)
-	case Ignored, NoOp:
+	case events.Applied:
+		s.cfg.Counters.add(MetricApplied, s.typ, events.ReasonNone, 1)
+	case events.Ignored, events.NoOp:
 		s.cfg.Counters.add(MetricIgnored, s.typ, why, 1)
-	case Rejected:
+	case events.Rejected:
 		s.cfg.Counters.add(MetricRejected, s.typ, why, 1)
-		if why == EvArrayEncoded {
+		if why == events.EvArrayEncoded {
 			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Msg("array-encoded event rejected: this engine release predates map-encoded KV events and is not supported")
 		} else {
 			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Str("reason", why.String()).Msg("event rejected")
 		}
 	}
 	if s.cfg.onEvent != nil {
-		s.cfg.onEvent(seq, EventOutcome{Index: i, Result: res, Reason: why})
+		s.cfg.onEvent(seq, events.Outcome{Index: i, Result: res, Reason: why})
 	}
 }

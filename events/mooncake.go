@@ -1,8 +1,9 @@
-package subscriber
+package events
 
 import (
 	"bytes"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -40,7 +41,6 @@ const (
 	mDCPRank
 	mPPRank
 	mLayerID
-	mUnknown = 0xff
 )
 
 const (
@@ -55,67 +55,64 @@ const (
 		1<<mSeqHashes | 1<<mBlockHashes | 1<<mBaseBlockIdx | mcStoredOnly
 )
 
-func mooncakeField(key []byte) uint8 {
-	switch string(key) {
-	case "event_id":
-		return mEventID
-	case "timestamp":
-		return mTimestamp
-	case "event_type":
-		return mEventType
-	case "type":
-		return mType
-	case "model_name":
-		return mModelName
-	case "block_size":
-		return mBlockSize
-	case "additional_salt":
-		return mAdditionalSalt
-	case "lora_name":
-		return mLoraName
-	case "tenant_id":
-		return mTenantID
-	case "backend_id":
-		return mBackendID
-	case "medium":
-		return mMedium
-	case "dp_rank":
-		return mDPRank
-	case "group_id":
-		return mGroupID
-	case "object_key":
-		return mObjectKey
-	case "seq_hashes":
-		return mSeqHashes
-	case "block_hashes":
-		return mBlockHashes
-	case "base_block_idx":
-		return mBaseBlockIdx
-	case "parent_hash":
-		return mParentHash
-	case "token_ids":
-		return mTokenIDs
-	case "parent_block_hash":
-		return mParentBlockHash
-	case "connector_block_hash":
-		return mConnectorBlockHash
-	case "cache_prefix":
-		return mCachePrefix
-	case "tp_rank":
-		return mTPRank
-	case "head_or_tp_rank":
-		return mHeadOrTPRank
-	case "pcp_rank":
-		return mPCPRank
-	case "dcp_rank":
-		return mDCPRank
-	case "pp_rank":
-		return mPPRank
-	case "layer_id":
-		return mLayerID
+// Slots of the values a master event keeps (fieldSpec.slot).
+const (
+	mcEventType = iota // strs
+	mcTenant
+	mcBackend
+	mcObjectKey
+	mcConnector
+	mcTag
+	mcModel
+	mcLora
+	mcMedium
+	mcGroup
+)
+
+const (
+	mcTimestamp = iota // uints
+	mcParent
+	mcParentBlk
+)
+
+const mcBlockSize = 0 // ints
+
+// mooncakeFields is the master's key table (§4.3, §4.4, §4.6).
+var mooncakeFields = newFieldTable(func() []fieldSpec {
+	f := make([]fieldSpec, mLayerID+1)
+	f[mEventID] = fieldSpec{"event_id", shapeUint, noSlot}
+	f[mTimestamp] = fieldSpec{"timestamp", shapeUint, mcTimestamp}
+	f[mEventType] = fieldSpec{"event_type", shapeStr, mcEventType}
+	f[mType] = fieldSpec{"type", shapeOptStr, mcTag}
+	f[mModelName] = fieldSpec{"model_name", shapeOptStr, mcModel}
+	f[mBlockSize] = fieldSpec{"block_size", shapeOptInt, mcBlockSize}
+	f[mAdditionalSalt] = fieldSpec{"additional_salt", shapeOptStr, noSlot}
+	f[mLoraName] = fieldSpec{"lora_name", shapeOptStr, mcLora}
+	f[mTenantID] = fieldSpec{"tenant_id", shapeStr, mcTenant}
+	f[mBackendID] = fieldSpec{"backend_id", shapeStr, mcBackend}
+	f[mMedium] = fieldSpec{"medium", shapeOptStr, mcMedium}
+	f[mDPRank] = fieldSpec{"dp_rank", shapeOwn, noSlot}
+	f[mGroupID] = fieldSpec{"group_id", shapeOptStr, mcGroup}
+	f[mObjectKey] = fieldSpec{"object_key", shapeStr, mcObjectKey}
+	f[mSeqHashes] = fieldSpec{"seq_hashes", shapeOwn, noSlot}
+	f[mBlockHashes] = fieldSpec{"block_hashes", shapeOwn, noSlot}
+	f[mBaseBlockIdx] = fieldSpec{"base_block_idx", shapeOptInt, noSlot}
+	f[mParentHash] = fieldSpec{"parent_hash", shapeOptUint, mcParent}
+	f[mTokenIDs] = fieldSpec{"token_ids", shapeTokens, noSlot}
+	f[mParentBlockHash] = fieldSpec{"parent_block_hash", shapeOptUint, mcParentBlk}
+	f[mConnectorBlockHash] = fieldSpec{"connector_block_hash", shapeStr, mcConnector}
+	f[mCachePrefix] = fieldSpec{"cache_prefix", shapeStr, noSlot}
+	for _, id := range []uint8{mTPRank, mHeadOrTPRank, mPCPRank, mDCPRank, mPPRank, mLayerID} {
+		f[id].shape, f[id].slot = shapeOptInt, noSlot
 	}
-	return mUnknown
-}
+	f[mTPRank].name = "tp_rank"
+	f[mHeadOrTPRank].name = "head_or_tp_rank"
+	f[mPCPRank].name = "pcp_rank"
+	f[mDCPRank].name = "dcp_rank"
+	f[mPPRank].name = "pp_rank"
+	f[mLayerID].name = "layer_id"
+	return f
+}())
 
 // mcEvent is one decoded master event waiting to be applied. Its byte
 // slices alias the payload, which outlives the apply step.
@@ -126,22 +123,9 @@ type mcEvent struct {
 	seen   uint32
 	nonNil uint32
 
-	timestamp  uint64
-	eventType  []byte
-	tag        []byte
-	model      []byte
-	blockSize  int64
-	lora       []byte
-	tenant     []byte
-	backend    []byte
-	medium     []byte
-	group      []byte
-	objectKey  []byte
-	connector  []byte
+	v          values
 	seqN, blkN int
 	seq0, blk0 uint64
-	parent     uint64
-	parentBlk  uint64
 }
 
 func (e *mcEvent) fail(r Reason) {
@@ -155,10 +139,10 @@ func (e *mcEvent) hasVal(f uint8) bool { return e.nonNil&(1<<f) != 0 }
 func (e *mcEvent) tenantID() string {
 	// The master normalizes an empty tenant to "default"; so does the
 	// contract ("Empty or omitted means default").
-	if len(e.tenant) == 0 {
+	if len(e.v.strs[mcTenant]) == 0 {
 		return "default"
 	}
-	return string(e.tenant)
+	return string(e.v.strs[mcTenant])
 }
 
 // bindingKey identifies one shared owner (§4.8): the endpoint is implicit
@@ -183,6 +167,7 @@ type binding struct {
 
 // mooncakeDecoder decodes master batches and keeps the source's bindings.
 type mooncakeDecoder struct {
+	batch
 	profile  hashing.Profile
 	proj     hashing.Projection
 	sglang   bool
@@ -194,7 +179,7 @@ type mooncakeDecoder struct {
 	mapEv    mooncakeMapEvent // the event under decoding, reused
 }
 
-func newMooncakeDecoder(cfg *Config) *mooncakeDecoder {
+func newMooncake(cfg Config) *mooncakeDecoder {
 	p := cfg.Profile
 	return &mooncakeDecoder{
 		profile:  p,
@@ -210,6 +195,18 @@ func newMooncakeDecoder(cfg *Config) *mooncakeDecoder {
 
 func (d *mooncakeDecoder) beginBatch() { d.events = d.events[:0] }
 
+// Decode implements Decoder.
+func (d *mooncakeDecoder) Decode(payload []byte) Reason {
+	return d.decode(source.Mooncake, payload, d)
+}
+
+// Forget implements Decoder.
+func (d *mooncakeDecoder) Forget() {
+	d.r.Reset(nil)
+	clear(d.events[:cap(d.events)])
+	d.events = d.events[:0]
+}
+
 // mooncakeMapEvent adapts a master event under decoding to walkEventMap.
 type mooncakeMapEvent struct {
 	d *mooncakeDecoder
@@ -217,8 +214,7 @@ type mooncakeMapEvent struct {
 }
 
 func (m *mooncakeMapEvent) fieldID(key []byte) (uint8, bool) {
-	id := mooncakeField(key)
-	return id, id != mUnknown
+	return mooncakeFields.lookup(key)
 }
 func (m *mooncakeMapEvent) seenMask() *uint32 { return &m.e.seen }
 func (m *mooncakeMapEvent) failed() bool      { return m.e.result == Rejected }
@@ -248,76 +244,10 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 	if k != msgp.Nil {
 		e.nonNil |= 1 << id
 	}
+	if spec := &mooncakeFields.specs[id]; spec.shape != shapeOwn {
+		return readShaped(r, spec, &e.v, e, false)
+	}
 	switch id {
-	case mEventID, mTimestamp, mParentHash, mParentBlockHash:
-		// uint64 (nil allowed for the parent hashes only)
-		if k == msgp.Nil && (id == mParentHash || id == mParentBlockHash) {
-			return r.Nil()
-		}
-		if k != msgp.Int {
-			e.fail(EvWrongType)
-			return r.Skip()
-		}
-		u, neg, err := r.Integer()
-		if err != nil {
-			return err
-		}
-		if neg {
-			e.fail(EvWrongType)
-		}
-		switch id {
-		case mTimestamp:
-			e.timestamp = u
-		case mParentHash:
-			e.parent = u
-		case mParentBlockHash:
-			e.parentBlk = u
-		}
-		return nil
-	case mEventType, mTenantID, mBackendID, mObjectKey, mConnectorBlockHash, mCachePrefix:
-		// str, non-nil
-		if k != msgp.Str {
-			e.fail(EvWrongType)
-			return r.Skip()
-		}
-		b, err := r.Str()
-		if err != nil {
-			return err
-		}
-		switch id {
-		case mEventType:
-			e.eventType = b
-		case mTenantID:
-			e.tenant = b
-		case mBackendID:
-			e.backend = b
-		case mObjectKey:
-			e.objectKey = b
-		case mConnectorBlockHash:
-			e.connector = b
-		}
-		return nil
-	case mType, mModelName, mAdditionalSalt, mLoraName, mMedium, mGroupID:
-		b, _, ok, err := optStr(r)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			e.fail(EvWrongType)
-		}
-		switch id {
-		case mType:
-			e.tag = b
-		case mModelName:
-			e.model = b
-		case mLoraName:
-			e.lora = b
-		case mMedium:
-			e.medium = b
-		case mGroupID:
-			e.group = b
-		}
-		return nil
 	case mDPRank:
 		v, present, ok, err := optInt(r)
 		if err != nil {
@@ -326,18 +256,6 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 		if !ok || !present || v < 0 {
 			// the v0.3.12 master sent nil here; unsupported (§4.11)
 			e.fail(EvDPRank)
-		}
-		return nil
-	case mBlockSize, mBaseBlockIdx, mTPRank, mHeadOrTPRank, mPCPRank, mDCPRank, mPPRank, mLayerID:
-		v, _, ok, err := optInt(r)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			e.fail(EvWrongType)
-		}
-		if id == mBlockSize {
-			e.blockSize = v
 		}
 		return nil
 	case mSeqHashes, mBlockHashes:
@@ -379,15 +297,6 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 			e.blkN, e.blk0 = n, first
 		}
 		return nil
-	case mTokenIDs:
-		if k == msgp.Nil {
-			return r.Nil()
-		}
-		if k != msgp.Array {
-			e.fail(EvWrongType)
-			return r.Skip()
-		}
-		return readTokenArray(r, false, e)
 	}
 	return r.Skip()
 }
@@ -398,7 +307,7 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 		e.fail(EvMissingKey)
 		return
 	}
-	switch string(e.eventType) {
+	switch string(e.v.strs[mcEventType]) {
 	case "stored":
 		e.kind = evStored
 	case "removed":
@@ -411,7 +320,7 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 	}
 	if e.hasVal(mType) {
 		want := [...]string{evStored: "BlockStored", evRemoved: "BlockRemoved", evCleared: "AllBlocksCleared"}[e.kind]
-		if string(e.tag) != want {
+		if string(e.v.strs[mcTag]) != want {
 			e.fail(EvTypeConflict)
 			return
 		}
@@ -436,7 +345,7 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 		e.fail(EvMissingKey)
 		return
 	}
-	if e.timestamp != env.tsInt {
+	if e.v.uints[mcTimestamp] != env.tsInt {
 		e.fail(EvTimestamp)
 		return
 	}
@@ -445,7 +354,7 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 		e.fail(EvSeqHashes)
 		return
 	}
-	if e.has(mParentBlockHash) && (e.hasVal(mParentBlockHash) != e.hasVal(mParentHash) || e.parentBlk != e.parent) {
+	if e.has(mParentBlockHash) && (e.hasVal(mParentBlockHash) != e.hasVal(mParentHash) || e.v.uints[mcParentBlk] != e.v.uints[mcParent]) {
 		e.fail(EvSeqHashes)
 		return
 	}
@@ -456,16 +365,15 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 	e.result = Applied
 }
 
-// mooncakeTier maps a master medium to its shared tier (§3.7).
 // sharedTier runs the checks a store and a removal share: the medium names
 // a shared tier (else the event is ignored), and the backend and object key
 // are present (else it is rejected). ok is false when the event is settled.
 func (e *mcEvent) sharedTier() (index.Tier, bool) {
-	tier, ok := mooncakeTier(e.medium)
+	tier, ok := mooncakeTier(e.v.strs[mcMedium])
 	switch {
 	case !ok:
 		e.result, e.reason = Ignored, IgnMedium
-	case len(e.backend) == 0:
+	case len(e.v.strs[mcBackend]) == 0:
 		e.fail(EvBackend)
 	case !e.has(mObjectKey):
 		e.fail(EvObjectKey)
@@ -475,6 +383,9 @@ func (e *mcEvent) sharedTier() (index.Tier, bool) {
 	return 0, false
 }
 
+// mooncakeTier maps a master medium to its shared tier (§3.7): host memory
+// is the shared CPU tier, disk the disk tier; any other medium is not one
+// the index keeps.
 func mooncakeTier(m []byte) (index.Tier, bool) {
 	switch {
 	case bytes.EqualFold(m, []byte("cpu")), bytes.EqualFold(m, []byte("cpu_pinned")):
@@ -485,8 +396,9 @@ func mooncakeTier(m []byte) (index.Tier, bool) {
 	return 0, false
 }
 
-// apply dispatches the batch's events in order against the binding table.
-func (d *mooncakeDecoder) apply() {
+// Apply implements Decoder: the batch's events go in order against the
+// binding table.
+func (d *mooncakeDecoder) Apply(rep Reporter) {
 	for i := range d.events {
 		e := &d.events[i]
 		if e.result != Applied {
@@ -501,19 +413,22 @@ func (d *mooncakeDecoder) apply() {
 			d.applyCleared(e)
 		}
 	}
+	for i := range d.events {
+		rep.Report(i, d.events[i].result, d.events[i].reason)
+	}
 }
 
 // objectIdentity resolves the key's identity, component and block hash under
 // the registered profile (§4.7, §4.8).
 func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullHash string, prefix uint64, ok bool) {
-	key := string(e.objectKey)
+	key := string(e.v.strs[mcObjectKey])
 	if d.sglang {
 		logical, comp, h, ok := parseSGLangKey(key)
 		if !ok {
 			return "", "", "", 0, false
 		}
 		fullHash = normalizeHex(h)
-		if e.has(mConnectorBlockHash) && normalizeHex(string(e.connector)) != fullHash {
+		if e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != fullHash {
 			return "", "", "", 0, false
 		}
 		p, err := hashing.KeyFromHex(d.proj, fullHash)
@@ -525,7 +440,7 @@ func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullH
 	var h string
 	if e.has(mConnectorBlockHash) {
 		// the dev/conductor publisher parsed the key itself (§4.6)
-		h = string(e.connector)
+		h = string(e.v.strs[mcConnector])
 		if !isHashHex(h) {
 			return "", "", "", 0, false
 		}
@@ -548,15 +463,15 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 	if !ok {
 		return
 	}
-	if e.blockSize <= 0 || e.blockSize > math.MaxInt32 {
+	if e.v.ints[mcBlockSize] <= 0 || e.v.ints[mcBlockSize] > math.MaxInt32 {
 		e.fail(EvBlockSize)
 		return
 	}
-	if len(e.model) == 0 {
+	if len(e.v.strs[mcModel]) == 0 {
 		e.fail(EvContext)
 		return
 	}
-	ctx := index.ContextKey{Tenant: e.tenantID(), Model: string(e.model), Lora: string(e.lora), BlockSize: int(e.blockSize)}
+	ctx := index.ContextKey{Tenant: e.tenantID(), Model: string(e.v.strs[mcModel]), Lora: string(e.v.strs[mcLora]), BlockSize: int(e.v.ints[mcBlockSize])}
 	if d.sglang && ctx != d.ownCtx {
 		e.fail(EvContext)
 		return
@@ -575,7 +490,7 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		e.fail(EvObjectKey)
 		return
 	}
-	group := string(e.group)
+	group := string(e.v.strs[mcGroup])
 	if !d.sglang {
 		// vllm_v1 indexes cache group 0 only (§4.10)
 		if group != "" && group != "0" {
@@ -588,7 +503,7 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		e.fail(EvSeqHashes)
 		return
 	}
-	bk := bindingKey{backend: string(e.backend), tenant: ctx.Tenant, identity: identity, tier: tier}
+	bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: ctx.Tenant, identity: identity, tier: tier}
 	if b, exists := d.bindings[bk]; exists {
 		if b.ctx != ctx || b.prefix != prefix || b.fullHash != fullHash || b.group != group {
 			e.fail(EvConflict)
@@ -612,11 +527,11 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 	if !ok {
 		return
 	}
-	if !d.sglang && len(e.group) != 0 && string(e.group) != "0" {
+	if !d.sglang && len(e.v.strs[mcGroup]) != 0 && string(e.v.strs[mcGroup]) != "0" {
 		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (§4.10)
 		return
 	}
-	identity, component := string(e.objectKey), ""
+	identity, component := string(e.v.strs[mcObjectKey]), ""
 	if d.sglang {
 		logical, comp, _, ok := parseSGLangKey(identity)
 		if !ok {
@@ -625,18 +540,18 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		}
 		identity, component = logical, comp
 	}
-	bk := bindingKey{backend: string(e.backend), tenant: e.tenantID(), identity: identity, tier: tier}
+	bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: e.tenantID(), identity: identity, tier: tier}
 	b, exists := d.bindings[bk]
 	if !exists {
 		e.result, e.reason = NoOp, NoBinding
 		return
 	}
 	// The event's own context fields are assertions about the binding.
-	if (e.hasVal(mModelName) && string(e.model) != b.ctx.Model) ||
-		string(e.lora) != b.ctx.Lora ||
-		(e.hasVal(mBlockSize) && e.blockSize != int64(b.ctx.BlockSize)) ||
-		(d.sglang && string(e.group) != b.group) ||
-		(e.has(mConnectorBlockHash) && normalizeHex(string(e.connector)) != b.fullHash) ||
+	if (e.hasVal(mModelName) && string(e.v.strs[mcModel]) != b.ctx.Model) ||
+		string(e.v.strs[mcLora]) != b.ctx.Lora ||
+		(e.hasVal(mBlockSize) && e.v.ints[mcBlockSize] != int64(b.ctx.BlockSize)) ||
+		(d.sglang && string(e.v.strs[mcGroup]) != b.group) ||
+		(e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != b.fullHash) ||
 		(e.seqN == 1 && e.seq0 != b.prefix) {
 		e.fail(EvAssertion)
 		return
@@ -656,11 +571,11 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 }
 
 func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
-	if len(e.backend) == 0 {
+	if len(e.v.strs[mcBackend]) == 0 {
 		e.fail(EvBackend)
 		return
 	}
-	backend, tenant := string(e.backend), e.tenantID()
+	backend, tenant := string(e.v.strs[mcBackend]), e.tenantID()
 	for k, b := range d.bindings {
 		if k.backend == backend && k.tenant == tenant {
 			delete(d.bindings, k)
@@ -669,8 +584,9 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 	}
 }
 
-// retract releases every binding of the source (stale or stopped, §5.2).
-func (d *mooncakeDecoder) retract() {
+// Retract implements Decoder: every binding of the source is released
+// (stale or stopped, §5.2).
+func (d *mooncakeDecoder) Retract() {
 	for k, b := range d.bindings {
 		b.sink.ReleaseShared(k.tier, b.prefix)
 	}

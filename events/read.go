@@ -1,4 +1,4 @@
-package subscriber
+package events
 
 import (
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"

@@ -1,4 +1,4 @@
-package subscriber
+package events
 
 import (
 	"testing"
@@ -22,24 +22,16 @@ func FuzzApplyBatch(f *testing.F) {
 		if r.also != "" {
 			also = []string{r.also}
 		}
-		e := newEnv(t, m, r.reg, also, "inproc://unused", "")
-		e.cfg.Logger = testLogger(t).Level(5) // quiet
-		s, err := newSubscriber(e.cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.started = true
-		s.setState(Live)
-		s.applyBatch(1, payload)
-		s.applyBatch(2, payload) // state carried over (bindings) must stay consistent
-		typ := s.typ
-		if e.counters.Total(MetricEnvelopeRejected, typ) == 2 {
-			if ops := append(e.engine.snapshot(), e.shared.snapshot()...); len(ops) != 0 && s.State() != Stale {
+		x := newTester(t, m, r.reg, also...)
+		x.applyBatch(1, payload)
+		x.applyBatch(2, payload) // state carried over (bindings) must stay consistent
+		if x.envRejected == 2 {
+			if ops := append(x.engine.snapshot(), x.shared.snapshot()...); len(ops) != 0 {
 				t.Fatalf("rejected envelope changed the index: %v", ops)
 			}
 		}
-		s.retract()
-		if bal := sharedBalance(e.shared.snapshot()); len(bal) != 0 {
+		x.retract()
+		if bal := sharedBalance(x.shared.snapshot()); len(bal) != 0 {
 			t.Fatalf("unbalanced shared references after retract: %v", bal)
 		}
 	})

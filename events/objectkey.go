@@ -1,4 +1,4 @@
-package subscriber
+package events
 
 import (
 	"strings"

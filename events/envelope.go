@@ -1,4 +1,4 @@
-package subscriber
+package events
 
 import (
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
@@ -24,11 +24,12 @@ type eventReader interface {
 	readEvent(r *msgp.Reader, env *envelope, i int) error
 }
 
-// decodeEnvelope walks one payload, handing each event to er. Nothing is
-// applied here: the batch dp_rank follows the events on the wire and a
-// truncated tail must reject the envelope, so effects wait until the whole
-// payload decoded.
-func decodeEnvelope(r *msgp.Reader, typ source.Type, payload []byte, er eventReader, env *envelope) Reason {
+// decode walks one payload, handing each event to er. Nothing is applied
+// here: the batch dp_rank follows the events on the wire and a truncated
+// tail must reject the envelope, so effects wait until the whole payload
+// decoded.
+func (b *batch) decode(typ source.Type, payload []byte, er eventReader) Reason {
+	r, env := &b.r, &b.env
 	*env = envelope{}
 	er.beginBatch()
 	if len(payload) == 0 {

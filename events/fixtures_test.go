@@ -1,0 +1,132 @@
+package events
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// checkFixture compares what one fixture payload did with its manifest
+// expectation. prior are the ops its requires recorded, got the ops it
+// recorded itself.
+func checkFixture(t *testing.T, f *fxFixture, x *tester, seq uint64, envBefore, batchBefore int, prior, got []op) {
+	t.Helper()
+	outcomes := x.outcomes[seq]
+	switch {
+	case f.Expect.Envelope == "reject":
+		if x.envRejected != envBefore+1 {
+			t.Errorf("envelope rejections = %d, want %d", x.envRejected, envBefore+1)
+		}
+		if len(outcomes) != 0 || len(got) != 0 {
+			t.Errorf("rejected envelope produced outcomes %v / ops %v", outcomes, got)
+		}
+	case f.Expect.Batch == "reject":
+		// The batch's dp_rank is not the registration's: the subscriber
+		// rejects it (and makes the source stale) before anything applies.
+		if x.batchRejected != batchBefore+1 {
+			t.Errorf("batch rejections = %d, want %d", x.batchRejected, batchBefore+1)
+		}
+		if len(outcomes) != 0 || len(got) != 0 {
+			t.Errorf("rejected batch produced outcomes %v / ops %v", outcomes, got)
+		}
+	default:
+		if x.envRejected != envBefore || x.batchRejected != batchBefore {
+			t.Errorf("batch rejected (envelope %d, dp_rank %d), want applied: %v", x.envRejected-envBefore, x.batchRejected-batchBefore, x.lastEnvReason)
+		}
+		if f.Expect.Events != nil {
+			var gotRes []string
+			for _, o := range outcomes {
+				gotRes = append(gotRes, o.Result.String())
+			}
+			var wantRes []string
+			for _, ev := range f.Expect.Events {
+				wantRes = append(wantRes, resultOf(ev).String())
+			}
+			if diff := cmp.Diff(wantRes, gotRes); diff != "" {
+				t.Errorf("event outcomes (-want +got):\n%s\noutcomes %+v", diff, outcomes)
+			}
+		}
+		want := expectedOps(t, f, prior)
+		if diff := cmp.Diff(sortOps(want), sortOps(got)); diff != "" {
+			t.Errorf("index ops (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// checkBindings verifies the shared owners named by Mooncake effects exist
+// (store) or are gone (remove) in the source's binding table.
+func checkBindings(t *testing.T, f *fxFixture, d *mooncakeDecoder) {
+	t.Helper()
+	for _, ef := range f.Expect.Effects {
+		if !strings.HasPrefix(ef.Owner, "shared ") {
+			continue
+		}
+		var backend, identity string
+		rest := strings.TrimPrefix(ef.Owner, "shared backend=")
+		backend, rest, _ = strings.Cut(rest, " ")
+		if _, after, ok := strings.Cut(rest, ") object="); ok {
+			identity = after
+		} else if _, after, ok := strings.Cut(rest, ") logical="); ok {
+			identity = after
+		} else {
+			t.Fatalf("cannot parse owner %q", ef.Owner)
+		}
+		k := bindingKey{backend: backend, tenant: "default", identity: identity, tier: tierNames[ef.Tier]}
+		b, ok := d.bindings[k]
+		switch ef.Op {
+		case "store":
+			if !ok {
+				t.Errorf("no binding %+v after store", k)
+			} else if b.prefix != parseU64(t, ef.Prefixes[0]) {
+				t.Errorf("binding %+v prefix %d, want %s", k, b.prefix, ef.Prefixes[0])
+			}
+		case "remove":
+			if ok {
+				t.Errorf("binding %+v still present after remove", k)
+			}
+		}
+	}
+}
+
+// TestFixturesDirect feeds every payload fixture (after its requires) to
+// its registration's decoder and checks events, index ops and the Mooncake
+// binding table exactly.
+func TestFixturesDirect(t *testing.T) {
+	m := loadManifest(t)
+	n := 0
+	for i := range m.Fixtures {
+		f := &m.Fixtures[i]
+		if f.PayloadFile == "" {
+			continue
+		}
+		n++
+		t.Run(f.ID, func(t *testing.T) {
+			x := newTester(t, m, f.Registration, f.AlsoRegistered...)
+			seq := uint64(0)
+			for _, r := range f.Requires {
+				seq++
+				x.applyBatch(seq, payloadOf(t, m.fixture(t, r)))
+			}
+			prior := append(x.engine.take(), x.shared.take()...)
+			envBefore, batchBefore := x.envRejected, x.batchRejected
+			seq++
+			x.applyBatch(seq, payloadOf(t, f))
+			got := append(x.engine.take(), x.shared.take()...)
+			checkFixture(t, f, x, seq, envBefore, batchBefore, prior, got)
+			if d, ok := x.dec.(*mooncakeDecoder); ok && f.Expect.Envelope != "reject" {
+				checkBindings(t, f, d)
+			}
+			// retraction leaves nothing behind
+			x.retract()
+			all := append(append(prior, got...), x.engine.take()...)
+			all = append(all, x.shared.take()...)
+			if bal := sharedBalance(all); len(bal) != 0 {
+				t.Errorf("shared references left after retract: %v", bal)
+			}
+		})
+	}
+	if n < 90 {
+		t.Errorf("only %d payload fixtures found", n)
+	}
+}

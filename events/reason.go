@@ -1,0 +1,148 @@
+package events
+
+import "fmt"
+
+// Reason names why a message, envelope, batch or event was dropped, ignored
+// or rejected, why a source went stale, or how a replay ended. One enum keeps
+// counter labels and log fields consistent across all of them.
+type Reason uint8
+
+// Reasons. Their String values are stable metric labels.
+const (
+	ReasonNone Reason = iota
+
+	// Frame-level drops (§1.2, §1.4); sequence state untouched.
+	DropFrameCount
+	DropSeqLength
+	DropSeqReserved
+	DropReceiveError
+	// Sequence-level drops (§1.5).
+	DropStale
+	DropDuplicate
+
+	// Envelope rejections (§3.1); the sequence advances.
+	EnvEmpty
+	EnvInvalid
+	EnvTrailingBytes
+	EnvNotArray
+	EnvLength
+	EnvTimestamp
+	EnvEventsNotArray
+	EnvDPRank
+
+	// Batch rejection (§3.10).
+	BatchDPMismatch
+
+	// Event rejections (§3.2–§4.10).
+	EvArrayEncoded
+	EvNotMap
+	EvNonStringKey
+	EvDuplicateKey
+	EvMissingKey
+	EvWrongType
+	EvUnknownTag
+	EvForeignKey
+	EvHash
+	EvBlockSize
+	EvLora
+	EvGroup
+	EvAttention
+	EvExtraKeys
+	EvTokenRange
+	EvTimestamp
+	EvTypeConflict
+	EvDPRank
+	EvBackend
+	EvContext
+	EvObjectKey
+	EvSeqHashes
+	EvConflict
+	EvAssertion
+
+	// Ignored / no-op events.
+	IgnMedium
+	NoBinding
+
+	// Stale triggers (§5.1).
+	StaleGap
+	StaleRegression
+	StaleReplay
+	StaleDeadline
+	StaleBufferOverflow
+	StaleBatchRejected
+	StaleInternal
+
+	// Replay outcomes (§2.6).
+	ReplayRecovered
+	ReplayRetried
+	ReplayUnrecoverable
+	ReplayDeadline
+	ReplayStopped
+
+	NumReasons // the number of reasons, for arrays indexed by Reason
+)
+
+var reasonNames = [NumReasons]string{
+	ReasonNone:          "none",
+	DropFrameCount:      "frame_count",
+	DropSeqLength:       "sequence_length",
+	DropSeqReserved:     "sequence_reserved",
+	DropReceiveError:    "receive_error",
+	DropStale:           "stale",
+	DropDuplicate:       "duplicate",
+	EnvEmpty:            "empty_payload",
+	EnvInvalid:          "invalid_msgpack",
+	EnvTrailingBytes:    "trailing_bytes",
+	EnvNotArray:         "not_array",
+	EnvLength:           "length",
+	EnvTimestamp:        "timestamp",
+	EnvEventsNotArray:   "events_not_array",
+	EnvDPRank:           "dp_rank",
+	BatchDPMismatch:     "dp_rank_mismatch",
+	EvArrayEncoded:      "array_encoded_event",
+	EvNotMap:            "not_map",
+	EvNonStringKey:      "non_string_key",
+	EvDuplicateKey:      "duplicate_key",
+	EvMissingKey:        "missing_key",
+	EvWrongType:         "wrong_type",
+	EvUnknownTag:        "unknown_tag",
+	EvForeignKey:        "foreign_key",
+	EvHash:              "hash",
+	EvBlockSize:         "block_size",
+	EvLora:              "lora",
+	EvGroup:             "group",
+	EvAttention:         "attention_kind",
+	EvExtraKeys:         "extra_keys",
+	EvTokenRange:        "token_range",
+	EvTimestamp:         "timestamp",
+	EvTypeConflict:      "type_conflict",
+	EvDPRank:            "dp_rank",
+	EvBackend:           "backend",
+	EvContext:           "context",
+	EvObjectKey:         "object_key",
+	EvSeqHashes:         "seq_hashes",
+	EvConflict:          "binding_conflict",
+	EvAssertion:         "assertion",
+	IgnMedium:           "medium",
+	NoBinding:           "no_binding",
+	StaleGap:            "gap",
+	StaleRegression:     "regression",
+	StaleReplay:         "replay_unrecoverable",
+	StaleDeadline:       "replay_deadline",
+	StaleBufferOverflow: "buffer_overflow",
+	StaleBatchRejected:  "batch_rejected",
+	StaleInternal:       "internal_error",
+	ReplayRecovered:     "recovered",
+	ReplayRetried:       "retried",
+	ReplayUnrecoverable: "unrecoverable",
+	ReplayDeadline:      "deadline",
+	ReplayStopped:       "stopped",
+}
+
+// String returns the stable label used in metrics and logs.
+func (r Reason) String() string {
+	if r < NumReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("Reason(%d)", r)
+}
