@@ -9,23 +9,6 @@ import (
 // value is then skipped) rather than a decode error that would abort the
 // whole envelope.
 
-// optStr reads str|nil; ok=false means the value had another type and was
-// skipped. present=false means nil.
-func optStr(r *msgp.Reader) (b []byte, present, ok bool, err error) {
-	k, err := r.Peek()
-	if err != nil {
-		return nil, false, false, err
-	}
-	switch k {
-	case msgp.Nil:
-		return nil, false, true, r.Nil()
-	case msgp.Str:
-		b, err = r.Str()
-		return b, true, true, err
-	}
-	return nil, false, false, r.Skip()
-}
-
 // optInt reads int|nil as a signed value; ok=false means another type (or a
 // value beyond int64), skipped or consumed.
 func optInt(r *msgp.Reader) (v int64, present, ok bool, err error) {

@@ -8,12 +8,13 @@
 // each batch with the decoder of the registered type, and applies its events
 // to the index. Everything a source contributed is retracted when it goes
 // stale or is stopped, so the index never reports blocks nobody vouches for.
+// The payload decoders themselves, with their rules, are package events.
 //
-// The wire rules implemented here are those of spec/events.md; the names of
-// the rules in comments (§1.5, §4.8, …) refer to it.
+// The transport rules implemented here are those of spec/events.md; the
+// names of the rules in comments (§1.5, §2.6, …) refer to it.
 //
-// Concurrency: a Subscriber's goroutine is the only writer of its sequence
-// state, its Mooncake binding table and its index entries, so none of them
+// Concurrency: a Subscriber's goroutine is the only user of its decoder and
+// the only writer of its sequence state and index entries, so none of them
 // needs a lock; State, Stale and LastSeq read atomics that are published
 // only after the effects they describe. Stop wakes the goroutine through an
 // inproc PAIR socket polled next to the SUB (and the replay DEALER during a
@@ -25,13 +26,12 @@
 // (messages held during a replay) is copied. The SUB queue is long
 // (defaultRcvHWM), so a burst queues here rather than overflowing a
 // publisher's send queue, and the C heap is trimmed when a burst has
-// drained (zmqx.RequestTrim), so RSS follows the index rather than the largest burst.
+// drained (zmqx.RequestTrim), so RSS follows the index rather than the
+// largest burst.
 //
-// Decoding: a batch is decoded completely into reused buffers before any of
-// its events touches the index, because the batch dp_rank follows the events
-// on the wire and a malformed tail must reject the whole envelope. Strings
-// are sub-slices of the payload and integers are read in place, so
-// steady-state decoding does not allocate.
+// Decoding: a batch is decoded completely (events.Decoder) before any of
+// its events touches the index, because the batch dp_rank follows the
+// events on the wire and a malformed tail must reject the whole envelope.
 //
 // Observability: every dropped message, rejected envelope or batch, and
 // ignored or rejected event is counted in Counters by source type and
