@@ -59,6 +59,9 @@ func startReplayService(t *testing.T) *replayService {
 		t.Fatal(err)
 	}
 	_ = sock.SetLinger(0)
+	// No send limit: a ROUTER drops what exceeds it, and a reply stream
+	// that loses messages would fail the recovery for the test's sake.
+	_ = sock.SetSndhwm(0)
 	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
 		t.Fatal(err)
 	}
@@ -275,9 +278,11 @@ func TestRecoveryBufferOverflow(t *testing.T) {
 	}
 }
 
-// TestStopDuringReplay: Stop returns promptly while the subscriber waits on
-// a replay that will never be answered, retracts the source and leaks
-// nothing (goleak in TestMain).
+// TestStopDuringReplay: Stop interrupts a replay that will never be
+// answered, instead of waiting out its timeouts, retracts the source and
+// leaks nothing (goleak in TestMain). The replay's timeouts are long, so
+// the outcome tells an interrupted replay (stopped) from one that ran its
+// course (retried, then deadline).
 func TestStopDuringReplay(t *testing.T) {
 	for _, transport := range []string{"tcp", "ipc"} {
 		t.Run(transport, func(t *testing.T) {
@@ -300,17 +305,15 @@ func TestStopDuringReplay(t *testing.T) {
 			}
 			start := time.Now()
 			s.Stop()
-			el := time.Since(start)
-			t.Logf("Stop during replay took %v", el)
-			if el > 500*time.Millisecond {
-				t.Errorf("Stop took %v", el)
-			}
+			t.Logf("Stop during replay took %v", time.Since(start))
 			if st := s.State(); st != Stopped {
 				t.Errorf("state %v", st)
 			}
 			assertRetracted(t, e)
-			if e.counters.Value(MetricReplays, source.VLLM, events.ReplayStopped) != 1 {
-				t.Errorf("counters %v", e.counters.Snapshot())
+			if e.counters.Value(MetricReplays, source.VLLM, events.ReplayStopped) != 1 ||
+				e.counters.Value(MetricReplays, source.VLLM, events.ReplayRetried) != 0 ||
+				e.counters.Value(MetricReplays, source.VLLM, events.ReplayDeadline) != 0 {
+				t.Errorf("replay not interrupted by Stop: counters %v", e.counters.Snapshot())
 			}
 			s.Stop() // idempotent
 			goleak.VerifyNone(t)
@@ -318,8 +321,10 @@ func TestStopDuringReplay(t *testing.T) {
 	}
 }
 
-// TestStopPromptAndIdempotent: concurrent Stops on an idle and a busy
-// subscriber all return quickly, and the engine owner is cleared once.
+// TestStopPromptAndIdempotent: concurrent Stops on a busy subscriber all
+// return, and the engine owner is cleared once. (That Stop interrupts work
+// rather than waiting for it is asserted by TestStopDuringReplay and
+// TestStopPromptBehindBacklog on what was done, not on elapsed time.)
 func TestStopPromptAndIdempotent(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, "")
@@ -341,9 +346,7 @@ func TestStopPromptAndIdempotent(t *testing.T) {
 		go func() { defer wg.Done(); s.Stop() }()
 	}
 	wg.Wait()
-	if el := time.Since(start); el > 500*time.Millisecond {
-		t.Errorf("Stop took %v", el)
-	}
+	t.Logf("concurrent Stops took %v", time.Since(start))
 	clears := 0
 	for _, o := range e.engine.snapshot() {
 		if o.Kind == "clear" {

@@ -1,34 +1,44 @@
 package subscriber
 
 import (
-	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
-
-	zmq "github.com/pebbe/zmq4"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
+	zmq "github.com/pebbe/zmq4"
 )
 
-// lagSink delays every store, making the subscriber slower than its
-// publisher.
-type lagSink struct {
-	inner *recorder
-	delay time.Duration
+// gateSink holds the first store until released, so the subscriber reads
+// nothing while the publisher bursts.
+type gateSink struct {
+	inner   *recorder
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
 }
 
-func (s *lagSink) Store(id index.OwnerID, t index.Tier, k uint64) {
-	time.Sleep(s.delay)
+func (s *gateSink) Store(id index.OwnerID, t index.Tier, k uint64) {
+	s.once.Do(func() {
+		close(s.entered)
+		<-s.release
+	})
 	s.inner.Store(id, t, k)
 }
-func (s *lagSink) Remove(id index.OwnerID, t index.Tier, k uint64) { s.inner.Remove(id, t, k) }
-func (s *lagSink) ClearOwner(id index.OwnerID, m index.TierMask)   { s.inner.ClearOwner(id, m) }
+func (s *gateSink) Remove(id index.OwnerID, t index.Tier, k uint64) { s.inner.Remove(id, t, k) }
+func (s *gateSink) ClearOwner(id index.OwnerID, m index.TierMask)   { s.inner.ClearOwner(id, m) }
 
-// TestHWMOverflowIsRecoveredAsGap: a publisher faster than its subscriber
-// overflows the high-water marks, so ZMQ silently drops messages; the
-// subscriber sees that as a sequence gap and recovers it through replay,
-// ending with every block, in order.
+// TestHWMOverflowIsRecoveredAsGap: a publisher that bursts while its
+// subscriber reads nothing overflows the high-water marks, so ZMQ silently
+// drops messages; the subscriber sees that as a sequence gap and recovers
+// it through replay, ending with every block, in order.
+//
+// The overflow is certain rather than hoped for: the subscriber is held
+// inside its first batch for the whole burst, and what the path can queue
+// meanwhile (4 messages at each end and a Unix socket buffer of a few KiB)
+// is far below the burst (600 messages of 3 KiB).
 func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	rs := startReplayService(t)
 	// A PUB with a tiny high-water mark and socket buffer, set before
@@ -57,42 +67,58 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
 	e.cfg.Context.BlockSize = 1024
 	e.cfg.Tuning.RcvHWM = 4
-	e.cfg.Engine = &lagSink{inner: e.engine, delay: 100 * time.Microsecond}
+	// Replay timeouts long enough for any machine: the test waits for the
+	// recovery, it does not time it.
+	e.cfg.Tuning.ReplayReceiveTimeout = time.Minute
+	e.cfg.Tuning.ReplayTotalTimeout = 2 * time.Minute
+	gate := &gateSink{inner: e.engine, entered: make(chan struct{}), release: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(gate.release) }) }
+	e.cfg.Engine = gate
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
+	defer release() // before Stop, which waits for the goroutine
 	pub.waitSubscribed()
 
-	const n = 1500
+	const n = 600
 	var want []uint64
-	payloads := make([][]byte, n+2)
-	for seq := uint64(1); seq <= n+1; seq++ {
+	payloads := make([][]byte, n+1)
+	for seq := uint64(1); seq <= n; seq++ {
 		key := seq*7919 + 1
 		want = append(want, key)
-		// ~3 KB a message, so kernel socket buffers cannot absorb the
-		// burst and the high-water marks do overflow.
+		// ~3 KB a message, so socket buffers cannot absorb the burst.
 		payloads[seq] = storedBatch([]uint64{key}, 1024, 0)
 		rs.put(seq, payloads[seq])
 	}
-	// Encoded up front, so the burst is as fast as ZMQ can send.
-	for seq := uint64(1); seq <= n; seq++ {
+	pub.send(1, payloads[1])
+	select {
+	case <-gate.entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the first batch never reached the index")
+	}
+	for seq := uint64(2); seq <= n; seq++ {
 		pub.send(seq, payloads[seq])
 	}
-	// Let the backlog drain, then send one more so any loss at the tail
-	// shows up as a gap too.
-	prev := uint64(0)
-	waitFor(t, "backlog to drain", 90*time.Second, func() bool {
-		time.Sleep(100 * time.Millisecond)
-		got, _ := s.LastSeq()
-		if testing.Verbose() {
-			t.Logf("seq %d state %v", got, s.State())
+	release()
+	// Empty batches after the burst, also in the replay store, until the
+	// subscriber has applied past it: a loss at the tail then shows as a
+	// gap too. They are spaced out so that a long recovery does not fill
+	// its buffer with them.
+	hb := uint64(n)
+	empty := emptyBatch("vLLM")
+	waitFor(t, "the subscriber to apply past the burst", 3*time.Minute, func() bool {
+		if last, ok := s.LastSeq(); ok && last > n && s.State() == Live {
+			return true
 		}
-		idle := got == prev && s.State() == Live
-		prev = got
-		return idle
+		if s.State() == Stale {
+			t.Fatalf("source went stale: %v", e.counters.Snapshot())
+		}
+		hb++
+		rs.put(hb, empty)
+		pub.send(hb, empty)
+		time.Sleep(20 * time.Millisecond)
+		return false
 	})
-	pub.send(n+1, payloads[n+1])
-	waitSeq(t, s, n+1)
-	waitFor(t, "live", 10*time.Second, func() bool { return s.State() == Live })
 	var got []uint64
 	for _, o := range e.engine.snapshot() {
 		if o.Kind == "store" {
@@ -103,8 +129,8 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 		t.Fatalf("stored %d keys, want %d", len(got), len(want))
 	}
 	gaps := e.counters.Total(MetricGaps, source.VLLM)
-	if gaps == 0 {
-		t.Fatal("no message was dropped: the test did not overflow the high-water marks")
+	if gaps == 0 || rs.requestCount() == 0 {
+		t.Fatalf("%d gaps, %d replay requests: the burst must have overflowed the queues", gaps, rs.requestCount())
 	}
 	t.Logf("%d gaps recovered through %d replay requests", gaps, rs.requestCount())
 }
