@@ -105,7 +105,7 @@ var (
 	descContexts = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
 	descServices = prometheus.NewDesc("conductor_services", "Registered services by type.", []string{"type"}, nil)
 	descState    = prometheus.NewDesc("conductor_subscriber_state",
-		"1 for the current state of each service's subscriber.", []string{"service", "type", "state"}, nil)
+		"1 for the current state of each service's subscriber, 0 for the others.", []string{"service", "type", "state"}, nil)
 	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
 	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
@@ -191,7 +191,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if s.Stale {
 				stale++
 			}
-			ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
+			// Every state, 1 for the current one, so that a transition
+			// shows as a change of value rather than a series appearing.
+			known := false
+			for _, st := range subscriber.States {
+				v := 0.0
+				if st.String() == s.State {
+					v, known = 1, true
+				}
+				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, clip(string(s.Key())), s.Type.String(), st.String())
+			}
+			if !known && s.State != "" {
+				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
+			}
 		}
 		for typ, n := range byType {
 			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())
@@ -209,7 +221,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Matches), svc, "match")
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Mismatches), svc, "mismatch")
 	}
-	for _, s := range c.opts.Counters.Snapshot() {
+	for _, s := range c.opts.Counters.All() {
 		d, ok := descIngest[s.Metric]
 		if !ok {
 			continue

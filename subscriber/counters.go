@@ -109,3 +109,51 @@ func (c *Counters) Snapshot() []Sample {
 	}
 	return out
 }
+
+// familyReasons is, per family, every reason it counts by (ReasonNone for
+// families without one): the series a metrics endpoint exports from
+// start-up, at zero until something is counted, so that rates and alerts
+// work before the first event.
+var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
+	span := func(m Metric, from, to events.Reason) {
+		for r := from; r <= to; r++ {
+			t[m][r] = true
+		}
+	}
+	for _, m := range []Metric{MetricReceived, MetricApplied, MetricGaps} {
+		t[m][events.ReasonNone] = true
+	}
+	span(MetricDropped, events.DropFrameCount, events.DropDuplicate)
+	span(MetricEnvelopeRejected, events.EnvEmpty, events.EnvDPRank)
+	span(MetricBatchRejected, events.BatchDPMismatch, events.BatchDPMismatch)
+	span(MetricIgnored, events.IgnMedium, events.NoBinding)
+	span(MetricRejected, events.EvArrayEncoded, events.EvAssertion)
+	span(MetricStale, events.StaleGap, events.StaleInternal)
+	span(MetricReplays, events.ReplayRecovered, events.ReplayStopped)
+	return t
+}()
+
+// All returns every series a family can count, for every source type, zero
+// or not, plus any other non-zero counter, in the order of Snapshot.
+func (c *Counters) All() []Sample {
+	if c == nil {
+		return nil
+	}
+	var out []Sample
+	for m := Metric(0); m < numMetrics; m++ {
+		for t := source.Type(0); t < source.NumTypes; t++ {
+			for r := events.Reason(0); r < events.NumReasons; r++ {
+				v := c.v[m][t][r].Load()
+				if v == 0 && !familyReasons[m][r] {
+					continue
+				}
+				reason := ""
+				if r != events.ReasonNone {
+					reason = r.String()
+				}
+				out = append(out, Sample{Metric: m.String(), Source: t.String(), Reason: reason, Value: v})
+			}
+		}
+	}
+	return out
+}

@@ -590,3 +590,24 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 		}
 	}
 }
+
+// TestStateConnectedBeforeFirstBatch: a watched source reports connected
+// once its connection is up, before any batch, as readiness does; the first
+// batch makes it live.
+func TestStateConnectedBeforeFirstBatch(t *testing.T) {
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, "")
+	e.cfg.WatchConnection = true
+	s := mustStart(t, e.cfg)
+	defer s.Stop()
+	waitFor(t, "connection", 10*time.Second, s.Connected)
+	if st := s.State(); st != Connected || st.String() != "connected" {
+		t.Fatalf("state %v after the connection came up, want connected", st)
+	}
+	pub.waitSubscribed()
+	pub.send(1, storedBatch([]uint64{11}, 4, 0))
+	waitSeq(t, s, 1)
+	if st := s.State(); st != Live {
+		t.Fatalf("state %v after the first batch, want live", st)
+	}
+}

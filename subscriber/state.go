@@ -8,7 +8,8 @@ type State int32
 
 // States. Stale is terminal until the service is registered again.
 const (
-	Connecting State = iota // socket connected, no batch seen yet
+	Connecting State = iota // socket created, connection not known to be up
+	Connected               // connection up (Subscriber.Connected), no batch yet
 	Live                    // applying batches in sequence
 	Recovering              // a gap is being filled from the replay endpoint
 	Stale                   // entries retracted, later messages ignored
@@ -20,6 +21,8 @@ func (s State) String() string {
 	switch s {
 	case Connecting:
 		return "connecting"
+	case Connected:
+		return "connected"
 	case Live:
 		return "live"
 	case Recovering:
@@ -31,3 +34,7 @@ func (s State) String() string {
 	}
 	return fmt.Sprintf("State(%d)", int32(s))
 }
+
+// States is every state in order, for listings and for metrics that export
+// each state from start-up.
+var States = [...]State{Connecting, Connected, Live, Recovering, Stale, Stopped}

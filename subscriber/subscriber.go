@@ -260,8 +260,16 @@ func (s *Subscriber) Stop() {
 	<-s.done
 }
 
-// State reports the subscriber's condition.
-func (s *Subscriber) State() State { return State(s.state.Load()) }
+// State reports the subscriber's condition. A source whose connection is up
+// but that has not delivered a batch yet is Connected, so the state agrees
+// with Connected and with readiness.
+func (s *Subscriber) State() State {
+	st := State(s.state.Load())
+	if st == Connecting && s.connected.Load() {
+		return Connected
+	}
+	return st
+}
 
 // Connected reports whether the SUB socket has connected to the publisher
 // at least once (known only with Config.WatchConnection) or received
