@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	src "github.com/mooncake-conductor-go/conductor/source"
 	"io"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/registry"
+	src "github.com/mooncake-conductor-go/conductor/source"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 

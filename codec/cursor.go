@@ -27,10 +27,11 @@ const (
 	kindMap   = msgp.Map
 )
 
-var (
-	header   = msgp.Header
-	validate = msgp.Validate
-)
+// header decodes the value header at b[p:]; see msgp.Header.
+func header(b []byte, p int) (kind, uint64, int, error) { return msgp.Header(b, p) }
+
+// validate reports whether b holds exactly one well-formed value.
+func validate(b []byte) error { return msgp.Validate(b) }
 
 // cursor reads values from a validated body. Its methods assume the value at
 // the cursor has the kind the caller checked with peek.

@@ -3,7 +3,6 @@ package codec
 import (
 	"encoding/binary"
 	"errors"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"net"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // Limits bound what one request may carry. They are enforced before

@@ -1,9 +1,10 @@
 package events
 
 import (
+	"math"
+
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/source"
-	"math"
 )
 
 // envelope is the decoded outer batch [timestamp, events, dp_rank] (§3.1).

@@ -4,7 +4,6 @@
 package metrics
 
 import (
-	"github.com/mooncake-conductor-go/conductor/source"
 	"strconv"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 

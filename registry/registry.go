@@ -6,7 +6,6 @@ package registry
 import (
 	"errors"
 	"fmt"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"sort"
 	"strconv"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // ServiceKey identifies a registration: instance_id|tenant_id|dp_rank.

@@ -2,12 +2,12 @@ package registry
 
 import (
 	"errors"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"sync"
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 type fakeSource struct {

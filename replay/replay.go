@@ -14,10 +14,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"syscall"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
 )
 

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -12,6 +11,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // queryFixture registers instances×ranks in one vLLM context and stores a

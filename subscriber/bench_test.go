@@ -2,14 +2,14 @@ package subscriber
 
 import (
 	"encoding/binary"
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 )
 

@@ -1,13 +1,13 @@
 package subscriber
 
 import (
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/replay"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"github.com/rs/zerolog"
 )
 

@@ -2,9 +2,10 @@ package subscriber
 
 import (
 	"fmt"
+	"sync/atomic"
+
 	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/source"
-	"sync/atomic"
 )
 
 // Metric is one counter family of Counters.

@@ -2,13 +2,13 @@ package subscriber
 
 import (
 	"encoding/hex"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // checkFixture compares what one fixture message did with its manifest

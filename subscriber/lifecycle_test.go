@@ -3,15 +3,15 @@ package subscriber
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/goleak"

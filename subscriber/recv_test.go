@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
+	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 )
 

@@ -3,8 +3,6 @@ package subscriber
 import (
 	"encoding/hex"
 	"encoding/json"
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 type scStep struct {

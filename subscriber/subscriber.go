@@ -5,9 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
-	"github.com/mooncake-conductor-go/conductor/source"
 	"math"
 	"runtime/debug"
 	"sort"
@@ -16,8 +13,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/replay"
+	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 )
