@@ -198,8 +198,6 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 		key := string(svc.Key())
 		var chk *hashcheck.Checker
 		if svc.IsEngine() {
-			// Ready for the event decoder to call (Checker.Sample and
-			// CheckEvent on each applied BlockStored).
 			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
 		}
 		sub, err := subscriber.Start(subscriber.Config{
@@ -222,6 +220,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Logger:          log, // the subscriber adds the service key itself
 			WatchConnection: watch[svc.Key()],
 			Counters:        counters,
+			HashCheck:       chk,
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,

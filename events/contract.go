@@ -3,6 +3,7 @@ package events
 import (
 	"fmt"
 
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
@@ -52,6 +53,11 @@ type Config struct {
 	Owner   index.OwnerID    // engine types: the owner in that table
 	Lookup  LookupFunc       // Mooncake: event context -> table
 	Logger  zerolog.Logger
+	// Check, for engine types, is the service's hash checker: applied
+	// BlockStored events are sampled (Checker.Sample) and the sampled
+	// blocks hashed again under Profile. nil checks nothing. The checker
+	// is used from the decoder's goroutine only, like the decoder.
+	Check *hashcheck.Checker
 }
 
 // New returns the decoder of cfg.Type.

@@ -3,6 +3,7 @@ package events
 import (
 	"math"
 
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
@@ -103,6 +104,10 @@ type engineEvent struct {
 	reason Reason
 	tier   index.Tier
 	off, n int32
+	// bs is the event's block_size and spans locate the values a hash
+	// check reads again (hashcheck.go), for stored events only.
+	bs    int32
+	spans [numSpans]span
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
@@ -121,6 +126,11 @@ type engineDecoder struct {
 	// walking its map allocates nothing.
 	fields engineFields
 	mapEv  engineMapEvent
+	// check samples applied BlockStored events (hashcheck.go); payload is
+	// the batch they are read from again, until Forget.
+	check   *hashcheck.Checker
+	payload []byte
+	hc      hcScratch
 }
 
 func newEngine(rules *engineRules, cfg Config) *engineDecoder {
@@ -131,6 +141,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		proj:      cfg.Profile.Projection(),
 		blockSize: int64(cfg.Context.BlockSize),
 		lora:      []byte(cfg.Context.Lora),
+		check:     cfg.Check,
 		events:    make([]engineEvent, 0, 64),
 		keys:      make([]uint64, 0, 1024),
 	}
@@ -143,6 +154,9 @@ func (d *engineDecoder) beginBatch() {
 
 // Decode implements Decoder.
 func (d *engineDecoder) Decode(payload []byte) Reason {
+	if d.check != nil {
+		d.payload = payload
+	}
 	return d.decode(d.rules.typ, payload, d)
 }
 
@@ -150,6 +164,7 @@ func (d *engineDecoder) Decode(payload []byte) Reason {
 func (d *engineDecoder) Forget() {
 	d.r.Reset(nil)
 	d.fields = engineFields{}
+	d.payload = nil
 }
 
 // Retract implements Decoder: the owner's entries in every engine tier go.
@@ -163,6 +178,7 @@ type engineFields struct {
 	reject       Reason
 	extraKeysLen int
 	v            values
+	spans        [numSpans]span
 }
 
 func (f *engineFields) fail(r Reason) {
@@ -204,6 +220,9 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	}
 	ev.off, ev.n = int32(off), int32(len(d.keys)-off)
 	d.validate(ev, f)
+	if ev.kind == evStored && ev.result == Applied && d.check != nil {
+		ev.bs, ev.spans = int32(f.v.ints[iBlockSize]), f.spans
+	}
 	if ev.result == Rejected {
 		d.keys = d.keys[:off]
 		ev.n = 0
@@ -211,8 +230,19 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	return nil
 }
 
-// readField reads one recognized value and type-checks it.
+// readField reads one recognized value and type-checks it, and notes where
+// the values a hash check reads again lie.
 func (d *engineDecoder) readField(r *msgp.Reader, id uint8, f *engineFields) error {
+	start := r.Pos()
+	err := d.readValue(r, id, f)
+	if sp := spanOf[id]; sp != noSpan && err == nil {
+		f.spans[sp] = span{int32(start), int32(r.Pos())}
+	}
+	return err
+}
+
+// readValue reads and type-checks the value of field id.
+func (d *engineDecoder) readValue(r *msgp.Reader, id uint8, f *engineFields) error {
 	k, err := r.Peek()
 	if err != nil {
 		return err
@@ -396,6 +426,11 @@ func (d *engineDecoder) Apply(rep Reporter) {
 		case evStored:
 			for _, k := range d.keys[ev.off : ev.off+ev.n] {
 				sink.Store(owner, ev.tier, k)
+			}
+			if d.check != nil {
+				if n := d.check.Sample(int(ev.n)); n > 0 {
+					d.checkStored(ev, n)
+				}
 			}
 		case evRemoved:
 			for _, k := range d.keys[ev.off : ev.off+ev.n] {

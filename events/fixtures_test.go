@@ -1,6 +1,8 @@
 package events
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -114,6 +116,7 @@ func TestFixturesDirect(t *testing.T) {
 			x.applyBatch(seq, payloadOf(t, f))
 			got := append(x.engine.take(), x.shared.take()...)
 			checkFixture(t, f, x, seq, envBefore, batchBefore, prior, got)
+			checkHashChecks(t, f, x)
 			if d, ok := x.dec.(*mooncakeDecoder); ok && f.Expect.Envelope != "reject" {
 				checkBindings(t, f, d)
 			}
@@ -128,5 +131,80 @@ func TestFixturesDirect(t *testing.T) {
 	}
 	if n < 90 {
 		t.Errorf("only %d payload fixtures found", n)
+	}
+}
+
+// hashChecks is what the hash check makes of each payload fixture with its
+// requires, {matches, mismatches}, every block checked; fixtures not listed
+// check nothing (rejected, ignored, removals, or a chain start whose extra
+// keys the event does not state). The mismatches are fixtures that pair a
+// salt, a LoRA name, bigram pairs or a partial page with a plain chain's
+// hash: they test decoding, and are exactly what an operator must hear of.
+var hashChecks = map[string][2]uint64{
+	"vllm_stored_gpu_2blocks":   {2, 0},
+	"vllm_stored_gpu_chained":   {2, 0}, // the second event's integer parent was verified by the first
+	"vllm_removed_gpu":          {2, 0}, // its requires
+	"vllm_all_cleared":          {2, 0}, // its requires
+	"vllm_dp_nil":               {1, 0},
+	"vllm_stored_bin_hashes":    {2, 0},
+	"vllm_stored_mla":           {1, 0},
+	"vllm_stored_newest_fields": {0, 1}, // a cache_salt in extra_keys, unsalted hash
+	"vllm_lora_stored":          {0, 1}, // a LoRA name, hash without it
+	"vllm_mixed_batch":          {2, 0},
+	"sglang_stored_gpu":         {1, 0},
+	"sglang_stored_cpu_pinned":  {2, 0},
+	"sglang_stored_disk":        {3, 0},
+	"sglang_stored_no_medium":   {1, 0},
+	"sglang_removed_gpu":        {1, 0}, // its requires
+	"sglang_removed_cpu_pinned": {2, 0}, // its requires
+	"sglang_cleared":            {6, 0}, // its requires
+	"sglang_epoch_topic":        {1, 0},
+	// a cache_salt, unsalted hash
+	"sglang_stored_salt_session_dp0": {0, 1},
+	// pairs hashed as a plain page (the registration is not bigram)
+	"sglang_stored_bigram_tokens": {0, 1},
+	// the last page's tokens under a full page's hash
+	"sglang_stored_partial_page": {0, 1},
+}
+
+// warnKeys are the fields a mismatch warning may carry: nothing derived
+// from token ids or salts.
+var warnKeys = map[string]bool{
+	"level": true, "service": true, "strategy": true, "algorithm": true, "block_size": true,
+	"chain_start": true, "likely_causes": true, "reproduced_with": true, "message": true,
+}
+
+// checkHashChecks compares an engine tester's hash-check counts and log
+// with hashChecks: one warning, naming the service, once anything
+// mismatched, and none otherwise.
+func checkHashChecks(t *testing.T, f *fxFixture, x *tester) {
+	t.Helper()
+	if x.check == nil {
+		return
+	}
+	mt, mm := x.check.Counts()
+	if got, want := [2]uint64{mt, mm}, hashChecks[f.ID]; got != want {
+		t.Errorf("hash checks {matches, mismatches} = %v, want %v", got, want)
+	}
+	lines := bytes.Split(bytes.TrimSpace(x.checkLog.Bytes()), []byte("\n"))
+	if x.checkLog.Len() == 0 {
+		lines = nil
+	}
+	if want := min(int(mm), 1); len(lines) != want {
+		t.Fatalf("%d hash-check log lines, want %d: %s", len(lines), want, x.checkLog)
+	}
+	for _, l := range lines {
+		var line map[string]any
+		if err := json.Unmarshal(l, &line); err != nil {
+			t.Fatal(err)
+		}
+		if line["level"] != "warn" || line["service"] != x.reg.InstanceID {
+			t.Errorf("warning %v", line)
+		}
+		for k := range line {
+			if !warnKeys[k] {
+				t.Errorf("warning carries %q: %s", k, l)
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/big"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/source"
@@ -261,6 +263,10 @@ type tester struct {
 	// and engine batches whose dp_rank is not the registration's.
 	envRejected, batchRejected int
 	lastEnvReason              Reason
+	// check is an engine registration's hash checker, which checks every
+	// block; checkLog holds its warnings.
+	check    *hashcheck.Checker
+	checkLog *bytes.Buffer
 }
 
 func testLogger(t testing.TB) zerolog.Logger {
@@ -301,6 +307,10 @@ func newTester(t testing.TB, m *fxManifest, regName string, also ...string) *tes
 		}
 	} else {
 		cfg.Engine = x.engine
+		x.checkLog = &bytes.Buffer{}
+		set := hashcheck.NewSet(hashcheck.Options{Warmup: 1 << 30, Logger: zerolog.New(x.checkLog)})
+		x.check = set.Add(reg.InstanceID, &cfg.Profile, reg.BlockSize, reg.LoraName)
+		cfg.Check = x.check
 	}
 	dec, err := New(cfg)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/replay"
@@ -25,6 +26,11 @@ type Config struct {
 	Lookup         events.LookupFunc // Mooncake: event context -> table
 	Logger         zerolog.Logger
 	Counters       *Counters // shared, may be nil; counts by source type and reason
+	// HashCheck, for vLLM and SGLang sources, is the service's hash
+	// checker: the decoder samples applied BlockStored events and checks
+	// their hashes against Profile. nil checks nothing. The subscriber's
+	// goroutine is its only user (its counts are atomic).
+	HashCheck *hashcheck.Checker
 	// WatchConnection makes Connected report the first TCP/IPC connection
 	// (through a socket monitor, two extra sockets until then); without it
 	// Connected only turns true with the first message.
