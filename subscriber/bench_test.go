@@ -8,9 +8,12 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
 )
 
 // benchBlocks is the number of blocks per BlockStored batch in the
@@ -84,6 +87,14 @@ func patchHashes(p []byte, offs []int, seq uint64) {
 	}
 }
 
+// benchChecker is the hash checker a service gets in production (default
+// sampling), so the benchmarks include the check's cost. The benchmark
+// hashes are not real digests: every sampled chain start mismatches, which
+// costs what a match does (one block hashed) and warns once, to nobody.
+func benchChecker(key string, p *hashing.Profile) *hashcheck.Checker {
+	return hashcheck.NewSet(hashcheck.Options{Logger: zerolog.Nop()}).Add(key, p, benchBlockSize, "")
+}
+
 type nopSink struct{}
 
 func (nopSink) Store(index.OwnerID, index.Tier, uint64)  {}
@@ -98,6 +109,7 @@ func BenchmarkDecodeVLLMBatch(b *testing.B) {
 	e.cfg.Context.BlockSize = benchBlockSize
 	e.cfg.Engine = nopSink{}
 	e.cfg.onEvent, e.cfg.onApply, e.cfg.Counters = nil, nil, NewCounters()
+	e.cfg.HashCheck = benchChecker(e.cfg.Key, &e.cfg.Profile)
 	s, err := newSubscriber(e.cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -145,6 +157,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	s, err := Start(Config{
 		Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint, Context: ctx,
 		Profile: prof, Engine: sink, Owner: owner, Logger: testLogger(b), Counters: counters,
+		HashCheck: benchChecker("bench|default|0", &prof),
 	})
 	if err != nil {
 		b.Fatal(err)
