@@ -262,7 +262,8 @@ func returnMemory() {
 }
 
 // staticKeys are the config file's registrations: readiness waits for
-// their connections, so only their subscribers watch for one.
+// their connections, so their subscribers always watch for one (others do
+// within subscriber.MaxOptionalMonitors, to report their state).
 func staticKeys(cfg *config.Config) map[registry.ServiceKey]bool {
 	keys := make(map[registry.ServiceKey]bool, len(cfg.Static))
 	for _, st := range cfg.Static {

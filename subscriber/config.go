@@ -31,9 +31,12 @@ type Config struct {
 	// their hashes against Profile. nil checks nothing. The subscriber's
 	// goroutine is its only user (its counts are atomic).
 	HashCheck *hashcheck.Checker
-	// WatchConnection makes Connected report the first TCP/IPC connection
-	// (through a socket monitor, two extra sockets until then); without it
-	// Connected only turns true with the first message.
+	// WatchConnection says readiness waits for this source: it always
+	// gets a connection monitor (two extra sockets until the first
+	// TCP/IPC connection), so Connected and State report the connection
+	// as soon as it is up. Other sources get one while fewer than
+	// MaxOptionalMonitors are held; beyond that Connected turns true with
+	// the first message.
 	WatchConnection bool
 	// OwnerRemovedAfterStop says the caller removes the engine owner, and
 	// with it every entry, right after Stop (the registry does, through

@@ -591,23 +591,84 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 	}
 }
 
-// TestStateConnectedBeforeFirstBatch: a watched source reports connected
-// once its connection is up, before any batch, as readiness does; the first
-// batch makes it live.
+// TestStateConnectedBeforeFirstBatch: a source reports connected once its
+// connection is up, before any batch, as readiness does, whether readiness
+// waits for it (a config-file service) or not (one registered at run
+// time); the first batch makes it live. Its monitor is retired with the
+// connection.
 func TestStateConnectedBeforeFirstBatch(t *testing.T) {
-	pub := newPublisher(t, "tcp://127.0.0.1:*")
-	e := vllmEnv(t, pub.endpoint, "")
-	e.cfg.WatchConnection = true
-	s := mustStart(t, e.cfg)
-	defer s.Stop()
-	waitFor(t, "connection", 10*time.Second, s.Connected)
-	if st := s.State(); st != Connected || st.String() != "connected" {
-		t.Fatalf("state %v after the connection came up, want connected", st)
+	for _, watch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("WatchConnection=%v", watch), func(t *testing.T) {
+			base := optionalMonitors.Load()
+			pub := newPublisher(t, "tcp://127.0.0.1:*")
+			e := vllmEnv(t, pub.endpoint, "")
+			e.cfg.WatchConnection = watch
+			s := mustStart(t, e.cfg)
+			defer s.Stop()
+			waitFor(t, "connection", 10*time.Second, s.Connected)
+			if st := s.State(); st != Connected || st.String() != "connected" {
+				t.Fatalf("state %v after the connection came up, want connected", st)
+			}
+			waitFor(t, "monitor slot returned", 10*time.Second, func() bool { return optionalMonitors.Load() == base })
+			pub.waitSubscribed()
+			pub.send(1, storedBatch([]uint64{11}, 4, 0))
+			waitSeq(t, s, 1)
+			if st := s.State(); st != Live {
+				t.Fatalf("state %v after the first batch, want live", st)
+			}
+		})
 	}
-	pub.waitSubscribed()
-	pub.send(1, storedBatch([]uint64{11}, 4, 0))
-	waitSeq(t, s, 1)
-	if st := s.State(); st != Live {
-		t.Fatalf("state %v after the first batch, want live", st)
+}
+
+// TestOptionalMonitorsBounded: with MaxOptionalMonitors held by sources
+// whose publishers are down, a further source registered at run time gets
+// no monitor (its descriptors stay within the budget) and reports connected
+// with its first batch, while one readiness waits for still gets one. Every
+// slot taken is given back, by connecting or by Stop.
+func TestOptionalMonitorsBounded(t *testing.T) {
+	base := optionalMonitors.Load()
+	down := make([]*Subscriber, 0, 3)
+	for i := range 3 {
+		e := vllmEnv(t, ipcEndpoint(t, fmt.Sprintf("down-%d", i)), "")
+		down = append(down, mustStart(t, e.cfg))
+	}
+	if got := optionalMonitors.Load(); got != base+3 {
+		t.Fatalf("%d optional monitors after three unconnected sources, want %d", got, base+3)
+	}
+	for _, s := range down {
+		s.Stop()
+	}
+	if got := optionalMonitors.Load(); got != base {
+		t.Fatalf("%d optional monitors after Stop, want %d", got, base)
+	}
+
+	// Fill the remaining slots as unreachable publishers would.
+	optionalMonitors.Add(MaxOptionalMonitors - base)
+	defer optionalMonitors.Add(base - MaxOptionalMonitors)
+	for _, watch := range []bool{false, true} {
+		pub := newPublisher(t, "tcp://127.0.0.1:*")
+		e := vllmEnv(t, pub.endpoint, "")
+		e.cfg.WatchConnection = watch
+		s := mustStart(t, e.cfg)
+		pub.waitSubscribed() // the connection is up
+		if watch {
+			waitFor(t, "connection", 10*time.Second, s.Connected)
+		} else {
+			if s.mon != nil || s.monSlot {
+				t.Fatal("a source beyond the bound has a monitor")
+			}
+			if st := s.State(); st != Connecting {
+				t.Fatalf("state %v without a monitor or a batch, want connecting", st)
+			}
+			pub.send(1, storedBatch([]uint64{11}, 4, 0))
+			waitSeq(t, s, 1)
+			if !s.Connected() || s.State() != Live {
+				t.Fatalf("after the first batch: connected %v, state %v", s.Connected(), s.State())
+			}
+		}
+		s.Stop()
+		if got := optionalMonitors.Load(); got != MaxOptionalMonitors {
+			t.Fatalf("WatchConnection=%v: %d optional monitors, want %d", watch, got, MaxOptionalMonitors)
+		}
 	}
 }

@@ -40,11 +40,26 @@ var stopEndpointSeq atomic.Uint64
 
 // SocketsPerSource is the most ZMQ sockets one subscription holds at once:
 // the SUB, the stop pair's receiving end (its sending end exists only
-// while Stop runs), the replay DEALER (during recovery), and for sources
-// readiness waits on, the connection monitor and libzmq's end of it (until
-// the first connection). An idle source holds two sockets, i.e. two
-// descriptors plus its TCP connection.
+// while Stop runs), the replay DEALER (during recovery), and the connection
+// monitor and libzmq's end of it (until the first connection). An idle,
+// connected source holds two sockets, i.e. two descriptors plus its TCP
+// connection.
 const SocketsPerSource = 6
+
+// MaxOptionalMonitors bounds the connection monitors held at once by
+// sources that watch their connection only to report it (the registry's
+// state, sources registered at run time) rather than for readiness
+// (Config.WatchConnection, the config file's). A monitor lives only until
+// its source's first connection, so the bound matters only when many
+// publishers stay unreachable: without it, 4,096 such sources would hold
+// five descriptors each instead of three, beyond the budget the README's
+// limits give. 1,024 monitors are 2,048 descriptors, a half of that
+// budget's headroom; a source started beyond the bound reports connected
+// with its first batch instead.
+const MaxOptionalMonitors = 1024
+
+// optionalMonitors counts the monitors held under MaxOptionalMonitors.
+var optionalMonitors atomic.Int32
 
 // Subscriber consumes one registered publisher. All sequence state and all
 // index writes belong to its goroutine, so no locks guard them; the exported
@@ -69,6 +84,7 @@ type Subscriber struct {
 	// Owned by the run goroutine.
 	sub       *zmq.Socket
 	mon       *zmq.Socket // connection monitor, closed once connected
+	monSlot   bool        // mon holds one of the optional monitors' slots
 	stopRx    *zmq.Socket
 	poller    *zmq.Poller
 	replay    *replay.Client
@@ -176,22 +192,26 @@ func (s *Subscriber) open() error {
 		return fmt.Errorf("subscribe to all topics: %w", err)
 	}
 	seq := stopEndpointSeq.Add(1)
-	if s.cfg.WatchConnection {
-		// Readiness needs to know when the TCP/IPC connection is up,
-		// which ZMQ only tells a socket monitor. It costs two sockets (and
-		// descriptors), so only sources that readiness waits for get one,
-		// and only until their first connection.
-		monName := fmt.Sprintf("inproc://conductor-subscriber-monitor-%d", seq)
-		if err := sub.Monitor(monName, zmq.EVENT_CONNECTED); err != nil {
-			return fmt.Errorf("monitor SUB socket: %w", err)
+	// Readiness and the reported state need to know when the TCP/IPC
+	// connection is up, which ZMQ only tells a socket monitor, and only
+	// of connections made after it is attached: so it is attached before
+	// Connect, and retired at the first connection. It costs two sockets
+	// (two descriptors) meanwhile; see optionalMonitors for the bound.
+	switch {
+	case s.cfg.WatchConnection:
+		if err := s.openMonitor(seq); err != nil {
+			return err
 		}
-		if s.mon, err = zmq.NewSocket(zmq.PAIR); err != nil {
-			return fmt.Errorf("create monitor socket: %w", err)
+	case optionalMonitors.Add(1) <= MaxOptionalMonitors:
+		s.monSlot = true
+		if err := s.openMonitor(seq); err != nil {
+			// The state then turns connected with the first batch,
+			// as it would beyond the bound.
+			s.log.Debug().Err(err).Msg("no connection monitor")
+			s.closeMonitor()
 		}
-		_ = s.mon.SetLinger(0)
-		if err := s.mon.Connect(monName); err != nil {
-			return fmt.Errorf("connect monitor socket: %w", err)
-		}
+	default:
+		optionalMonitors.Add(-1)
 	}
 	if err := sub.Connect(s.cfg.Endpoint); err != nil {
 		return fmt.Errorf("connect SUB socket to %s: %w", s.cfg.Endpoint, err)
@@ -205,6 +225,25 @@ func (s *Subscriber) open() error {
 	_ = s.stopRx.SetLinger(0)
 	if err := s.stopRx.Bind(s.stopName); err != nil {
 		return fmt.Errorf("bind stop socket: %w", err)
+	}
+	return nil
+}
+
+// openMonitor attaches a connection monitor to the SUB socket.
+func (s *Subscriber) openMonitor(seq uint64) error {
+	monName := fmt.Sprintf("inproc://conductor-subscriber-monitor-%d", seq)
+	if err := s.sub.Monitor(monName, zmq.EVENT_CONNECTED); err != nil {
+		return fmt.Errorf("monitor SUB socket: %w", err)
+	}
+	mon, err := zmq.NewSocket(zmq.PAIR)
+	if err != nil {
+		_ = s.sub.Monitor("", 0)
+		return fmt.Errorf("create monitor socket: %w", err)
+	}
+	s.mon = mon
+	_ = s.mon.SetLinger(0)
+	if err := s.mon.Connect(monName); err != nil {
+		return fmt.Errorf("connect monitor socket: %w", err)
 	}
 	return nil
 }
@@ -237,7 +276,8 @@ func (s *Subscriber) signalStop() {
 }
 
 func (s *Subscriber) closeSockets() {
-	for _, p := range []**zmq.Socket{&s.mon, &s.sub, &s.stopRx} {
+	s.closeMonitor()
+	for _, p := range []**zmq.Socket{&s.sub, &s.stopRx} {
 		if *p != nil {
 			_ = (*p).Close()
 			*p = nil
@@ -273,7 +313,7 @@ func (s *Subscriber) State() State {
 }
 
 // Connected reports whether the SUB socket has connected to the publisher
-// at least once (known only with Config.WatchConnection) or received
+// at least once (known through its connection monitor) or received
 // anything, which is what readiness waits for.
 func (s *Subscriber) Connected() bool { return s.connected.Load() || s.hasSeq.Load() }
 
@@ -377,9 +417,13 @@ func (s *Subscriber) onMonitor() {
 	}
 }
 
-// closeMonitor stops monitoring the SUB socket and closes the monitor's
-// socket; idempotent.
+// closeMonitor stops monitoring the SUB socket, closes the monitor's
+// socket and gives back its slot among the optional monitors; idempotent.
 func (s *Subscriber) closeMonitor() {
+	if s.monSlot {
+		s.monSlot = false
+		optionalMonitors.Add(-1)
+	}
 	if s.mon == nil {
 		return
 	}
