@@ -1,6 +1,8 @@
 package events
 
 import (
+	"slices"
+
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
@@ -137,7 +139,8 @@ func (d *engineDecoder) parentOf(sp span) hashcheck.Parent {
 }
 
 // tokensOf appends up to max token ids of the token_ids array at sp to dst,
-// [a, b] pairs flattened.
+// [a, b] pairs flattened. Plain ids are taken by msgp.DecodeTokenRun, the
+// rest (pairs, rare formats, the last few bytes) one element at a time.
 func (d *engineDecoder) tokensOf(sp span, dst []int32, max int) ([]int32, bool) {
 	r, ok := d.reader(sp)
 	if !ok {
@@ -147,38 +150,42 @@ func (d *engineDecoder) tokensOf(sp span, dst []int32, max int) ([]int32, bool) 
 	if err != nil {
 		return dst, false
 	}
-	word := func() bool {
-		u, neg, err := r.Integer()
-		if err != nil {
-			return false
+	b := d.payload[sp.off:sp.end]
+	p := r.Pos()
+	for i := 0; i < n && len(dst) < max; {
+		start := len(dst)
+		dst = slices.Grow(dst, min(n-i, max-start))[:start+min(n-i, max-start)]
+		var j int
+		p, j = msgp.DecodeTokenRun(b, p, dst, start)
+		dst = dst[:j]
+		if i += j - start; i == n || len(dst) >= max {
+			break
 		}
-		v, ok := msgp.Int64Range(u, neg)
-		dst = append(dst, int32(v))
-		return ok
-	}
-	for i := 0; i < n && len(dst) < max; i++ {
+		// One element the fast path left: an id, or a pair of ids.
+		r.Reset(b[p:])
 		k, err := r.Peek()
 		if err != nil {
 			return dst, false
 		}
-		switch k {
-		case msgp.Int:
-			if !word() {
+		words := 1
+		if k == msgp.Array {
+			if words, err = r.ArrayLen(); err != nil {
 				return dst, false
 			}
-		case msgp.Array:
-			m, err := r.ArrayLen()
+		}
+		for range words {
+			u, neg, err := r.Integer()
 			if err != nil {
 				return dst, false
 			}
-			for range m {
-				if !word() {
-					return dst, false
-				}
+			v, ok := msgp.Int64Range(u, neg)
+			if !ok || v != int64(int32(v)) {
+				return dst, false
 			}
-		default:
-			return dst, false
+			dst = append(dst, int32(v))
 		}
+		p += r.Pos()
+		i++
 	}
 	return dst, true
 }
