@@ -233,11 +233,13 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 // readField reads one recognized value and type-checks it, and notes where
 // the values a hash check reads again lie.
 func (d *engineDecoder) readField(r *msgp.Reader, id uint8, f *engineFields) error {
+	sp := spanOf[id]
+	if sp == noSpan || d.check == nil {
+		return d.readValue(r, id, f)
+	}
 	start := r.Pos()
 	err := d.readValue(r, id, f)
-	if sp := spanOf[id]; sp != noSpan && err == nil {
-		f.spans[sp] = span{int32(start), int32(r.Pos())}
-	}
+	f.spans[sp] = span{int32(start), int32(r.Pos())}
 	return err
 }
 

@@ -6,6 +6,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // The hash check on ingest (package hashcheck) needs an event's token ids,
@@ -74,26 +75,22 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 	if d.rules.tokenPairs {
 		words *= 2 // at most: a page of pairs, flattened
 	}
-	var ok bool
-	if h.tokens, ok = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words); !ok {
-		return
+	var okT, okD, okE bool
+	h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
+	h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
+	h.extras, okE = d.extrasOf(ev, h.extras[:0], n)
+	if okT && okD && okE {
+		e.Tokens = h.tokens
+		if len(h.digests) > 0 {
+			e.Digests = h.digests
+		}
+		if len(h.extras) > 0 {
+			e.Extras = h.extras
+		}
+		d.check.CheckEvent(e, n)
 	}
-	e.Tokens = h.tokens
-	if h.digests, ok = d.digestsOf(ev.spans[spHashes], h.digests[:0], n); !ok {
-		return
-	}
-	if len(h.digests) > 0 {
-		e.Digests = h.digests
-	}
-	if h.extras, ok = d.extrasOf(ev, h.extras[:0], n); !ok {
-		return
-	}
-	if len(h.extras) > 0 {
-		e.Extras = h.extras
-	}
-	d.check.CheckEvent(e, n)
-	// The digests and salts are views into the payload, which is about to
-	// be released.
+	// The digests are views into the payload, which is about to be
+	// released; the salts need not outlive the check either.
 	clear(h.digests)
 	clear(h.extras)
 	*e = hashcheck.Event{}
@@ -238,7 +235,7 @@ func (d *engineDecoder) digestsOf(sp span, dst [][]byte, n int) ([][]byte, bool)
 // registration's, "cache_salt" carries the salt, anything else is a key a
 // query cannot carry); without extra_keys dst stays empty (unknown).
 func (d *engineDecoder) extrasOf(ev *engineEvent, dst []hashcheck.Extras, n int) ([]hashcheck.Extras, bool) {
-	if d.rules.tokenPairs { // SGLang
+	if d.rules.typ == source.SGLang {
 		salt := ""
 		if r, ok := d.reader(ev.spans[spCacheSalt]); ok {
 			if k, _ := r.Peek(); k == msgp.Str {

@@ -153,6 +153,7 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	} else {
 		checkFixture(t, f, e, s, seq, prior, got, before, true)
 	}
+	checkHashMismatches(t, f, e)
 	s.Stop()
 	if st := s.State(); st != Stopped {
 		t.Errorf("state after Stop = %v", st)
@@ -166,5 +167,29 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 		if ops := all[len(all)-1]; ops.Kind != "clear" || ops.Mask != index.AllEngineTiers {
 			t.Errorf("Stop did not clear the engine owner: last op %v", ops)
 		}
+	}
+}
+
+// mismatchFixtures are the payload fixtures whose published hashes the
+// registered profile does not reproduce (a salt, a LoRA name, bigram pairs
+// or a partial page under a plain chain's hash: they test decoding). The
+// events package checks every fixture's exact counts; over ZMQ, every
+// engine fixture runs with a checker and exactly these mismatch.
+var mismatchFixtures = map[string]bool{
+	"vllm_stored_newest_fields":      true,
+	"vllm_lora_stored":               true,
+	"sglang_stored_salt_session_dp0": true,
+	"sglang_stored_salt_session":     true, // requires the dp0 fixture
+	"sglang_stored_bigram_tokens":    true,
+	"sglang_stored_partial_page":     true,
+}
+
+func checkHashMismatches(t *testing.T, f *fxFixture, e *env) {
+	t.Helper()
+	if e.check == nil {
+		return
+	}
+	if _, mm := e.check.Counts(); (mm > 0) != mismatchFixtures[f.ID] {
+		t.Errorf("%d hash-check mismatches; want some: %v", mm, mismatchFixtures[f.ID])
 	}
 }

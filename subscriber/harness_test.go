@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/source"
@@ -259,6 +260,7 @@ type env struct {
 	outcomes map[uint64][]events.Outcome
 	applied  []uint64
 	counters *Counters
+	check    *hashcheck.Checker // engine registrations: the service's hash checker
 }
 
 func (e *env) outcomesOf(seq uint64) []events.Outcome {
@@ -332,6 +334,8 @@ func newEnv(t testing.TB, m *fxManifest, regName string, also []string, endpoint
 		}
 	} else {
 		e.cfg.Engine = e.engine
+		e.check = hashcheck.NewSet(hashcheck.Options{Logger: testLogger(t)}).Add(e.cfg.Key, &prof, reg.BlockSize, reg.LoraName)
+		e.cfg.HashCheck = e.check
 	}
 	return e
 }
