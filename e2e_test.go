@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // These tests run the wired service as main does, with real ZMQ publishers
@@ -444,9 +445,13 @@ func TestReadinessFollowsStaticRegistrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
+	reg, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
 	if e != nil {
 		t.Fatal(e)
+	}
+	svc, err := registry.NewService(reg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, Static: []config.Static{{Name: "static-0", Service: svc}}}
 	a, err := newApp(cfg, zerolog.New(io.Discard))
@@ -495,9 +500,13 @@ func TestNewAppFailureLeavesNothingRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
+	reg, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
 	if e != nil {
 		t.Fatal(e)
+	}
+	svc, err := registry.NewService(reg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	cfg := &config.Config{Addr: "127.0.0.1", Port: taken.Addr().(*net.TCPAddr).Port,
 		Static: []config.Static{{Name: "static-0", Service: svc}}}

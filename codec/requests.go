@@ -2,15 +2,10 @@ package codec
 
 import (
 	"encoding/binary"
-	"errors"
 	"math"
-	"net"
-	"strconv"
-	"strings"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
-	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // Limits bound what one request may carry. They are enforced before
@@ -33,10 +28,11 @@ func DefaultLimits() Limits {
 }
 
 // DefaultTenant is what an empty or omitted tenant_id means.
-const DefaultTenant = "default"
+const DefaultTenant = registry.DefaultTenant
 
-// DecodeRegister's result is a registry.Service: the registry is the only
-// consumer and a second struct of the same fields would only drift.
+// DecodeRegister's result is a registry.Registration: the registry owns the
+// rules a registration must then pass (registry.NewService), and the config
+// file's registrations reach them without going through MessagePack.
 
 const (
 	regEndpoint = iota
@@ -52,17 +48,17 @@ const (
 	regCacheGroup
 )
 
-// DecodeRegister decodes and validates a /register body, including the hash
-// profile's resolution; on error nothing has been changed anywhere.
-func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
-	var r registry.Service
-	var typ string // parsed into r.Type by validateRegister
+// DecodeRegister decodes a /register body under its schema: field names,
+// types, presence and size limits. The registration rules (the type's
+// name, endpoints, the hash profile's resolution) are the registry's, in
+// registry.NewService.
+func DecodeRegister(body []byte, lim Limits) (registry.Registration, *Error) {
+	var r registry.Registration
 	c, n, e := open(body)
 	if e != nil {
 		return r, e
 	}
 	var seen fieldSet
-	var spec hashing.Spec
 	for i := 0; i < n; i++ {
 		k, e := c.key("")
 		if e != nil {
@@ -79,7 +75,7 @@ func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
 			}
 		case "type":
 			if e = seen.mark(regType, "type"); e == nil {
-				typ, e = c.str("type", lim.MaxIdentityBytes)
+				r.Type, e = c.str("type", lim.MaxIdentityBytes)
 			}
 		case "modelname":
 			if e = seen.mark(regModelName, "modelname"); e == nil {
@@ -109,7 +105,7 @@ func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
 			}
 		case "hash_profile":
 			if e = seen.mark(regHashProfile, "hash_profile"); e == nil {
-				spec, e = decodeSpec(&c, lim)
+				r.HashProfile, e = decodeSpec(&c, lim)
 			}
 		case "cache_group":
 			if e = seen.mark(regCacheGroup, "cache_group"); e == nil {
@@ -134,53 +130,7 @@ func DecodeRegister(body []byte, lim Limits) (registry.Service, *Error) {
 			return r, Errorf(Missing, req.field, "%s is required", req.field)
 		}
 	}
-	if r.TenantID == "" {
-		r.TenantID = DefaultTenant
-	}
-	if e := validateRegister(&r, typ, spec); e != nil {
-		return r, e
-	}
 	return r, nil
-}
-
-func validateRegister(r *registry.Service, typ string, spec hashing.Spec) *Error {
-	var ok bool
-	if r.Type, ok = source.Parse(typ); !ok {
-		return Errorf(InvalidValue, "type", "type must be vLLM, SGLang or Mooncake, got %q", typ)
-	}
-	if r.InstanceID == "" {
-		return Errorf(InvalidValue, "instance_id", "instance_id must not be empty")
-	}
-	if r.ModelName == "" {
-		return Errorf(InvalidValue, "modelname", "modelname must not be empty")
-	}
-	if err := ValidateEndpoint(r.Endpoint); err != nil {
-		return Errorf(InvalidValue, "endpoint", "endpoint %v", err)
-	}
-	if r.ReplayEndpoint != "" {
-		if err := ValidateEndpoint(r.ReplayEndpoint); err != nil {
-			return Errorf(InvalidValue, "replay_endpoint", "replay_endpoint %v", err)
-		}
-	}
-	if spec.Strategy == "vllm_v1" && spec.PythonHashSeed == nil {
-		return Errorf(Missing, "hash_profile.python_hash_seed", "python_hash_seed is required for strategy vllm_v1")
-	}
-	p, err := hashing.Resolve(spec)
-	if err != nil {
-		var pe *hashing.ProfileError
-		if errors.As(err, &pe) {
-			return Errorf(InvalidValue, "hash_profile."+pe.Member, "%s", pe.Msg)
-		}
-		return Errorf(InvalidValue, "hash_profile", "%v", err)
-	}
-	switch {
-	case r.Type == source.VLLM && p.Strategy != "vllm_v1":
-		return Errorf(InvalidValue, "hash_profile.strategy", "a vLLM publisher hashes with strategy vllm_v1, got %q", p.Strategy)
-	case r.Type == source.SGLang && p.Strategy == "vllm_v1":
-		return Errorf(InvalidValue, "hash_profile.strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
-	}
-	r.Profile = p
-	return nil
 }
 
 func blockSize(c *cursor) (int, *Error) {
@@ -274,39 +224,6 @@ func decodeSpec(c *cursor, lim Limits) (hashing.Spec, *Error) {
 		}
 	}
 	return s, nil
-}
-
-// ValidateEndpoint accepts the endpoints this service can connect a SUB or
-// DEALER socket to: tcp://host:port with a concrete host (the service never
-// binds, so wildcards are meaningless) and ipc://path.
-func ValidateEndpoint(ep string) error {
-	switch {
-	case strings.HasPrefix(ep, "tcp://"):
-		host, port, err := net.SplitHostPort(ep[len("tcp://"):])
-		if err != nil {
-			return errors.New("must be tcp://host:port or ipc://path")
-		}
-		if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
-			return errors.New("must name a reachable host, not a wildcard")
-		}
-		if strings.ContainsAny(host, "/ \t;") {
-			return errors.New("has an invalid host")
-		}
-		p, err := strconv.Atoi(port)
-		if err != nil || p < 1 || p > 65535 {
-			return errors.New("must have a port in 1..65535")
-		}
-		return nil
-	case strings.HasPrefix(ep, "ipc://"):
-		if len(ep) == len("ipc://") {
-			return errors.New("must have a path after ipc://")
-		}
-		if strings.ContainsRune(ep, 0) {
-			return errors.New("must not contain NUL")
-		}
-		return nil
-	}
-	return errors.New("must be tcp://host:port or ipc://path")
 }
 
 // UnregisterRequest is a validated /unregister body.

@@ -17,9 +17,8 @@ import (
 	"strings"
 
 	"github.com/rs/zerolog"
-	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -67,7 +66,7 @@ type Static struct {
 }
 
 // file is the JSON config file. kvevent_instance entries keep their raw
-// JSON so that they are validated by the very decoder /register uses.
+// JSON so that each is decoded strictly on its own (decodeStatic).
 type file struct {
 	HTTPServerPort  *int                       `json:"http_server_port"`
 	KVEventInstance map[string]json.RawMessage `json:"kvevent_instance"`
@@ -260,50 +259,70 @@ func (c *Config) readFile(path string) error {
 	return nil
 }
 
-// decodeStatic validates one static registration exactly as /register
-// would: the JSON is re-encoded as MessagePack (integers stay integers) and
-// fed to the same decoder.
-func decodeStatic(raw json.RawMessage) (registry.Service, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return registry.Service{}, err
-	}
-	body, err := msgpack.Marshal(toMsgpack(v))
-	if err != nil {
-		return registry.Service{}, err
-	}
-	svc, e := codec.DecodeRegister(body, codec.DefaultLimits())
-	if e != nil {
-		return registry.Service{}, e
-	}
-	return svc, nil
+// staticEntry is one kvevent_instance entry as the file spells it. Pointer
+// fields tell an omitted member from a zero one, so the members /register
+// requires are required here too.
+type staticEntry struct {
+	Endpoint       *string     `json:"endpoint"`
+	ReplayEndpoint string      `json:"replay_endpoint"`
+	Type           *string     `json:"type"`
+	ModelName      *string     `json:"modelname"`
+	LoraName       string      `json:"lora_name"`
+	TenantID       string      `json:"tenant_id"`
+	InstanceID     *string     `json:"instance_id"`
+	BlockSize      *int        `json:"block_size"`
+	DPRank         *int        `json:"dp_rank"`
+	CacheGroup     *int        `json:"cache_group"`
+	HashProfile    *staticSpec `json:"hash_profile"`
 }
 
-func toMsgpack(v any) any {
-	switch t := v.(type) {
-	case json.Number:
-		if i, err := t.Int64(); err == nil {
-			return i
-		}
-		if u, err := strconv.ParseUint(t.String(), 10, 64); err == nil {
-			return u
-		}
-		f, _ := t.Float64()
-		return f
-	case map[string]any:
-		for k, e := range t {
-			t[k] = toMsgpack(e)
-		}
-		return t
-	case []any:
-		for i, e := range t {
-			t[i] = toMsgpack(e)
-		}
-		return t
+type staticSpec struct {
+	Strategy        *string `json:"strategy"`
+	Algorithm       *string `json:"algorithm"`
+	IndexProjection *string `json:"index_projection"`
+	PythonHashSeed  *string `json:"python_hash_seed"`
+}
+
+// decodeStatic decodes one static registration strictly (unknown members
+// and wrong types are errors, required members must be present) and checks
+// it with the rules /register applies, registry.NewService.
+func decodeStatic(raw json.RawMessage) (registry.Service, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var e staticEntry
+	if err := dec.Decode(&e); err != nil {
+		return registry.Service{}, err
 	}
-	return v
+	if dec.More() {
+		return registry.Service{}, errors.New("trailing data after the registration")
+	}
+	for _, req := range []struct {
+		set  bool
+		name string
+	}{
+		{e.Endpoint != nil, "endpoint"}, {e.Type != nil, "type"}, {e.ModelName != nil, "modelname"},
+		{e.InstanceID != nil, "instance_id"}, {e.BlockSize != nil, "block_size"}, {e.DPRank != nil, "dp_rank"},
+		{e.HashProfile != nil, "hash_profile"},
+	} {
+		if !req.set {
+			return registry.Service{}, fmt.Errorf("%s is required", req.name)
+		}
+	}
+	hp := e.HashProfile
+	for _, req := range []struct {
+		set  bool
+		name string
+	}{{hp.Strategy != nil, "strategy"}, {hp.Algorithm != nil, "algorithm"}, {hp.IndexProjection != nil, "index_projection"}} {
+		if !req.set {
+			return registry.Service{}, fmt.Errorf("hash_profile.%s is required", req.name)
+		}
+	}
+	return registry.NewService(registry.Registration{
+		Endpoint: *e.Endpoint, ReplayEndpoint: e.ReplayEndpoint, Type: *e.Type, ModelName: *e.ModelName,
+		LoraName: e.LoraName, TenantID: e.TenantID, InstanceID: *e.InstanceID,
+		BlockSize: *e.BlockSize, DPRank: *e.DPRank, CacheGroup: e.CacheGroup,
+		HashProfile: hashing.Spec{Strategy: *hp.Strategy, Algorithm: *hp.Algorithm, IndexProjection: *hp.IndexProjection, PythonHashSeed: hp.PythonHashSeed},
+	})
 }
 
 // memoSize sets *bytes from a size in MiB; a memo of 0 MiB is disabled.

@@ -46,8 +46,12 @@ func TestLoad(t *testing.T) {
 		{name: "flag config path", args: []string{"--config", withPort}, env: map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}, port: 14000, level: zerolog.InfoLevel},
 		{name: "bad level", env: map[string]string{"CONDUCTOR_CONFIG_PATH": withPort, "CONDUCTOR_LOG_LEVEL": "LOUD"}, err: "invalid log level"},
 		{name: "bad json", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, `{`)}, err: "parse config"},
-		{name: "bad static registration names it", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"block_size": 16`, `"block_size": 0`, 1))}, err: `kvevent_instance "p0": invalid_value: block_size`},
-		{name: "static registration with unknown field", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"dp_rank": 0`, `"dp_rank": 0, "extra": 1`, 1))}, err: "unknown_field"},
+		{name: "bad static registration names it", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"block_size": 16`, `"block_size": 0`, 1))}, err: `kvevent_instance "p0": block_size: block_size must be positive`},
+		{name: "static registration with unknown field", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"dp_rank": 0`, `"dp_rank": 0, "extra": 1`, 1))}, err: `unknown field "extra"`},
+		{name: "static registration without a required member", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"dp_rank": 0,`, ``, 1))}, err: "dp_rank is required"},
+		{name: "static registration without a profile member", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"algorithm": "sha256_cbor", `, ``, 1))}, err: "hash_profile.algorithm is required"},
+		{name: "static registration breaking a profile rule", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"python_hash_seed": "0", `, ``, 1))}, err: "python_hash_seed is required for strategy vllm_v1"},
+		{name: "static registration with a string block size", env: map[string]string{"CONDUCTOR_CONFIG_PATH": writeFile(t, strings.Replace(static, `"block_size": 16`, `"block_size": "16"`, 1))}, err: "block_size"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

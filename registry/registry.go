@@ -106,6 +106,17 @@ type ConflictError struct{ Msg string }
 
 func (e *ConflictError) Error() string { return e.Msg }
 
+// SourceError is a registration whose event source could not be set up
+// (its endpoint passed the rules but a socket could not be made for it).
+type SourceError struct {
+	Key ServiceKey
+	Err error
+}
+
+func (e *SourceError) Error() string { return fmt.Sprintf("start source for %s: %v", e.Key, e.Err) }
+
+func (e *SourceError) Unwrap() error { return e.Err }
+
 // Errors the API maps to statuses.
 var (
 	ErrNotFound        = errors.New("service not found")
@@ -247,7 +258,7 @@ func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 	cs := r.contexts[svc.Context()]
 	src, err := r.opts.Start(svc, Binding{Table: cs.table, Owner: owner, Lookup: r.Lookup})
 	if err != nil {
-		return nil, fmt.Errorf("start source for %s: %w", svc.Key(), err)
+		return nil, &SourceError{Key: svc.Key(), Err: err}
 	}
 	return src, nil
 }

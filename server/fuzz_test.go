@@ -93,9 +93,9 @@ func mustDecode(t *testing.T, body []byte) registry.Service {
 }
 
 func codecDecodeRegister(body []byte) (registry.Service, error) {
-	svc, e := codec.DecodeRegister(body, codec.DefaultLimits())
+	reg, e := codec.DecodeRegister(body, codec.DefaultLimits())
 	if e != nil {
-		return svc, e
+		return registry.Service{}, e
 	}
-	return svc, nil
+	return registry.NewService(reg)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -72,8 +73,9 @@ const DefaultMaxConnsPerIP = 1024
 
 // Server serves the Conductor API.
 type Server struct {
-	opts Options
-	fs   *fasthttp.Server
+	opts  Options
+	query *query.Engine
+	fs    *fasthttp.Server
 }
 
 // New builds a Server; it does not listen until Serve.
@@ -99,7 +101,9 @@ func New(opts Options) *Server {
 	case opts.MaxConnsPerIP < 0:
 		opts.MaxConnsPerIP = 0
 	}
-	s := &Server{opts: opts}
+	s := &Server{opts: opts, query: query.New(query.Options{
+		Index: opts.Index, Limits: opts.Limits, Memo: opts.Memo, TokenMemo: opts.TokenMemo,
+	})}
 	s.fs = &fasthttp.Server{
 		Handler:                      s.Handle,
 		ErrorHandler:                 s.transportError,
@@ -130,20 +134,76 @@ func (s *Server) Serve(ln net.Listener) error { return s.fs.Serve(ln) }
 // connections.
 func (s *Server) Shutdown() error { return s.fs.Shutdown() }
 
-// apiError is what a handler returns instead of a body: a validation error
-// rendered as the contract's 400 body, or a service-level error rendered as
-// {error} with its status.
-type apiError struct {
-	status int
-	valid  *codec.Error
-	msg    string
+// A handler returns the response body or an error; writeError turns every
+// error into a status and an envelope in one place. The errors handlers
+// return are a closed set: validation errors (*codec.Error, also inside a
+// *query.Error), the registry's typed errors, and *httpError for what the
+// server itself refuses. Anything else is a 500.
+type handler func(s *Server, ctx *fasthttp.RequestCtx, out []byte) ([]byte, error)
+
+// errorKind is a refusal decided by the server itself, not by a request's
+// content.
+type errorKind uint8
+
+const (
+	errNotFound     errorKind = iota + 1 // 404: no such route
+	errMethod                            // 405: wrong method for the route
+	errUnauthorized                      // 401: bearer token missing or wrong
+	errUnavailable                       // 503: not ready
+	errInternal                          // 500: a handler failed
+)
+
+var kindStatus = [...]int{
+	errNotFound:     fasthttp.StatusNotFound,
+	errMethod:       fasthttp.StatusMethodNotAllowed,
+	errUnauthorized: fasthttp.StatusUnauthorized,
+	errUnavailable:  fasthttp.StatusServiceUnavailable,
+	errInternal:     fasthttp.StatusInternalServerError,
 }
 
-func validation(e *codec.Error) *apiError { return &apiError{status: 400, valid: e} }
+// httpError is rendered as the {error} envelope with its kind's status.
+type httpError struct {
+	kind errorKind
+	msg  string
+}
 
-func serviceError(status int, msg string) *apiError { return &apiError{status: status, msg: msg} }
+func (e *httpError) Error() string { return e.msg }
 
-type handler func(s *Server, ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError)
+// errorBody is the one mapping from a handler's error to a status and the
+// body the contract prescribes: 400 with {error, reason, field?, index?}
+// for validation and registration errors, {error} with the status for
+// everything else.
+func errorBody(out []byte, err error) (status int, body []byte) {
+	var (
+		ve *codec.Error
+		re *registry.RuleError
+		ce *registry.ConflictError
+		se *registry.SourceError
+		he *httpError
+	)
+	switch {
+	case errors.As(err, &ve):
+		return fasthttp.StatusBadRequest, codec.AppendError(out, ve)
+	case errors.As(err, &re):
+		reason := codec.InvalidValue
+		if re.Missing {
+			reason = codec.Missing
+		}
+		return fasthttp.StatusBadRequest, codec.AppendError(out, &codec.Error{Reason: reason, Field: re.Field, Index: codec.NoIndex, Msg: re.Msg})
+	case errors.As(err, &ce):
+		return fasthttp.StatusBadRequest, codec.AppendError(out, codec.Errorf(codec.InvalidRegistration, "", "%s", ce.Msg))
+	case errors.Is(err, registry.ErrTooManyServices):
+		return fasthttp.StatusBadRequest, codec.AppendError(out, codec.Errorf(codec.OutOfRange, "", "the service limit is reached"))
+	case errors.As(err, &se):
+		// The endpoint passed the rules but no source could be set up.
+		return fasthttp.StatusBadRequest, codec.AppendError(out, codec.Errorf(codec.InvalidValue, "endpoint", "cannot subscribe to endpoint: %v", err))
+	case errors.Is(err, registry.ErrNotFound):
+		return fasthttp.StatusNotFound, codec.AppendMessage(out, err.Error())
+	case errors.As(err, &he):
+		return kindStatus[he.kind], codec.AppendMessage(out, he.msg)
+	}
+	return fasthttp.StatusInternalServerError, codec.AppendMessage(out, err.Error())
+}
 
 type route struct {
 	method  string
@@ -155,7 +215,7 @@ type route struct {
 var routes = map[string]route{
 	"/register":    {fasthttp.MethodPost, true, (*Server).register, true},
 	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister, true},
-	"/query":       {fasthttp.MethodPost, true, (*Server).query, false},
+	"/query":       {fasthttp.MethodPost, true, (*Server).lookup, false},
 	"/services":    {fasthttp.MethodGet, false, (*Server).services, false},
 	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView, false},
 	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz, false},
@@ -174,17 +234,12 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	bp := bufPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	out, apiErr := s.dispatch(ctx, out)
+	out, err := s.dispatch(ctx, out)
 	status := fasthttp.StatusOK
-	if apiErr != nil {
-		status = apiErr.status
-		if apiErr.valid != nil {
-			out = codec.AppendError(out[:0], apiErr.valid)
-		} else {
-			out = codec.AppendMessage(out[:0], apiErr.msg)
-		}
+	if err != nil {
+		status, out = errorBody(out[:0], err)
 		if status >= 500 {
-			s.opts.Logger.Error().Str("path", string(ctx.Path())).Str("error", apiErr.msg).Msg("request failed")
+			s.opts.Logger.Error().Str("path", string(ctx.Path())).Str("error", err.Error()).Msg("request failed")
 		}
 	}
 	ctx.SetStatusCode(status)
@@ -205,27 +260,27 @@ func (s *Server) observe(path string, status int, start time.Time) {
 	s.opts.Observer.ObserveRequest(path, status, time.Since(start))
 }
 
-func (s *Server) dispatch(ctx *fasthttp.RequestCtx, out []byte) (res []byte, apiErr *apiError) {
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, out []byte) (res []byte, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.opts.Logger.Error().Interface("panic", r).Str("path", string(ctx.Path())).Msg("handler panicked")
-			res, apiErr = nil, serviceError(fasthttp.StatusInternalServerError, "internal error")
+			res, err = nil, &httpError{errInternal, "internal error"}
 		}
 	}()
 	rt, ok := routes[string(ctx.Path())]
 	if !ok {
-		return nil, serviceError(fasthttp.StatusNotFound, "not found: "+string(ctx.Path()))
+		return nil, &httpError{errNotFound, "not found: " + string(ctx.Path())}
 	}
 	if string(ctx.Method()) != rt.method {
 		ctx.Response.Header.Set("Allow", rt.method)
-		return nil, serviceError(fasthttp.StatusMethodNotAllowed, "method not allowed; use "+rt.method)
+		return nil, &httpError{errMethod, "method not allowed; use " + rt.method}
 	}
 	if rt.mutates && s.opts.AuthToken != "" && !s.authorized(ctx) {
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="conductor"`)
-		return nil, serviceError(fasthttp.StatusUnauthorized, "a valid bearer token is required")
+		return nil, &httpError{errUnauthorized, "a valid bearer token is required"}
 	}
 	if rt.msgpack && !isMsgpack(ctx.Request.Header.ContentType()) {
-		return nil, validation(codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack"))
+		return nil, codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack")
 	}
 	return rt.h(s, ctx, out)
 }
@@ -276,95 +331,67 @@ func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetBody(codec.AppendMessage(nil, msg))
 }
 
-func (s *Server) register(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
-	svc, e := codec.DecodeRegister(ctx.PostBody(), s.opts.Limits)
+func (s *Server) register(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
+	reg, e := codec.DecodeRegister(ctx.PostBody(), s.opts.Limits)
 	if e != nil {
-		return nil, validation(e)
+		return nil, e
+	}
+	svc, err := registry.NewService(reg)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := s.opts.Registry.Register(svc); err != nil {
-		var ce *registry.ConflictError
-		switch {
-		case errors.As(err, &ce):
-			return nil, validation(codec.Errorf(codec.InvalidRegistration, "", "%s", ce.Msg))
-		case errors.Is(err, registry.ErrTooManyServices):
-			return nil, validation(codec.Errorf(codec.OutOfRange, "", "the service limit is reached"))
-		default:
-			// The endpoint passed syntax checks but the source could not
-			// be set up for it.
-			return nil, validation(codec.Errorf(codec.InvalidValue, "endpoint", "cannot subscribe to endpoint: %v", err))
-		}
+		return nil, err
 	}
 	return codec.AppendRegistered(out, svc.InstanceID), nil
 }
 
-func (s *Server) unregister(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+func (s *Server) unregister(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	req, e := codec.DecodeUnregister(ctx.PostBody(), s.opts.Limits)
 	if e != nil {
-		return nil, validation(e)
+		return nil, e
 	}
 	key := registry.KeyOf(req.InstanceID, req.TenantID, req.DPRank)
 	if err := s.opts.Registry.Unregister(key); err != nil {
-		if errors.Is(err, registry.ErrNotFound) {
-			return nil, serviceError(fasthttp.StatusNotFound, "service not found: "+string(key))
-		}
-		return nil, serviceError(fasthttp.StatusInternalServerError, err.Error())
+		return nil, err
 	}
 	return codec.AppendUnregistered(out, key), nil
 }
 
-// queryState is pooled so a /query allocates nothing once warm: the token
-// buffer and the result slices are reused.
-type queryState struct {
-	req codec.QueryRequest
-	res index.QueryResult
+// resultPool keeps lookup results, whose slices a warm /query reuses.
+var resultPool = sync.Pool{New: func() any { return new(query.Result) }}
+
+func (s *Server) lookup(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
+	res := resultPool.Get().(*query.Result)
+	defer resultPool.Put(res)
+	if err := s.query.LookupBody(ctx.PostBody(), res); err != nil {
+		return nil, err
+	}
+	return codec.AppendQuery(out, res), nil
 }
 
-var queryPool = sync.Pool{New: func() any { return new(queryState) }}
-
-func (s *Server) query(ctx *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
-	q := queryPool.Get().(*queryState)
-	defer queryPool.Put(q)
-	if e := s.opts.TokenMemo.DecodeQuery(ctx.PostBody(), s.opts.Limits, &q.req); e != nil {
-		return nil, validation(e)
-	}
-	r := &q.req
-	q.res.Instances = q.res.Instances[:0]
-	tbl := s.opts.Index.Table(index.ContextKey{Tenant: r.TenantID, Model: r.Model, Lora: r.LoraName, BlockSize: r.BlockSize})
-	if tbl != nil {
-		s.opts.TokenMemo.Remember(r)
-		ch := hashing.AcquireChain()
-		ch.Reset(tbl.Profile(), r.BlockSize, r.Tokens, r.LoraName, r.CacheSalt)
-		if r.TokensShared() {
-			ch.KeepTokens() // the prefix memo need not copy them
-		}
-		ch.UseMemo(s.opts.Memo)
-		tbl.Query(ch, r.InstanceID, &q.res)
-		hashing.ReleaseChain(ch)
-	}
-	return codec.AppendQuery(out, &q.res), nil
-}
-
-func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendServices(out, s.opts.Registry.Services()), nil
 }
 
-func (s *Server) globalView(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+func (s *Server) globalView(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendGlobalView(out, s.opts.Registry.Contexts()), nil
 }
 
-func (s *Server) healthz(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+func (s *Server) healthz(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendStatus(out, "ok", -1), nil
 }
 
-// readyz is 200 once every static registration has connected; until then,
-// 503 with the same body, so orchestrators hold traffic back.
-func (s *Server) readyz(_ *fasthttp.RequestCtx, out []byte) ([]byte, *apiError) {
+// readyz is 200 with {status: ready, stale_sources} once every static
+// registration has connected; until then 503 with an {error} body, so
+// orchestrators hold traffic back.
+func (s *Server) readyz(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	ready, stale := true, 0
 	if s.opts.Ready != nil {
 		ready, stale = s.opts.Ready()
 	}
 	if !ready {
-		return nil, serviceError(fasthttp.StatusServiceUnavailable, "static registrations are not connected yet")
+		return nil, &httpError{errUnavailable, "static registrations are not connected yet"}
 	}
 	return codec.AppendStatus(out, "ready", stale), nil
 }
