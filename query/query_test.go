@@ -64,7 +64,9 @@ func body(t *testing.T, m map[string]any) []byte {
 	return b
 }
 
-func counts(dev int) index.TierCounts { return index.TierCounts{Device: dev, CPULocal: dev, CPUShare: dev, Disk: dev} }
+func counts(dev int) index.TierCounts {
+	return index.TierCounts{Device: dev, CPULocal: dev, CPUShare: dev, Disk: dev}
+}
 
 // TestLookupAndBodyAgree checks that the decoded-tokens door and the body
 // door give the same per-owner answer, with and without the memos, cold
