@@ -20,6 +20,8 @@
 //     bitset per cumulative tier.
 package index
 
+import "cmp"
+
 // Tier is one of the contract's four storage tiers, in cumulative order.
 type Tier uint8
 
@@ -50,6 +52,13 @@ type ContextKey struct {
 	Model     string
 	Lora      string
 	BlockSize int
+}
+
+// Compare orders contexts by tenant, model, LoRA name and block size: the
+// one order every listing of contexts (/global_view, metrics) uses.
+func (k ContextKey) Compare(o ContextKey) int {
+	return cmp.Or(cmp.Compare(k.Tenant, o.Tenant), cmp.Compare(k.Model, o.Model),
+		cmp.Compare(k.Lora, o.Lora), cmp.Compare(k.BlockSize, o.BlockSize))
 }
 
 // OwnerID is an engine owner (instance, dp_rank) interned within a table.

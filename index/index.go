@@ -1,7 +1,6 @@
 package index
 
 import (
-	"cmp"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -107,18 +106,13 @@ func (ix *Index) DropTable(ctx ContextKey) {
 	}
 }
 
-// Tables returns a snapshot of all tables sorted by (Tenant, Model, Lora,
-// BlockSize), the order /global_view reports them in.
+// Tables returns a snapshot of all tables in ContextKey.Compare order.
 func (ix *Index) Tables() []*Table {
 	m := *ix.tables.Load()
 	out := make([]*Table, 0, len(m))
 	for _, t := range m {
 		out = append(out, t)
 	}
-	slices.SortFunc(out, func(a, b *Table) int {
-		x, y := a.ctx, b.ctx
-		return cmp.Or(cmp.Compare(x.Tenant, y.Tenant), cmp.Compare(x.Model, y.Model),
-			cmp.Compare(x.Lora, y.Lora), cmp.Compare(x.BlockSize, y.BlockSize))
-	})
+	slices.SortFunc(out, func(a, b *Table) int { return a.ctx.Compare(b.ctx) })
 	return out
 }

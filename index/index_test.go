@@ -2,9 +2,11 @@ package index
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -836,5 +838,28 @@ func TestBackgroundRemovalThenDrop(t *testing.T) {
 	ix.Settle()
 	if got := tb2.PrefixCount(); got != 0 {
 		t.Fatalf("%d blocks left in the second table", got)
+	}
+}
+
+// TestContextKeyCompare: tenant first, then model, LoRA and block size,
+// and numerically on block size (16 before 128).
+func TestContextKeyCompare(t *testing.T) {
+	keys := []ContextKey{
+		{Tenant: "b", Model: "a"},
+		{Tenant: "a", Model: "b", BlockSize: 16},
+		{Tenant: "a", Model: "a", Lora: "z", BlockSize: 16},
+		{Tenant: "a", Model: "b", BlockSize: 128},
+		{Tenant: "a", Model: "a", BlockSize: 16},
+	}
+	slices.SortFunc(keys, ContextKey.Compare)
+	want := []ContextKey{
+		{Tenant: "a", Model: "a", BlockSize: 16},
+		{Tenant: "a", Model: "a", Lora: "z", BlockSize: 16},
+		{Tenant: "a", Model: "b", BlockSize: 16},
+		{Tenant: "a", Model: "b", BlockSize: 128},
+		{Tenant: "b", Model: "a"},
+	}
+	if diff := cmp.Diff(want, keys); diff != "" {
+		t.Errorf("order (-want +got):\n%s", diff)
 	}
 }

@@ -6,6 +6,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -369,8 +370,7 @@ type ContextView struct {
 	Instances map[string][]int
 }
 
-// Contexts lists registered contexts ordered by tenant, model, LoRA and
-// block size.
+// Contexts lists registered contexts in index.ContextKey.Compare order.
 func (r *Registry) Contexts() []ContextView {
 	r.mu.Lock()
 	out := make([]ContextView, 0, len(r.contexts))
@@ -378,19 +378,7 @@ func (r *Registry) Contexts() []ContextView {
 		out = append(out, ContextView{Context: k, Profile: cs.profile, PrefixCount: cs.table.PrefixCount(), Instances: cs.table.Instances()})
 	}
 	r.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		a, b := out[i].Context, out[j].Context
-		if a.Tenant != b.Tenant {
-			return a.Tenant < b.Tenant
-		}
-		if a.Model != b.Model {
-			return a.Model < b.Model
-		}
-		if a.Lora != b.Lora {
-			return a.Lora < b.Lora
-		}
-		return a.BlockSize < b.BlockSize
-	})
+	slices.SortFunc(out, func(a, b ContextView) int { return a.Context.Compare(b.Context) })
 	return out
 }
 
