@@ -1,7 +1,7 @@
 package index
 
 import (
-	"os"
+	"fmt"
 	"runtime"
 	"syscall"
 	"testing"
@@ -20,56 +20,66 @@ func threadCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// TestWalkCPUTime reports the walk's CPU time per block (hashing excluded)
-// for a fully matched 512-block prompt, best of five rounds. It only
-// reports; run it with INDEX_CPU=1 -v.
-func TestWalkCPUTime(t *testing.T) {
-	if os.Getenv("INDEX_CPU") == "" {
-		t.Skip("set INDEX_CPU=1 to measure walk CPU time per block")
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	const blocks, rounds, queries = 512, 5, 2000
+// BenchmarkWalkCPUTime reports the walk's thread CPU time per block
+// (hashing excluded) for a fully matched 512-block prompt, by owner count,
+// as the metric cpu-ns/block beside the wall-clock ns/op.
+func BenchmarkWalkCPUTime(b *testing.B) {
+	const blocks = 512
 	for _, sh := range [][2]int{{1, 1}, {1, 8}, {8, 1}, {8, 2}, {8, 8}, {64, 1}, {64, 2}, {64, 8}} {
-		tb, c := walkTable(nil, sh[0], sh[1], blocks, func(int) int { return blocks })
-		var res QueryResult
-		best := time.Duration(1<<63 - 1)
-		for range rounds {
+		b.Run(fmt.Sprintf("inst=%d/ranks=%d", sh[0], sh[1]), func(b *testing.B) {
+			tb, c := walkTable(b, sh[0], sh[1], blocks, func(int) int { return blocks })
+			var res QueryResult
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			t0 := threadCPU()
-			for range queries {
+			for b.Loop() {
 				c.reset()
 				tb.Query(c, "", &res)
 			}
-			best = min(best, threadCPU()-t0)
-		}
-		t.Logf("%2d instances x %d ranks: %6.1f ns/block", sh[0], sh[1], float64(best.Nanoseconds())/queries/blocks)
+			b.ReportMetric(float64((threadCPU()-t0).Nanoseconds())/float64(b.N*blocks), "cpu-ns/block")
+		})
 	}
 }
 
-// TestStoreCPUTime reports Store's CPU time per call: inserting 1M new keys
-// for one owner, re-asserting them, and a store/remove churn at 1M live.
-// Run it with INDEX_CPU=1 -v.
-func TestStoreCPUTime(t *testing.T) {
-	if os.Getenv("INDEX_CPU") == "" {
-		t.Skip("set INDEX_CPU=1 to measure Store CPU time")
+// BenchmarkStoreCPUTime reports Store's thread CPU time per call: inserting
+// new keys for one owner, re-asserting existing ones, a store/remove churn,
+// and a shared reference to a new key.
+func BenchmarkStoreCPUTime(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		prep func(tb *Table, id OwnerID, n int) // untimed
+		op   func(tb *Table, id OwnerID, i int)
+	}{
+		{"new", nil, func(tb *Table, id OwnerID, i int) { tb.Store(id, Device, benchKey(i)) }},
+		{"existing", func(tb *Table, id OwnerID, n int) {
+			for i := range n {
+				tb.Store(id, Device, benchKey(i))
+			}
+		}, func(tb *Table, id OwnerID, i int) { tb.Store(id, Device, benchKey(i)) }},
+		{"churn", func(tb *Table, id OwnerID, n int) {
+			for i := range n {
+				tb.Store(id, Device, benchKey(i))
+			}
+		}, func(tb *Table, id OwnerID, i int) {
+			tb.Store(id, Device, benchKey(1<<30+i))
+			tb.Remove(id, Device, benchKey(i))
+		}},
+		{"shared-new", nil, func(tb *Table, _ OwnerID, i int) { tb.AcquireShared(CPUShare, benchKey(i)) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+			id := tb.AddEngineOwner("a", 0)
+			if tc.prep != nil {
+				tc.prep(tb, id, b.N)
+			}
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ResetTimer()
+			t0 := threadCPU()
+			for i := range b.N {
+				tc.op(tb, id, i)
+			}
+			b.ReportMetric(float64((threadCPU()-t0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	const n = 1 << 20
-	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
-	id := tb.AddEngineOwner("a", 0)
-	measure := func(name string, f func(i int)) {
-		t0 := threadCPU()
-		for i := range n {
-			f(i)
-		}
-		t.Logf("%-28s %6.1f ns/op", name, float64((threadCPU()-t0).Nanoseconds())/n)
-	}
-	measure("Store new key (to 1M)", func(i int) { tb.Store(id, Device, benchKey(i)) })
-	measure("Store existing key", func(i int) { tb.Store(id, Device, benchKey(i)) })
-	measure("Store+Remove churn at 1M", func(i int) {
-		tb.Store(id, Device, benchKey(n+i))
-		tb.Remove(id, Device, benchKey(i))
-	})
-	measure("AcquireShared new key", func(i int) { tb.AcquireShared(CPUShare, benchKey(3*n+i)) })
 }
