@@ -138,7 +138,12 @@ type contextState struct {
 }
 
 // Registry is safe for concurrent use. Register and Unregister serialize on
-// one mutex; queries never take it.
+// one mutex; queries never take it. A source is stopped with the mutex
+// released (stopping waits for its goroutine, which may take a while), so
+// listings, readiness and scrapes do not queue behind it; while a service
+// is stopping its key is marked in stopping, and a Register or Unregister
+// of that key, or a Register naming its endpoint, waits for the stop to
+// finish and then decides on the state it left.
 type Registry struct {
 	opts Options
 
@@ -146,6 +151,9 @@ type Registry struct {
 	services  map[ServiceKey]*entry
 	endpoints map[string]ServiceKey
 	contexts  map[index.ContextKey]*contextState
+	// stopping holds, per key whose source is being stopped outside mu,
+	// a channel closed when the stop is over and its effects are applied.
+	stopping map[ServiceKey]chan struct{}
 
 	// bound maps contexts that have at least one engine registration to
 	// their table. It has its own lock because sources read it from their
@@ -167,6 +175,7 @@ func New(opts Options) *Registry {
 		services:  make(map[ServiceKey]*entry),
 		endpoints: make(map[string]ServiceKey),
 		contexts:  make(map[index.ContextKey]*contextState),
+		stopping:  make(map[ServiceKey]chan struct{}),
 		bound:     make(map[index.ContextKey]*index.Table),
 	}
 }
@@ -187,6 +196,16 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 	key := svc.Key()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for {
+		done := r.stopping[key]
+		if other, ok := r.endpoints[svc.Endpoint]; ok && done == nil {
+			done = r.stopping[other]
+		}
+		if done == nil {
+			break
+		}
+		r.waitLocked(done)
+	}
 
 	if old, ok := r.services[key]; ok {
 		if !sameConfig(&old.svc, &svc) {
@@ -195,15 +214,7 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 		if old.source == nil || !old.source.Stale() {
 			return false, nil
 		}
-		old.source.Stop() // it retracted its blocks when it went stale
-		src, err := r.start(old.svc, old.owner)
-		if err != nil {
-			old.source = nil
-			return false, err
-		}
-		old.source = src
-		r.opts.Logger.Info().Str("service", string(key)).Msg("stale service restarted by re-registration")
-		return true, nil
+		return r.restart(key, old)
 	}
 	if other, ok := r.endpoints[svc.Endpoint]; ok {
 		return false, &ConflictError{Msg: fmt.Sprintf("endpoint %s is already used by service %s", svc.Endpoint, other)}
@@ -252,6 +263,36 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 	return true, nil
 }
 
+// waitLocked waits, with mu released, until done is closed.
+func (r *Registry) waitLocked(done <-chan struct{}) {
+	r.mu.Unlock()
+	<-done
+	r.mu.Lock()
+}
+
+// restart replaces a stale service's source; the caller holds mu, which is
+// released while the old source stops (it retracted its blocks when it went
+// stale) and the key is marked stopping meanwhile.
+func (r *Registry) restart(key ServiceKey, e *entry) (bool, error) {
+	done := make(chan struct{})
+	r.stopping[key] = done
+	defer func() {
+		delete(r.stopping, key)
+		close(done)
+	}()
+	r.mu.Unlock()
+	e.source.Stop()
+	r.mu.Lock()
+	src, err := r.start(e.svc, e.owner)
+	if err != nil {
+		e.source = nil
+		return false, err
+	}
+	e.source = src
+	r.opts.Logger.Info().Str("service", string(key)).Msg("stale service restarted by re-registration")
+	return true, nil
+}
+
 func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 	if r.opts.Start == nil {
 		return nil, nil
@@ -265,10 +306,14 @@ func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 }
 
 // Unregister stops the service's source, removes everything it contributed
-// and forgets the context when its last service goes.
+// and forgets the context when its last service goes. The service leaves
+// listings at once; the source is stopped with the registry unlocked.
 func (r *Registry) Unregister(key ServiceKey) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	for r.stopping[key] != nil {
+		r.waitLocked(r.stopping[key])
+	}
 	e, ok := r.services[key]
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFound, key)
@@ -283,10 +328,12 @@ func (r *Registry) Unregister(key ServiceKey) error {
 }
 
 // remove forgets a registration and returns how long stopping its source and
-// clearing its index entries took.
+// clearing its index entries took. The caller holds mu, which is released
+// while the source stops; the key is marked stopping meanwhile and keeps its
+// endpoint, so neither can be registered again before the old socket is
+// closed and the old owner is gone from the index.
 func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) {
 	delete(r.services, key)
-	delete(r.endpoints, e.svc.Endpoint)
 	ctxKey := e.svc.Context()
 	cs := r.contexts[ctxKey]
 	if e.svc.IsEngine() {
@@ -299,9 +346,18 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 	}
 	t0 := time.Now()
 	if e.source != nil {
+		done := make(chan struct{})
+		r.stopping[key] = done
+		defer func() {
+			delete(r.stopping, key)
+			close(done)
+		}()
+		r.mu.Unlock()
 		e.source.Stop()
+		r.mu.Lock()
 	}
 	t1 := time.Now()
+	delete(r.endpoints, e.svc.Endpoint)
 	if e.svc.IsEngine() {
 		cs.table.RemoveEngineOwner(e.owner)
 	}
@@ -320,9 +376,13 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 // Close unregisters every service, stopping all sources.
 func (r *Registry) Close() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	for key, e := range r.services {
-		r.remove(key, e)
+	keys := make([]ServiceKey, 0, len(r.services))
+	for key := range r.services {
+		keys = append(keys, key)
+	}
+	r.mu.Unlock()
+	for _, key := range keys {
+		_ = r.Unregister(key) // one unregistered meanwhile is gone already
 	}
 }
 
