@@ -183,37 +183,51 @@ func (t *Table) walk(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
 	}
 }
 
+// smallWalk is walkSmall's state, which its two parts (walkReady and
+// walkKeys) take in turn: the reported owners (the snapshot's slot map and
+// the span lo, lo+un), the alive set per tier, the tokens matched so far
+// and the holder memo.
+type smallWalk struct {
+	bySlot []uint64
+	lo     int
+	un     uint
+	sc     *queryScratch
+	alive  [numTiers]uint64
+	total  int
+	hm     holderMemo
+}
+
 // walkSmall is walk for at most 64 reported owners, the common case: the
 // alive and holder sets live in registers instead of scratch slices.
 func (t *Table) walkSmall(v *ownerView, chain Chain, lo, n int, sc *queryScratch) {
-	bySlot, un := v.bySlot, uint(n)
-	alive := [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}
-	total, more := 0, true
-	var hm holderMemo
+	w := smallWalk{bySlot: v.bySlot, lo: lo, un: uint(n), sc: sc,
+		alive: [numTiers]uint64{sc.alive[Device][0], sc.alive[CPULocal][0], sc.alive[CPUShare][0], sc.alive[Disk][0]}}
+	more := true
 	// A memo-served prefix goes in batches; once it is used up (Ready 0)
 	// it stays so, and the rest is walked key by key.
 	if rc, _ := chain.(ReadyChain); rc != nil {
-		for r := rc.Ready(); r > 0 && more && alive[Disk] != 0; r = rc.Ready() {
-			total, more = t.walkReady(v, chain, min(r, maxReadyBatch), lo, un, sc, &alive, total, &hm)
+		for r := rc.Ready(); r > 0 && more && w.alive[Disk] != 0; r = rc.Ready() {
+			more = t.walkReady(&w, chain, min(r, maxReadyBatch))
 		}
 	}
-	if more && alive[Disk] != 0 {
-		total = t.walkKeys(chain, bySlot, lo, un, sc, &alive, total, &hm)
+	if more && w.alive[Disk] != 0 {
+		t.walkKeys(&w, chain)
 	}
-	for tier, a := range alive {
+	for tier, a := range w.alive {
 		for ; a != 0; a &= a - 1 {
-			sc.cnt[bits.TrailingZeros64(a)][tier] = total
+			sc.cnt[bits.TrailingZeros64(a)][tier] = w.total
 		}
 	}
 }
 
 // walkKeys is walkSmall's key-by-key part: it looks each block up and cuts
-// with its holders, from total tokens on, and returns the tokens matched.
+// with its holders, from w.total tokens on, and adds the tokens matched.
 // It hashes one block ahead: the next block's SHA-256 runs while the slot
 // this block's lookup starts at is fetched from memory (prefetchSlot), so
 // on a table larger than the caches the miss costs little; a walk thus
 // advances the chain at most one block past the block that ends it.
-func (t *Table) walkKeys(chain Chain, bySlot []uint64, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64, total int, hm *holderMemo) int {
+func (t *Table) walkKeys(w *smallWalk, chain Chain) {
+	bySlot, lo, un, sc, alive, total, hm := w.bySlot, w.lo, w.un, w.sc, &w.alive, w.total, &w.hm
 	prev := noBlockHeld // the holder sets of the last block cut
 	key, covered, ok := chain.Next()
 	for ok && alive[Disk] != 0 {
@@ -239,17 +253,17 @@ func (t *Table) walkKeys(chain Chain, bySlot []uint64, lo int, un uint, sc *quer
 		total += covered
 		key, covered, ok = next, nextCovered, nextOK
 	}
-	return total
+	w.total = total
 }
 
 // walkReady is walkSmall's start for the n keys a ReadyChain has without
 // hashing: it takes them all, reads their blocks stripe by stripe (one read
 // lock per stripe touched instead of one per block, and lookups within a
 // stripe free to overlap their cache misses), then applies them in chain
-// order exactly as walkSmall would. It returns the tokens matched and
-// whether the walk may go on past the batch; total is what earlier blocks
-// matched.
-func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *queryScratch, alive *[numTiers]uint64, total int, hm *holderMemo) (int, bool) {
+// order exactly as walkSmall would. It adds the tokens matched to w.total
+// and reports whether the walk may go on past the batch.
+func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
+	bySlot, lo, un, sc, alive, hm := w.bySlot, w.lo, w.un, w.sc, &w.alive, &w.hm
 	r := &sc.ready
 	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
 	r.order, r.held = resize(r.order, n), resize(r.held, n)
@@ -274,7 +288,7 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 		r.order[r.start[si]] = int32(i)
 		r.start[si]++
 	}
-	bySlot, from := v.bySlot, 0
+	from := 0
 	for si := range t.stripes {
 		to := r.start[si]
 		if from == to {
@@ -297,21 +311,24 @@ func (t *Table) walkReady(v *ownerView, chain Chain, n, lo int, un uint, sc *que
 	// A block held exactly like the one before it cuts nobody: the alive
 	// sets are already within its holder sets. The blocks of a cached
 	// prompt mostly are, so the cut runs only where the holders change.
-	prev := noBlockHeld
+	prev, total := noBlockHeld, w.total
 	for i := range n {
 		if h := r.held[i]; h != prev {
 			if h[3]&readyFound == 0 {
-				return total, false
+				w.total = total
+				return false
 			}
 			sc.cutSmall(alive, h[0], h[1], h[2], uint8(h[3]), total)
 			prev = h
 		}
 		total += r.covs[i]
 		if alive[Disk] == 0 {
-			return total, false
+			w.total = total
+			return false
 		}
 	}
-	return total, !ended
+	w.total = total
+	return !ended
 }
 
 // cutSmall is walkSmall's per-block step: owners whose prefix in a tier
