@@ -26,9 +26,9 @@ const (
 const NoIndex = -1
 
 // Error is a validation failure, rendered as the contract's 400 body
-// {error, reason, field?, index?}. Field is the dotted path of the offending
-// member ("hash_profile.algorithm"); Index names the offending element of an
-// array field, or is NoIndex.
+// {error, reason, field?, index?}. Field names the offending member (a
+// member of hash_profile by its own name, "algorithm"); Index names the
+// offending element of an array field, or is NoIndex.
 type Error struct {
 	Reason Reason
 	Field  string

@@ -3,6 +3,7 @@ package codec
 import (
 	"encoding/binary"
 	"math"
+	"strings"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -172,7 +173,19 @@ const (
 	hpSeed
 )
 
+// decodeSpec decodes hash_profile. An error about one of its members
+// names the member itself in Field ("strategy", "root_digest"), as
+// upstream Conductor does, while the message keeps the dotted path for a
+// reader; an error about hash_profile as a whole names "hash_profile".
 func decodeSpec(c *cursor, lim Limits) (hashing.Spec, *Error) {
+	s, e := decodeSpecMembers(c, lim)
+	if e != nil && strings.HasPrefix(e.Field, "hash_profile.") {
+		e.Field = e.Field[len("hash_profile."):]
+	}
+	return s, e
+}
+
+func decodeSpecMembers(c *cursor, lim Limits) (hashing.Spec, *Error) {
 	var s hashing.Spec
 	if k := c.peek(); k != kindMap {
 		return s, Errorf(InvalidType, "hash_profile", "hash_profile must be a map, got %s", k)

@@ -111,7 +111,7 @@ func TestDecodeRegisterErrors(t *testing.T) {
 		{"not a map", pack(t, []int{1}), &errKey{InvalidType, "", NoIndex}},
 		{"non-string key", pack(t, map[int]int{1: 2}), &errKey{InvalidType, "", NoIndex}},
 		{"unknown field", pack(t, with(validRegister(), "extra", 1)), &errKey{UnknownField, "extra", NoIndex}},
-		{"root_digest is not input", pack(t, withProfile("root_digest", "00")), &errKey{UnknownField, "hash_profile.root_digest", NoIndex}},
+		{"root_digest is not input", pack(t, withProfile("root_digest", "00")), &errKey{UnknownField, "root_digest", NoIndex}},
 		{"zero block size", pack(t, with(validRegister(), "block_size", 0)), &errKey{InvalidValue, "block_size", NoIndex}},
 		{"negative block size", pack(t, with(validRegister(), "block_size", -16)), &errKey{InvalidValue, "block_size", NoIndex}},
 		{"huge block size", pack(t, with(validRegister(), "block_size", uint64(math.MaxUint64))), &errKey{OutOfRange, "block_size", NoIndex}},
@@ -124,8 +124,8 @@ func TestDecodeRegisterErrors(t *testing.T) {
 		{"long instance", pack(t, with(validRegister(), "instance_id", long)), &errKey{OutOfRange, "instance_id", NoIndex}},
 		{"long lora ok", pack(t, with(validRegister(), "lora_name", long)), nil},
 		{"too long lora", pack(t, with(validRegister(), "lora_name", strings.Repeat("l", 256<<10+1))), &errKey{OutOfRange, "lora_name", NoIndex}},
-		{"seed number", pack(t, withProfile("python_hash_seed", 0)), &errKey{InvalidType, "hash_profile.python_hash_seed", NoIndex}},
-		{"strategy missing", pack(t, withProfile("strategy", deleteField)), &errKey{Missing, "hash_profile.strategy", NoIndex}},
+		{"seed number", pack(t, withProfile("python_hash_seed", 0)), &errKey{InvalidType, "python_hash_seed", NoIndex}},
+		{"strategy missing", pack(t, withProfile("strategy", deleteField)), &errKey{Missing, "strategy", NoIndex}},
 		{"SGLang profile", pack(t, with(with(validRegister(), "type", "SGLang"), "hash_profile", map[string]any{"strategy": "sglang_bigram", "algorithm": "sha256_raw", "index_projection": "first64_be"})), nil},
 		{"duplicate key", []byte{0x82, 0xa4, 't', 'y', 'p', 'e', 0xa4, 'v', 'L', 'L', 'M', 0xa4, 't', 'y', 'p', 'e', 0xa4, 'v', 'L', 'L', 'M'}, &errKey{InvalidValue, "type", NoIndex}},
 	}
@@ -154,7 +154,7 @@ func TestDecodeRegisterErrors(t *testing.T) {
 			name string
 			body []byte
 			want *errKey
-		}{"wrong type hash_profile." + f, pack(t, withProfile(f, 7)), &errKey{InvalidType, "hash_profile." + f, NoIndex}})
+		}{"wrong type hash_profile." + f, pack(t, withProfile(f, 7)), &errKey{InvalidType, f, NoIndex}})
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -36,8 +36,9 @@ type Registration struct {
 }
 
 // RuleError is a registration that breaks one of the rules. Field names
-// the offending member by its dotted path ("hash_profile.strategy").
-// Missing marks a member the rules require in this combination
+// the offending member as a client wrote it; a member of hash_profile is
+// named by itself ("strategy", "python_hash_seed"), as upstream Conductor
+// names it. Missing marks a member the rules require in this combination
 // (python_hash_seed for vllm_v1); every other rule error is an invalid
 // value.
 type RuleError struct {
@@ -94,21 +95,21 @@ func NewService(r Registration) (Service, error) {
 	}
 	spec := r.HashProfile
 	if spec.Strategy == "vllm_v1" && spec.PythonHashSeed == nil {
-		return svc, &RuleError{Field: "hash_profile.python_hash_seed", Missing: true, Msg: "python_hash_seed is required for strategy vllm_v1"}
+		return svc, &RuleError{Field: "python_hash_seed", Missing: true, Msg: "python_hash_seed is required for strategy vllm_v1"}
 	}
 	p, err := hashing.Resolve(spec)
 	if err != nil {
 		var pe *hashing.ProfileError
 		if errors.As(err, &pe) {
-			return svc, &RuleError{Field: "hash_profile." + pe.Member, Msg: pe.Msg}
+			return svc, &RuleError{Field: pe.Member, Msg: pe.Msg}
 		}
 		return svc, ruleErrorf("hash_profile", "%v", err)
 	}
 	switch {
 	case svc.Type == source.VLLM && p.Strategy != "vllm_v1":
-		return svc, ruleErrorf("hash_profile.strategy", "a vLLM publisher hashes with strategy vllm_v1, got %q", p.Strategy)
+		return svc, ruleErrorf("strategy", "a vLLM publisher hashes with strategy vllm_v1, got %q", p.Strategy)
 	case svc.Type == source.SGLang && p.Strategy == "vllm_v1":
-		return svc, ruleErrorf("hash_profile.strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
+		return svc, ruleErrorf("strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
 	}
 	svc.Profile = p
 	return svc, nil

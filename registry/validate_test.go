@@ -42,16 +42,16 @@ func TestNewServiceRules(t *testing.T) {
 		{"ipc endpoint", func(r *registry.Registration) { r.Endpoint = "ipc:///tmp/x.sock" }, nil},
 		{"bad replay endpoint", func(r *registry.Registration) { r.ReplayEndpoint = "tcp://" }, &registry.RuleError{Field: "replay_endpoint"}},
 		{"empty replay endpoint", func(r *registry.Registration) { r.ReplayEndpoint = "" }, nil},
-		{"bad strategy", func(r *registry.Registration) { r.HashProfile.Strategy = "vllm_v2" }, &registry.RuleError{Field: "hash_profile.strategy"}},
-		{"bad algorithm", func(r *registry.Registration) { r.HashProfile.Algorithm = "md5" }, &registry.RuleError{Field: "hash_profile.algorithm"}},
-		{"bad projection", func(r *registry.Registration) { r.HashProfile.IndexProjection = "first64_be" }, &registry.RuleError{Field: "hash_profile.index_projection"}},
-		{"bad seed", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = str("-1") }, &registry.RuleError{Field: "hash_profile.python_hash_seed"}},
-		{"seed too large", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = str("4294967296") }, &registry.RuleError{Field: "hash_profile.python_hash_seed"}},
-		{"seed missing for vllm", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = nil }, &registry.RuleError{Field: "hash_profile.python_hash_seed", Missing: true}},
+		{"bad strategy", func(r *registry.Registration) { r.HashProfile.Strategy = "vllm_v2" }, &registry.RuleError{Field: "strategy"}},
+		{"bad algorithm", func(r *registry.Registration) { r.HashProfile.Algorithm = "md5" }, &registry.RuleError{Field: "algorithm"}},
+		{"bad projection", func(r *registry.Registration) { r.HashProfile.IndexProjection = "first64_be" }, &registry.RuleError{Field: "index_projection"}},
+		{"bad seed", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = str("-1") }, &registry.RuleError{Field: "python_hash_seed"}},
+		{"seed too large", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = str("4294967296") }, &registry.RuleError{Field: "python_hash_seed"}},
+		{"seed missing for vllm", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = nil }, &registry.RuleError{Field: "python_hash_seed", Missing: true}},
 		{"vLLM with sglang profile", func(r *registry.Registration) {
 			r.HashProfile = hashing.Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"}
-		}, &registry.RuleError{Field: "hash_profile.strategy"}},
-		{"SGLang with vllm profile", func(r *registry.Registration) { r.Type = "SGLang" }, &registry.RuleError{Field: "hash_profile.strategy"}},
+		}, &registry.RuleError{Field: "strategy"}},
+		{"SGLang with vllm profile", func(r *registry.Registration) { r.Type = "SGLang" }, &registry.RuleError{Field: "strategy"}},
 		{"SGLang profile", func(r *registry.Registration) {
 			r.Type = "SGLang"
 			r.HashProfile = hashing.Spec{Strategy: "sglang_bigram", Algorithm: "sha256_raw", IndexProjection: "first64_be"}
