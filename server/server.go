@@ -1,6 +1,7 @@
 // Package server is the HTTP front door: it routes the contract's five
 // endpoints, checks method and content type, and turns handler results and
-// typed errors into MessagePack responses.
+// typed errors into MessagePack responses (JSON for the read-only
+// endpoints when the client's Accept asks for it).
 package server
 
 import (
@@ -210,16 +211,19 @@ type route struct {
 	msgpack bool // requires a MessagePack body
 	h       handler
 	mutates bool // changes registrations; needs the bearer token when one is set
+	// json: the route answers JSON, success and errors alike, when the
+	// request's Accept prefers application/json (see wantsJSON).
+	json bool
 }
 
 var routes = map[string]route{
-	"/register":    {fasthttp.MethodPost, true, (*Server).register, true},
-	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister, true},
-	"/query":       {fasthttp.MethodPost, true, (*Server).lookup, false},
-	"/services":    {fasthttp.MethodGet, false, (*Server).services, false},
-	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView, false},
-	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz, false},
-	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz, false},
+	"/register":    {fasthttp.MethodPost, true, (*Server).register, true, false},
+	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister, true, false},
+	"/query":       {fasthttp.MethodPost, true, (*Server).lookup, false, false},
+	"/services":    {fasthttp.MethodGet, false, (*Server).services, false, true},
+	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView, false, true},
+	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz, false, true},
+	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz, false, true},
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -234,7 +238,8 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	bp := bufPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	out, err := s.dispatch(ctx, out)
+	rt, known := routes[string(ctx.Path())]
+	out, err := s.dispatch(ctx, rt, known, out)
 	status := fasthttp.StatusOK
 	if err != nil {
 		status, out = errorBody(out[:0], err)
@@ -243,8 +248,12 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	ctx.SetStatusCode(status)
-	ctx.SetContentType("application/msgpack")
-	ctx.SetBody(out)
+	if rt.json && wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
+		s.setJSON(ctx, out)
+	} else {
+		ctx.SetContentType("application/msgpack")
+		ctx.SetBody(out)
+	}
 	*bp = out
 	bufPool.Put(bp)
 	s.observe(string(ctx.Path()), status, start)
@@ -260,15 +269,14 @@ func (s *Server) observe(path string, status int, start time.Time) {
 	s.opts.Observer.ObserveRequest(path, status, time.Since(start))
 }
 
-func (s *Server) dispatch(ctx *fasthttp.RequestCtx, out []byte) (res []byte, err error) {
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, rt route, known bool, out []byte) (res []byte, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.opts.Logger.Error().Interface("panic", r).Str("path", string(ctx.Path())).Msg("handler panicked")
 			res, err = nil, &httpError{errInternal, "internal error"}
 		}
 	}()
-	rt, ok := routes[string(ctx.Path())]
-	if !ok {
+	if !known {
 		return nil, &httpError{errNotFound, "not found: " + string(ctx.Path())}
 	}
 	if string(ctx.Method()) != rt.method {
@@ -310,6 +318,39 @@ func isMsgpack(ct []byte) bool {
 		}
 	}
 	return false
+}
+
+// wantsJSON reports whether an Accept header asks for JSON before
+// MessagePack: the first of application/json and application/msgpack it
+// names wins (quality values are not weighed), and a header naming
+// neither, or no header, keeps MessagePack, the contract's encoding.
+func wantsJSON(accept []byte) bool {
+	for len(accept) > 0 {
+		var item []byte
+		item, accept, _ = bytes.Cut(accept, []byte(","))
+		mt, _, _ := bytes.Cut(item, []byte(";"))
+		mt = bytes.TrimSpace(mt)
+		switch {
+		case bytes.EqualFold(mt, []byte("application/json")):
+			return true
+		case bytes.EqualFold(mt, msgpackType):
+			return false
+		}
+	}
+	return false
+}
+
+// setJSON answers with the JSON form of the MessagePack body out.
+func (s *Server) setJSON(ctx *fasthttp.RequestCtx, out []byte) {
+	js, err := codec.AppendJSON(nil, out)
+	if err != nil {
+		// Only a bug in an encoder gets here: the body is ours.
+		s.opts.Logger.Error().Err(err).Str("path", string(ctx.Path())).Msg("response has no JSON form")
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		js = []byte(`{"error":"internal error"}`)
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(js)
 }
 
 // transportError answers requests fasthttp could not parse, including bodies
