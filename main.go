@@ -159,7 +159,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
 		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
-		Ready: func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
+		Ready:       func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
+		DebugRoutes: cfg.DebugRoutes,
 	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
 	return &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn}, nil

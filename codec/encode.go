@@ -2,6 +2,7 @@ package codec
 
 import (
 	"encoding/binary"
+	"math"
 	"slices"
 	"strconv"
 
@@ -80,6 +81,20 @@ func appendInt(b []byte, v int64) []byte {
 }
 
 func appendNil(b []byte) []byte { return append(b, 0xc0) }
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 0xc3)
+	}
+	return append(b, 0xc2)
+}
+
+func appendUint(b []byte, v uint64) []byte {
+	if v <= math.MaxInt64 {
+		return appendInt(b, int64(v))
+	}
+	return binary.BigEndian.AppendUint64(append(b, 0xcf), v)
+}
 
 // AppendError writes the contract's 400 body {error, reason, field?, index?}.
 func AppendError(b []byte, e *Error) []byte {
@@ -245,6 +260,49 @@ func AppendStatus(b []byte, status string, stale int) []byte {
 	b = appendStr(appendStr(appendMapLen(b, n), "status"), status)
 	if stale >= 0 {
 		b = appendInt(appendStr(b, "stale_sources"), int64(stale))
+	}
+	return b
+}
+
+// AppendExplain writes the /debug/explain body: whether the context is
+// known, each block (key, prompt tokens its end covers, whether it is
+// indexed, how many engine owners hold it, its shared tiers) and each
+// owner (instance, rank, the four cumulative counts /query reports, the
+// block its run stopped at and why).
+func AppendExplain(b []byte, known bool, blocks []index.ExplainedBlock, owners []index.OwnerRun) []byte {
+	b = appendMapLen(b, 3)
+	b = appendBool(appendStr(b, "context_known"), known)
+	b = appendArrayLen(appendStr(b, "blocks"), len(blocks))
+	for i := range blocks {
+		k := &blocks[i]
+		b = appendMapLen(b, 5)
+		b = appendUint(appendStr(b, "key"), k.Key)
+		b = appendInt(appendStr(b, "tokens"), int64(k.Tokens))
+		b = appendBool(appendStr(b, "indexed"), k.Indexed)
+		b = appendInt(appendStr(b, "engine_holders"), int64(k.EngineHolders))
+		n := 0
+		for _, t := range []index.Tier{index.CPUShare, index.Disk} {
+			if k.Shared&(1<<t) != 0 {
+				n++
+			}
+		}
+		b = appendArrayLen(appendStr(b, "shared"), n)
+		if k.Shared&(1<<index.CPUShare) != 0 {
+			b = appendStr(b, "cpu_share")
+		}
+		if k.Shared&(1<<index.Disk) != 0 {
+			b = appendStr(b, "disk")
+		}
+	}
+	b = appendArrayLen(appendStr(b, "owners"), len(owners))
+	for i := range owners {
+		o := &owners[i]
+		b = appendMapLen(b, 5)
+		b = appendStr(appendStr(b, "instance_id"), o.Instance)
+		b = appendInt(appendStr(b, "dp_rank"), int64(o.Rank))
+		b = appendTiers(appendMapLen(appendStr(b, "matched"), 4), o.Counts)
+		b = appendInt(appendStr(b, "stopped_at_block"), int64(o.StopBlock))
+		b = appendStr(appendStr(b, "reason"), o.Reason.String())
 	}
 	return b
 }

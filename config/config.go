@@ -53,6 +53,8 @@ type Config struct {
 	AuthToken string
 	// ShowVersion is --version: print the build and exit.
 	ShowVersion bool
+	// DebugRoutes enables the operator routes (POST /debug/explain).
+	DebugRoutes bool
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.
@@ -86,7 +88,9 @@ type flags struct {
 	tokenMemo *int
 	tokenFile *string
 	version   *bool
-	set       map[string]bool
+	// debugRoutes is --debug-routes.
+	debugRoutes *bool
+	set         map[string]bool
 }
 
 // newFlags declares the command line with the defaults the service really
@@ -105,6 +109,7 @@ func newFlags() *flags {
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
+	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
 	return f
 }
 
@@ -195,6 +200,14 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 	} else {
 		c.AuthToken = getenv("CONDUCTOR_AUTH_TOKEN")
+	}
+	c.DebugRoutes = *f.debugRoutes
+	if v := getenv("CONDUCTOR_DEBUG_ROUTES"); v != "" && !f.set["debug-routes"] {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("invalid CONDUCTOR_DEBUG_ROUTES %q: want 1, true, 0 or false", v)
+		}
+		c.DebugRoutes = on
 	}
 	return c, nil
 }

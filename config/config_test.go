@@ -214,3 +214,35 @@ func TestFlagDefaultsYield(t *testing.T) {
 		})
 	}
 }
+
+func TestDebugRoutes(t *testing.T) {
+	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	withEnv := func(v string) map[string]string {
+		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_DEBUG_ROUTES": v}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want bool
+		err  bool
+	}{
+		{"off by default", nil, base, false, false},
+		{"flag", []string{"--debug-routes"}, base, true, false},
+		{"env on", nil, withEnv("1"), true, false},
+		{"env off", nil, withEnv("false"), false, false},
+		{"flag beats env", []string{"--debug-routes"}, withEnv("0"), true, false},
+		{"explicit false beats env", []string{"--debug-routes=false"}, withEnv("1"), false, false},
+		{"bad env", nil, withEnv("yes please"), false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v", err)
+			}
+			if err == nil && c.DebugRoutes != tc.want {
+				t.Errorf("DebugRoutes %v, want %v", c.DebugRoutes, tc.want)
+			}
+		})
+	}
+}

@@ -264,6 +264,7 @@ func TestPropertyAgainstReference(t *testing.T) {
 				if c.calls != calls {
 					rt.Fatalf("chain advanced %d times, reference allows %d", c.calls, calls)
 				}
+				checkExplain(rt, tb, c.keys, c.cov, filter, want)
 			},
 			"": func(rt *rapid.T) {
 				if err := invariantErr(tb); err != nil {
@@ -414,6 +415,47 @@ func TestWideQueryAgainstReference(t *testing.T) {
 		want, decide := m.query(c.keys, c.cov, filter)
 		if calls := walkCalls(decide, len(c.keys), 0); !reflect.DeepEqual(res.Instances, want) || c.calls != calls {
 			t.Fatalf("filter %q: got %+v (%d calls)\nwant %+v (%d calls)", filter, res.Instances, c.calls, want, calls)
+		}
+	}
+}
+
+// checkExplain: Explain reports, per owner, the counts Query does, and a
+// stop block consistent with them: the disk count is the tokens before it,
+// and only a run reaching the end stops with PromptEnd.
+func checkExplain(rt *rapid.T, tb *Table, keys []uint64, cov []int, filter string, want []InstanceHits) {
+	ends := make([]int, len(keys))
+	total := 0
+	for i, c := range cov {
+		total += c
+		ends[i] = total
+	}
+	blocks, runs := tb.Explain(keys, ends, filter)
+	if len(blocks) != len(keys) {
+		rt.Fatalf("explain: %d blocks for %d keys", len(blocks), len(keys))
+	}
+	var wantRuns []OwnerRun
+	for _, in := range want {
+		for _, r := range in.Ranks {
+			wantRuns = append(wantRuns, OwnerRun{Instance: in.Instance, Rank: r.Rank, Counts: r.TierCounts})
+		}
+	}
+	if len(runs) != len(wantRuns) {
+		rt.Fatalf("explain: %d owners, query reports %d", len(runs), len(wantRuns))
+	}
+	for i, r := range runs {
+		w := wantRuns[i]
+		if r.Instance != w.Instance || r.Rank != w.Rank || r.Counts != w.Counts {
+			rt.Fatalf("explain owner %d: %+v, query says %+v", i, r, w)
+		}
+		before := 0
+		if r.StopBlock > 0 {
+			before = ends[r.StopBlock-1]
+		}
+		if r.Counts.Disk != before || (r.Reason == PromptEnd) != (r.StopBlock == len(keys)) {
+			rt.Fatalf("explain owner %d: stop %d (%v) with disk count %d", i, r.StopBlock, r.Reason, r.Counts.Disk)
+		}
+		if r.StopBlock < len(keys) && (r.Reason == KeyAbsent) == blocks[r.StopBlock].Indexed {
+			rt.Fatalf("explain owner %d: reason %v at a block indexed=%v", i, r.Reason, blocks[r.StopBlock].Indexed)
 		}
 	}
 }

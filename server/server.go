@@ -56,6 +56,9 @@ type Options struct {
 	// Ready reports readiness for GET /readyz: whether every static
 	// registration has connected, and how many sources are stale.
 	Ready func() (ready bool, staleSources int)
+	// DebugRoutes serves the operator routes (POST /debug/explain). Off
+	// by default: off, they answer 404 like any unknown path.
+	DebugRoutes bool
 }
 
 // Observer receives per-request measurements (metrics live outside this
@@ -226,6 +229,35 @@ var routes = map[string]route{
 	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz, false, true},
 }
 
+// debugRoutes are served only with Options.DebugRoutes. Explaining a
+// prompt is a separate route rather than a flag on /query so that /query's
+// contract response and its hot path stay exactly as they are whatever a
+// client sends, and so that a proxy can keep operators' routes apart by
+// path.
+var debugRoutes = map[string]route{
+	"/debug/explain": {fasthttp.MethodPost, true, (*Server).explain, false, true},
+}
+
+// route finds the route for path, debug routes included when enabled.
+func (s *Server) route(path []byte) (route, bool) {
+	if rt, ok := routes[string(path)]; ok {
+		return rt, true
+	}
+	if s.opts.DebugRoutes {
+		rt, ok := debugRoutes[string(path)]
+		return rt, ok
+	}
+	return route{}, false
+}
+
+func (s *Server) knownPath(path string) bool {
+	if _, ok := routes[path]; ok {
+		return true
+	}
+	_, ok := debugRoutes[path]
+	return ok && s.opts.DebugRoutes
+}
+
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
 // Handle is the fasthttp handler for every request.
@@ -238,7 +270,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	bp := bufPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	rt, known := routes[string(ctx.Path())]
+	rt, known := s.route(ctx.Path())
 	out, err := s.dispatch(ctx, rt, known, out)
 	status := fasthttp.StatusOK
 	if err != nil {
@@ -263,7 +295,7 @@ func (s *Server) observe(path string, status int, start time.Time) {
 	if s.opts.Observer == nil {
 		return
 	}
-	if _, known := routes[path]; !known && path != "/metrics" {
+	if !s.knownPath(path) && path != "/metrics" {
 		path = "other" // client-chosen paths must not become label values
 	}
 	s.opts.Observer.ObserveRequest(path, status, time.Since(start))
@@ -409,6 +441,16 @@ func (s *Server) lookup(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 		return nil, err
 	}
 	return codec.AppendQuery(out, res), nil
+}
+
+// explain answers POST /debug/explain: for the /query body given, the
+// block keys computed and, per owner, where its run stopped and why.
+func (s *Server) explain(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
+	x, err := s.query.ExplainBody(ctx.PostBody())
+	if err != nil {
+		return nil, err
+	}
+	return codec.AppendExplain(out, x.ContextKnown, x.Blocks, x.Owners), nil
 }
 
 func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
