@@ -138,7 +138,7 @@ func (s *Server) Serve(ln net.Listener) error { return s.fs.Serve(ln) }
 // connections.
 func (s *Server) Shutdown() error { return s.fs.Shutdown() }
 
-// A handler returns the response body or an error; writeError turns every
+// A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers
 // return are a closed set: validation errors (*codec.Error, also inside a
 // *query.Error), the registry's typed errors, and *httpError for what the
