@@ -117,7 +117,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
 	memReturn := bgjob.New(returnMemory, nil)
-	checks := hashcheck.NewSet(hashcheck.Options{Logger: log})
+	// A nil set (the check turned off) gives services no checker.
+	var checks *hashcheck.Set
+	if cfg.HashCheckEvery > 0 {
+		checks = hashcheck.NewSet(hashcheck.Options{Logger: log, Every: cfg.HashCheckEvery})
+	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
 		Start:  sourceFactory(log, counters, checks, staticKeys(cfg)),
@@ -198,7 +202,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
 		var chk *hashcheck.Checker
-		if svc.IsEngine() {
+		if svc.IsEngine() && checks != nil {
 			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
 		}
 		sub, err := subscriber.Start(subscriber.Config{

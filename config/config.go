@@ -31,6 +31,12 @@ const DefaultMemoMiB = 64
 // 8K-token arrays (packed bytes and decoded ids) as well.
 const DefaultTokenMemoMiB = 64
 
+// DefaultHashCheckEvery samples the ingest hash check at about one block in
+// 64 after a service's first blocks: a profile mismatch shows within the
+// first event or two, and the steady cost stays a few nanoseconds per
+// ingested block (see hashcheck).
+const DefaultHashCheckEvery = 64
+
 // DefaultPort is the contract's default http_server_port. A config file
 // without the key keeps it (upstream would bind port 0).
 const DefaultPort = 13333
@@ -55,6 +61,10 @@ type Config struct {
 	ShowVersion bool
 	// DebugRoutes enables the operator routes (POST /debug/explain).
 	DebugRoutes bool
+	// HashCheckEvery is the sampling of the ingest hash check: after a
+	// service's first blocks, about one block in this many is re-hashed
+	// under its profile (0 turns the check off).
+	HashCheckEvery int
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.
@@ -90,6 +100,7 @@ type flags struct {
 	version   *bool
 	// debugRoutes is --debug-routes.
 	debugRoutes *bool
+	hashCheck   *int
 	set         map[string]bool
 }
 
@@ -109,6 +120,7 @@ func newFlags() *flags {
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
+	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
 	return f
 }
@@ -150,7 +162,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if *f.version {
 		return &Config{ShowVersion: true}, nil
 	}
-	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20}
+	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery}
 
 	p := f.pick("config", *f.path, getenv("CONDUCTOR_CONFIG_PATH"))
 	if p != "" {
@@ -200,6 +212,13 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 	} else {
 		c.AuthToken = getenv("CONDUCTOR_AUTH_TOKEN")
+	}
+	if v := f.pick("hash-check-every", strconv.Itoa(*f.hashCheck), getenv("CONDUCTOR_HASH_CHECK_EVERY")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("invalid hash check sampling %q: want 0 (off) or a positive count of blocks", v)
+		}
+		c.HashCheckEvery = n
 	}
 	c.DebugRoutes = *f.debugRoutes
 	if v := getenv("CONDUCTOR_DEBUG_ROUTES"); v != "" && !f.set["debug-routes"] {

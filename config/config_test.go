@@ -177,9 +177,9 @@ func TestUsageShowsRealDefaults(t *testing.T) {
 	if strings.Contains(u, "default -1") {
 		t.Errorf("usage shows a sentinel default:\n%s", u)
 	}
-	// Every memo flag line carries the real default.
-	if n := strings.Count(u, "(default 64)"); n != 2 {
-		t.Errorf("%d flags show (default 64), want 2 (both memos)", n)
+	// Both memo flags and the hash-check sampling carry their real default.
+	if n := strings.Count(u, "(default 64)"); n != 3 {
+		t.Errorf("%d flags show (default 64), want 3 (both memos, hash check)", n)
 	}
 }
 
@@ -242,6 +242,38 @@ func TestDebugRoutes(t *testing.T) {
 			}
 			if err == nil && c.DebugRoutes != tc.want {
 				t.Errorf("DebugRoutes %v, want %v", c.DebugRoutes, tc.want)
+			}
+		})
+	}
+}
+
+func TestHashCheckEvery(t *testing.T) {
+	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	withEnv := func(v string) map[string]string {
+		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_CHECK_EVERY": v}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want int
+		err  bool
+	}{
+		{"default", nil, base, DefaultHashCheckEvery, false},
+		{"env", nil, withEnv("8"), 8, false},
+		{"env off", nil, withEnv("0"), 0, false},
+		{"flag beats env", []string{"--hash-check-every", "1"}, withEnv("8"), 1, false},
+		{"flag off", []string{"--hash-check-every=0"}, base, 0, false},
+		{"negative flag", []string{"--hash-check-every", "-1"}, base, 0, true},
+		{"bad env", nil, withEnv("often"), 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v", err)
+			}
+			if err == nil && c.HashCheckEvery != tc.want {
+				t.Errorf("HashCheckEvery %d, want %d", c.HashCheckEvery, tc.want)
 			}
 		})
 	}
