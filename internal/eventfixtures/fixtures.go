@@ -117,8 +117,8 @@ func fixtures() []F {
 		Payload: vBatch(vStored([]uint64{v1, v2}, nil, tok8)),
 		Expect:  ok(effects(store("device", vOwn, v1, v2)), "applied"), Producer: pVLLM, Topic: t(kvTop), Seq: 0})
 	add(F{ID: "vllm_stored_gpu_chained", Source: "vLLM", Reg: "vllm-a",
-		Payload: vBatch(vStored([]uint64{v1}, nil, tok4), vStored([]uint64{v2}, v1, vllmTokens[4:])),
-		Expect:  ok(effects(store("device", vOwn, v1), store("device", vOwn, v2)), "applied", "applied"),
+		Payload:  vBatch(vStored([]uint64{v1}, nil, tok4), vStored([]uint64{v2}, v1, vllmTokens[4:])),
+		Expect:   ok(effects(store("device", vOwn, v1), store("device", vOwn, v2)), "applied", "applied"),
 		Producer: pVLLM, Topic: t(kvTop), Seq: 1,
 		Note: "parent_block_hash of the 2nd event links it to the 1st; Conductor does not need the link (hashes are prefix hashes)."})
 	add(F{ID: "vllm_removed_gpu", Source: "vLLM", Reg: "vllm-a",
@@ -134,16 +134,16 @@ func fixtures() []F {
 		Expect:  ok(effects(store("device", vOwn, v1)), "applied"), Producer: pVLLM, Seq: 5,
 		Note: "nil data_parallel_rank skips the DP check"})
 	add(F{ID: "vllm_stored_cpu_medium", Source: "vLLM", Reg: "vllm-a",
-		Payload: vBatch(vStored([]uint64{v1}, nil, tok4, medium("CPU"))),
-		Expect:  ok(nil, "ignored: medium CPU is not gpu"),
+		Payload:  vBatch(vStored([]uint64{v1}, nil, tok4, medium("CPU"))),
+		Expect:   ok(nil, "ignored: medium CPU is not gpu"),
 		Producer: "vLLM CPU offloading block pool (MEDIUM_CPU)", Topic: t(kvTop), Seq: 6})
 	add(F{ID: "vllm_stored_ascend_connector_cpu", Source: "vLLM", Reg: "vllm-a",
-		Payload: vBatch(vStored([]uint64{v1}, nil, tok4, medium("cpu"), extraKeys(nil), groupIdx(nil), specKind(nil))),
-		Expect:  ok(nil, "ignored: medium cpu is not gpu"),
+		Payload:  vBatch(vStored([]uint64{v1}, nil, tok4, medium("cpu"), extraKeys(nil), groupIdx(nil), specKind(nil))),
+		Expect:   ok(nil, "ignored: medium cpu is not gpu"),
 		Producer: "vLLM-Ascend AscendStore connector take_events (medium='cpu')", Seq: 7})
 	add(F{ID: "vllm_stored_bin_hashes", Source: "vLLM", Reg: "vllm-a",
-		Payload: vBatch(vStored([]any{vllmDig[0][:], vllmDig[1][:]}, nil, tok8)),
-		Expect:  ok(effects(store("device", vOwn, v1, v2)), "applied"),
+		Payload:  vBatch(vStored([]any{vllmDig[0][:], vllmDig[1][:]}, nil, tok8)),
+		Expect:   ok(effects(store("device", vOwn, v1, v2)), "applied"),
 		Producer: "vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (32-byte bin hashes)", Topic: t(kvTop), Seq: 8,
 		Note: "projection: last 8 bytes big-endian == int mode values"})
 	add(F{ID: "vllm_stored_mla", Source: "vLLM", Reg: "vllm-a",
@@ -162,7 +162,7 @@ func fixtures() []F {
 			extraKeys([]any{[]any{m("type", "lora", "name", "sql-adapter")}}))),
 		Expect:   ok(effects(store("device", "engine vllm-lora|default|0", v1)), "applied"),
 		Producer: pVLLM, Seq: 0,
-		Note:     "V1 is the base-model hash; a real LoRA block hash differs. The fixture only exercises field validation."})
+		Note: "V1 is the base-model hash; a real LoRA block hash differs. The fixture only exercises field validation."})
 	add(F{ID: "vllm_lora_mismatch", Source: "vLLM", Reg: "vllm-a",
 		Payload: vBatch(vStored([]uint64{v1}, nil, tok4, loraID(1), loraName("sql-adapter"))),
 		Expect:  ok(nil, "rejected: lora_name conflicts with registration"), Producer: pVLLM, Seq: 11})
@@ -174,7 +174,7 @@ func fixtures() []F {
 		Expect: m("envelope", "accept", "batch", "reject", "reason", "data_parallel_rank 1 != registered 0",
 			"seq_advances", true, "effects", []any{}, "source_state", "stale"),
 		Producer: pVLLM, Seq: 13,
-		Note:     "whole batch rejected; upstream then marks the source stale (handler error). See events.md section 5."})
+		Note: "whole batch rejected; upstream then marks the source stale (handler error). See events.md section 5."})
 	add(F{ID: "vllm_mixed_batch", Source: "vLLM", Reg: "vllm-a",
 		Payload: vBatch(vStored([]uint64{v1}, nil, tok4),
 			vStored([]uint64{v2}, v1, vllmTokens[4:], groupIdx(1)),
@@ -218,7 +218,7 @@ func fixtures() []F {
 			[]any{"BlockRemoved", []uint64{v1}, "GPU"}, []any{"AllBlocksCleared"}),
 		Expect:   ok(nil, repeat("rejected: array-encoded event (map required)", 3)...),
 		Producer: "vLLM before PR #42892 (array_like tagged events, e.g. v0.11-v0.22)", Topic: t(kvTop), Seq: 200,
-		Note:     "envelope is valid, so the sequence advances with no index change; implementations should surface a diagnostic"})
+		Note: "envelope is valid, so the sequence advances with no index change; implementations should surface a diagnostic"})
 
 	// vLLM envelopes that are rejected whole.
 	ev1 := vStored([]uint64{v1}, nil, tok4)
@@ -287,13 +287,13 @@ func fixtures() []F {
 		Expect: m("envelope", "accept", "batch", "reject", "reason", "attn_dp_rank 1 != registered 0",
 			"seq_advances", true, "effects", []any{}, "source_state", "stale"),
 		Producer: pSGL, Seq: 7,
-		Note:     "also shows cache_salt/session_id keys; with dp 0 it would be applied (the hash on the wire is already salted)"})
+		Note: "also shows cache_salt/session_id keys; with dp 0 it would be applied (the hash on the wire is already salted)"})
 	add(F{ID: "sglang_stored_salt_session_dp0", Source: "SGLang", Reg: "sglang-a",
 		Payload: batch(vts, []any{sStored(s1, nil, stok4, saltSession)}, 0),
 		Expect:  ok(effects(store("device", sOwn, sU[0])), "applied"), Producer: pSGL, Seq: 8})
 	add(F{ID: "sglang_stored_bigram_tokens", Source: "SGLang", Reg: "sglang-a",
-		Payload: batch(vts, []any{sStored(s1, nil, []any{[]int64{11, 12}, []int64{12, 13}, []int64{13, 14}, []int64{14, 21}})}, 0),
-		Expect:  ok(effects(store("device", sOwn, sU[0])), "applied"),
+		Payload:  batch(vts, []any{sStored(s1, nil, []any{[]int64{11, 12}, []int64{12, 13}, []int64{13, 14}, []int64{14, 21}})}, 0),
+		Expect:   ok(effects(store("device", sOwn, sU[0])), "applied"),
 		Producer: "SGLang EAGLE/speculative (bigram token pairs)", Seq: 9,
 		Note: "hash value reused from the plain chain for brevity; token pairs are only type-checked"})
 	add(F{ID: "sglang_stored_partial_page", Source: "SGLang", Reg: "sglang-a",
@@ -322,8 +322,8 @@ func fixtures() []F {
 		Producer: "SGLang before PR #37482 (incl. 0.5.18 BlockStoredWithMetadata)", Seq: 15})
 	epoch := t("\x00sgl-kv-epoch=" + strings.Repeat("0f", 16))
 	add(F{ID: "sglang_epoch_topic", Source: "SGLang", Reg: "sglang-a",
-		Payload: batch(vts, []any{sStored(s1, nil, stok4)}, 0),
-		Expect:  ok(effects(store("device", sOwn, sU[0])), "applied"),
+		Payload:  batch(vts, []any{sStored(s1, nil, stok4)}, 0),
+		Expect:   ok(effects(store("device", sOwn, sU[0])), "applied"),
 		Producer: "SGLang with snapshot_endpoint configured (epoch in topic)", Topic: epoch, Seq: 16,
 		Note: "topic bytes are ignored"})
 	add(F{ID: "sglang_snapshot_barrier", Source: "SGLang", Reg: "sglang-a",
@@ -334,8 +334,8 @@ func fixtures() []F {
 	// Mooncake, vLLM keys
 	obj := func(key string) string { return mOwnA + " object=" + key }
 	add(F{ID: "mooncake_stored_vllm_cpu_disk", Source: "Mooncake", Reg: "pool-a-sub",
-		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", eventID: 1}), mEvent("stored", mo{key: kVLLM1, medium: "disk", eventID: 2})),
-		Expect:  ok(effects(store("cpu_share", obj(kVLLM1), v1), store("disk", obj(kVLLM1), v1)), "applied", "applied"),
+		Payload:  mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", eventID: 1}), mEvent("stored", mo{key: kVLLM1, medium: "disk", eventID: 2})),
+		Expect:   ok(effects(store("cpu_share", obj(kVLLM1), v1), store("disk", obj(kVLLM1), v1)), "applied", "applied"),
 		Producer: pMoon, Seq: 1,
 		Note: "one Put commit available on both media -> one event per medium, media sorted"})
 	add(F{ID: "mooncake_stored_vllm_block2_cpu", Source: "Mooncake", Reg: "pool-a-sub",
@@ -356,12 +356,12 @@ func fixtures() []F {
 		Expect: ok(effects(m("op", "clear_shared", "backend_id", "pool-a", "tenant_id", "default",
 			"tiers", []any{"cpu_share", "disk"})), "applied"), Producer: pMoon, Seq: 6})
 	add(F{ID: "mooncake_stored_no_legacy", Source: "Mooncake", Reg: "pool-a-sub",
-		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", noLegacy: true, eventID: 8})),
-		Expect:  ok(effects(store("cpu_share", obj(kVLLM1), v1)), "applied"),
+		Payload:  mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", noLegacy: true, eventID: 8})),
+		Expect:   ok(effects(store("cpu_share", obj(kVLLM1), v1)), "applied"),
 		Producer: "mooncake_master --kv_events_emit_legacy_compat=false", Seq: 7})
 	add(F{ID: "mooncake_stored_vllm_old_key", Source: "Mooncake", Reg: "pool-a-sub",
-		Payload: mBatch(mEvent("stored", mo{key: kVLLMOld, medium: "cpu", eventID: 9})),
-		Expect:  ok(effects(store("cpu_share", obj(kVLLMOld), v1)), "applied"),
+		Payload:  mBatch(mEvent("stored", mo{key: kVLLMOld, medium: "cpu", eventID: 9})),
+		Expect:   ok(effects(store("cpu_share", obj(kVLLMOld), v1)), "applied"),
 		Producer: pMoon + "; vLLM connector key without group:N", Seq: 8})
 	add(F{ID: "mooncake_stored_ascend", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kAsc, medium: "cpu", eventID: 10}),
@@ -377,7 +377,7 @@ func fixtures() []F {
 			"dcp_rank", 0, "pp_rank", 0, "seq_hashes", []uint64{v2}, "block_hashes", []uint64{v2})),
 		Expect:   ok(effects(store("cpu_share", obj(kVLLM2), v2)), "applied"),
 		Producer: "dev/conductor-era publisher (PR #2876) that parsed keys itself", Seq: 10,
-		Note:     "key order differs from that publisher; maps are order-insensitive"})
+		Note: "key order differs from that publisher; maps are order-insensitive"})
 	add(F{ID: "mooncake_bad_seq_hashes_conflict", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM2, medium: "cpu", eventID: 15}).with(
 			"seq_hashes", []uint64{v1}, "block_hashes", []uint64{v1})),
@@ -399,8 +399,8 @@ func fixtures() []F {
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", model: "other-model", eventID: 20})),
 		Expect:  ok(nil, "rejected: context (default, other-model, '', 4) not registered by an engine with this profile"), Producer: pMoon, Seq: 16})
 	add(F{ID: "mooncake_bad_block_size_nil", Source: "Mooncake", Reg: "pool-a-sub",
-		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", nilBlockSize: true, eventID: 21})),
-		Expect:  ok(nil, "rejected: block_size must be positive"),
+		Payload:  mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", nilBlockSize: true, eventID: 21})),
+		Expect:   ok(nil, "rejected: block_size must be positive"),
 		Producer: "mooncake_master started without --kv_events_block_size", Seq: 17})
 	add(F{ID: "mooncake_bad_ts_mismatch", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", ts: mts + 1, eventID: 22})),
@@ -427,8 +427,8 @@ func fixtures() []F {
 		"base_block_idx", 0, "parent_hash", nil, "token_ids", nil,
 		"parent_block_hash", nil)
 	add(F{ID: "mooncake_v0312_shape", Source: "Mooncake", Reg: "pool-a-sub",
-		Payload: mBatch(v0312),
-		Expect:  ok(nil, "rejected: dp_rank nil / model_name nil / block_size nil"),
+		Payload:  mBatch(v0312),
+		Expect:   ok(nil, "rejected: dp_rank nil / model_name nil / block_size nil"),
 		Producer: "mooncake_master v0.3.12.post1 (main @ 2026-08-22)", Seq: 23})
 	add(F{ID: "mooncake_env_ts_float", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: []any{1789095808.5, []any{mEvent("cleared", mo{})}, 0},
@@ -454,12 +454,12 @@ func fixtures() []F {
 		Payload: mBatch(mEvent("removed", mo{key: kSGV, medium: "cpu", group: sgGroup, backend: "pool-b", eventID: 4})),
 		Expect:  ok(effects(remove("cpu_share", logical(sgPrefix+sg1), sU[0])), "applied: last component removed"), Producer: pMoon, Seq: 3})
 	add(F{ID: "mooncake_sglang_mla_disk", Source: "Mooncake", Reg: "pool-b-sub",
-		Payload: mBatch(mEvent("stored", mo{key: kSGMLA, medium: "disk", backend: "pool-b", eventID: 5})),
-		Expect:  ok(effects(store("disk", logical(sg2), sU[1])), "applied"),
+		Payload:  mBatch(mEvent("stored", mo{key: kSGMLA, medium: "disk", backend: "pool-b", eventID: 5})),
+		Expect:   ok(effects(store("disk", logical(sg2), sU[1])), "applied"),
 		Producer: pMoon + "; MLA key without PP (double underscore)", Seq: 4})
 	add(F{ID: "mooncake_sglang_bad_warmup_key", Source: "Mooncake", Reg: "pool-b-sub",
-		Payload: mBatch(mEvent("stored", mo{key: kSGWarmup, medium: "cpu", backend: "pool-b", eventID: 6})),
-		Expect:  ok(nil, "rejected: no isolated 64-hex hash"),
+		Payload:  mBatch(mEvent("stored", mo{key: kSGWarmup, medium: "cpu", backend: "pool-b", eventID: 6})),
+		Expect:   ok(nil, "rejected: no isolated 64-hex hash"),
 		Producer: "SGLang MooncakeStore warmup object", Seq: 5})
 
 	// Transport: whole frame sets.
