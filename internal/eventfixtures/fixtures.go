@@ -174,7 +174,7 @@ func fixtures() []F {
 		Expect: m("envelope", "accept", "batch", "reject", "reason", "data_parallel_rank 1 != registered 0",
 			"seq_advances", true, "effects", []any{}, "source_state", "stale"),
 		Producer: pVLLM, Seq: 13,
-		Note: "whole batch rejected; upstream then marks the source stale (handler error). See events.md section 5."})
+		Note: "whole batch rejected and the source marked stale, as upstream does (docs/events.md#batch-dp-rank)."})
 	add(F{ID: "vllm_mixed_batch", Source: "vLLM", Reg: "vllm-a",
 		Payload: vBatch(vStored([]uint64{v1}, nil, tok4),
 			vStored([]uint64{v2}, v1, vllmTokens[4:], groupIdx(1)),
@@ -388,7 +388,7 @@ func fixtures() []F {
 	add(F{ID: "mooncake_group_label_in_key", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLMGroup1, medium: "cpu", eventID: 17})),
 		Expect: ok(effects(store("cpu_share", obj(kVLLMGroup1), v1)),
-			"applied by upstream parser (group:1 label not checked) - see events.md open question Q9"), Producer: pMoon, Seq: 13})
+			"applied: the group:1 label is not checked, as upstream does (docs/events.md#vllm-keys)"), Producer: pMoon, Seq: 13})
 	add(F{ID: "mooncake_medium_gpu", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "gpu", eventID: 18})),
 		Expect:  ok(nil, "ignored: medium gpu not a shared tier"), Producer: pMoon, Seq: 14})

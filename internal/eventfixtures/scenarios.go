@@ -61,7 +61,7 @@ func scenarios() []any {
 		m("id", "seq_regression_restart", "registration", "vllm-a",
 			"steps", []any{live("vllm_stored_gpu_2blocks", 57), live("vllm_stored_gpu_2blocks", 0),
 				expect("state", "stale", "reason", "sequence regression (publisher restart)")},
-			"note", "spec decision, see events.md 5.4 and open question Q6"),
+			"note", "conductor's decision (docs/events.md#regression)"),
 		m("id", "query_after_vllm_and_mooncake", "registrations", []any{"vllm-a", "pool-a-sub"},
 			"steps", []any{
 				liveOn("vllm_stored_gpu_chained", 0, "vllm-a"),
