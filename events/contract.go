@@ -116,9 +116,10 @@ type Outcome struct {
 // Result classifies an event outcome.
 type Result uint8
 
-// Event results (events.md §0.3): applied changed or confirmed index state;
-// ignored is well-formed but deliberately not indexed; rejected failed
-// validation; noop had nothing to act on (e.g. removing an unknown object).
+// Event results (docs/events.md#event-outcomes): applied changed or confirmed
+// index state; ignored is well-formed but deliberately not indexed; rejected
+// failed validation; noop had nothing to act on (e.g. removing an unknown
+// object).
 const (
 	Applied Result = iota
 	Ignored

@@ -215,8 +215,9 @@ func mcBatch(t *testing.T, events ...any) []byte {
 	return encode(t, []any{uint64(1000), events, 0})
 }
 
-// TestMooncakeBindings covers the binding-table rules of §4.8 that the
-// fixtures do not: conflicts, idempotence, assertions and in-batch order.
+// TestMooncakeBindings covers the binding-table rules of
+// docs/events.md#bindings that the fixtures do not: conflicts, idempotence,
+// assertions and in-batch order.
 func TestMooncakeBindings(t *testing.T) {
 	x := direct(t, "pool-a-sub", "vllm-a")
 	k1 := "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + d1

@@ -6,8 +6,8 @@
 // decode one payload completely (an envelope that is malformed anywhere is
 // rejected whole), then apply its events in order against the sinks the
 // decoder was built with, reporting each event as applied, ignored,
-// rejected or no-op with a Reason. The wire rules are those of
-// spec/events.md; the rule names in comments (§3.4, §4.8, …) refer to it.
+// rejected or no-op with a Reason. The wire rules are described in
+// docs/events.md; comments cite its sections (docs/events.md#bindings, …).
 //
 // Files: vllm.go and sglang.go hold what sets the two engine families apart
 // (their keys, key rules, hash forms and checks) as rules tables over the

@@ -21,7 +21,8 @@ const (
 	numEvKinds
 )
 
-// Engine event keys (§3.4, §3.5), the field ids of both engine families.
+// Engine event keys (docs/events.md#vllm-events,
+// docs/events.md#sglang-events), the field ids of both engine families.
 // A key is recognized only by the family whose table names it (vllm.go,
 // sglang.go); for the other it is an unknown key and ignored.
 const (
@@ -91,7 +92,8 @@ type engineRules struct {
 }
 
 // keyRule is, for one event kind, the recognized keys an event may carry
-// (others reject it as foreign, §3.2 rule 5) and the ones it must carry.
+// (others reject it as foreign, docs/events.md#event-rules) and the ones it
+// must carry.
 type keyRule struct{ allowed, required uint32 }
 
 func bit(f uint8) uint32 { return 1 << f }
@@ -285,7 +287,7 @@ func (d *engineDecoder) readValue(r *msgp.Reader, id uint8, f *engineFields) err
 			if ek != msgp.Nil && ek != msgp.Array {
 				f.fail(EvExtraKeys)
 			}
-			// entries are not interpreted (§3.4.1)
+			// entries are not interpreted (docs/events.md#vllm-events)
 			if err := r.Skip(); err != nil {
 				return err
 			}
@@ -295,8 +297,8 @@ func (d *engineDecoder) readValue(r *msgp.Reader, id uint8, f *engineFields) err
 	return r.Skip()
 }
 
-// readHashes projects every block hash to its index key (§3.6) and appends
-// it to the arena.
+// readHashes projects every block hash to its index key
+// (docs/events.md#block-hash-forms) and appends it to the arena.
 func (d *engineDecoder) readHashes(r *msgp.Reader, f *engineFields) error {
 	n, err := r.ArrayLen()
 	if err != nil {
@@ -360,7 +362,7 @@ func (d *engineDecoder) readHashes(r *msgp.Reader, f *engineFields) error {
 }
 
 // readParent type-checks parent_block_hash; the chain link itself is not
-// needed because hashes are prefix hashes (§3.8).
+// needed because hashes are prefix hashes (docs/events.md#parent-hashes).
 func (d *engineDecoder) readParent(r *msgp.Reader, k msgp.Kind, f *engineFields) error {
 	switch {
 	case k == msgp.Nil:
@@ -382,7 +384,8 @@ func (d *engineDecoder) readParent(r *msgp.Reader, k msgp.Kind, f *engineFields)
 	return r.Skip()
 }
 
-// validate applies the kind-specific rules of §3.4/§3.5 and picks the tier.
+// validate applies the kind-specific rules (docs/events.md#vllm-events,
+// docs/events.md#sglang-events) and picks the tier.
 func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
 	reject := func(r Reason) { ev.result, ev.reason = Rejected, r }
 	if f.seen&bit(fType) == 0 || f.nonNil&bit(fType) == 0 {

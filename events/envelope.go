@@ -7,7 +7,8 @@ import (
 	"github.com/mooncake-conductor-go/conductor/source"
 )
 
-// envelope is the decoded outer batch [timestamp, events, dp_rank] (§3.1).
+// envelope is the decoded outer batch [timestamp, events, dp_rank]
+// (docs/events.md#envelope).
 type envelope struct {
 	tsFloat   float64 // vLLM/SGLang: seconds
 	tsInt     uint64  // Mooncake: milliseconds

@@ -11,7 +11,8 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Mooncake master event keys (§4.3, §4.4, §4.6).
+// Mooncake master event keys (docs/events.md#mooncake-fields,
+// docs/events.md#mooncake-hash-fields).
 const (
 	mEventID uint8 = iota
 	mTimestamp
@@ -77,7 +78,8 @@ const (
 
 const mcBlockSize = 0 // ints
 
-// mooncakeFields is the master's key table (§4.3, §4.4, §4.6).
+// mooncakeFields is the master's key table (docs/events.md#mooncake-fields,
+// docs/events.md#mooncake-hash-fields).
 var mooncakeFields = newFieldTable(func() []fieldSpec {
 	f := make([]fieldSpec, mLayerID+1)
 	f[mEventID] = fieldSpec{"event_id", shapeUint, noSlot}
@@ -145,8 +147,8 @@ func (e *mcEvent) tenantID() string {
 	return string(e.v.strs[mcTenant])
 }
 
-// bindingKey identifies one shared owner (§4.8): the endpoint is implicit
-// (one table per source).
+// bindingKey identifies one shared owner (docs/events.md#bindings): the
+// endpoint is implicit (one table per source).
 type bindingKey struct {
 	backend  string
 	tenant   string
@@ -254,7 +256,8 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 			return err
 		}
 		if !ok || !present || v < 0 {
-			// the v0.3.12 master sent nil here; unsupported (§4.11)
+			// the v0.3.12 master sent nil here; unsupported
+			// (docs/events.md#older-master-shapes)
 			e.fail(EvDPRank)
 		}
 		return nil
@@ -383,9 +386,9 @@ func (e *mcEvent) sharedTier() (index.Tier, bool) {
 	return 0, false
 }
 
-// mooncakeTier maps a master medium to its shared tier (§3.7): host memory
-// is the shared CPU tier, disk the disk tier; any other medium is not one
-// the index keeps.
+// mooncakeTier maps a master medium to its shared tier
+// (docs/events.md#medium-to-tier): host memory is the shared CPU tier, disk
+// the disk tier; any other medium is not one the index keeps.
 func mooncakeTier(m []byte) (index.Tier, bool) {
 	switch {
 	case bytes.EqualFold(m, []byte("cpu")), bytes.EqualFold(m, []byte("cpu_pinned")):
@@ -419,7 +422,7 @@ func (d *mooncakeDecoder) Apply(rep Reporter) {
 }
 
 // objectIdentity resolves the key's identity, component and block hash under
-// the registered profile (§4.7, §4.8).
+// the registered profile (docs/events.md#object-keys, docs/events.md#bindings).
 func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullHash string, prefix uint64, ok bool) {
 	key := string(e.v.strs[mcObjectKey])
 	if d.sglang {
@@ -439,7 +442,8 @@ func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullH
 	}
 	var h string
 	if e.has(mConnectorBlockHash) {
-		// the dev/conductor publisher parsed the key itself (§4.6)
+		// the dev/conductor publisher parsed the key itself
+		// (docs/events.md#mooncake-hash-fields)
 		h = string(e.v.strs[mcConnector])
 		if !isHashHex(h) {
 			return "", "", "", 0, false
@@ -492,7 +496,7 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 	}
 	group := string(e.v.strs[mcGroup])
 	if !d.sglang {
-		// vllm_v1 indexes cache group 0 only (§4.10)
+		// vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
 		if group != "" && group != "0" {
 			e.fail(EvGroup)
 			return
@@ -528,7 +532,7 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		return
 	}
 	if !d.sglang && len(e.v.strs[mcGroup]) != 0 && string(e.v.strs[mcGroup]) != "0" {
-		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (§4.10)
+		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
 		return
 	}
 	identity, component := string(e.v.strs[mcObjectKey]), ""
@@ -585,7 +589,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 }
 
 // Retract implements Decoder: every binding of the source is released
-// (stale or stopped, §5.2).
+// (stale or stopped, docs/events.md#retraction).
 func (d *mooncakeDecoder) Retract() {
 	for k, b := range d.bindings {
 		b.sink.ReleaseShared(k.tier, b.prefix)

@@ -4,9 +4,9 @@ import (
 	"strings"
 )
 
-// Mooncake object keys are written by the engines' store connectors, not by
-// the master, which forwards them verbatim (§4.7). The registered hash
-// profile decides which convention a master stream carries.
+// Mooncake object keys are written by the engines' store connectors, not by the
+// master, which forwards them verbatim (docs/events.md#object-keys). The
+// registered hash profile decides which convention a master stream carries.
 
 // splitKeyFields splits a vLLM/Ascend key on '@' separators that are not
 // escaped with a backslash.
@@ -57,8 +57,8 @@ func isHashHex(s string) bool {
 	return true
 }
 
-// normalizeHex lower-cases a hash and drops a 0x prefix so full hashes
-// compare equal however the producer spelled them (§3.6).
+// normalizeHex lower-cases a hash and drops a 0x prefix so full hashes compare
+// equal however the producer spelled them (docs/events.md#block-hash-forms).
 func normalizeHex(s string) string {
 	if len(s) >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') {
 		s = s[2:]
@@ -76,10 +76,11 @@ func labeled(field, prefix string) bool {
 	return strings.HasPrefix(field, prefix) && isDecimal(field[len(prefix):])
 }
 
-// parseVLLMKey returns the block-hash field of a vLLM MooncakeStoreConnector
-// or vLLM-Ascend AscendStoreConnector key (§4.7.1, §4.7.2). Everything
-// else in the key (prefix, model, ranks, labels) is ignored for identity:
-// the event's context decides the model.
+// parseVLLMKey returns the block-hash field of a vLLM MooncakeStoreConnector or
+// vLLM-Ascend AscendStoreConnector key (docs/events.md#vllm-keys,
+// docs/events.md#ascend-keys). Everything else in the key (prefix, model,
+// ranks, labels) is ignored for identity: the event's context decides the
+// model.
 func parseVLLMKey(key string) (string, bool) {
 	var buf [16]string
 	f := splitKeyFields(key, buf[:0])
@@ -100,7 +101,8 @@ func parseVLLMKey(key string) (string, bool) {
 				break
 			}
 			j := i + 4
-			// The group label is skipped, not checked (upstream; Q9).
+			// The group label is skipped, not checked (as upstream does;
+			// docs/events.md#vllm-keys).
 			if j < n-1 && labeled(f[j], "group:") {
 				j++
 			}
@@ -152,8 +154,9 @@ func parseVLLMKey(key string) (string, bool) {
 }
 
 // parseSGLangKey splits an SGLang HiCache key into the logical page key
-// (through the 64-hex page hash) and the component suffix (§4.7.3), e.g.
-// "tagA_Model_<64 hex>_0_k" → ("tagA_Model_<64 hex>", "_0_k", "<64 hex>").
+// (through the 64-hex page hash) and the component suffix
+// (docs/events.md#sglang-keys), e.g. "tagA_Model_<64 hex>_0_k" →
+// ("tagA_Model_<64 hex>", "_0_k", "<64 hex>").
 func parseSGLangKey(key string) (logical, component, hash string, ok bool) {
 	i := 0
 	for i < len(key) {

@@ -49,12 +49,12 @@ type eventMapReader interface {
 	readField(r *msgp.Reader, id uint8) error
 }
 
-// readEventMap reads one element of a batch's event array with the rules
-// every event family shares (events.md §3.2): an element that is not a map
-// is rejected (array-encoded events with their own reason), non-string keys
-// and repeated recognized keys reject the event, unknown keys are skipped,
-// and nothing is read after a rejection. It returns only payload-level
-// errors (the envelope is then rejected); event rejections go through fail.
+// readEventMap reads one element of a batch's event array with the rules every
+// event family shares (docs/events.md#event-rules): an element that is not a
+// map is rejected (array-encoded events with their own reason), non-string keys
+// and repeated recognized keys reject the event, unknown keys are skipped, and
+// nothing is read after a rejection. It returns only payload-level errors (the
+// envelope is then rejected); event rejections go through fail.
 func readEventMap(r *msgp.Reader, ev eventMapReader) error {
 	k, err := r.Peek()
 	if err != nil {
@@ -113,9 +113,9 @@ func readEventMap(r *msgp.Reader, ev eventMapReader) error {
 	return nil
 }
 
-// readTokenArray checks a token_ids array (§3.9): every id within int32,
-// and, when pairs is set (SGLang EAGLE bigram keys), elements may also be
-// [a, b] pairs of ids. Token ids are only range-checked, never kept or
+// readTokenArray checks a token_ids array (docs/events.md#token-ids): every id
+// within int32, and, when pairs is set (SGLang EAGLE bigram keys), elements may
+// also be [a, b] pairs of ids. Token ids are only range-checked, never kept or
 // logged; runs of plain integers are scanned in place (msgp.ScanInt32Run).
 func readTokenArray(r *msgp.Reader, pairs bool, ev rejecter) error {
 	n, err := r.ArrayLen()

@@ -11,16 +11,16 @@ type Reason uint8
 const (
 	ReasonNone Reason = iota
 
-	// Frame-level drops (§1.2, §1.4); sequence state untouched.
+	// Frame-level drops (docs/events.md#framing); sequence state untouched.
 	DropFrameCount
 	DropSeqLength
 	DropSeqReserved
 	DropReceiveError
-	// Sequence-level drops (§1.5).
+	// Sequence-level drops (docs/events.md#sequence-state-machine).
 	DropStale
 	DropDuplicate
 
-	// Envelope rejections (§3.1); the sequence advances.
+	// Envelope rejections (docs/events.md#envelope); the sequence advances.
 	EnvEmpty
 	EnvInvalid
 	EnvTrailingBytes
@@ -30,10 +30,10 @@ const (
 	EnvEventsNotArray
 	EnvDPRank
 
-	// Batch rejection (§3.10).
+	// Batch rejection (docs/events.md#batch-dp-rank).
 	BatchDPMismatch
 
-	// Event rejections (§3.2–§4.10).
+	// Event rejections (docs/events.md#event-rules and the sections after it).
 	EvArrayEncoded
 	EvNotMap
 	EvNonStringKey
@@ -63,7 +63,7 @@ const (
 	IgnMedium
 	NoBinding
 
-	// Stale triggers (§5.1).
+	// Stale triggers (docs/events.md#stale-triggers).
 	StaleGap
 	StaleRegression
 	StaleReplay
@@ -72,7 +72,7 @@ const (
 	StaleBatchRejected
 	StaleInternal
 
-	// Replay outcomes (§2.6).
+	// Replay outcomes (docs/events.md#recovery).
 	ReplayRecovered
 	ReplayRetried
 	ReplayUnrecoverable

@@ -7,8 +7,9 @@ import (
 	"github.com/mooncake-conductor-go/conductor/source"
 )
 
-// sglangRules is SGLang's KV event family (§3.5): signed int64 hashes,
-// EAGLE bigram token pairs, no LoRA, device and host tiers by medium.
+// sglangRules is SGLang's KV event family (docs/events.md#sglang-events):
+// signed int64 hashes, EAGLE bigram token pairs, no LoRA, device and host
+// tiers by medium.
 var sglangRules = engineRules{
 	typ: source.SGLang,
 	fields: newFieldTable(func() []fieldSpec {
@@ -66,8 +67,8 @@ func checkSGLang(d *engineDecoder, ev *engineEvent, f *engineFields) {
 	}
 }
 
-// sglangTier maps an SGLang medium to its tier (§3.7); nil or absent is the
-// base radix cache on the device.
+// sglangTier maps an SGLang medium to its tier (docs/events.md#medium-to-tier);
+// nil or absent is the base radix cache on the device.
 func sglangTier(m []byte) (index.Tier, bool) {
 	switch {
 	case len(m) == 0, bytes.EqualFold(m, []byte("gpu")):

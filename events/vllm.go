@@ -7,8 +7,9 @@ import (
 	"github.com/mooncake-conductor-go/conductor/source"
 )
 
-// vllmRules is vLLM's KV event family (§3.4): unsigned or byte-string
-// hashes, LoRA by name, attention kinds and cache groups, GPU medium only.
+// vllmRules is vLLM's KV event family (docs/events.md#vllm-events): unsigned
+// or byte-string hashes, LoRA by name, attention kinds and cache groups, GPU
+// medium only.
 var vllmRules = engineRules{
 	typ: source.VLLM,
 	fields: newFieldTable(func() []fieldSpec {
@@ -28,7 +29,8 @@ var vllmRules = engineRules{
 	// current vLLM never emits negative hashes
 	bigHashes: true,
 	binHashes: true,
-	// vLLM's clear carries no medium; it resets the GPU pool (Q13)
+	// vLLM's clear carries no medium; it resets the GPU pool
+	// (docs/events.md#vllm-events)
 	clearTiers: index.TierMask(1) << index.Device,
 	check:      checkVLLM,
 }

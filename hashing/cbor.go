@@ -9,9 +9,9 @@ import (
 
 // Canonical CBOR (RFC 8949 shortest heads, definite lengths) for exactly the
 // values vLLM's sha256_cbor hashes: text strings, the 32-byte parent, int32
-// tokens, tuples and None (hashing.md §3.3). What cbor2.dumps(canonical=True)
-// emits for these types is fixed, so a hand-written encoder is both simpler
-// and far cheaper than a general library.
+// tokens, tuples and None (docs/hashing.md#cbor-encoding). What
+// cbor2.dumps(canonical=True) emits for these types is fixed, so a hand-written
+// encoder is both simpler and far cheaper than a general library.
 
 const (
 	cborMajorUint  = 0 << 5

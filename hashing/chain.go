@@ -8,7 +8,8 @@ import (
 )
 
 // sglangSaltPrefix is "sglang-cache-salt-v1" and a zero byte; SHA-256 of it
-// followed by the salt seeds a salted SGLang event chain (§4.3).
+// followed by the salt seeds a salted SGLang event chain
+// (docs/hashing.md#sglang-salt).
 const sglangSaltPrefix = "sglang-cache-salt-v1\x00"
 
 // maxPooledBuf caps the encode buffer a released Chain keeps, so that one
@@ -18,7 +19,7 @@ const maxPooledBuf = 256 << 10
 // Chain yields a query's block keys one at a time, hashing block i only when
 // Next is called for it: a prefix walk stops within a block of the first
 // miss, and the blocks after it would be wasted SHA-256 work. Values are
-// exactly those of the eager definition in hashing.md, chained on full
+// exactly those of the eager definition in docs/hashing.md, chained on full
 // 32-byte digests.
 //
 // A Chain owns one SHA-256 state and one encode buffer that are reused for
@@ -110,7 +111,7 @@ func ReleaseChain(c *Chain) {
 //
 // A nil or zero Profile, or blockSize ≤ 0, yields no blocks. So does an
 // SGLang query containing a negative token id, which SGLang cannot hash
-// (§4.5).
+// (docs/hashing.md#negative-token-ids).
 func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt string) {
 	// The previous query's tokens may have been reused by the caller, so
 	// only ReleaseChain lets the memo learn a chain.

@@ -27,7 +27,8 @@ func seq(from, n int) []int32 {
 	return out
 }
 
-// The spec's worked examples (hashing.md §3.3, §3.4.4, §4.7), as a direct
+// The worked examples of docs/hashing.md (sections cbor-encoding,
+// pickle-order and sglang-chain), as a direct
 // check that does not depend on the vector files.
 func TestSpecWorkedExamples(t *testing.T) {
 	ps := allProfiles(t, "0")
@@ -68,7 +69,8 @@ func TestSpecWorkedExamples(t *testing.T) {
 	}
 }
 
-// Pickle layouts from §3.4.4 that the vectors give only as lengths.
+// Pickle layouts (docs/hashing.md#pickle-order) that the vectors give only as
+// lengths.
 func TestPickleFrameExamples(t *testing.T) {
 	p := allProfiles(t, "0")["sha256"]
 	rep := func(v int32, n int) []int32 {
@@ -190,8 +192,9 @@ func TestChainLazyPrefix(t *testing.T) {
 	}
 }
 
-// §3.2: (lora="", salt="x") and (lora="x", no salt) share block 0 and differ
-// from block 1 on (vLLM issue #44701); the salt changes every later block.
+// docs/hashing.md#blocks-and-extra-keys: (lora="", salt="x") and (lora="x", no
+// salt) share block 0 and differ from block 1 on (vLLM issue #44701); the salt
+// changes every later block.
 func TestVLLMExtraKeys(t *testing.T) {
 	for _, alg := range []string{"sha256", "sha256_cbor"} {
 		p := allProfiles(t, "0")[alg]

@@ -2,9 +2,9 @@ package hashing
 
 import "encoding/binary"
 
-// CPython pickle protocol 5, as pickle.dumps(v, protocol=5) lays out the
-// values vLLM's "sha256" algorithm hashes (hashing.md §3.4): one str, or a
-// block tuple (parent bytes, token tuple, None | (str,) | (str, str)).
+// CPython pickle protocol 5, as pickle.dumps(v, protocol=5) lays out the values
+// vLLM's "sha256" algorithm hashes (docs/hashing.md#pickle-encoding): one str,
+// or a block tuple (parent bytes, token tuple, None | (str,) | (str, str)).
 //
 // Two encoders produce the same bytes. encodePickleBlockFast covers every
 // realistic block (everything fits one ≤ 64 KiB frame) in one straight pass;
@@ -84,7 +84,7 @@ func appendPickleStrOp(b []byte, n int) []byte {
 // memoAlias reports whether CPython pickles the salt of block 0 as a memo
 // reference to the LoRA name: both are the same object only when they are
 // equal and a single code point below U+0100, which CPython serves from its
-// per-process latin-1 character cache (§3.4.2, §10 Q7).
+// per-process latin-1 character cache (docs/hashing.md#pickle-memo).
 func memoAlias(lora, salt string) bool {
 	if lora != salt {
 		return false
@@ -99,12 +99,12 @@ func memoAlias(lora, salt string) bool {
 	return false
 }
 
-// appendPickleTail appends everything a single-frame block pickle holds
-// after the token tuple: the extra keys (None, (lora,), (salt,) or
-// (lora, salt), with the memo alias of §3.4.2), then the outer TUPLE3,
-// its MEMOIZE and STOP. An empty lora or salt is absent. It is the same
-// for every block of a query but block 0, so a Chain builds it once per
-// query; it is only valid for strings under 64 KiB (no large payloads).
+// appendPickleTail appends everything a single-frame block pickle holds after
+// the token tuple: the extra keys (None, (lora,), (salt,) or (lora, salt), with
+// the memo alias of docs/hashing.md#pickle-memo), then the outer TUPLE3, its
+// MEMOIZE and STOP. An empty lora or salt is absent. It is the same for every
+// block of a query but block 0, so a Chain builds it once per query; it is only
+// valid for strings under 64 KiB (no large payloads).
 func appendPickleTail(b []byte, lora, salt string) []byte {
 	switch {
 	case lora == "" && salt == "":
@@ -173,7 +173,7 @@ func encodePickleBlockFast(buf []byte, parent *[32]byte, toks []int32, tail []by
 
 // encodePickleBlockGeneral encodes a block value with the general framer.
 // The order of boundary checks mirrors CPython's save(): one at the start of
-// every object, ints and None included (§3.4.4).
+// every object, ints and None included (docs/hashing.md#pickle-frames).
 func encodePickleBlockGeneral(buf []byte, parent *[32]byte, toks []int32, lora, salt string) []byte {
 	var p pickler
 	p.begin(buf)

@@ -19,9 +19,10 @@ const (
 	kindSGLangBigram             // sglang_bigram / sha256_raw / first64_be
 )
 
-// The selector strings a hash profile may carry (hashing.md §1). Matching is
-// exact and case-sensitive, as upstream's; they are exported so that callers
-// building or checking profiles do not repeat the literals.
+// The selector strings a hash profile may carry
+// (docs/hashing.md#hash-profiles). Matching is exact and case-sensitive, as
+// upstream's; they are exported so that callers building or checking profiles
+// do not repeat the literals.
 const (
 	StrategyVLLMV1       = "vllm_v1"
 	StrategySGLang       = "sglang"
@@ -43,9 +44,10 @@ const (
 // that a hostile multi-megabyte value cannot bloat responses or logs.
 const maxSeedQuote = 40
 
-// Resolve validates a registration's hash profile (hashing.md §1, §2) and
-// derives its root digest. It is meant to run once per registration; the
-// per-query path then only needs the returned Profile.
+// Resolve validates a registration's hash profile
+// (docs/hashing.md#hash-profiles, docs/hashing.md#root-digest) and derives its
+// root digest. It is meant to run once per registration; the per-query path
+// then only needs the returned Profile.
 //
 // On failure the error is a *ProfileError naming the first offending member
 // in the order strategy, algorithm, index_projection, python_hash_seed, so
@@ -99,8 +101,9 @@ func Resolve(s Spec) (Profile, error) {
 			return Profile{}, &ProfileError{Member: "index_projection",
 				Msg: "unsupported index_projection " + quote(s.IndexProjection) + " for strategy " + s.Strategy + " (want first64_be)"}
 		}
-		// SGLang has no process-wide root: the seed is ignored and the
-		// reported values are upstream's display sentinel (§2.2, §10 Q9).
+		// SGLang has no process-wide root: the seed is ignored and the reported
+		// values are upstream's display sentinel
+		// (docs/hashing.md#sglang-sentinel).
 		return Profile{
 			Strategy:        s.Strategy,
 			Algorithm:       s.Algorithm,

@@ -1,10 +1,10 @@
 package hashing
 
-// An eager, deliberately naive reference implementation of hashing.md, used
-// to cross-check the lazy Chain in tests and fuzzing. It models Python
-// objects (with identity, for pickle's memo) and serializes them with
-// recursive encoders and the spec's F/O framing description, sharing no code
-// with the production encoders.
+// An eager, deliberately naive reference implementation of docs/hashing.md,
+// used to cross-check the lazy Chain in tests and fuzzing. It models Python
+// objects (with identity, for pickle's memo) and serializes them with recursive
+// encoders and the spec's F/O framing description, sharing no code with the
+// production encoders.
 
 import (
 	"crypto/sha256"

@@ -12,7 +12,8 @@ import (
 )
 
 // The golden vectors live in testdata/hashing at the module root, copied
-// unchanged from shared/spec/golden so the tests run from a plain clone.
+// unchanged into testdata/hashing so the tests run from a plain clone
+// (docs/hashing.md#golden-vectors).
 var vectorDir = filepath.Join("..", "testdata", "hashing")
 
 type repeatStr struct {
@@ -239,7 +240,8 @@ func TestPublicCases(t *testing.T) {
 					t.Errorf("block %d: KeyFromBytes(digest) = %d, %v; want %d", i, k, err, g.key)
 				}
 			}
-			// §6: counts never exceed n, or n-1 for bigram.
+			// docs/hashing.md#counting-hits: counts never exceed n, or n-1 for
+			// bigram.
 			limit := len(toks)
 			if pr.Strategy == "sglang_bigram" {
 				limit = max(len(toks)-1, 0)

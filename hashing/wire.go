@@ -6,10 +6,10 @@ import (
 	"fmt"
 )
 
-// Engines publish block hashes in several wire forms; these functions map
-// each to the index key the chain computes, per hashing.md §5 and events.md
-// §3.6. Every error names the form and the reason, because event ingestion
-// counts and reports them as rejections.
+// Engines publish block hashes in several wire forms; these functions map each
+// to the index key the chain computes, per docs/hashing.md#wire-forms and
+// docs/events.md#block-hash-forms. Every error names the form and the reason,
+// because event ingestion counts and reports them as rejections.
 
 // ErrUnknownProjection is returned for a Projection that is neither Low64BE
 // nor First64BE (for example from a zero Profile).

@@ -167,7 +167,7 @@ func TestFetchBothGenerations(t *testing.T) {
 	}
 }
 
-// TestFetchSequencing covers the keep/ignore rules of §2.6 step 3.
+// TestFetchSequencing covers the keep/ignore rules of docs/events.md#recovery.
 func TestFetchSequencing(t *testing.T) {
 	r := newRouter(t)
 	c := NewClient(r.ep)

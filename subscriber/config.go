@@ -69,13 +69,13 @@ type Tuning struct {
 }
 
 // defaultRcvHWM is the SUB receive high-water mark, upstream's 200000 as
-// events.md §1.1 asks. A short queue (libzmq's default, 1000) was measured
-// too: it moves a burst's backlog into the publisher's send queue (100000
-// messages for vLLM/SGLang, but 10000 for the Mooncake master, which has no
-// replay, so an overflow there makes the source stale). Since the C heap is
-// trimmed once a burst drains (zmqx.RequestTrim), the long queue costs memory only
-// while the burst lasts: at the end of a 2 M-block, 16-publisher loadgen
-// burst RSS was 125-129 MiB at 200000 and 124-130 MiB at 1000 (GOGC=50,
+// docs/events.md#sockets describes. A short queue (libzmq's default, 1000) was
+// measured too: it moves a burst's backlog into the publisher's send queue
+// (100000 messages for vLLM/SGLang, but 10000 for the Mooncake master, which
+// has no replay, so an overflow there makes the source stale). Since the C heap
+// is trimmed once a burst drains (zmqx.RequestTrim), the long queue costs
+// memory only while the burst lasts: at the end of a 2 M-block, 16-publisher
+// loadgen burst RSS was 125-129 MiB at 200000 and 124-130 MiB at 1000 (GOGC=50,
 // two runs each), so the safety margin is kept.
 const defaultRcvHWM = 200000
 

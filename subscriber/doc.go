@@ -10,8 +10,8 @@
 // stale or is stopped, so the index never reports blocks nobody vouches for.
 // The payload decoders themselves, with their rules, are package events.
 //
-// The transport rules implemented here are those of spec/events.md; the
-// names of the rules in comments (§1.5, §2.6, …) refer to it.
+// The transport rules implemented here are described in docs/events.md;
+// comments cite its sections (docs/events.md#recovery, …).
 //
 // Concurrency: a Subscriber's goroutine is the only user of its decoder and
 // the only writer of its sequence state and index entries, so none of them

@@ -509,12 +509,12 @@ func (s *Subscriber) forgetPayloads() {
 }
 
 // keepFrames is how many frames of a live message are kept: a well-formed
-// one has three (§1.2), and a fourth or more only needs to be seen to be
+// one has three (docs/events.md#framing), and a fourth or more only needs to be seen to be
 // counted as malformed.
 const keepFrames = 4
 
-// frameSeq checks the framing rules of §1.2/§1.4 and returns the sequence;
-// ok=false means the message was dropped (and counted).
+// frameSeq checks the framing rules of docs/events.md#framing and returns the
+// sequence; ok=false means the message was dropped (and counted).
 func (s *Subscriber) frameSeq(frames [][]byte) (uint64, bool) {
 	s.cfg.Counters.add(MetricReceived, s.typ, events.ReasonNone, 1)
 	var why events.Reason
@@ -536,7 +536,8 @@ func (s *Subscriber) frameSeq(frames [][]byte) (uint64, bool) {
 	return 0, false
 }
 
-// onLive runs the sequence state machine of §1.5 for one live message.
+// onLive runs the sequence state machine
+// (docs/events.md#sequence-state-machine) for one live message.
 func (s *Subscriber) onLive(frames [][]byte) error {
 	seq, ok := s.frameSeq(frames)
 	if !ok {
@@ -555,8 +556,9 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 		s.applyBatch(seq, payload)
 	case seq <= s.high:
 		// The live stream went backwards: a new publisher process whose
-		// predecessor's entries can no longer be retracted one by one.
-		// Spec decision (§5.4, Q6); upstream silently drops or applies.
+		// predecessor's entries can no longer be retracted one by one. Our
+		// decision (docs/events.md#regression); upstream silently drops or
+		// applies.
 		s.markStale(events.StaleRegression, seq)
 	case seq <= s.applied:
 		// already applied through replay
@@ -578,9 +580,10 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	return nil
 }
 
-// recover fills the gap before first from the replay endpoint (§2.6),
-// buffering live messages meanwhile, then applies replayed and buffered
-// batches in order. It returns errStopped if Stop interrupted it.
+// recover fills the gap before first from the replay endpoint
+// (docs/events.md#recovery), buffering live messages meanwhile, then applies
+// replayed and buffered batches in order. It returns errStopped if Stop
+// interrupted it.
 func (s *Subscriber) recover(first liveMsg) error {
 	s.setState(Recovering)
 	s.budget = replay.Budget{MaxMessages: s.tuning.MaxBufferedMessages, MaxBytes: s.tuning.MaxBufferedBytes}
@@ -683,7 +686,7 @@ func (s *Subscriber) recover(first liveMsg) error {
 
 // checkBuffered compares a replayed batch at or after the first buffered
 // sequence with the live copy: different bytes for one sequence mean the two
-// streams disagree and nothing can be trusted (§2.6 step 6).
+// streams disagree and nothing can be trusted (docs/events.md#recovery).
 func (s *Subscriber) checkBuffered(seq uint64, payload []byte) error {
 	i := sort.Search(len(s.buffered), func(i int) bool { return s.buffered[i].seq >= seq })
 	if i < len(s.buffered) && s.buffered[i].seq == seq && !bytes.Equal(s.buffered[i].payload, payload) {
@@ -747,8 +750,8 @@ func (s *Subscriber) bufferLive(frames [][]byte) error {
 	return nil
 }
 
-// markStale retracts everything the source contributed and ignores it from
-// now on (§5.2). seq is the message that triggered it, if any.
+// markStale retracts everything the source contributed and ignores it from now
+// on (docs/events.md#retraction). seq is the message that triggered it, if any.
 func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 	if s.State() == Stale {
 		return
@@ -785,7 +788,7 @@ func (s *Subscriber) publishApplied() {
 }
 
 // applyBatch decodes one payload and dispatches its events; the sequence is
-// consumed whatever the outcome (§1.5 table).
+// consumed whatever the outcome (docs/events.md#sequence-state-machine).
 func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
 	s.applied = seq
 	defer s.publishApplied()

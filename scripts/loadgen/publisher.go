@@ -48,8 +48,9 @@ func (e engine) registration(endpoint, model, instance string, blockSize int) ma
 	}
 }
 
-// vllmStored is vLLM's BlockStored as a tagged map (events.md §3.4.1), with
-// the keys in the order vLLM emits them. nil pointers encode as nil.
+// vllmStored is vLLM's BlockStored as a tagged map
+// (docs/events.md#vllm-events), with the keys in the order vLLM emits them. nil
+// pointers encode as nil.
 type vllmStored struct {
 	Type        string   `msgpack:"type"`
 	BlockHashes []uint64 `msgpack:"block_hashes"`
@@ -61,8 +62,8 @@ type vllmStored struct {
 	LoraName    *string  `msgpack:"lora_name"`
 }
 
-// sglangStored is SGLang's BlockStored (events.md §3.5.1): hashes are the
-// first 8 digest bytes as a signed int64.
+// sglangStored is SGLang's BlockStored (docs/events.md#sglang-events): hashes
+// are the first 8 digest bytes as a signed int64.
 type sglangStored struct {
 	Type        string  `msgpack:"type"`
 	BlockHashes []int64 `msgpack:"block_hashes"`
@@ -136,7 +137,7 @@ func chainKeys(ch *hashing.Chain, p *hashing.Profile, blockSize int, tokens []in
 }
 
 // publisher is one fake engine: a real ZMQ PUB socket bound on loopback,
-// speaking the three-frame messages of events.md §1.2.
+// speaking the three-frame messages of docs/events.md#framing.
 type publisher struct {
 	idx      int
 	instance string

@@ -17,8 +17,9 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
 
-// vllmRemoved and sglangRemoved are BlockRemoved events (events.md §3.4.2,
-// §3.5.2); cleared is AllBlocksCleared, the same for both engines.
+// vllmRemoved and sglangRemoved are BlockRemoved events
+// (docs/events.md#vllm-events, docs/events.md#sglang-events); cleared is
+// AllBlocksCleared, the same for both engines.
 type vllmRemoved struct {
 	Type        string   `msgpack:"type"`
 	BlockHashes []uint64 `msgpack:"block_hashes"`
