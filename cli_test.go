@@ -144,3 +144,25 @@ func TestHashCheckSeriesFollowRegistration(t *testing.T) {
 		}
 	}
 }
+
+// TestHashCheckOff: with --hash-check-every 0 an engine gets no checker, so
+// no hash-check series appears for it.
+func TestHashCheckOff(t *testing.T) {
+	e := startAppWith(t, func(c *config.Config) { c.HashCheckEvery = 0 })
+	pub := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("hc-off", pub.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	text := e.scrape()
+	for _, s := range []string{
+		`conductor_hash_check_total{result="match",service="hc-off|default|0"}`,
+		`conductor_hash_check_total{result="mismatch",service="hc-off|default|0"}`,
+	} {
+		if got := metricValue(text, s); got != -1 {
+			t.Errorf("%s = %v with the check off, want absent", s, got)
+		}
+	}
+	if metricValue(text, `conductor_services{type="vLLM"}`) != 1 {
+		t.Errorf("the service is not registered:\n%s", text)
+	}
+}

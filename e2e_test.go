@@ -34,7 +34,16 @@ type e2e struct {
 
 func startApp(t *testing.T) *e2e {
 	t.Helper()
-	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, MemoBytes: config.DefaultMemoMiB << 20, TokenMemoBytes: config.DefaultTokenMemoMiB << 20}
+	return startAppWith(t, func(*config.Config) {})
+}
+
+// startAppWith starts the app with the defaults Load gives, changed by
+// adjust.
+func startAppWith(t *testing.T, adjust func(*config.Config)) *e2e {
+	t.Helper()
+	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, MemoBytes: config.DefaultMemoMiB << 20, TokenMemoBytes: config.DefaultTokenMemoMiB << 20,
+		HashCheckEvery: config.DefaultHashCheckEvery}
+	adjust(cfg)
 	a, err := newApp(cfg, zerolog.New(io.Discard))
 	if err != nil {
 		t.Fatal(err)
