@@ -6,6 +6,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -17,7 +18,7 @@ func (nopReporter) Report(int, Result, Reason) {}
 // removed objects (vLLM keys): binding-table upkeep dominates, one shared
 // reference per object.
 func BenchmarkMooncakeStoreRemove(b *testing.B) {
-	x := newTester(b, loadManifest(b), "pool-a-sub", "vllm-a")
+	x := newTester(b, eventtest.LoadManifest(b), "pool-a-sub", "vllm-a")
 	d := x.dec.(*mooncakeDecoder)
 	sink := nopShared{}
 	lookup := d.lookup

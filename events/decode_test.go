@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 )
 
 const (
@@ -76,16 +76,7 @@ func TestParseSGLangKey(t *testing.T) {
 // direct builds a tester for a manifest registration.
 func direct(t *testing.T, reg string, also ...string) *tester {
 	t.Helper()
-	return newTester(t, loadManifest(t), reg, also...)
-}
-
-func encode(t *testing.T, v any) []byte {
-	t.Helper()
-	b, err := msgpack.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return newTester(t, eventtest.LoadManifest(t), reg, also...)
 }
 
 func results(x *tester, seq uint64) []string {
@@ -128,7 +119,7 @@ func TestVLLMEventRules(t *testing.T) {
 		[]any{"BlockStored"},
 		7,
 	}
-	x.applyBatch(1, encode(t, []any{float32(1.5), events, uint64(0)}))
+	x.applyBatch(1, eventtest.Encode(t, []any{float32(1.5), events, uint64(0)}))
 	want := []string{
 		"applied:none", "applied:none", "applied:none", "rejected:attention_kind", "rejected:lora",
 		"applied:none", "ignored:medium", "rejected:extra_keys", "applied:none", "rejected:wrong_type",
@@ -137,8 +128,8 @@ func TestVLLMEventRules(t *testing.T) {
 	if diff := cmp.Diff(want, results(x, 1)); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)
 	}
-	ops := x.engine.take()
-	if ops[0] != (op{Kind: "store", Owner: testOwner, Tier: index.Device, Key: v1}) {
+	ops := x.engine.Take()
+	if ops[0] != (eventtest.Op{Kind: "store", Owner: eventtest.Owner, Tier: index.Device, Key: v1}) {
 		t.Errorf("bin16 projected to %v", ops[0])
 	}
 	if last := ops[len(ops)-1]; last.Kind != "clear" || last.Mask != 1<<index.Device {
@@ -169,7 +160,7 @@ func TestSGLangEventRules(t *testing.T) {
 		map[string]any{"type": "BlockRemoved", "block_hashes": []any{int64(1)}, "cache_salt": "x"}, // foreign
 		map[string]any{"type": "AllBlocksCleared"},
 	}
-	x.applyBatch(1, encode(t, []any{1.5, events, nil}))
+	x.applyBatch(1, eventtest.Encode(t, []any{1.5, events, nil}))
 	want := []string{
 		"applied:none", "applied:none", "applied:none", "rejected:token_range", "rejected:hash",
 		"rejected:block_size", "rejected:hash", "applied:none", "no-op:none", "rejected:foreign_key", "applied:none",
@@ -177,14 +168,14 @@ func TestSGLangEventRules(t *testing.T) {
 	if diff := cmp.Diff(want, results(x, 1)); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)
 	}
-	want2 := []op{
-		{Kind: "store", Owner: testOwner, Tier: index.CPULocal, Key: p1},
-		{Kind: "store", Owner: testOwner, Tier: index.CPULocal, Key: p1},
-		{Kind: "store", Owner: testOwner, Tier: index.Disk, Key: p1},
-		{Kind: "store", Owner: testOwner, Tier: index.Device, Key: p1},
-		{Kind: "clear", Owner: testOwner, Mask: index.AllEngineTiers},
+	want2 := []eventtest.Op{
+		{Kind: "store", Owner: eventtest.Owner, Tier: index.CPULocal, Key: p1},
+		{Kind: "store", Owner: eventtest.Owner, Tier: index.CPULocal, Key: p1},
+		{Kind: "store", Owner: eventtest.Owner, Tier: index.Disk, Key: p1},
+		{Kind: "store", Owner: eventtest.Owner, Tier: index.Device, Key: p1},
+		{Kind: "clear", Owner: eventtest.Owner, Mask: index.AllEngineTiers},
 	}
-	if diff := cmp.Diff(want2, x.engine.take()); diff != "" {
+	if diff := cmp.Diff(want2, x.engine.Take()); diff != "" {
 		t.Errorf("ops (-want +got):\n%s", diff)
 	}
 }
@@ -212,7 +203,7 @@ func mcEventMap(kind, medium, key string, mod func(m map[string]any)) map[string
 }
 
 func mcBatch(t *testing.T, events ...any) []byte {
-	return encode(t, []any{uint64(1000), events, 0})
+	return eventtest.Encode(t, []any{uint64(1000), events, 0})
 }
 
 // TestMooncakeBindings covers the binding-table rules of
@@ -238,7 +229,7 @@ func TestMooncakeBindings(t *testing.T) {
 	if diff := cmp.Diff(want, results(x, 1)); diff != "" {
 		t.Errorf("batch 1 (-want +got):\n%s", diff)
 	}
-	if bal := sharedBalance(x.shared.snapshot()); bal[[2]uint64{uint64(index.CPUShare), v1}] != 3 {
+	if bal := eventtest.SharedBalance(x.shared.Snapshot()); bal[[2]uint64{uint64(index.CPUShare), v1}] != 3 {
 		t.Errorf("references %v, want 3 on V1", bal)
 	}
 	x.applyBatch(2, mcBatch(t,
@@ -257,12 +248,12 @@ func TestMooncakeBindings(t *testing.T) {
 	if diff := cmp.Diff(want, results(x, 2)); diff != "" {
 		t.Errorf("batch 2 (-want +got):\n%s", diff)
 	}
-	bal := sharedBalance(x.shared.snapshot())
+	bal := eventtest.SharedBalance(x.shared.Snapshot())
 	if diff := cmp.Diff(map[[2]uint64]int{{uint64(index.Disk), v1}: 1}, bal); diff != "" {
 		t.Errorf("references after clear (-want +got):\n%s", diff)
 	}
 	x.retract()
-	if bal := sharedBalance(x.shared.snapshot()); len(bal) != 0 {
+	if bal := eventtest.SharedBalance(x.shared.Snapshot()); len(bal) != 0 {
 		t.Errorf("after retract %v", bal)
 	}
 }
@@ -287,11 +278,11 @@ func TestMooncakeSGLangComponents(t *testing.T) {
 	if diff := cmp.Diff(want, results(x, 1)); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if bal := sharedBalance(x.shared.snapshot()); bal[[2]uint64{uint64(index.CPUShare), p1}] != 1 {
+	if bal := eventtest.SharedBalance(x.shared.Snapshot()); bal[[2]uint64{uint64(index.CPUShare), p1}] != 1 {
 		t.Errorf("block must stay while _0_v is stored: %v", bal)
 	}
 	x.applyBatch(2, mcBatch(t, mcEventMap("removed", "cpu", key("_0_v"), withGroup)))
-	if bal := sharedBalance(x.shared.snapshot()); len(bal) != 0 {
+	if bal := eventtest.SharedBalance(x.shared.Snapshot()); len(bal) != 0 {
 		t.Errorf("block must go with its last component: %v", bal)
 	}
 }

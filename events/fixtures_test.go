@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 )
 
 // checkFixture compares what one fixture payload did with its manifest
 // expectation. prior are the ops its requires recorded, got the ops it
 // recorded itself.
-func checkFixture(t *testing.T, f *fxFixture, x *tester, seq uint64, envBefore, batchBefore int, prior, got []op) {
+func checkFixture(t *testing.T, f *eventtest.Fixture, x *tester, seq uint64, envBefore, batchBefore int, prior, got []eventtest.Op) {
 	t.Helper()
 	outcomes := x.outcomes[seq]
 	switch {
@@ -36,29 +36,17 @@ func checkFixture(t *testing.T, f *fxFixture, x *tester, seq uint64, envBefore, 
 		if x.envRejected != envBefore || x.batchRejected != batchBefore {
 			t.Errorf("batch rejected (envelope %d, dp_rank %d), want applied: %v", x.envRejected-envBefore, x.batchRejected-batchBefore, x.lastEnvReason)
 		}
-		if f.Expect.Events != nil {
-			var gotRes []string
-			for _, o := range outcomes {
-				gotRes = append(gotRes, o.Result.String())
-			}
-			var wantRes []string
-			for _, ev := range f.Expect.Events {
-				wantRes = append(wantRes, resultOf(ev).String())
-			}
-			if diff := cmp.Diff(wantRes, gotRes); diff != "" {
-				t.Errorf("event outcomes (-want +got):\n%s\noutcomes %+v", diff, outcomes)
-			}
+		var results []string
+		for _, o := range outcomes {
+			results = append(results, o.Result.String())
 		}
-		want := expectedOps(t, f, prior)
-		if diff := cmp.Diff(sortOps(want), sortOps(got)); diff != "" {
-			t.Errorf("index ops (-want +got):\n%s", diff)
-		}
+		eventtest.CheckApplied(t, f, results, outcomes, prior, got)
 	}
 }
 
 // checkBindings verifies the shared owners named by Mooncake effects exist
 // (store) or are gone (remove) in the source's binding table.
-func checkBindings(t *testing.T, f *fxFixture, d *mooncakeDecoder) {
+func checkBindings(t *testing.T, f *eventtest.Fixture, d *mooncakeDecoder) {
 	t.Helper()
 	for _, ef := range f.Expect.Effects {
 		if !strings.HasPrefix(ef.Owner, "shared ") {
@@ -74,13 +62,13 @@ func checkBindings(t *testing.T, f *fxFixture, d *mooncakeDecoder) {
 		} else {
 			t.Fatalf("cannot parse owner %q", ef.Owner)
 		}
-		k := bindingKey{backend: backend, tenant: "default", identity: identity, tier: tierNames[ef.Tier]}
+		k := bindingKey{backend: backend, tenant: "default", identity: identity, tier: eventtest.TierNames[ef.Tier]}
 		b, ok := d.bindings[k]
 		switch ef.Op {
 		case "store":
 			if !ok {
 				t.Errorf("no binding %+v after store", k)
-			} else if b.prefix != parseU64(t, ef.Prefixes[0]) {
+			} else if b.prefix != eventtest.ParseU64(t, ef.Prefixes[0]) {
 				t.Errorf("binding %+v prefix %d, want %s", k, b.prefix, ef.Prefixes[0])
 			}
 		case "remove":
@@ -95,7 +83,7 @@ func checkBindings(t *testing.T, f *fxFixture, d *mooncakeDecoder) {
 // its registration's decoder and checks events, index ops and the Mooncake
 // binding table exactly.
 func TestFixturesDirect(t *testing.T) {
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	n := 0
 	for i := range m.Fixtures {
 		f := &m.Fixtures[i]
@@ -108,13 +96,13 @@ func TestFixturesDirect(t *testing.T) {
 			seq := uint64(0)
 			for _, r := range f.Requires {
 				seq++
-				x.applyBatch(seq, payloadOf(t, m.fixture(t, r)))
+				x.applyBatch(seq, eventtest.Payload(t, m.Fixture(t, r)))
 			}
-			prior := append(x.engine.take(), x.shared.take()...)
+			prior := append(x.engine.Take(), x.shared.Take()...)
 			envBefore, batchBefore := x.envRejected, x.batchRejected
 			seq++
-			x.applyBatch(seq, payloadOf(t, f))
-			got := append(x.engine.take(), x.shared.take()...)
+			x.applyBatch(seq, eventtest.Payload(t, f))
+			got := append(x.engine.Take(), x.shared.Take()...)
 			checkFixture(t, f, x, seq, envBefore, batchBefore, prior, got)
 			checkHashChecks(t, f, x)
 			if d, ok := x.dec.(*mooncakeDecoder); ok && f.Expect.Envelope != "reject" {
@@ -122,9 +110,9 @@ func TestFixturesDirect(t *testing.T) {
 			}
 			// retraction leaves nothing behind
 			x.retract()
-			all := append(append(prior, got...), x.engine.take()...)
-			all = append(all, x.shared.take()...)
-			if bal := sharedBalance(all); len(bal) != 0 {
+			all := append(append(prior, got...), x.engine.Take()...)
+			all = append(all, x.shared.Take()...)
+			if bal := eventtest.SharedBalance(all); len(bal) != 0 {
 				t.Errorf("shared references left after retract: %v", bal)
 			}
 		})
@@ -177,7 +165,7 @@ var warnKeys = map[string]bool{
 // checkHashChecks compares an engine tester's hash-check counts and log
 // with hashChecks: one warning, naming the service, once anything
 // mismatched, and none otherwise.
-func checkHashChecks(t *testing.T, f *fxFixture, x *tester) {
+func checkHashChecks(t *testing.T, f *eventtest.Fixture, x *tester) {
 	t.Helper()
 	if x.check == nil {
 		return

@@ -11,6 +11,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
@@ -104,7 +105,7 @@ func (nopSink) ClearOwner(index.OwnerID, index.TierMask) {}
 // BenchmarkDecodeVLLMBatch measures decoding and dispatch of one 16-block
 // BlockStored batch, without sockets; it must not allocate.
 func BenchmarkDecodeVLLMBatch(b *testing.B) {
-	m := loadManifest(b)
+	m := eventtest.LoadManifest(b)
 	e := newEnv(b, m, "vllm-a", nil, "inproc://unused", "")
 	e.cfg.Context.BlockSize = benchBlockSize
 	e.cfg.Engine = nopSink{}
@@ -144,11 +145,11 @@ func BenchmarkIngestVLLM(b *testing.B) {
 }
 
 func benchIngest(b *testing.B, sinkName string) {
-	m := loadManifest(b)
+	m := eventtest.LoadManifest(b)
 	reg := m.Registrations["vllm-a"]
 	reg.BlockSize = benchBlockSize
-	prof := resolveProfile(b, reg)
-	ctx := contextOf(reg)
+	prof := eventtest.ResolveProfile(b, reg)
+	ctx := eventtest.ContextOf(reg)
 	var sink events.EngineSink = nopSink{}
 	var owner index.OwnerID
 	if sinkName == "index" {
@@ -160,7 +161,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	counters := NewCounters()
 	s, err := Start(Config{
 		Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint, Context: ctx,
-		Profile: prof, Engine: sink, Owner: owner, Logger: testLogger(b), Counters: counters,
+		Profile: prof, Engine: sink, Owner: owner, Logger: eventtest.Logger(b), Counters: counters,
 		HashCheck: benchChecker("bench|default|0", &prof),
 	})
 	if err != nil {

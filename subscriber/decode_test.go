@@ -4,14 +4,14 @@ import (
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // direct builds an offline subscriber for a manifest registration.
 func direct(t *testing.T, reg string, also ...string) (*Subscriber, *env) {
 	t.Helper()
-	e := newEnv(t, loadManifest(t), reg, also, "inproc://unused", "")
+	e := newEnv(t, eventtest.LoadManifest(t), reg, also, "inproc://unused", "")
 	s, err := newSubscriber(e.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -21,30 +21,21 @@ func direct(t *testing.T, reg string, also ...string) (*Subscriber, *env) {
 	return s, e
 }
 
-func encode(t *testing.T, v any) []byte {
-	t.Helper()
-	b, err := msgpack.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestEnvelopeEdges: how the subscriber answers the decoder's verdicts on
 // a whole batch: an engine batch of another dp rank makes the source stale,
 // rejected envelopes are counted and do not.
 func TestEnvelopeEdges(t *testing.T) {
 	s, e := direct(t, "vllm-a")
 	// batch rank beyond int: mismatch -> stale
-	s.applyBatch(1, encode(t, []any{1.5, []any{}, uint64(1) << 40}))
+	s.applyBatch(1, eventtest.Encode(t, []any{1.5, []any{}, uint64(1) << 40}))
 	if s.State() != Stale || e.counters.Value(MetricBatchRejected, source.VLLM, events.BatchDPMismatch) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
 	s2, e2 := direct(t, "pool-a-sub", "vllm-a")
 	for i, p := range [][]byte{
-		encode(t, []any{int64(-1), []any{}, 0}),                   // negative ms
-		encode(t, []any{uint64(1), []any{}, -1}),                  // negative dp
-		append(encode(t, []any{uint64(1), []any{}, 0})[:3], 0xc1), // invalid byte inside
+		eventtest.Encode(t, []any{int64(-1), []any{}, 0}),                   // negative ms
+		eventtest.Encode(t, []any{uint64(1), []any{}, -1}),                  // negative dp
+		append(eventtest.Encode(t, []any{uint64(1), []any{}, 0})[:3], 0xc1), // invalid byte inside
 	} {
 		s2.applyBatch(uint64(i+1), p)
 	}

@@ -8,13 +8,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
 )
 
 // checkFixture compares what one fixture message did with its manifest
 // expectation. prior are the ops its requires recorded, got the ops it
 // recorded itself.
-func checkFixture(t *testing.T, f *fxFixture, e *env, s *Subscriber, seq uint64, prior, got []op, envRejectedBefore uint64, exactSeq bool) {
+func checkFixture(t *testing.T, f *eventtest.Fixture, e *env, s *Subscriber, seq uint64, prior, got []eventtest.Op, envRejectedBefore uint64, exactSeq bool) {
 	t.Helper()
 	typ, _ := source.Parse(f.SourceType)
 	outcomes := e.outcomesOf(seq)
@@ -33,28 +34,16 @@ func checkFixture(t *testing.T, f *fxFixture, e *env, s *Subscriber, seq uint64,
 		if len(outcomes) != 0 {
 			t.Errorf("rejected batch produced outcomes %v", outcomes)
 		}
-		want := []op{{Kind: "clear", Owner: testOwner, Mask: index.AllEngineTiers}}
+		want := []eventtest.Op{{Kind: "clear", Owner: eventtest.Owner, Mask: index.AllEngineTiers}}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("stale retraction ops (-want +got):\n%s", diff)
 		}
 	default:
-		if f.Expect.Events != nil {
-			var gotRes []string
-			for _, o := range outcomes {
-				gotRes = append(gotRes, o.Result.String())
-			}
-			var wantRes []string
-			for _, ev := range f.Expect.Events {
-				wantRes = append(wantRes, resultOf(ev).String())
-			}
-			if diff := cmp.Diff(wantRes, gotRes); diff != "" {
-				t.Errorf("event outcomes (-want +got):\n%s\noutcomes %+v", diff, outcomes)
-			}
+		var results []string
+		for _, o := range outcomes {
+			results = append(results, o.Result.String())
 		}
-		want := expectedOps(t, f, prior)
-		if diff := cmp.Diff(sortOps(want), sortOps(got)); diff != "" {
-			t.Errorf("index ops (-want +got):\n%s", diff)
-		}
+		eventtest.CheckApplied(t, f, results, outcomes, prior, got)
 		if s.State() == Stale {
 			t.Errorf("source became stale")
 		}
@@ -68,7 +57,7 @@ func checkFixture(t *testing.T, f *fxFixture, e *env, s *Subscriber, seq uint64,
 // (requires first, consecutive sequences) and checks the same expectations,
 // plus that the sequence moved on normally afterwards.
 func TestFixturesOverZMQ(t *testing.T) {
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	for i := range m.Fixtures {
 		f := &m.Fixtures[i]
 		if f.Expect.Role != "" {
@@ -81,7 +70,7 @@ func TestFixturesOverZMQ(t *testing.T) {
 	}
 }
 
-func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
+func runFixtureOverZMQ(t *testing.T, m *eventtest.Manifest, f *eventtest.Fixture) {
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	e := newEnv(t, m, f.Registration, f.AlsoRegistered, pub.endpoint, "")
 	s := mustStart(t, e.cfg)
@@ -90,7 +79,7 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	typ, _ := source.Parse(f.SourceType)
 
 	if f.FramesFile != "" {
-		frames := framesOf(t, f)
+		frames := eventtest.Frames(t, f)
 		if f.Expect.Message == "drop" {
 			// baseline, the malformed message, then the next sequence: if
 			// the drop touched sequence state, seq 11 would not be in order.
@@ -111,35 +100,35 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 		}
 		pub.sendFrames(frames...)
 		seq := uint64(0)
-		waitFor(t, "first message", 5*time.Second, func() bool { var ok bool; seq, ok = s.LastSeq(); return ok })
-		got := e.engine.take()
+		eventtest.WaitFor(t, "first message", 5*time.Second, func() bool { var ok bool; seq, ok = s.LastSeq(); return ok })
+		got := e.engine.Take()
 		checkFixture(t, f, e, s, seq, nil, got, 0, true)
 		return
 	}
 
 	seq := uint64(100)
 	for _, r := range f.Requires {
-		pub.send(seq, payloadOf(t, m.fixture(t, r)))
+		pub.send(seq, eventtest.Payload(t, m.Fixture(t, r)))
 		seq++
 	}
 	if len(f.Requires) > 0 {
 		waitSeq(t, s, seq-1)
 	}
-	prior := append(e.engine.take(), e.shared.take()...)
+	prior := append(e.engine.Take(), e.shared.Take()...)
 	before := e.counters.Total(MetricEnvelopeRejected, typ)
 	topic, err := hex.DecodeString(f.TopicHex)
 	if err != nil {
 		t.Fatalf("topic_hex: %v", err)
 	}
-	pub.sendFrames(topic, seqFrame(seq), payloadOf(t, f)) // the fixture's own topic
+	pub.sendFrames(topic, seqFrame(seq), eventtest.Payload(t, f)) // the fixture's own topic
 	if f.Expect.SourceState == "stale" {
-		waitFor(t, "stale", 5*time.Second, s.Stale)
+		eventtest.WaitFor(t, "stale", 5*time.Second, s.Stale)
 	} else {
 		// a following empty batch proves the fixture was consumed in order
 		pub.send(seq+1, emptyBatch(f.SourceType))
 		waitSeq(t, s, seq+1)
 	}
-	got := append(e.engine.take(), e.shared.take()...)
+	got := append(e.engine.Take(), e.shared.Take()...)
 	if f.Expect.SourceState != "stale" {
 		// the trailing empty batch adds nothing
 		e.mu.Lock()
@@ -158,9 +147,9 @@ func runFixtureOverZMQ(t *testing.T, m *fxManifest, f *fxFixture) {
 	if st := s.State(); st != Stopped {
 		t.Errorf("state after Stop = %v", st)
 	}
-	all := append(append(prior, got...), e.engine.take()...)
-	all = append(all, e.shared.take()...)
-	if bal := sharedBalance(all); len(bal) != 0 {
+	all := append(append(prior, got...), e.engine.Take()...)
+	all = append(all, e.shared.Take()...)
+	if bal := eventtest.SharedBalance(all); len(bal) != 0 {
 		t.Errorf("shared references left after Stop: %v", bal)
 	}
 	if typ != source.Mooncake {
@@ -185,7 +174,7 @@ var mismatchFixtures = map[string]bool{
 	"sglang_stored_partial_page":     true,
 }
 
-func checkHashMismatches(t *testing.T, f *fxFixture, e *env) {
+func checkHashMismatches(t *testing.T, f *eventtest.Fixture, e *env) {
 	t.Helper()
 	if e.check == nil {
 		return

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
 )
 
@@ -124,13 +125,13 @@ func TestHashCheckOverZMQ(t *testing.T) {
 			logs := &logBuffer{}
 			log := zerolog.New(logs)
 			key := "hc-" + strconv.Itoa(int(tc.typ)) + "|default|0"
-			ctx := contextOf(fxRegistration{Modelname: "test-model", BlockSize: bs})
+			ctx := eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: bs})
 			chk := hashcheck.NewSet(hashcheck.Options{Logger: log}).Add(key, &tc.registered, bs, "")
 			pub := newPublisher(t, ipcEndpoint(t, "pub"))
-			rec := &recorder{}
+			rec := &eventtest.Recorder{}
 			s := mustStart(t, Config{
 				Key: key, Type: tc.typ, Endpoint: pub.endpoint, Context: ctx, Profile: tc.registered,
-				Engine: rec, Owner: testOwner, Logger: log, Counters: NewCounters(), HashCheck: chk,
+				Engine: rec, Owner: eventtest.Owner, Logger: log, Counters: NewCounters(), HashCheck: chk,
 			})
 			defer s.Stop()
 			pub.waitSubscribed()
@@ -158,7 +159,7 @@ func TestHashCheckOverZMQ(t *testing.T) {
 				pub.send(uint64(i+1), p)
 			}
 			waitSeq(t, s, 2)
-			if n := len(rec.take()); n != 4 {
+			if n := len(rec.Take()); n != 4 {
 				t.Fatalf("%d blocks stored, want 4", n)
 			}
 			if mt, mm := chk.Counts(); [2]uint64{mt, mm} != tc.want {

@@ -11,6 +11,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
@@ -140,7 +141,7 @@ func (rs *replayService) requestCount() int {
 
 func vllmEnv(t *testing.T, endpoint, replayEP string) *env {
 	t.Helper()
-	e := newEnv(t, loadManifest(t), "vllm-a", nil, endpoint, replayEP)
+	e := newEnv(t, eventtest.LoadManifest(t), "vllm-a", nil, endpoint, replayEP)
 	e.cfg.Tuning = Tuning{ReplayReceiveTimeout: time.Second, ReplayTotalTimeout: 5 * time.Second}
 	return e
 }
@@ -168,9 +169,9 @@ func TestGapReplayLosesNothing(t *testing.T) {
 		}
 	}
 	waitSeq(t, s, n)
-	waitFor(t, "live", 5*time.Second, func() bool { return s.State() == Live })
+	eventtest.WaitFor(t, "live", 5*time.Second, func() bool { return s.State() == Live })
 	var got []uint64
-	for _, o := range e.engine.snapshot() {
+	for _, o := range e.engine.Snapshot() {
 		if o.Kind == "store" {
 			got = append(got, o.Key)
 		}
@@ -207,11 +208,11 @@ func TestLiveBufferedDuringReplay(t *testing.T) {
 	}
 	pub.send(1, rs.store[1])
 	pub.send(3, rs.store[3]) // gap at 2
-	waitFor(t, "recovering", 5*time.Second, func() bool { return s.State() == Recovering })
+	eventtest.WaitFor(t, "recovering", 5*time.Second, func() bool { return s.State() == Recovering })
 	for _, seq := range []uint64{4, 5, 7, 8, 12} { // 6 and 9-11 lost as well
 		pub.send(seq, rs.store[seq])
 	}
-	waitFor(t, "live messages drained while replay waits", 5*time.Second, func() bool {
+	eventtest.WaitFor(t, "live messages drained while replay waits", 5*time.Second, func() bool {
 		return e.counters.Value(MetricReceived, source.VLLM, events.ReasonNone) == 7
 	})
 	if got := e.appliedOrder(); !slices.Equal(got, []uint64{1}) {
@@ -222,7 +223,7 @@ func TestLiveBufferedDuringReplay(t *testing.T) {
 	rs.mu.Unlock()
 	close(hold)
 	waitSeq(t, s, 12)
-	waitFor(t, "live", 5*time.Second, func() bool { return s.State() == Live })
+	eventtest.WaitFor(t, "live", 5*time.Second, func() bool { return s.State() == Live })
 	want := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	if got := e.appliedOrder(); !slices.Equal(got, want) {
 		t.Errorf("applied %v", got)
@@ -248,7 +249,7 @@ func TestReplayConflictMakesStale(t *testing.T) {
 	rs.put(3, storedBatch([]uint64{333}, 4, 0))
 	pub.send(1, storedBatch([]uint64{1}, 4, 0))
 	pub.send(3, storedBatch([]uint64{3}, 4, 0))
-	waitFor(t, "stale", 5*time.Second, s.Stale)
+	eventtest.WaitFor(t, "stale", 5*time.Second, s.Stale)
 	if e.counters.Value(MetricStale, source.VLLM, events.StaleReplay) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
@@ -272,7 +273,7 @@ func TestRecoveryBufferOverflow(t *testing.T) {
 	for seq := uint64(3); seq <= 8; seq++ {
 		pub.send(seq, emptyBatch("vLLM"))
 	}
-	waitFor(t, "stale", 5*time.Second, s.Stale)
+	eventtest.WaitFor(t, "stale", 5*time.Second, s.Stale)
 	if e.counters.Value(MetricStale, source.VLLM, events.StaleBufferOverflow) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
@@ -348,7 +349,7 @@ func TestStopPromptAndIdempotent(t *testing.T) {
 	wg.Wait()
 	t.Logf("concurrent Stops took %v", time.Since(start))
 	clears := 0
-	for _, o := range e.engine.snapshot() {
+	for _, o := range e.engine.Snapshot() {
 		if o.Kind == "clear" {
 			clears++
 		}
@@ -362,7 +363,7 @@ func TestStopPromptAndIdempotent(t *testing.T) {
 }
 
 func TestStartErrors(t *testing.T) {
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	base := newEnv(t, m, "vllm-a", nil, "tcp://127.0.0.1:1", "").cfg
 	cases := map[string]func(c *Config){
 		"unknown type":       func(c *Config) { c.Type = source.NumTypes },
@@ -388,25 +389,25 @@ func TestStartErrors(t *testing.T) {
 // TestClearedDoesNotTouchOthers uses the real index: vLLM's clear empties
 // only its own device tier, a Mooncake cleared only its backend+tenant.
 func TestClearedDoesNotTouchOthers(t *testing.T) {
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	ix := index.New(index.Options{})
 	reg := m.Registrations["vllm-a"]
-	prof := resolveProfile(t, reg)
-	tb := ix.EnsureTable(contextOf(reg), prof)
+	prof := eventtest.ResolveProfile(t, reg)
+	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
 	other := tb.AddEngineOwner("vllm-b", 0)
 	tb.Store(other, index.Device, 2164874634404590027)
 	tb.AcquireShared(index.CPUShare, 99) // another master's object
 
 	pubV := newPublisher(t, ipcEndpoint(t, "v"))
-	sv, err := Start(Config{Key: "vllm-a", Type: source.VLLM, Endpoint: pubV.endpoint, Context: contextOf(reg),
-		Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0), Logger: testLogger(t)})
+	sv, err := Start(Config{Key: "vllm-a", Type: source.VLLM, Endpoint: pubV.endpoint, Context: eventtest.ContextOf(reg),
+		Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0), Logger: eventtest.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sv.Stop()
 	pubM := newPublisher(t, ipcEndpoint(t, "m"))
-	sm, err := Start(Config{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint, Context: contextOf(reg),
-		Profile: prof, Logger: testLogger(t), Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
+	sm, err := Start(Config{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint, Context: eventtest.ContextOf(reg),
+		Profile: prof, Logger: eventtest.Logger(t), Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
 			t := ix.Table(ctx)
 			return t, t != nil
 		})})
@@ -418,13 +419,13 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	pubM.waitSubscribed()
 
 	counts := func() [4]int { return tb.TierBlocks() }
-	pubV.send(1, payloadOf(t, m.fixture(t, "vllm_stored_gpu_2blocks")))
-	pubM.send(1, payloadOf(t, m.fixture(t, "mooncake_stored_vllm_cpu_disk")))
+	pubV.send(1, eventtest.Payload(t, m.Fixture(t, "vllm_stored_gpu_2blocks")))
+	pubM.send(1, eventtest.Payload(t, m.Fixture(t, "mooncake_stored_vllm_cpu_disk")))
 	waitSeq(t, sv, 1)
 	waitSeq(t, sm, 1)
 	before := counts()
-	pubV.send(2, payloadOf(t, m.fixture(t, "vllm_all_cleared")))
-	pubM.send(2, payloadOf(t, m.fixture(t, "mooncake_cleared")))
+	pubV.send(2, eventtest.Payload(t, m.Fixture(t, "vllm_all_cleared")))
+	pubM.send(2, eventtest.Payload(t, m.Fixture(t, "mooncake_cleared")))
 	waitSeq(t, sv, 2)
 	waitSeq(t, sm, 2)
 	after := counts()
@@ -457,19 +458,14 @@ func TestCountersSnapshot(t *testing.T) {
 	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, source.VLLM, events.ReasonNone) != 0 {
 		t.Error("nil counters must be inert")
 	}
-	for r := events.Reason(0); r < events.NumReasons; r++ {
-		if r.String() == "" {
-			t.Errorf("reason %d has no name", r)
-		}
-	}
 }
 
 // slowSink makes every store take a while, like a contended index.
-type slowSink struct{ recorder }
+type slowSink struct{ eventtest.Recorder }
 
 func (s *slowSink) Store(id index.OwnerID, t index.Tier, k uint64) {
 	time.Sleep(100 * time.Microsecond)
-	s.recorder.Store(id, t, k)
+	s.Recorder.Store(id, t, k)
 }
 
 // TestStopPromptBehindBacklog: with thousands of batches queued and a slow
@@ -494,20 +490,20 @@ func TestStopPromptBehindBacklog(t *testing.T) {
 	if last >= 3000 {
 		t.Errorf("Stop applied the whole backlog (%d batches) before returning", last)
 	}
-	if ops := sink.snapshot(); ops[len(ops)-1].Kind != "clear" {
+	if ops := sink.Snapshot(); ops[len(ops)-1].Kind != "clear" {
 		t.Errorf("not retracted")
 	}
 }
 
 // panicSink stands in for an index bug.
-type panicSink struct{ recorder }
+type panicSink struct{ eventtest.Recorder }
 
 func (p *panicSink) Store(index.OwnerID, index.Tier, uint64) { panic("index bug") }
 
 // TestPanicMakesStale: a panic while applying a batch retracts the source
 // instead of crashing the service.
 func TestPanicMakesStale(t *testing.T) {
-	e := newEnv(t, loadManifest(t), "vllm-a", nil, "inproc://unused", "")
+	e := newEnv(t, eventtest.LoadManifest(t), "vllm-a", nil, "inproc://unused", "")
 	sink := &panicSink{}
 	e.cfg.Engine = sink
 	s, err := newSubscriber(e.cfg)
@@ -516,11 +512,11 @@ func TestPanicMakesStale(t *testing.T) {
 	}
 	s.started = true
 	s.setState(Live)
-	s.applyBatch(1, payloadOf(t, loadManifest(t).fixture(t, "vllm_stored_gpu_2blocks")))
+	s.applyBatch(1, eventtest.Payload(t, eventtest.LoadManifest(t).Fixture(t, "vllm_stored_gpu_2blocks")))
 	if s.State() != Stale || e.counters.Value(MetricStale, source.VLLM, events.StaleInternal) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
-	if ops := sink.snapshot(); len(ops) != 1 || ops[0].Kind != "clear" {
+	if ops := sink.Snapshot(); len(ops) != 1 || ops[0].Kind != "clear" {
 		t.Errorf("ops %v", ops)
 	}
 	if last, ok := s.LastSeq(); !ok || last != 1 {
@@ -529,7 +525,7 @@ func TestPanicMakesStale(t *testing.T) {
 }
 
 func TestTypedNilTableRejected(t *testing.T) {
-	e := newEnv(t, loadManifest(t), "vllm-a", nil, "tcp://127.0.0.1:1", "")
+	e := newEnv(t, eventtest.LoadManifest(t), "vllm-a", nil, "tcp://127.0.0.1:1", "")
 	var tb *index.Table
 	e.cfg.Engine = tb
 	if s, err := Start(e.cfg); err == nil {
@@ -578,7 +574,7 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 		pub.send(1, storedBatch([]uint64{11, 12}, 4, 0))
 		waitSeq(t, s, 1)
 		s.Stop()
-		ops := e.engine.snapshot()
+		ops := e.engine.Snapshot()
 		clears := 0
 		for _, o := range ops {
 			if o.Kind == "clear" {
@@ -605,11 +601,11 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 			e.cfg.WatchConnection = watch
 			s := mustStart(t, e.cfg)
 			defer s.Stop()
-			waitFor(t, "connection", 10*time.Second, s.Connected)
+			eventtest.WaitFor(t, "connection", 10*time.Second, s.Connected)
 			if st := s.State(); st != Connected || st.String() != "connected" {
 				t.Fatalf("state %v after the connection came up, want connected", st)
 			}
-			waitFor(t, "monitor slot returned", 10*time.Second, func() bool { return optionalMonitors.Load() == base })
+			eventtest.WaitFor(t, "monitor slot returned", 10*time.Second, func() bool { return optionalMonitors.Load() == base })
 			pub.waitSubscribed()
 			pub.send(1, storedBatch([]uint64{11}, 4, 0))
 			waitSeq(t, s, 1)
@@ -652,7 +648,7 @@ func TestOptionalMonitorsBounded(t *testing.T) {
 		s := mustStart(t, e.cfg)
 		pub.waitSubscribed() // the connection is up
 		if watch {
-			waitFor(t, "connection", 10*time.Second, s.Connected)
+			eventtest.WaitFor(t, "connection", 10*time.Second, s.Connected)
 		} else {
 			if s.mon != nil || s.monSlot {
 				t.Fatal("a source beyond the bound has a monitor")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
 )
@@ -14,7 +15,7 @@ import (
 // gateSink holds the first store until released, so the subscriber reads
 // nothing while the publisher bursts.
 type gateSink struct {
-	inner   *recorder
+	inner   *eventtest.Recorder
 	once    sync.Once
 	entered chan struct{}
 	release chan struct{}
@@ -106,7 +107,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	// its buffer with them.
 	hb := uint64(n)
 	empty := emptyBatch("vLLM")
-	waitFor(t, "the subscriber to apply past the burst", 3*time.Minute, func() bool {
+	eventtest.WaitFor(t, "the subscriber to apply past the burst", 3*time.Minute, func() bool {
 		if last, ok := s.LastSeq(); ok && last > n && s.State() == Live {
 			return true
 		}
@@ -120,7 +121,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 		return false
 	})
 	var got []uint64
-	for _, o := range e.engine.snapshot() {
+	for _, o := range e.engine.Snapshot() {
 		if o.Kind == "store" {
 			got = append(got, o.Key)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/source"
 	zmq "github.com/pebbe/zmq4"
@@ -229,11 +230,11 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 	for seq := uint64(3); seq <= 40; seq++ {
 		pub.send(seq, storedBatch([]uint64{key(seq)}, 4, 0))
 	}
-	waitFor(t, "recovery", 5*time.Second, func() bool { return s.State() == Recovering })
+	eventtest.WaitFor(t, "recovery", 5*time.Second, func() bool { return s.State() == Recovering })
 	for seq := uint64(41); seq <= 300; seq++ {
 		pub.send(seq, storedBatch([]uint64{key(seq)}, 4, 0))
 	}
-	waitFor(t, "live messages buffered", 5*time.Second, func() bool {
+	eventtest.WaitFor(t, "live messages buffered", 5*time.Second, func() bool {
 		return e.counters.Value(MetricReceived, source.VLLM, events.ReasonNone) == 299
 	})
 	close(hold)
@@ -242,7 +243,7 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 		want = append(want, key(seq))
 	}
 	var got []uint64
-	for _, o := range e.engine.snapshot() {
+	for _, o := range e.engine.Snapshot() {
 		if o.Kind == "store" {
 			got = append(got, o.Key)
 		}
@@ -263,10 +264,10 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 // countTrims replaces the C heap trim with a counter for the test.
 func countTrims(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
+	eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
 	old := zmqx.SwapTrim(func() { n.Add(1) })
 	t.Cleanup(func() {
-		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
+		eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
 		zmqx.SwapTrim(old)
 	})
 	return &n
@@ -296,7 +297,7 @@ func TestTrimAfterBacklogDrains(t *testing.T) {
 	if _, err := r.recv(p.b, frames[:0], drainBurst); zmq.AsErrno(err) != zmq.Errno(syscall.EAGAIN) {
 		t.Fatalf("empty socket: %v", err)
 	}
-	waitFor(t, "a trim after the backlog drained", 5*time.Second, func() bool { return n.Load() == 1 })
+	eventtest.WaitFor(t, "a trim after the backlog drained", 5*time.Second, func() bool { return n.Load() == 1 })
 	// Small traffic received in one batch each time: no backlog, no trim.
 	for i := range 50 {
 		p.pub.send(uint64(i), payload[:100])
@@ -304,7 +305,7 @@ func TestTrimAfterBacklogDrains(t *testing.T) {
 			_, _ = r.recv(p.b, frames[:0], drainBurst)
 		}
 	}
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
+	eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
 	if got := n.Load(); got != 1 {
 		t.Fatalf("%d trims, want 1", got)
 	}
@@ -317,7 +318,7 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	pub := newPublisher(t, fmt.Sprintf("inproc://recv-test-%d", inprocSeq.Add(1)))
 	e := newEnv(t, m, "vllm-a", nil, pub.endpoint, "")
 	e.cfg.Context.BlockSize = benchBlockSize

@@ -13,6 +13,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/source"
 )
 
@@ -73,7 +74,7 @@ type scenario struct {
 
 func loadScenarios(t *testing.T) []scenario {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(fixtureDir, "scenarios.json"))
+	b, err := os.ReadFile(filepath.Join(eventtest.FixtureDir(t), "scenarios.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +97,7 @@ var scenarioTuning = Tuning{ReplayReceiveTimeout: 150 * time.Millisecond, Replay
 // sequence handling and replay exchanges against a recording sink, and the
 // ingest-to-query checks against the real index and hash chains.
 func TestScenarios(t *testing.T) {
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	scs := loadScenarios(t)
 	if len(scs) < 13 {
 		t.Fatalf("only %d scenarios", len(scs))
@@ -113,14 +114,14 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
-func decodeHexFrame(t *testing.T, m *fxManifest, s string) []byte {
+func decodeHexFrame(t *testing.T, m *eventtest.Manifest, s string) []byte {
 	t.Helper()
 	if strings.HasPrefix(s, "<payload") {
 		id := strings.TrimSuffix(strings.TrimPrefix(strings.TrimPrefix(s, "<payload"), " "), ">")
 		if id == "" {
 			return emptyBatch("vLLM")
 		}
-		return payloadOf(t, m.fixture(t, id))
+		return eventtest.Payload(t, m.Fixture(t, id))
 	}
 	b, err := hex.DecodeString(s)
 	if err != nil {
@@ -129,7 +130,7 @@ func decodeHexFrame(t *testing.T, m *fxManifest, s string) []byte {
 	return b
 }
 
-func runSequenceScenario(t *testing.T, m *fxManifest, sc scenario) {
+func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 	reg := m.Registrations[sc.Registration]
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	var rs *replayServer
@@ -151,7 +152,7 @@ func runSequenceScenario(t *testing.T, m *fxManifest, sc scenario) {
 	for i, st := range sc.Steps {
 		switch {
 		case st.Live != "":
-			pub.send(*st.Seq, payloadOf(t, m.fixture(t, st.Live)))
+			pub.send(*st.Seq, eventtest.Payload(t, m.Fixture(t, st.Live)))
 		case st.ExpectReplayRequest != nil:
 			if rs == nil {
 				t.Fatalf("step %d: no replay endpoint", i)
@@ -180,7 +181,7 @@ func runSequenceScenario(t *testing.T, m *fxManifest, sc scenario) {
 			if !ok {
 				t.Fatalf("step %d: unknown state %q", i, st.Expect.State)
 			}
-			waitFor(t, "state "+st.Expect.State, 5*time.Second, func() bool {
+			eventtest.WaitFor(t, "state "+st.Expect.State, 5*time.Second, func() bool {
 				if s.State() != want {
 					return false
 				}
@@ -215,7 +216,7 @@ func runSequenceScenario(t *testing.T, m *fxManifest, sc scenario) {
 func assertRetracted(t *testing.T, e *env) {
 	t.Helper()
 	if e.cfg.Engine != nil {
-		ops := e.engine.snapshot()
+		ops := e.engine.Snapshot()
 		if len(ops) == 0 {
 			return
 		}
@@ -225,14 +226,14 @@ func assertRetracted(t *testing.T, e *env) {
 		}
 		return
 	}
-	if bal := sharedBalance(e.shared.snapshot()); len(bal) != 0 {
+	if bal := eventtest.SharedBalance(e.shared.Snapshot()); len(bal) != 0 {
 		t.Errorf("shared references left: %v", bal)
 	}
 }
 
 // runQueryScenario wires real index tables and subscribers for several
 // registrations and checks query answers after ingestion.
-func runQueryScenario(t *testing.T, m *fxManifest, sc scenario) {
+func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 	ix := index.New(index.Options{})
 	type src struct {
 		pub     *publisher
@@ -254,12 +255,12 @@ func runQueryScenario(t *testing.T, m *fxManifest, sc scenario) {
 	})
 	for _, name := range regs {
 		reg := m.Registrations[name]
-		prof := resolveProfile(t, reg)
+		prof := eventtest.ResolveProfile(t, reg)
 		pub := newPublisher(t, ipcEndpoint(t, name))
 		typ, _ := source.Parse(reg.Type)
 		cfg := Config{
 			Key: name, Type: typ, Endpoint: pub.endpoint, DPRank: reg.DPRank,
-			Context: contextOf(reg), Profile: prof, Logger: testLogger(t),
+			Context: eventtest.ContextOf(reg), Profile: prof, Logger: eventtest.Logger(t),
 		}
 		if reg.Type == "Mooncake" {
 			cfg.Lookup = TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
@@ -291,7 +292,7 @@ func runQueryScenario(t *testing.T, m *fxManifest, sc scenario) {
 				name = only
 			}
 			src := sources[name]
-			src.pub.send(*st.Seq, payloadOf(t, m.fixture(t, st.Live)))
+			src.pub.send(*st.Seq, eventtest.Payload(t, m.Fixture(t, st.Live)))
 			waitSeq(t, src.sub, *st.Seq)
 		case st.Query != nil:
 			ctx := index.ContextKey{Tenant: "default", Model: st.Query.Model, BlockSize: st.Query.BlockSize}

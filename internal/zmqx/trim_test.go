@@ -5,27 +5,17 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+)
 
 // countTrims replaces the C heap trim with a counter for the test.
 func countTrims(t *testing.T) *atomic.Int64 {
 	var n atomic.Int64
-	waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !TrimRunning() })
+	eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !TrimRunning() })
 	old := SwapTrim(func() { n.Add(1) })
 	t.Cleanup(func() {
-		waitFor(t, "trimmer idle", 5*time.Second, func() bool { return !TrimRunning() })
+		eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !TrimRunning() })
 		SwapTrim(old)
 	})
 	return &n
