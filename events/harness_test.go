@@ -41,17 +41,9 @@ type tester struct {
 // also.
 func newTester(t testing.TB, m *eventtest.Manifest, regName string, also ...string) *tester {
 	t.Helper()
-	reg, ok := m.Registrations[regName]
-	if !ok {
-		t.Fatalf("no registration %q", regName)
-	}
+	reg := m.Registration(t, regName)
 	x := &tester{reg: reg, engine: &eventtest.Recorder{}, shared: &eventtest.Recorder{}, outcomes: map[uint64][]Outcome{}}
-	tables := map[index.ContextKey]*hashing.Profile{}
-	for _, a := range also {
-		ar := m.Registrations[a]
-		p := eventtest.ResolveProfile(t, ar)
-		tables[eventtest.ContextOf(ar)] = &p
-	}
+	tables := m.Profiles(t, also)
 	typ, ok := source.Parse(reg.Type)
 	if !ok {
 		t.Fatalf("registration type %q", reg.Type)

@@ -76,6 +76,24 @@ func labeled(field, prefix string) bool {
 	return strings.HasPrefix(field, prefix) && isDecimal(field[len(prefix):])
 }
 
+// skipGroupLabels returns the index after the optional group:N,
+// cache_role: and cache_family: fields that may follow the rank labels at
+// f[j], in that order, never consuming the last field (the hash). The group
+// label is skipped, not checked (as upstream does; docs/events.md#vllm-keys).
+func skipGroupLabels(f []string, j int) int {
+	last := len(f) - 1
+	if j < last && labeled(f[j], "group:") {
+		j++
+	}
+	if j < last && strings.HasPrefix(f[j], "cache_role:") {
+		j++
+	}
+	if j < last && strings.HasPrefix(f[j], "cache_family:") {
+		j++
+	}
+	return j
+}
+
 // parseVLLMKey returns the block-hash field of a vLLM MooncakeStoreConnector or
 // vLLM-Ascend AscendStoreConnector key (docs/events.md#vllm-keys,
 // docs/events.md#ascend-keys). Everything else in the key (prefix, model,
@@ -100,18 +118,7 @@ func parseVLLMKey(key string) (string, bool) {
 			if !labeled(f[i+1], "pcp") || !labeled(f[i+2], "dcp") || !labeled(f[i+3], "pp_rank:") {
 				break
 			}
-			j := i + 4
-			// The group label is skipped, not checked (as upstream does;
-			// docs/events.md#vllm-keys).
-			if j < n-1 && labeled(f[j], "group:") {
-				j++
-			}
-			if j < n-1 && strings.HasPrefix(f[j], "cache_role:") {
-				j++
-			}
-			if j < n-1 && strings.HasPrefix(f[j], "cache_family:") {
-				j++
-			}
+			j := skipGroupLabels(f, i+4)
 			if j == n-1 && isHashHex(f[j]) {
 				return f[j], true
 			}
@@ -129,15 +136,7 @@ func parseVLLMKey(key string) (string, bool) {
 		if j < n-1 && labeled(f[j], "pp_rank:") {
 			j++
 		}
-		if j < n-1 && labeled(f[j], "group:") {
-			j++
-		}
-		if j < n-1 && strings.HasPrefix(f[j], "cache_role:") {
-			j++
-		}
-		if j < n-1 && strings.HasPrefix(f[j], "cache_family:") {
-			j++
-		}
+		j = skipGroupLabels(f, j)
 		if j < n-1 && labeled(f[j], "layer_id:") {
 			j++
 		}

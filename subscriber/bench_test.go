@@ -146,7 +146,7 @@ func BenchmarkIngestVLLM(b *testing.B) {
 
 func benchIngest(b *testing.B, sinkName string) {
 	m := eventtest.LoadManifest(b)
-	reg := m.Registrations["vllm-a"]
+	reg := m.Registration(b, "vllm-a")
 	reg.BlockSize = benchBlockSize
 	prof := eventtest.ResolveProfile(b, reg)
 	ctx := eventtest.ContextOf(reg)

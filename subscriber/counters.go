@@ -89,6 +89,12 @@ type Sample struct {
 // reason). Values are read individually, so a snapshot taken during traffic
 // is not an atomic cut — fine for monitoring.
 func (c *Counters) Snapshot() []Sample {
+	return c.samples(false)
+}
+
+// samples lists the counters in the order of Snapshot: the non-zero ones,
+// and with zeros the series familyReasons declares.
+func (c *Counters) samples(zeros bool) []Sample {
 	if c == nil {
 		return nil
 	}
@@ -97,7 +103,7 @@ func (c *Counters) Snapshot() []Sample {
 		for t := source.Type(0); t < source.NumTypes; t++ {
 			for r := events.Reason(0); r < events.NumReasons; r++ {
 				v := c.v[m][t][r].Load()
-				if v == 0 {
+				if v == 0 && !(zeros && familyReasons[m][r]) {
 					continue
 				}
 				reason := ""
@@ -137,24 +143,5 @@ var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
 // All returns every series a family can count, for every source type, zero
 // or not, plus any other non-zero counter, in the order of Snapshot.
 func (c *Counters) All() []Sample {
-	if c == nil {
-		return nil
-	}
-	var out []Sample
-	for m := Metric(0); m < numMetrics; m++ {
-		for t := source.Type(0); t < source.NumTypes; t++ {
-			for r := events.Reason(0); r < events.NumReasons; r++ {
-				v := c.v[m][t][r].Load()
-				if v == 0 && !familyReasons[m][r] {
-					continue
-				}
-				reason := ""
-				if r != events.ReasonNone {
-					reason = r.String()
-				}
-				out = append(out, Sample{Metric: m.String(), Source: t.String(), Reason: reason, Value: v})
-			}
-		}
-	}
-	return out
+	return c.samples(true)
 }

@@ -51,18 +51,10 @@ func (e *env) appliedOrder() []uint64 {
 // Mooncake registrations get a lookup that knows the contexts of also.
 func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, endpoint, replayEndpoint string) *env {
 	t.Helper()
-	reg, ok := m.Registrations[regName]
-	if !ok {
-		t.Fatalf("no registration %q", regName)
-	}
+	reg := m.Registration(t, regName)
 	e := &env{engine: &eventtest.Recorder{}, shared: &eventtest.Recorder{}, outcomes: map[uint64][]events.Outcome{}, counters: NewCounters()}
 	prof := eventtest.ResolveProfile(t, reg)
-	tables := map[index.ContextKey]*hashing.Profile{}
-	for _, a := range also {
-		ar := m.Registrations[a]
-		p := eventtest.ResolveProfile(t, ar)
-		tables[eventtest.ContextOf(ar)] = &p
-	}
+	tables := m.Profiles(t, also)
 	typ, ok := source.Parse(reg.Type)
 	if !ok {
 		t.Fatalf("registration type %q", reg.Type)

@@ -391,7 +391,7 @@ func TestStartErrors(t *testing.T) {
 func TestClearedDoesNotTouchOthers(t *testing.T) {
 	m := eventtest.LoadManifest(t)
 	ix := index.New(index.Options{})
-	reg := m.Registrations["vllm-a"]
+	reg := m.Registration(t, "vllm-a")
 	prof := eventtest.ResolveProfile(t, reg)
 	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
 	other := tb.AddEngineOwner("vllm-b", 0)

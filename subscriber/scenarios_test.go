@@ -131,7 +131,7 @@ func decodeHexFrame(t *testing.T, m *eventtest.Manifest, s string) []byte {
 }
 
 func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
-	reg := m.Registrations[sc.Registration]
+	reg := m.Registration(t, sc.Registration)
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	var rs *replayServer
 	replayEP := ""
@@ -254,7 +254,7 @@ func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 		return -1
 	})
 	for _, name := range regs {
-		reg := m.Registrations[name]
+		reg := m.Registration(t, name)
 		prof := eventtest.ResolveProfile(t, reg)
 		pub := newPublisher(t, ipcEndpoint(t, name))
 		typ, _ := source.Parse(reg.Type)

@@ -224,3 +224,27 @@ func ResultName(t testing.TB, s string) string {
 	t.Fatalf("unknown event expectation %q", s)
 	return ""
 }
+
+// Registration returns the registration called name or fails the test.
+func (m *Manifest) Registration(t testing.TB, name string) Registration {
+	t.Helper()
+	r, ok := m.Registrations[name]
+	if !ok {
+		t.Fatalf("no registration %q", name)
+	}
+	return r
+}
+
+// Profiles resolves the named registrations' hash profiles by the context
+// each binds: what a Mooncake source's lookup finds when those engines are
+// registered too.
+func (m *Manifest) Profiles(t testing.TB, names []string) map[index.ContextKey]*hashing.Profile {
+	t.Helper()
+	out := map[index.ContextKey]*hashing.Profile{}
+	for _, name := range names {
+		r := m.Registration(t, name)
+		p := ResolveProfile(t, r)
+		out[ContextOf(r)] = &p
+	}
+	return out
+}
