@@ -35,6 +35,10 @@ type Index struct {
 	mu      sync.Mutex // serialises writers of tables
 	tables  atomic.Pointer[map[ContextKey]*Table]
 	reap    reaper
+
+	// cutMu is held from BeginCut to Finish: one cut at a time.
+	cutMu    sync.Mutex
+	cutEpoch uint64 // under cutMu; stripes compare their cutEpoch to it
 }
 
 // New returns an empty index.

@@ -95,6 +95,10 @@ type stripe struct {
 	// without the lock; see there.
 	slotsAt  atomic.Uintptr
 	slotsLen atomic.Int64
+	// pos is the stripe's position in its table; cutEpoch is the last cut
+	// it was copied for (see Cut), under mu.
+	pos      int
+	cutEpoch uint64
 	_        [64]byte // keep neighbouring stripes' locks off one cache line
 }
 

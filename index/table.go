@@ -33,6 +33,10 @@ type Table struct {
 
 	// reap, when set, clears removed owners in the background.
 	reap *reaper
+
+	// cut is the cut in progress, if any: writers copy a stripe for it
+	// before their first change (see Cut).
+	cut atomic.Pointer[tableCut]
 }
 
 type slotInfo struct {
@@ -100,6 +104,9 @@ func newTable(ctx ContextKey, p hashing.Profile, nStripes int) *Table {
 		shift:   64 - bits,
 		stripes: make([]stripe, 1<<bits),
 		ids:     make(map[ownerKey]OwnerID),
+	}
+	for i := range t.stripes {
+		t.stripes[i].pos = i
 	}
 	t.view.Store(emptyView)
 	return t
@@ -312,6 +319,7 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 		s.mu.Unlock()
 		return
 	}
+	t.cow(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findEngine(b, id); k != noPair {
@@ -335,6 +343,7 @@ func (t *Table) lockBlock(key uint64) (s *stripe, idx int) {
 	s.mu.Lock()
 	if !s.dead {
 		if idx = s.find(key, h); idx >= 0 {
+			t.cow(s)
 			return s, idx
 		}
 	}
@@ -395,6 +404,7 @@ func (t *Table) clearOwner(id OwnerID, m uint8, between func() bool) {
 			if s.dead {
 				from = 0
 			} else {
+				t.cow(s)
 				from = s.clearOwner(id, m, from, clearBudget)
 			}
 			s.mu.Unlock()
@@ -421,6 +431,7 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 		s.mu.Unlock()
 		return
 	}
+	t.cow(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findShared(b, bit); k != noPair {
@@ -470,6 +481,7 @@ func (t *Table) drop() {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
+		t.cow(s)
 		s.dead = true
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
 		s.publishSlots()

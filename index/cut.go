@@ -1,0 +1,254 @@
+package index
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// A Cut is a copy of the engine owners' entries as they were at one moment,
+// taken without stopping queries or ingestion for longer than it takes to
+// copy one stripe.
+//
+// BeginCut marks the moment; it must be called while nothing writes to the
+// index (the service pauses its event sources around it, for microseconds).
+// From then on the first writer to touch a stripe copies it before changing
+// it (copy on write, one stripe at a time under the lock the writer holds
+// anyway), and Finish copies every stripe no writer touched, under its read
+// lock, so queries keep running. Either way each stripe is copied in its
+// state at the moment of the cut, which is what makes a per-source sequence
+// number recorded at that moment describe the copy exactly.
+//
+// Only engine owners registered at the cut are copied. Shared (Mooncake)
+// references are not: they are rebuilt from the Mooncake sources' object
+// bindings, which the caller records at the same moment.
+type Cut struct {
+	ix     *Index
+	epoch  uint64
+	tables []*tableCut
+	done   bool
+}
+
+// tableCut is one table's part of a cut.
+type tableCut struct {
+	epoch uint64
+	t     *Table
+	view  *ownerView
+	out   []stripeCut // by stripe position
+}
+
+// stripeCut is one stripe's entries in the encoding Entries documents.
+type stripeCut struct {
+	data          []byte
+	blocks, pairs int
+}
+
+// Owner is an engine owner as a cut lists it.
+type Owner struct {
+	Instance string
+	Rank     int
+}
+
+// TableCut is one context's entries at the cut.
+type TableCut struct {
+	Context ContextKey
+	Profile hashing.Profile
+	// Owners are the engine owners registered at the cut, sorted by
+	// (instance, rank); entries refer to them by position.
+	Owners []Owner
+	// Entries encodes, block after block, the key (8 bytes, little
+	// endian), the number n of owners holding it (uvarint), then per
+	// owner uvarint(position<<4 | tier mask), the mask's bits being
+	// Device, CPULocal, CPUShare and Disk from the lowest. Blocks held by
+	// no listed owner are absent.
+	Entries []byte
+	// Blocks and Pairs count the encoded blocks and (block, owner) pairs.
+	Blocks, Pairs int
+}
+
+// BeginCut marks the moment a cut describes. The caller must keep every
+// writer of the index (event sources, registrations) paused during the call,
+// and must call Finish. Cuts do not overlap: BeginCut waits for the
+// previous cut's Finish.
+func (ix *Index) BeginCut() *Cut {
+	ix.cutMu.Lock()
+	ix.cutEpoch++
+	c := &Cut{ix: ix, epoch: ix.cutEpoch}
+	for _, t := range ix.Tables() {
+		tc := &tableCut{epoch: c.epoch, t: t, view: t.view.Load(), out: make([]stripeCut, len(t.stripes))}
+		t.cut.Store(tc)
+		c.tables = append(c.tables, tc)
+	}
+	return c
+}
+
+// Finish copies the stripes no writer has copied yet, ends the cut and
+// returns each table's entries, in Tables order.
+func (c *Cut) Finish() []TableCut {
+	if c.done {
+		panic("index: Cut.Finish called twice")
+	}
+	c.done = true
+	defer c.ix.cutMu.Unlock()
+	out := make([]TableCut, 0, len(c.tables))
+	for _, tc := range c.tables {
+		t := tc.t
+		for i := range t.stripes {
+			s := &t.stripes[i]
+			s.mu.RLock()
+			// Writers capture under the write lock, so under the read
+			// lock only this goroutine can: no two captures race.
+			if s.cutEpoch != tc.epoch {
+				tc.capture(s)
+			}
+			s.mu.RUnlock()
+		}
+		t.cut.CompareAndSwap(tc, nil)
+		r := TableCut{Context: t.ctx, Profile: t.profile}
+		r.Owners = make([]Owner, len(tc.view.owners))
+		for i, o := range tc.view.owners {
+			r.Owners[i] = Owner{Instance: o.instance, Rank: o.rank}
+		}
+		n := 0
+		for _, sc := range tc.out {
+			n += len(sc.data)
+		}
+		r.Entries = make([]byte, 0, n)
+		for i := range tc.out {
+			sc := &tc.out[i]
+			r.Entries = append(r.Entries, sc.data...)
+			r.Blocks += sc.blocks
+			r.Pairs += sc.pairs
+			*sc = stripeCut{}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// cow copies s for a cut in progress before its first change after the
+// cut. Writers call it with s write-locked.
+func (t *Table) cow(s *stripe) {
+	if tc := t.cut.Load(); tc != nil && s.cutEpoch != tc.epoch {
+		tc.capture(s)
+	}
+}
+
+// capture encodes s's engine entries of owners registered at the cut. The
+// caller holds s's lock (write, or read when it is Finish).
+func (tc *tableCut) capture(s *stripe) {
+	s.cutEpoch = tc.epoch
+	sc := &tc.out[s.pos]
+	if s.dead {
+		return
+	}
+	buf := make([]byte, 0, s.nlive*11)
+	var held []uint64
+	for i := range s.blocks {
+		b := &s.blocks[i]
+		if b.first.own == 0 {
+			continue // free slab entry
+		}
+		held = held[:0]
+		if p := b.first; p.id() != 0 {
+			if pos := tc.view.position(p.id()); pos >= 0 {
+				held = append(held, uint64(pos)<<maskBits|uint64(p.mask()&engineBit))
+			}
+		}
+		for _, p := range s.overflow(b) {
+			if p.id() == 0 {
+				continue
+			}
+			if pos := tc.view.position(p.id()); pos >= 0 {
+				held = append(held, uint64(pos)<<maskBits|uint64(p.mask()&engineBit))
+			}
+		}
+		if len(held) == 0 {
+			continue
+		}
+		buf = binary.LittleEndian.AppendUint64(buf, b.key)
+		buf = binary.AppendUvarint(buf, uint64(len(held)))
+		for _, h := range held {
+			buf = binary.AppendUvarint(buf, h)
+		}
+		sc.blocks++
+		sc.pairs += len(held)
+	}
+	sc.data = buf
+}
+
+// EntryVisitor receives one decoded entry: a block key and, per holder, the
+// owner's position and its tier mask.
+type EntryVisitor func(key uint64, holders []EntryHolder)
+
+// EntryHolder is one owner of an encoded block.
+type EntryHolder struct {
+	Owner int
+	Tiers TierMask
+}
+
+// ErrBadEntries reports entries that do not decode.
+var ErrBadEntries = errors.New("malformed index entries")
+
+// WalkEntries decodes entries encoded as TableCut.Entries describes,
+// checking every owner position against owners, and calls visit per block
+// (visit may be nil: a validation pass). It returns the blocks and pairs
+// seen, or an error wrapping ErrBadEntries; visit has then been called for
+// the blocks before the bad one, so callers validate before applying.
+func WalkEntries(entries []byte, owners int, visit EntryVisitor) (blocks, pairs int, err error) {
+	var holders []EntryHolder
+	for p := 0; p < len(entries); {
+		if len(entries)-p < 8 {
+			return blocks, pairs, fmt.Errorf("%w: block %d: key cut short", ErrBadEntries, blocks)
+		}
+		key := binary.LittleEndian.Uint64(entries[p:])
+		p += 8
+		n, w := binary.Uvarint(entries[p:])
+		if w <= 0 || n == 0 || n > uint64(owners) {
+			return blocks, pairs, fmt.Errorf("%w: block %d: bad holder count", ErrBadEntries, blocks)
+		}
+		p += w
+		holders = holders[:0]
+		for range n {
+			h, w := binary.Uvarint(entries[p:])
+			if w <= 0 {
+				return blocks, pairs, fmt.Errorf("%w: block %d: holder cut short", ErrBadEntries, blocks)
+			}
+			p += w
+			pos, mask := h>>maskBits, TierMask(h&tierBits)
+			if pos >= uint64(owners) || mask == 0 || mask&^AllEngineTiers != 0 {
+				return blocks, pairs, fmt.Errorf("%w: block %d: bad holder (owner %d of %d, tiers %#x)", ErrBadEntries, blocks, pos, owners, mask)
+			}
+			holders = append(holders, EntryHolder{Owner: int(pos), Tiers: mask})
+		}
+		if visit != nil {
+			visit(key, holders)
+		}
+		blocks++
+		pairs += int(n)
+	}
+	return blocks, pairs, nil
+}
+
+// Restore stores decoded entries into the table: owners maps an entry's
+// owner position to this table's id, 0 dropping that owner's entries (a
+// source that resumes cold). Validate the entries with WalkEntries first:
+// Restore stops at the first malformed block.
+func (t *Table) Restore(entries []byte, owners []OwnerID) error {
+	_, _, err := WalkEntries(entries, len(owners), func(key uint64, hs []EntryHolder) {
+		for _, h := range hs {
+			id := owners[h.Owner]
+			if id == 0 {
+				continue
+			}
+			for tier := range numTiers {
+				if h.Tiers&(1<<tier) != 0 {
+					t.Store(id, tier, key)
+				}
+			}
+		}
+	})
+	return err
+}
