@@ -1,0 +1,117 @@
+package snapshot
+
+import (
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/statedir"
+)
+
+// benchIndex fills one context with pairs (block, owner) entries over 16
+// engine owners: with shared set, half the blocks are held by two owners
+// (a common prefix), otherwise every block has one.
+func benchIndex(b *testing.B, pairs int, shared bool) (*index.Index, *index.Table) {
+	b.Helper()
+	ix := index.New(index.Options{})
+	t := ix.EnsureTable(ctxA, hashing.Profile{})
+	ids := make([]index.OwnerID, 16)
+	for i := range ids {
+		ids[i] = t.AddEngineOwner(fmt.Sprint("engine-", i/2), i%2)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for n := 0; n < pairs; {
+		k := rng.Uint64()
+		o := rng.IntN(len(ids))
+		t.Store(ids[o], index.Device, k)
+		n++
+		if shared && n < pairs && n%3 == 0 {
+			t.Store(ids[(o+1)%len(ids)], index.CPULocal, k)
+			n++
+		}
+	}
+	return ix, t
+}
+
+// snapshotOf cuts ix into a Snapshot as the service would.
+func snapshotOf(ix *index.Index) *Snapshot {
+	s := &Snapshot{Created: time.Now(), Sources: []Source{{Key: "x", Type: "vLLM", Seq: 1, HasSeq: true}}}
+	for _, tc := range ix.BeginCut().Finish() {
+		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
+	}
+	return s
+}
+
+// BenchmarkWrite2M is the snapshot write at 2 M (block, owner) entries: the
+// cut, encoding and a durable write (temporary file, fsync, rename, fsync
+// of the directory) into a real directory.
+func BenchmarkWrite2M(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		b.Run(fmt.Sprintf("shared=%v", shared), func(b *testing.B) {
+			ix, _ := benchIndex(b, 2_000_000, shared)
+			d, err := statedir.Open(b.TempDir(), statedir.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			var size int64
+			var pairs int
+			b.ResetTimer()
+			for range b.N {
+				s := snapshotOf(ix)
+				pairs = s.Contexts[0].Pairs
+				size, err = d.WriteAtomic(FileName, func(w io.Writer) error { return Write(w, s) })
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(size)/float64(pairs), "bytes/pair")
+			b.ReportMetric(float64(size)/(1<<20), "MiB")
+		})
+	}
+}
+
+// BenchmarkLoad2M reads, validates and restores a 2 M-entry snapshot into
+// a fresh index.
+func BenchmarkLoad2M(b *testing.B) {
+	for _, shared := range []bool{false, true} {
+		b.Run(fmt.Sprintf("shared=%v", shared), func(b *testing.B) {
+			ix, _ := benchIndex(b, 2_000_000, shared)
+			d, err := statedir.Open(b.TempDir(), statedir.Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			s := snapshotOf(ix)
+			if _, err := d.WriteAtomic(FileName, func(w io.Writer) error { return Write(w, s) }); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				data, err := os.ReadFile(d.File(FileName))
+				if err != nil {
+					b.Fatal(err)
+				}
+				got, err := Read(data)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ix2 := index.New(index.Options{})
+				c := got.Contexts[0]
+				t2 := ix2.EnsureTable(c.Context, hashing.Profile{})
+				owners := make([]index.OwnerID, len(c.Owners))
+				for i, o := range c.Owners {
+					owners[i] = t2.AddEngineOwner(o.Instance, o.Rank)
+				}
+				if err := t2.Restore(c.Entries, owners); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

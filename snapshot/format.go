@@ -1,0 +1,317 @@
+// Package snapshot reads and writes the index snapshot file: every context
+// with its hash profile, every source with its last applied sequence and
+// state, every engine owner's entries and every Mooncake object binding, as
+// of one consistent cut. docs/state.md describes the format.
+//
+// A file is a fixed header followed by sections, each with its own length
+// and xxhash64, so a reader tells a truncated or damaged file from a good
+// one before it changes anything, and a future release can add section
+// kinds. Read validates the whole file, entries included, before it returns
+// anything: a snapshot is used entirely or not at all.
+package snapshot
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+// FileName is the snapshot's name in the state directory.
+const FileName = "index.snapshot"
+
+// Version is the format this release writes. Read accepts versions from
+// MinVersion to Version and refuses later ones by name, so an older release
+// started on a newer release's directory says so instead of guessing.
+const (
+	Version    = 1
+	MinVersion = 1
+)
+
+var magic = [8]byte{'C', 'N', 'D', 'S', 'N', 'A', 'P', 0}
+
+const (
+	headerLen        = 32 // magic, version u32, sections u32, created i64, xxhash64 of the 24 before
+	sectionHeaderLen = 24 // kind u32, reserved u32, length u64, xxhash64 of those 16 bytes and the payload
+)
+
+// Section kinds.
+const (
+	kindSources = 1
+	kindContext = 2
+)
+
+// Snapshot is the decoded content of one file.
+type Snapshot struct {
+	// Created is when the cut was taken.
+	Created  time.Time
+	Sources  []Source
+	Contexts []Context
+}
+
+// Source is one registered service's position in its stream at the cut.
+type Source struct {
+	Key  string `msgpack:"key"`
+	Type string `msgpack:"type"`
+	// Seq is the last applied sequence number; HasSeq is false for a
+	// source that had not received anything yet.
+	Seq    uint64 `msgpack:"seq"`
+	HasSeq bool   `msgpack:"has_seq"`
+	// Stale sources stay stale after a restart; they hold no entries.
+	Stale bool `msgpack:"stale"`
+	// Bindings are a Mooncake source's object bindings; each holds one
+	// shared reference on its block.
+	Bindings []Binding `msgpack:"bindings,omitempty"`
+}
+
+// Binding is one object (or SGLang logical page) a Mooncake master
+// reported in a shared tier.
+type Binding struct {
+	Backend    string   `msgpack:"backend"`
+	Tenant     string   `msgpack:"tenant"`
+	Identity   string   `msgpack:"identity"`
+	Tier       uint8    `msgpack:"tier"`
+	Model      string   `msgpack:"model"`
+	Lora       string   `msgpack:"lora"`
+	BlockSize  int      `msgpack:"block_size"`
+	Prefix     uint64   `msgpack:"prefix"`
+	FullHash   string   `msgpack:"full_hash"`
+	Group      string   `msgpack:"group"`
+	Components []string `msgpack:"components,omitempty"`
+}
+
+// Profile is a context's hash profile as registered.
+type Profile struct {
+	Strategy        string `msgpack:"strategy"`
+	Algorithm       string `msgpack:"algorithm"`
+	IndexProjection string `msgpack:"index_projection"`
+	PythonHashSeed  string `msgpack:"python_hash_seed"`
+}
+
+// Context is one table's engine entries.
+type Context struct {
+	Context index.ContextKey
+	Profile Profile
+	// Owners and Entries are as index.TableCut defines them.
+	Owners  []index.Owner
+	Entries []byte
+	Blocks  int
+	Pairs   int
+}
+
+// contextMeta is a context section's MessagePack part; the entries follow
+// it raw.
+type contextMeta struct {
+	Tenant    string        `msgpack:"tenant"`
+	Model     string        `msgpack:"model"`
+	Lora      string        `msgpack:"lora"`
+	BlockSize int           `msgpack:"block_size"`
+	Profile   Profile       `msgpack:"profile"`
+	Owners    []ownerRecord `msgpack:"owners"`
+	Blocks    int           `msgpack:"blocks"`
+	Pairs     int           `msgpack:"pairs"`
+}
+
+type ownerRecord struct {
+	Instance string `msgpack:"instance"`
+	Rank     int    `msgpack:"rank"`
+}
+
+// Write encodes s to w. The caller makes it durable (statedir.WriteAtomic).
+func Write(w io.Writer, s *Snapshot) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	hdr := make([]byte, 0, headerLen)
+	hdr = append(hdr, magic[:]...)
+	hdr = binary.LittleEndian.AppendUint32(hdr, Version)
+	hdr = binary.LittleEndian.AppendUint32(hdr, uint32(1+len(s.Contexts)))
+	hdr = binary.LittleEndian.AppendUint64(hdr, uint64(s.Created.UnixNano()))
+	hdr = binary.LittleEndian.AppendUint64(hdr, xxhash.Sum64(hdr))
+	if _, err := bw.Write(hdr); err != nil {
+		return err
+	}
+	src, err := marshal(s.Sources)
+	if err != nil {
+		return fmt.Errorf("encode sources: %w", err)
+	}
+	if err := writeSection(bw, kindSources, src); err != nil {
+		return err
+	}
+	for i := range s.Contexts {
+		c := &s.Contexts[i]
+		m := contextMeta{Tenant: c.Context.Tenant, Model: c.Context.Model, Lora: c.Context.Lora, BlockSize: c.Context.BlockSize,
+			Profile: c.Profile, Blocks: c.Blocks, Pairs: c.Pairs, Owners: make([]ownerRecord, len(c.Owners))}
+		for j, o := range c.Owners {
+			m.Owners[j] = ownerRecord{Instance: o.Instance, Rank: o.Rank}
+		}
+		meta, err := marshal(&m)
+		if err != nil {
+			return fmt.Errorf("encode context: %w", err)
+		}
+		head := binary.LittleEndian.AppendUint32(nil, uint32(len(meta)))
+		head = append(head, meta...)
+		if err := writeSection(bw, kindContext, head, c.Entries); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.SetSortMapKeys(true)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// writeSection writes one section whose payload is the concatenation of
+// parts (so large entry buffers are not copied).
+func writeSection(w io.Writer, kind uint32, parts ...[]byte) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	h := make([]byte, 0, sectionHeaderLen)
+	h = binary.LittleEndian.AppendUint32(h, kind)
+	h = binary.LittleEndian.AppendUint32(h, 0)
+	h = binary.LittleEndian.AppendUint64(h, uint64(n))
+	d := xxhash.New()
+	d.Write(h)
+	for _, p := range parts {
+		d.Write(p)
+	}
+	h = binary.LittleEndian.AppendUint64(h, d.Sum64())
+	if _, err := w.Write(h); err != nil {
+		return err
+	}
+	for _, p := range parts {
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FormatError is a snapshot that cannot be used: missing, truncated,
+// damaged or from a later release. Reason says which, for the log.
+type FormatError struct {
+	Reason string
+}
+
+func (e *FormatError) Error() string { return "unusable snapshot: " + e.Reason }
+
+func bad(format string, args ...any) error {
+	return &FormatError{Reason: fmt.Sprintf(format, args...)}
+}
+
+// Read decodes and fully validates a snapshot file's bytes. Context entries
+// alias data.
+func Read(data []byte) (*Snapshot, error) {
+	if len(data) < headerLen {
+		return nil, bad("truncated: %d bytes, shorter than the header", len(data))
+	}
+	if !bytes.Equal(data[:8], magic[:]) {
+		return nil, bad("not a snapshot file (bad magic)")
+	}
+	if xxhash.Sum64(data[:headerLen-8]) != binary.LittleEndian.Uint64(data[headerLen-8:]) {
+		return nil, bad("header checksum mismatch")
+	}
+	v := binary.LittleEndian.Uint32(data[8:])
+	if v > Version {
+		return nil, bad("written in format version %d; this release reads versions %d to %d", v, MinVersion, Version)
+	}
+	if v < MinVersion {
+		return nil, bad("format version %d is older than this release reads (%d to %d)", v, MinVersion, Version)
+	}
+	nsec := binary.LittleEndian.Uint32(data[12:])
+	s := &Snapshot{Created: time.Unix(0, int64(binary.LittleEndian.Uint64(data[16:]))).UTC()}
+	p := headerLen
+	sawSources := false
+	for i := uint32(0); i < nsec; i++ {
+		if len(data)-p < sectionHeaderLen {
+			return nil, bad("truncated: section %d of %d missing", i+1, nsec)
+		}
+		head := data[p : p+sectionHeaderLen-8]
+		kind := binary.LittleEndian.Uint32(head)
+		n := binary.LittleEndian.Uint64(head[8:])
+		sum := binary.LittleEndian.Uint64(data[p+16:])
+		p += sectionHeaderLen
+		if n > uint64(len(data)-p) {
+			return nil, bad("truncated: section %d of %d is cut short", i+1, nsec)
+		}
+		payload := data[p : p+int(n)]
+		p += int(n)
+		d := xxhash.New()
+		d.Write(head)
+		d.Write(payload)
+		if d.Sum64() != sum {
+			return nil, bad("checksum mismatch in section %d of %d", i+1, nsec)
+		}
+		switch kind {
+		case kindSources:
+			if sawSources {
+				return nil, bad("two source sections")
+			}
+			sawSources = true
+			if err := msgpack.Unmarshal(payload, &s.Sources); err != nil {
+				return nil, bad("sources section: %v", err)
+			}
+		case kindContext:
+			c, err := readContext(payload)
+			if err != nil {
+				return nil, bad("context section %d: %v", i+1, err)
+			}
+			s.Contexts = append(s.Contexts, c)
+		default:
+			return nil, bad("unknown section kind %d", kind)
+		}
+	}
+	if p != len(data) {
+		return nil, bad("%d bytes after the last section", len(data)-p)
+	}
+	if !sawSources {
+		return nil, bad("no source section")
+	}
+	return s, nil
+}
+
+func readContext(payload []byte) (Context, error) {
+	var c Context
+	if len(payload) < 4 {
+		return c, fmt.Errorf("cut short")
+	}
+	n := binary.LittleEndian.Uint32(payload)
+	if uint64(n) > uint64(len(payload)-4) {
+		return c, fmt.Errorf("metadata cut short")
+	}
+	var m contextMeta
+	if err := msgpack.Unmarshal(payload[4:4+n], &m); err != nil {
+		return c, fmt.Errorf("metadata: %w", err)
+	}
+	c = Context{
+		Context: index.ContextKey{Tenant: m.Tenant, Model: m.Model, Lora: m.Lora, BlockSize: m.BlockSize},
+		Profile: m.Profile, Blocks: m.Blocks, Pairs: m.Pairs,
+		Owners:  make([]index.Owner, len(m.Owners)),
+		Entries: payload[4+n:],
+	}
+	for i, o := range m.Owners {
+		c.Owners[i] = index.Owner{Instance: o.Instance, Rank: o.Rank}
+	}
+	blocks, pairs, err := index.WalkEntries(c.Entries, len(c.Owners), nil)
+	if err != nil {
+		return c, err
+	}
+	if blocks != c.Blocks || pairs != c.Pairs {
+		return c, fmt.Errorf("holds %d blocks and %d pairs, metadata says %d and %d", blocks, pairs, c.Blocks, c.Pairs)
+	}
+	return c, nil
+}

@@ -1,0 +1,169 @@
+package snapshot
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+var (
+	ctxA = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}
+	ctxB = index.ContextKey{Tenant: "t", Model: "m2", Lora: "l", BlockSize: 32}
+)
+
+// sample builds a snapshot from a real index cut.
+func sample(t testing.TB) *Snapshot {
+	t.Helper()
+	ix := index.New(index.Options{Stripes: 4})
+	ta := ix.EnsureTable(ctxA, hashing.Profile{})
+	tb := ix.EnsureTable(ctxB, hashing.Profile{})
+	a0, a1 := ta.AddEngineOwner("a", 0), ta.AddEngineOwner("a", 1)
+	b0 := tb.AddEngineOwner("b", 0)
+	for k := uint64(0); k < 500; k++ {
+		ta.Store(a0, index.Device, k)
+		if k%2 == 0 {
+			ta.Store(a1, index.CPULocal, k)
+		}
+		tb.Store(b0, index.Disk, k*7)
+	}
+	s := &Snapshot{
+		Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
+		Sources: []Source{
+			{Key: "a|default|0", Type: "vLLM", Seq: 41, HasSeq: true},
+			{Key: "a|default|1", Type: "vLLM", Seq: 7, HasSeq: true, Stale: true},
+			{Key: "b|t|0", Type: "SGLang"},
+			{Key: "master|default|0", Type: "Mooncake", Seq: 9, HasSeq: true, Bindings: []Binding{
+				{Backend: "be", Tenant: "default", Identity: "obj-1", Tier: uint8(index.CPUShare), Model: "m", BlockSize: 16, Prefix: 3, FullHash: "00ff", Group: ""},
+				{Backend: "be", Tenant: "t", Identity: "page", Tier: uint8(index.Disk), Model: "m2", Lora: "l", BlockSize: 32, Prefix: 14, FullHash: "abcd", Group: "g", Components: []string{"k", "v"}},
+			}},
+		},
+	}
+	profiles := map[index.ContextKey]Profile{
+		ctxA: {Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: "0"},
+		ctxB: {Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", PythonHashSeed: "0"},
+	}
+	for _, tc := range ix.BeginCut().Finish() {
+		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
+	}
+	return s
+}
+
+func encode(t testing.TB, s *Snapshot) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Write(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestRoundTrip(t *testing.T) {
+	want := sample(t)
+	got, err := Read(encode(t, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if want.Contexts[0].Pairs != 750 || want.Contexts[1].Pairs != 500 {
+		t.Errorf("sample pairs %d, %d", want.Contexts[0].Pairs, want.Contexts[1].Pairs)
+	}
+}
+
+func TestEmptyRoundTrip(t *testing.T) {
+	want := &Snapshot{Created: time.Unix(5, 0).UTC()}
+	got, err := Read(encode(t, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func formatErr(t *testing.T, data []byte) string {
+	t.Helper()
+	_, err := Read(data)
+	var fe *FormatError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Read: %v, want a FormatError", err)
+	}
+	return fe.Reason
+}
+
+// Every truncation and every single-byte change is refused, never read
+// as a smaller or different snapshot.
+func TestEveryTruncationAndFlipIsRefused(t *testing.T) {
+	good := encode(t, sample(t))
+	step := max(1, len(good)/2000)
+	for n := 0; n < len(good); n += step {
+		formatErr(t, good[:n])
+	}
+	formatErr(t, good[:len(good)-1])
+	for i := 0; i < len(good); i += step {
+		b := bytes.Clone(good)
+		b[i] ^= 0x40
+		formatErr(t, b)
+	}
+	formatErr(t, append(bytes.Clone(good), 0))
+}
+
+func TestReasons(t *testing.T) {
+	good := encode(t, sample(t))
+	reseal := func(b []byte) []byte {
+		binary.LittleEndian.PutUint64(b[headerLen-8:], xxhash.Sum64(b[:headerLen-8]))
+		return b
+	}
+	withVersion := func(v uint32) []byte {
+		b := bytes.Clone(good)
+		binary.LittleEndian.PutUint32(b[8:], v)
+		return reseal(b)
+	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "truncated"},
+		{"header only", good[:headerLen], "truncated: section 1"},
+		{"cut in a section", good[:len(good)-10], "cut short"},
+		{"bad magic", append([]byte("NOTASNAP"), good[8:]...), "bad magic"},
+		{"future version", withVersion(Version + 1), fmt.Sprintf("format version %d; this release reads versions %d to %d", Version+1, MinVersion, Version)},
+		{"ancient version", withVersion(0), "older than this release reads"},
+		{"payload damaged", func() []byte { b := bytes.Clone(good); b[len(b)-3] ^= 1; return b }(), "checksum mismatch in section"},
+		{"trailing bytes", append(bytes.Clone(good), 1, 2, 3), "3 bytes after the last section"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := formatErr(t, tc.data); !strings.Contains(got, tc.want) {
+				t.Errorf("reason %q, want it to contain %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A section whose checksum matches but whose entries are malformed (a
+// writer bug, not disk damage) is refused too: nothing is half-loaded.
+func TestMalformedEntriesRefused(t *testing.T) {
+	s := sample(t)
+	s.Contexts[0].Entries = s.Contexts[0].Entries[:len(s.Contexts[0].Entries)-1]
+	if got := formatErr(t, encode(t, s)); !strings.Contains(got, "malformed index entries") {
+		t.Errorf("reason %q", got)
+	}
+	s = sample(t)
+	s.Contexts[1].Pairs++
+	if got := formatErr(t, encode(t, s)); !strings.Contains(got, "metadata says") {
+		t.Errorf("reason %q", got)
+	}
+}
