@@ -163,7 +163,12 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
 		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
-		Ready:       func() (bool, int) { return reg.Connected(static...), reg.StaleCount() },
+		Ready: func() (bool, string, int) {
+			if !reg.Connected(static...) {
+				return false, "static registrations are not connected yet", 0
+			}
+			return true, "", reg.StaleCount()
+		},
 		DebugRoutes: cfg.DebugRoutes,
 	})
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")

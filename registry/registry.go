@@ -160,6 +160,9 @@ type Registry struct {
 	// goroutines while mu may be held waiting for such a goroutine to stop.
 	boundMu sync.RWMutex
 	bound   map[index.ContextKey]*index.Table
+
+	// recorder, when set, makes each change durable first (under mu).
+	recorder Recorder
 }
 
 // DefaultMaxServices bounds registrations unless Options say otherwise.
@@ -227,6 +230,11 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 	if len(r.services) >= r.opts.MaxServices {
 		return false, ErrTooManyServices
 	}
+	// Durable before it takes effect: a registration that was answered 200
+	// and then lost by a crash would be a bug.
+	if err := r.record(&svc, ""); err != nil {
+		return false, err
+	}
 
 	if cs == nil {
 		cs = &contextState{profile: svc.Profile, table: r.opts.Index.EnsureTable(ctxKey, svc.Profile)}
@@ -238,6 +246,12 @@ func (r *Registry) Register(svc Service) (changed bool, err error) {
 	}
 	src, err := r.start(svc, e.owner)
 	if err != nil {
+		// Take the recorded registration back; if that fails too, the
+		// next start finds a registration whose source could not start,
+		// and reports it then.
+		if rerr := r.record(nil, ""); rerr != nil {
+			r.opts.Logger.Error().Err(rerr).Str("service", string(key)).Msg("could not take back the recorded registration of a service whose source failed to start")
+		}
 		if svc.IsEngine() {
 			cs.table.RemoveEngineOwner(e.owner)
 		}
@@ -308,7 +322,11 @@ func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 // Unregister stops the service's source, removes everything it contributed
 // and forgets the context when its last service goes. The service leaves
 // listings at once; the source is stopped with the registry unlocked.
-func (r *Registry) Unregister(key ServiceKey) error {
+func (r *Registry) Unregister(key ServiceKey) error { return r.unregister(key, true) }
+
+// unregister is Unregister; record says whether the change is recorded
+// (Close's shutdown removals are not: the services come back at restart).
+func (r *Registry) unregister(key ServiceKey, record bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for r.stopping[key] != nil {
@@ -317,6 +335,11 @@ func (r *Registry) Unregister(key ServiceKey) error {
 	e, ok := r.services[key]
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFound, key)
+	}
+	if record {
+		if err := r.record(nil, key); err != nil {
+			return err
+		}
 	}
 	stop, clear := r.remove(key, e)
 	// The two phases are logged because they are what an unregistration
@@ -373,7 +396,8 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 	return t1.Sub(t0), t2.Sub(t1)
 }
 
-// Close unregisters every service, stopping all sources.
+// Close unregisters every service, stopping all sources, for shutdown:
+// nothing is recorded, so the services come back at the next start.
 func (r *Registry) Close() {
 	r.mu.Lock()
 	keys := make([]ServiceKey, 0, len(r.services))
@@ -382,7 +406,7 @@ func (r *Registry) Close() {
 	}
 	r.mu.Unlock()
 	for _, key := range keys {
-		_ = r.Unregister(key) // one unregistered meanwhile is gone already
+		_ = r.unregister(key, false) // one unregistered meanwhile is gone already
 	}
 }
 

@@ -149,9 +149,13 @@ func Decode(data []byte) (svcs []registry.Service, reason string) {
 		if l > len(body)-p {
 			return nil, fmt.Sprintf("record %d of %d is cut short", i, n)
 		}
-		svc, e := codec.DecodeRegister(body[p:p+l], codec.DefaultLimits())
+		reg, e := codec.DecodeRegister(body[p:p+l], codec.DefaultLimits())
 		if e != nil {
 			return nil, fmt.Sprintf("record %d of %d is not a valid registration: %v", i, n, e)
+		}
+		svc, err := registry.NewService(reg)
+		if err != nil {
+			return nil, fmt.Sprintf("record %d of %d is not a valid registration: %v", i, n, err)
 		}
 		svcs = append(svcs, svc)
 		p += l
@@ -166,7 +170,7 @@ func Decode(data []byte) (svcs []registry.Service, reason string) {
 func RegisterBody(svc *registry.Service) []byte {
 	m := map[string]any{
 		"endpoint":    svc.Endpoint,
-		"type":        svc.Type,
+		"type":        svc.Type.String(),
 		"modelname":   svc.ModelName,
 		"tenant_id":   svc.TenantID,
 		"instance_id": svc.InstanceID,

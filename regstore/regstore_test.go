@@ -27,9 +27,13 @@ func service(t *testing.T, req map[string]any) registry.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, e := codec.DecodeRegister(body, codec.DefaultLimits())
+	reg, e := codec.DecodeRegister(body, codec.DefaultLimits())
 	if e != nil {
 		t.Fatalf("DecodeRegister: %v", e)
+	}
+	svc, err := registry.NewService(reg)
+	if err != nil {
+		t.Fatalf("NewService: %v", err)
 	}
 	return svc
 }

@@ -38,6 +38,8 @@ func TestErrorBody(t *testing.T) {
 			map[string]any{"error": "cannot subscribe to endpoint: start source for a|default|0: no socket", "reason": "invalid_value", "field": "endpoint"}},
 		{"not registered", fmt.Errorf("%w: a|default|0", registry.ErrNotFound), 404,
 			map[string]any{"error": "service not found: a|default|0"}},
+		{"not recorded", fmt.Errorf("%w: no space left on device", registry.ErrNotRecorded), 503,
+			map[string]any{"error": "registration change could not be recorded: no space left on device"}},
 		{"method", &httpError{errMethod, "method not allowed; use GET"}, 405, map[string]any{"error": "method not allowed; use GET"}},
 		{"unauthorized", &httpError{errUnauthorized, "no"}, 401, map[string]any{"error": "no"}},
 		{"unavailable", &httpError{errUnavailable, "later"}, 503, map[string]any{"error": "later"}},

@@ -71,6 +71,7 @@ var tierNames = map[string]index.Tier{"device": index.Device, "cpu_local": index
 
 type harness struct {
 	t    *testing.T
+	reg  *registry.Registry
 	memo *hashing.Memo
 	ix   *index.Index
 	addr string
@@ -94,7 +95,7 @@ func startServer(t *testing.T, opts Options) *harness {
 		<-done
 		reg.Close()
 	})
-	return &harness{t: t, memo: opts.Memo, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
+	return &harness{t: t, reg: reg, memo: opts.Memo, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
 }
 
 // do sends one request and returns the status and decoded body.

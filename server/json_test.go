@@ -35,7 +35,7 @@ type jsonExchange struct {
 // rewrite testdata/json_forms.json, then review the diff.
 func TestGoldenJSONForms(t *testing.T) {
 	ready := false
-	h := startServer(t, Options{Ready: func() (bool, int) { return ready, 1 }})
+	h := startServer(t, Options{Ready: func() (bool, string, int) { return ready, "static registrations are not connected yet", 1 }})
 	regBody, err := msgpack.Marshal(map[string]any{
 		"endpoint": "tcp://127.0.0.1:7001", "type": "vLLM", "modelname": "m", "instance_id": "inst-a",
 		"block_size": 16, "dp_rank": 0, "lora_name": "<lora & \"x\">",

@@ -53,9 +53,10 @@ type Options struct {
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
-	// Ready reports readiness for GET /readyz: whether every static
-	// registration has connected, and how many sources are stale.
-	Ready func() (ready bool, staleSources int)
+	// Ready reports readiness for GET /readyz: whether the service is
+	// ready to be routed to, why not when it is not (the 503's message),
+	// and how many sources are stale.
+	Ready func() (ready bool, reason string, staleSources int)
 	// DebugRoutes serves the operator routes (POST /debug/explain). Off
 	// by default: off, they answer 404 like any unknown path.
 	DebugRoutes bool
@@ -203,6 +204,9 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 		return fasthttp.StatusBadRequest, codec.AppendError(out, codec.Errorf(codec.InvalidValue, "endpoint", "cannot subscribe to endpoint: %v", err))
 	case errors.Is(err, registry.ErrNotFound):
 		return fasthttp.StatusNotFound, codec.AppendMessage(out, err.Error())
+	case errors.Is(err, registry.ErrNotRecorded):
+		// Nothing changed: the state directory cannot take writes.
+		return fasthttp.StatusServiceUnavailable, codec.AppendMessage(out, err.Error())
 	case errors.As(err, &he):
 		return kindStatus[he.kind], codec.AppendMessage(out, he.msg)
 	}
@@ -465,16 +469,16 @@ func (s *Server) healthz(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendStatus(out, "ok", -1), nil
 }
 
-// readyz is 200 with {status: ready, stale_sources} once every static
-// registration has connected; until then 503 with an {error} body, so
-// orchestrators hold traffic back.
+// readyz is 200 with {status: ready, stale_sources} once Ready says so
+// (static registrations connected, restored sources caught up); until then
+// 503 with the reason as {error}, so orchestrators hold traffic back.
 func (s *Server) readyz(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
-	ready, stale := true, 0
+	ready, reason, stale := true, "", 0
 	if s.opts.Ready != nil {
-		ready, stale = s.opts.Ready()
+		ready, reason, stale = s.opts.Ready()
 	}
 	if !ready {
-		return nil, &httpError{errUnavailable, "static registrations are not connected yet"}
+		return nil, &httpError{errUnavailable, reason}
 	}
 	return codec.AppendStatus(out, "ready", stale), nil
 }

@@ -180,7 +180,7 @@ func TestInternalErrorEnvelope(t *testing.T) {
 
 func TestReadyz(t *testing.T) {
 	ready, stale := false, 0
-	h := startServer(t, Options{Ready: func() (bool, int) { return ready, stale }})
+	h := startServer(t, Options{Ready: func() (bool, string, int) { return ready, "static registrations are not connected yet", stale }})
 	status, got, _ := h.do("GET", "/readyz", "", nil)
 	if status != 503 || cmp.Diff(map[string]any{"error": "static registrations are not connected yet"}, got) != "" {
 		t.Errorf("not ready: %d %v", status, got)
