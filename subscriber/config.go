@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"sync"
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/events"
@@ -49,6 +50,15 @@ type Config struct {
 	// Tuning overrides transport and recovery limits; the zero value means
 	// the upstream defaults. Tests shorten the timeouts with it.
 	Tuning Tuning
+	// Gate, when set, is held for reading while the source changes the
+	// index or its sequence state (one batch, a retraction), so a snapshot
+	// holding it for writing sees every source between two batches.
+	Gate *sync.RWMutex
+	// Resume, when set, restores the source from a snapshot: its stream
+	// continues after Resume.Seq (see Resume).
+	Resume *Resume
+	// OnResume, when set, is told how a restored source settled (once).
+	OnResume func(outcome string)
 
 	// onEvent, when set (tests only), is told the outcome of every decoded
 	// event so fixture expectations can be checked per event.

@@ -99,6 +99,10 @@ type Subscriber struct {
 	retracted bool
 	buffered  []liveMsg
 	budget    replay.Budget
+	gateDepth int  // nesting of gate sections (resume.go)
+	resuming  bool // restored, catch-up not settled yet
+
+	resumePending atomic.Bool // resuming, for other goroutines
 }
 
 // liveMsg is a live batch held while a gap is being recovered.
@@ -121,6 +125,7 @@ func Start(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
 	}
 	s.state.Store(int32(Connecting))
+	s.startResume()
 	go s.run()
 	return s, nil
 }
@@ -335,7 +340,9 @@ func (s *Subscriber) setState(st State) { s.state.Store(int32(st)) }
 func (s *Subscriber) run() {
 	defer func() {
 		if !s.retracted && (!s.typ.IsEngine() || !s.cfg.OwnerRemovedAfterStop) {
+			s.gate()
 			s.retract()
+			s.ungate()
 		}
 		s.closeMonitor()
 		s.rx.discard()
@@ -548,12 +555,11 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	case s.State() == Stale:
 		s.cfg.Counters.add(MetricDropped, s.typ, events.DropStale, 1)
 	case !s.started:
-		// The first message is the baseline; nothing before it is
-		// requested (slow-joiner loss is accepted, as upstream does).
-		s.started = true
-		s.high = seq
-		s.setState(Live)
-		s.applyBatch(seq, payload)
+		s.baseline(seq, payload)
+	case seq <= s.high && s.resuming:
+		// The publisher restarted while the conductor was down.
+		s.resumeCold(events.StaleRegression)
+		s.baseline(seq, payload)
 	case seq <= s.high:
 		// The live stream went backwards: a new publisher process whose
 		// predecessor's entries can no longer be retracted one by one. Our
@@ -566,10 +572,17 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 		s.high = seq
 	case seq == s.applied+1:
 		s.high = seq
+		s.setState(Live)
+		s.settleResume(ResumedInOrder)
 		s.applyBatch(seq, payload)
 	default:
 		s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
 		if s.replay == nil {
+			if s.resuming {
+				s.resumeCold(events.StaleGap)
+				s.baseline(seq, payload)
+				return nil
+			}
 			s.markStale(events.StaleGap, seq)
 			return nil
 		}
@@ -578,6 +591,15 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 		return s.recover(liveMsg{seq: seq, payload: payload})
 	}
 	return nil
+}
+
+// baseline applies the first message of a stream; nothing before it is
+// requested (slow-joiner loss is accepted, as upstream does).
+func (s *Subscriber) baseline(seq uint64, payload []byte) {
+	s.started = true
+	s.high = seq
+	s.setState(Live)
+	s.applyBatch(seq, payload)
 }
 
 // recover fills the gap before first from the replay endpoint
@@ -672,6 +694,7 @@ func (s *Subscriber) recover(first liveMsg) error {
 			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayRecovered, 1)
 			s.log.Info().Uint64("last_applied", s.applied).Msg("gap recovered")
 			s.setState(Live)
+			s.settleResume(ResumedReplay)
 			return nil
 		}
 		if s.applied == before {
@@ -756,6 +779,10 @@ func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 	if s.State() == Stale {
 		return
 	}
+	if s.resuming && resumable(why) {
+		s.coldFromBuffered(why)
+		return
+	}
 	s.cfg.Counters.add(MetricStale, s.typ, why, 1)
 	ev := s.log.Warn().Str("reason", why.String())
 	if s.started {
@@ -767,8 +794,10 @@ func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 	ev.Msg("source is stale; its entries are retracted until it is registered again")
 	// Retract before publishing the state, so anyone who sees Stale also
 	// sees an index without the source's entries.
+	s.gate()
 	s.retract()
 	s.setState(Stale)
+	s.ungate()
 	clear(s.buffered)
 	s.buffered = s.buffered[:0]
 	s.budget.Reset()
@@ -790,6 +819,8 @@ func (s *Subscriber) publishApplied() {
 // applyBatch decodes one payload and dispatches its events; the sequence is
 // consumed whatever the outcome (docs/events.md#sequence-state-machine).
 func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
+	s.gate()
+	defer s.ungate() // last: after the sequence is published
 	s.applied = seq
 	defer s.publishApplied()
 	defer func() {
