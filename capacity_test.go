@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/mooncake-conductor-go/conductor/durable"
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
@@ -35,7 +36,11 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	}
 	ix := index.New(index.Options{})
 	checks := hashcheck.NewSet(hashcheck.Options{})
-	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory(zerolog.New(io.Discard), subscriber.NewCounters(), checks, nil)})
+	memOnly, err := durable.Open(durable.Options{Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory(zerolog.New(io.Discard), subscriber.NewCounters(), checks, nil, memOnly)})
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
 	if err != nil {

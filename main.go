@@ -19,12 +19,14 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/bgjob"
 	"github.com/mooncake-conductor-go/conductor/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/durable"
 	"github.com/mooncake-conductor-go/conductor/events"
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
@@ -96,6 +98,8 @@ type app struct {
 	ln  net.Listener
 	// memReturn runs returnMemory after a context is dropped.
 	memReturn *bgjob.Job
+	// state keeps registrations and the index across restarts.
+	state *durable.State
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -112,6 +116,13 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
+	state, err := durable.Open(durable.Options{
+		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
+		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
 	ix := index.New(index.Options{RemovalPause: removalPause})
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
@@ -124,7 +135,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, staticKeys(cfg)),
+		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -138,16 +149,17 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	})
 	// undo stops what is running when newApp fails halfway.
 	undo := func() {
+		state.Close()
 		reg.Close()
 		ix.Close()
 		memReturn.Wait()
+		state.Release()
 	}
-	for _, st := range cfg.Static {
-		if _, err := reg.Register(st.Service); err != nil {
-			undo()
-			return nil, fmt.Errorf("static registration %q: %w", st.Name, err)
-		}
+	if err := registerAtStart(cfg, state, reg, log); err != nil {
+		undo()
+		return nil, err
 	}
+	state.Start(reg, ix)
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -155,7 +167,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build, HashChecks: checks})
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
+		Extra: []prometheus.Collector{state.Collector()}})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()
@@ -164,6 +177,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Registry: reg, Index: ix, Logger: log,
 		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
 		Ready: func() (bool, string, int) {
+			if ok, why := state.Ready(); !ok {
+				return false, why, 0
+			}
 			if !reg.Connected(static...) {
 				return false, "static registrations are not connected yet", 0
 			}
@@ -171,8 +187,39 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		},
 		DebugRoutes: cfg.DebugRoutes,
 	})
-	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Msg("conductor listening")
-	return &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn}, nil
+	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
+	return &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state}, nil
+}
+
+// registerAtStart registers the config file's services and the recorded
+// ones: engines before Mooncake streams (whose restored bindings need their
+// contexts bound), the file's before the record's. A recorded registration
+// that conflicts with the file loses to it, with a warning naming both.
+func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Registry, log zerolog.Logger) error {
+	static := map[registry.ServiceKey]string{}
+	for _, st := range cfg.Static {
+		static[st.Service.Key()] = st.Name
+	}
+	for _, engines := range []bool{true, false} {
+		for _, st := range cfg.Static {
+			if st.Service.IsEngine() != engines {
+				continue
+			}
+			if _, err := reg.Register(st.Service); err != nil {
+				return fmt.Errorf("static registration %q: %w", st.Name, err)
+			}
+		}
+		for _, svc := range state.Recorded() {
+			if svc.IsEngine() != engines {
+				continue
+			}
+			if _, err := reg.Register(svc); err != nil {
+				log.Warn().Err(err).Str("service", string(svc.Key())).Str("endpoint", svc.Endpoint).Str("config", cfg.Path).
+					Msg("recorded registration dropped: it conflicts with the config file's registrations, which win")
+			}
+		}
+	}
+	return nil
 }
 
 func (a *app) serve() error { return a.srv.Serve(a.ln) }
@@ -181,12 +228,16 @@ func (a *app) serve() error { return a.srv.Serve(a.ln) }
 // subscriber and closes its sockets.
 func (a *app) close() {
 	_ = a.srv.Shutdown()
+	// The last snapshot is taken while every source still runs; stopping
+	// them retracts their entries.
+	a.state.Close()
 	a.reg.Close()
 	a.ix.Close() // after the registry, whose removals feed it
 	// No goroutine outlives the service: the memory return the last
 	// drops requested, and the subscribers' C-heap trims.
 	a.memReturn.Wait()
 	zmqx.WaitTrims()
+	a.state.Release()
 }
 
 // newLogger writes to out: JSON, or with --log-format console a line per
@@ -203,9 +254,12 @@ func newLogger(cfg *config.Config, out io.Writer, tty bool) zerolog.Logger {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool) registry.SourceFactory {
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
+		// A source the snapshot knows gets its entries back before it
+		// subscribes, and resumes its stream where the snapshot left it.
+		resume := state.Resume(svc, b)
 		var chk *hashcheck.Checker
 		if svc.IsEngine() && checks != nil {
 			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
@@ -234,10 +288,16 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,
+			Gate:                  state.Gate(),
+			Resume:                resume,
+			OnResume:              state.OnResume,
 		})
 		if err != nil {
 			checks.Remove(chk)
 			return nil, err
+		}
+		if resume != nil && !resume.Stale {
+			state.Track(sub)
 		}
 		return source{Subscriber: sub, stopped: func() { checks.Remove(chk) }}, nil
 	}

@@ -79,7 +79,7 @@ func TestSignalShutdown(t *testing.T) {
 	if err := build.Run(); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--addr", "127.0.0.1", "--port", "0")
+	cmd := exec.Command(bin, "--addr", "127.0.0.1", "--port", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"), "CONDUCTOR_LOG_LEVEL=INFO")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

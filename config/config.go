@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -65,6 +66,14 @@ type Config struct {
 	// service's first blocks, about one block in this many is re-hashed
 	// under its profile (0 turns the check off).
 	HashCheckEvery int
+	// StateDir is the state directory ("" keeps state in memory only);
+	// StateReset moves its old contents aside first.
+	StateDir   string
+	StateReset bool
+	// SnapshotInterval spaces index snapshots (0: only at shutdown);
+	// CatchUpTimeout bounds how long /readyz waits for restored sources.
+	SnapshotInterval time.Duration
+	CatchUpTimeout   time.Duration
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.
@@ -101,6 +110,10 @@ type flags struct {
 	// debugRoutes is --debug-routes.
 	debugRoutes *bool
 	hashCheck   *int
+	stateDir    *string
+	reset       *bool
+	snapEvery   *time.Duration
+	catchUp     *time.Duration
 	set         map[string]bool
 }
 
@@ -122,7 +135,39 @@ func newFlags() *flags {
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
 	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
+	f.stateDir = fl.String("state-dir", defaultStateDir(), `directory for registrations and index snapshots (env CONDUCTOR_STATE_DIR); "" keeps them in memory only`)
+	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
+	f.snapEvery = fl.Duration("snapshot-interval", DefaultSnapshotInterval, "time between index snapshots; 0 writes one only at shutdown (env CONDUCTOR_SNAPSHOT_INTERVAL)")
+	f.catchUp = fl.Duration("catch-up-timeout", DefaultCatchUpTimeout, "how long /readyz waits for sources restored from a snapshot to catch up (env CONDUCTOR_CATCH_UP_TIMEOUT)")
 	return f
+}
+
+// Defaults of the durable-state settings.
+const (
+	DefaultSnapshotInterval = 10 * time.Second
+	DefaultCatchUpTimeout   = 30 * time.Second
+)
+
+// defaultStateDir is ~/.mooncake/conductor-state, or "" (memory only)
+// when the home directory is unknown.
+func defaultStateDir() string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".mooncake", "conductor-state")
+}
+
+// durationSetting parses a duration flag's value or its environment
+// variable's; zero is accepted only where allowZero says so.
+func (f *flags) durationSetting(d *time.Duration, name string, flagVal time.Duration, env string, allowZero bool) error {
+	v := f.pick(name, flagVal.String(), env)
+	n, err := time.ParseDuration(v)
+	if err != nil || n < 0 || (n == 0 && !allowZero) {
+		return fmt.Errorf("invalid --%s %q", name, v)
+	}
+	*d = n
+	return nil
 }
 
 // defaultConfigPath is ~/.mooncake/conductor_config.json, or "" when the
@@ -162,7 +207,16 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if *f.version {
 		return &Config{ShowVersion: true}, nil
 	}
-	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery}
+	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
+		StateReset: *f.reset}
+	// An explicit --state-dir "" (memory only) wins over the environment.
+	c.StateDir = f.pick("state-dir", *f.stateDir, getenv("CONDUCTOR_STATE_DIR"))
+	if err := f.durationSetting(&c.SnapshotInterval, "snapshot-interval", *f.snapEvery, getenv("CONDUCTOR_SNAPSHOT_INTERVAL"), true); err != nil {
+		return nil, err
+	}
+	if err := f.durationSetting(&c.CatchUpTimeout, "catch-up-timeout", *f.catchUp, getenv("CONDUCTOR_CATCH_UP_TIMEOUT"), false); err != nil {
+		return nil, err
+	}
 
 	p := f.pick("config", *f.path, getenv("CONDUCTOR_CONFIG_PATH"))
 	if p != "" {

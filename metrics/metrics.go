@@ -35,6 +35,8 @@ type Options struct {
 	Build *buildinfo.Info
 	// HashChecks, when set, is exported as conductor_hash_check_total.
 	HashChecks *hashcheck.Set
+	// Extra are further collectors (the durable state's).
+	Extra []prometheus.Collector
 }
 
 // Metrics owns one Prometheus registry (not the global one, so tests and
@@ -76,6 +78,7 @@ func New(opts Options) *Metrics {
 		build.Set(1)
 		m.reg.MustRegister(build)
 	}
+	m.reg.MustRegister(opts.Extra...)
 	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	return m
 }

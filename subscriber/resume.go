@@ -172,4 +172,3 @@ func (s *Subscriber) coldFromBuffered(why events.Reason) {
 		}
 	}
 }
-

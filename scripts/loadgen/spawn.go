@@ -117,7 +117,10 @@ func startServer(ctx context.Context, dir, bin string, so serverOptions, attempt
 		return nil, err
 	}
 	defer logf.Close() // the child keeps its own descriptor
-	cmd := exec.Command(bin, append([]string{"--addr", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", so.logLevel}, so.args...)...)
+	// The state directory is the run's own (so.args may name another):
+	// never the user's default, and never shared between runs.
+	cmd := exec.Command(bin, append([]string{"--addr", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", so.logLevel,
+		"--state-dir", filepath.Join(dir, "state")}, so.args...)...)
 	env := []string{"CONDUCTOR_CONFIG_PATH=" + filepath.Join(dir, "no-such-config.json")}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "CONDUCTOR_") {
