@@ -286,7 +286,7 @@ func (s *State) Snapshot() error {
 		s.log.Error().Err(err).Str("reason", reason).Msg("index snapshot not written; the previous one is kept")
 		return err
 	}
-	s.stats.success(s.opts.Now(), time.Since(t0), size)
+	s.stats.success(snap.Created, time.Since(t0), size)
 	s.log.Debug().Dur("took", time.Since(t0)).Int64("bytes", size).Msg("index snapshot written")
 	return nil
 }

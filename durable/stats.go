@@ -61,7 +61,7 @@ func (st *stats) outcome(o string) {
 
 var (
 	descLastSuccess = prometheus.NewDesc("conductor_snapshot_last_success_timestamp_seconds",
-		"Unix time of the last index snapshot written (0: none since start).", nil, nil)
+		"Unix time of the cut the last index snapshot written describes (0: none since start).", nil, nil)
 	descDuration = prometheus.NewDesc("conductor_snapshot_duration_seconds",
 		"How long the last successful snapshot took, cut to fsync.", nil, nil)
 	descBytes = prometheus.NewDesc("conductor_snapshot_bytes",
