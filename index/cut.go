@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -15,9 +16,10 @@ import (
 // BeginCut marks the moment; it must be called while nothing writes to the
 // index (the service pauses its event sources around it, for microseconds).
 // From then on the first writer to touch a stripe copies it before changing
-// it (copy on write, one stripe at a time under the lock the writer holds
-// anyway), and Finish copies every stripe no writer touched, under its read
-// lock, so queries keep running. Either way each stripe is copied in its
+// it (copy on write: a memory copy of the stripe's slab under the lock the
+// writer holds anyway), and Finish copies every stripe no writer touched,
+// under its read lock, so queries keep running; the copies are encoded
+// afterwards, outside every lock. Either way each stripe is copied in its
 // state at the moment of the cut, which is what makes a per-source sequence
 // number recorded at that moment describe the copy exactly.
 //
@@ -39,10 +41,12 @@ type tableCut struct {
 	out   []stripeCut // by stripe position
 }
 
-// stripeCut is one stripe's entries in the encoding Entries documents.
+// stripeCut is one stripe's state at the cut: a raw copy of its slab and
+// overflow lists, taken under the stripe's lock (a memory copy, so the lock
+// is held briefly), and encoded by Finish outside any lock.
 type stripeCut struct {
-	data          []byte
-	blocks, pairs int
+	blocks []block
+	ext    [][]pair // by ext handle - 1, deep-copied
 }
 
 // Owner is an engine owner as a cut lists it.
@@ -85,14 +89,13 @@ func (ix *Index) BeginCut() *Cut {
 }
 
 // Finish copies the stripes no writer has copied yet, ends the cut and
-// returns each table's entries, in Tables order.
+// returns each table's entries, in Tables order. The encoding runs after
+// the copies, under no lock.
 func (c *Cut) Finish() []TableCut {
 	if c.done {
 		panic("index: Cut.Finish called twice")
 	}
 	c.done = true
-	defer c.ix.cutMu.Unlock()
-	out := make([]TableCut, 0, len(c.tables))
 	for _, tc := range c.tables {
 		t := tc.t
 		for i := range t.stripes {
@@ -106,21 +109,27 @@ func (c *Cut) Finish() []TableCut {
 			s.mu.RUnlock()
 		}
 		t.cut.CompareAndSwap(tc, nil)
+	}
+	c.ix.cutMu.Unlock()
+	out := make([]TableCut, 0, len(c.tables))
+	for _, tc := range c.tables {
+		t := tc.t
 		r := TableCut{Context: t.ctx, Profile: t.profile}
 		r.Owners = make([]Owner, len(tc.view.owners))
 		for i, o := range tc.view.owners {
 			r.Owners[i] = Owner{Instance: o.instance, Rank: o.rank}
 		}
 		n := 0
-		for _, sc := range tc.out {
-			n += len(sc.data)
+		for i := range tc.out {
+			n += len(tc.out[i].blocks)
 		}
-		r.Entries = make([]byte, 0, n)
+		r.Entries = make([]byte, 0, n*11)
 		for i := range tc.out {
 			sc := &tc.out[i]
-			r.Entries = append(r.Entries, sc.data...)
-			r.Blocks += sc.blocks
-			r.Pairs += sc.pairs
+			var blocks, pairs int
+			r.Entries, blocks, pairs = sc.encode(r.Entries, tc.view)
+			r.Blocks += blocks
+			r.Pairs += pairs
 			*sc = stripeCut{}
 		}
 		out = append(out, r)
@@ -136,33 +145,52 @@ func (t *Table) cow(s *stripe) {
 	}
 }
 
-// capture encodes s's engine entries of owners registered at the cut. The
-// caller holds s's lock (write, or read when it is Finish).
+// capture copies s's slab and overflow lists as they are. The caller holds
+// s's lock (write, or read when it is Finish).
 func (tc *tableCut) capture(s *stripe) {
 	s.cutEpoch = tc.epoch
 	sc := &tc.out[s.pos]
 	if s.dead {
 		return
 	}
-	buf := make([]byte, 0, s.nlive*11)
+	sc.blocks = slices.Clone(s.blocks)
+	n := 0
+	for _, e := range s.ext {
+		n += len(e)
+	}
+	flat := make([]pair, 0, n)
+	sc.ext = make([][]pair, len(s.ext))
+	for i, e := range s.ext {
+		if len(e) > 0 {
+			at := len(flat)
+			flat = append(flat, e...)
+			sc.ext[i] = flat[at:len(flat):len(flat)]
+		}
+	}
+}
+
+// encode appends the copied stripe's engine entries of owners registered
+// at the cut (view) to buf, in the encoding TableCut.Entries documents.
+func (sc *stripeCut) encode(buf []byte, view *ownerView) (_ []byte, blocks, pairs int) {
 	var held []uint64
-	for i := range s.blocks {
-		b := &s.blocks[i]
+	add := func(p pair) {
+		if p.id() == 0 {
+			return // a shared reference
+		}
+		if pos := view.position(p.id()); pos >= 0 {
+			held = append(held, uint64(pos)<<maskBits|uint64(p.mask()&engineBit))
+		}
+	}
+	for i := range sc.blocks {
+		b := &sc.blocks[i]
 		if b.first.own == 0 {
 			continue // free slab entry
 		}
 		held = held[:0]
-		if p := b.first; p.id() != 0 {
-			if pos := tc.view.position(p.id()); pos >= 0 {
-				held = append(held, uint64(pos)<<maskBits|uint64(p.mask()&engineBit))
-			}
-		}
-		for _, p := range s.overflow(b) {
-			if p.id() == 0 {
-				continue
-			}
-			if pos := tc.view.position(p.id()); pos >= 0 {
-				held = append(held, uint64(pos)<<maskBits|uint64(p.mask()&engineBit))
+		add(b.first)
+		if b.ext != 0 {
+			for _, p := range sc.ext[b.ext-1] {
+				add(p)
 			}
 		}
 		if len(held) == 0 {
@@ -173,10 +201,10 @@ func (tc *tableCut) capture(s *stripe) {
 		for _, h := range held {
 			buf = binary.AppendUvarint(buf, h)
 		}
-		sc.blocks++
-		sc.pairs += len(held)
+		blocks++
+		pairs += len(held)
 	}
-	sc.data = buf
+	return buf, blocks, pairs
 }
 
 // EntryVisitor receives one decoded entry: a block key and, per holder, the

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -397,4 +398,41 @@ func TestCutConcurrent(t *testing.T) {
 	qwg.Wait()
 	checkInvariants(t, tb)
 	t.Logf("%d cuts", cuts)
+}
+
+// BenchmarkCutPauses measures, at 2 M (block, owner) entries in one context
+// (64 stripes), what a snapshot costs the others: BeginCut is the instant
+// sources are held still, and each stripe copy is the longest a writer (or
+// Finish, under a read lock that queries share) holds one stripe.
+func BenchmarkCutPauses(b *testing.B) {
+	ix := New(Options{})
+	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	ids := make([]OwnerID, 16)
+	for i := range ids {
+		ids[i] = tb.AddEngineOwner(fmt.Sprint("e", i/2), i%2)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 2_000_000 {
+		tb.Store(ids[rng.IntN(len(ids))], Device, rng.Uint64())
+	}
+	var begin, worst, total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		c := ix.BeginCut()
+		begin += time.Since(t0)
+		for i := range tb.stripes {
+			s := &tb.stripes[i]
+			s.mu.Lock()
+			t1 := time.Now()
+			tb.cow(s) // as the first writer after the cut would
+			d := time.Since(t1)
+			s.mu.Unlock()
+			worst, total = max(worst, d), total+d
+		}
+		c.Finish()
+	}
+	b.ReportMetric(float64(begin.Nanoseconds())/float64(b.N), "ns-begin/op")
+	b.ReportMetric(float64(worst.Microseconds()), "µs-worst-stripe")
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N*len(tb.stripes)), "µs-mean-stripe")
 }
