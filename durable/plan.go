@@ -20,12 +20,12 @@ type plan struct {
 // engine source takes only its own.
 type planContext struct {
 	profile snapshot.Profile
-	owners  map[index.Owner][]heldBlock
+	owners  map[index.Owner]*heldBlocks
 }
 
-type heldBlock struct {
-	key   uint64
-	tiers index.TierMask
+type heldBlocks struct {
+	keys  []uint64
+	tiers []index.TierMask
 }
 
 func newPlan(snap *snapshot.Snapshot) *plan {
@@ -36,12 +36,18 @@ func newPlan(snap *snapshot.Snapshot) *plan {
 	}
 	for i := range snap.Contexts {
 		c := &snap.Contexts[i]
-		pc := &planContext{profile: c.Profile, owners: make(map[index.Owner][]heldBlock, len(c.Owners))}
+		pc := &planContext{profile: c.Profile, owners: make(map[index.Owner]*heldBlocks, len(c.Owners))}
+		byPos := make([]*heldBlocks, len(c.Owners))
+		for i, o := range c.Owners {
+			byPos[i] = &heldBlocks{}
+			pc.owners[o] = byPos[i]
+		}
 		// Read validated every entry already; this walk cannot fail.
 		_, _, _ = index.WalkEntries(c.Entries, len(c.Owners), func(key uint64, hs []index.EntryHolder) {
 			for _, h := range hs {
-				o := c.Owners[h.Owner]
-				pc.owners[o] = append(pc.owners[o], heldBlock{key: key, tiers: h.Tiers})
+				hb := byPos[h.Owner]
+				hb.keys = append(hb.keys, key)
+				hb.tiers = append(hb.tiers, h.Tiers)
 			}
 		})
 		c.Entries = nil
@@ -76,16 +82,13 @@ func (p *plan) restoreOwner(svc registry.Service, t *index.Table, id index.Owner
 		return 0
 	}
 	o := index.Owner{Instance: svc.InstanceID, Rank: svc.DPRank}
-	held := pc.owners[o]
-	for _, h := range held {
-		for tier := index.Device; tier <= index.Disk; tier++ {
-			if h.tiers&(1<<tier) != 0 {
-				t.Store(id, tier, h.key)
-			}
-		}
+	hb, ok := pc.owners[o]
+	if !ok {
+		return 0
 	}
+	t.StoreBatch(id, hb.keys, hb.tiers)
 	delete(pc.owners, o)
-	return len(held)
+	return len(hb.keys)
 }
 
 // unused lists recorded sources no registration took, sorted.

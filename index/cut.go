@@ -265,18 +265,82 @@ func WalkEntries(entries []byte, owners int, visit EntryVisitor) (blocks, pairs 
 // source that resumes cold). Validate the entries with WalkEntries first:
 // Restore stops at the first malformed block.
 func (t *Table) Restore(entries []byte, owners []OwnerID) error {
+	keys := make([][]uint64, len(owners))
+	tiers := make([][]TierMask, len(owners))
 	_, _, err := WalkEntries(entries, len(owners), func(key uint64, hs []EntryHolder) {
 		for _, h := range hs {
-			id := owners[h.Owner]
-			if id == 0 {
-				continue
-			}
-			for tier := range numTiers {
-				if h.Tiers&(1<<tier) != 0 {
-					t.Store(id, tier, key)
-				}
+			if owners[h.Owner] != 0 {
+				keys[h.Owner] = append(keys[h.Owner], key)
+				tiers[h.Owner] = append(tiers[h.Owner], h.Tiers)
 			}
 		}
 	})
+	for i, id := range owners {
+		t.StoreBatch(id, keys[i], tiers[i])
+	}
 	return err
+}
+
+// StoreBatch records that engine owner id holds each keys[i] in the engine
+// tiers of tiers[i], as Store would for each tier, but takes each stripe's
+// lock once for all its keys: restoring a snapshot's millions of entries
+// then costs a hash-table insert per entry, not a lock round trip per tier.
+func (t *Table) StoreBatch(id OwnerID, keys []uint64, tiers []TierMask) {
+	if len(keys) == 0 {
+		return
+	}
+	// Bucket the entries by stripe (a counting sort).
+	n := len(t.stripes)
+	start := make([]int, n+1)
+	hs := make([]uint64, len(keys))
+	for i, k := range keys {
+		hs[i] = mix(k)
+		start[t.stripeIndex(hs[i])+1]++
+	}
+	for i := 1; i <= n; i++ {
+		start[i] += start[i-1]
+	}
+	order := make([]int32, len(keys))
+	fill := slices.Clone(start[:n])
+	for i := range keys {
+		si := t.stripeIndex(hs[i])
+		order[fill[si]] = int32(i)
+		fill[si]++
+	}
+	for si := range n {
+		if start[si] == start[si+1] {
+			continue
+		}
+		s := &t.stripes[si]
+		s.mu.Lock()
+		if s.dead || !t.registered(id) {
+			s.mu.Unlock()
+			return
+		}
+		t.cow(s)
+		// Size the stripe for the whole batch once, instead of growing
+		// it step by step through every resize on the way.
+		if want := s.nlive + start[si+1] - start[si]; (want+s.tombs)*5 > len(s.slots)*4 {
+			s.resize(want)
+			s.blocks = slices.Grow(s.blocks, max(0, want-len(s.blocks)))
+		}
+		for _, i := range order[start[si]:start[si+1]] {
+			m := uint32(tiers[i]) & engineBit
+			if m == 0 {
+				continue
+			}
+			idx := s.findOrInsert(keys[i], hs[i])
+			b := &s.blocks[idx]
+			if k := s.findEngine(b, id); k != noPair {
+				if p := s.pairAt(b, k); p.own&m != m {
+					p.own |= m
+					s.reintern(b)
+				}
+			} else {
+				s.addPair(b, pair{own: uint32(id)<<maskBits | m, aux: s.ownerAppend(id, idx)})
+			}
+			s.setMask(b, b.mask()|uint8(m))
+		}
+		s.mu.Unlock()
+	}
 }

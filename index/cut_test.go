@@ -436,3 +436,52 @@ func BenchmarkCutPauses(b *testing.B) {
 	b.ReportMetric(float64(worst.Microseconds()), "µs-worst-stripe")
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N*len(tb.stripes)), "µs-mean-stripe")
 }
+
+// StoreBatch leaves the table exactly as Store per tier would, including
+// into stripes that already hold entries and free slab slots.
+func TestStoreBatchEqualsStore(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	a, b := New(Options{Stripes: 8}), New(Options{Stripes: 8})
+	ta, tb := a.EnsureTable(testCtx, hashing.Profile{}), b.EnsureTable(testCtx, hashing.Profile{})
+	m := newRefModel()
+	var ida, idb [3]OwnerID
+	for i := range ida {
+		ida[i], idb[i] = ta.AddEngineOwner("e", i), tb.AddEngineOwner("e", i)
+		m.reg[ownerKey{"e", i}] = ida[i]
+	}
+	for round := range 4 {
+		for o := range ida {
+			var keys []uint64
+			var tiers []TierMask
+			for range 3000 {
+				k, tm := rng.Uint64N(5000), TierMask(rng.IntN(16))
+				keys, tiers = append(keys, k), append(tiers, tm)
+				for _, tr := range []Tier{Device, CPULocal, CPUShare, Disk} {
+					if tm&(1<<tr) != 0 {
+						ta.Store(ida[o], tr, k)
+						m.store(ida[o], tr, k)
+					}
+				}
+			}
+			tb.StoreBatch(idb[o], keys, tiers)
+		}
+		// Removals leave free slab slots for the next round to reuse.
+		for range 2000 * (round + 1) {
+			o, k := rng.IntN(len(ida)), rng.Uint64N(5000)
+			ta.Remove(ida[o], Device, k)
+			tb.Remove(idb[o], Device, k)
+			m.remove(ida[o], Device, k)
+		}
+	}
+	checkInvariants(t, ta)
+	checkInvariants(t, tb)
+	ca, _ := findCut(a.BeginCut().Finish(), testCtx)
+	cb, _ := findCut(b.BeginCut().Finish(), testCtx)
+	want := modelHeld(m)
+	if diff := cmp.Diff(want, decodeCut(t, ca)); diff != "" {
+		t.Errorf("Store (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, decodeCut(t, cb)); diff != "" {
+		t.Errorf("StoreBatch (-want +got):\n%s", diff)
+	}
+}
