@@ -23,6 +23,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/regstore"
 	"github.com/mooncake-conductor-go/conductor/snapshot"
+	"github.com/mooncake-conductor-go/conductor/source"
 	"github.com/mooncake-conductor-go/conductor/statedir"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -55,7 +56,7 @@ func profile(t *testing.T) hashing.Profile {
 }
 
 func service(t *testing.T, instance string, rank int, endpoint string) registry.Service {
-	return registry.Service{Endpoint: endpoint, Type: registry.TypeVLLM, ModelName: "m", TenantID: "default",
+	return registry.Service{Endpoint: endpoint, Type: source.VLLM, ModelName: "m", TenantID: "default",
 		InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t)}
 }
 
