@@ -159,7 +159,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		undo()
 		return nil, err
 	}
-	state.Start(reg, ix)
+	fromFile := make([]registry.Service, len(cfg.Static))
+	for i, st := range cfg.Static {
+		fromFile[i] = st.Service
+	}
+	state.Start(reg, ix, fromFile)
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

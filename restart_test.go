@@ -20,8 +20,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	zmq "github.com/pebbe/zmq4"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/regstore"
+	"github.com/mooncake-conductor-go/conductor/statedir"
 )
 
 // These tests run the real binary against real ZMQ publishers on loopback
@@ -683,4 +690,68 @@ func TestCorruptSnapshotStartsEmptyWithRegistrations(t *testing.T) {
 		t.Errorf("services after a corrupt snapshot: %v", svcs)
 	}
 	checkAll(t, p2, model{}, []*engine{e}, 1, "empty index")
+}
+
+// A recorded registration that conflicts with the config file loses to the
+// file, with a warning naming both; one that agrees with it is not a
+// conflict.
+func TestRecordedRegistrationLosesToConfigFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	decode := func(instance, endpoint string) registry.Service {
+		body, err := msgpack.Marshal(vllmRegistration(instance, endpoint))
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc, e := codec.DecodeRegister(body, codec.DefaultLimits())
+		if e != nil {
+			t.Fatal(e)
+		}
+		return svc
+	}
+	d, err := statedir.Open(dir, statedir.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := []registry.Service{decode("a", "tcp://127.0.0.1:1001"), decode("b", "tcp://127.0.0.1:1002")}
+	if err := regstore.New(d).Save(recorded); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	var log bytes.Buffer
+	cfg := &config.Config{Addr: "127.0.0.1", Path: "/etc/conductor.json", StateDir: dir, SnapshotInterval: time.Hour, CatchUpTimeout: time.Second,
+		Static: []config.Static{{Name: "file-a", Service: decode("a", "tcp://127.0.0.1:2001")}}}
+	a, err := newApp(cfg, zerolog.New(&syncWriter{w: &log}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	got := map[registry.ServiceKey]string{}
+	for _, s := range a.reg.Services() {
+		got[s.Key()] = s.Endpoint
+	}
+	want := map[registry.ServiceKey]string{"a|default|0": "tcp://127.0.0.1:2001", "b|default|0": "tcp://127.0.0.1:1002"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("services (-want +got):\n%s", diff)
+	}
+	var warned bool
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, `"level":"warn"`) && strings.Contains(line, "a|default|0") &&
+			strings.Contains(line, "tcp://127.0.0.1:1001") && strings.Contains(line, "/etc/conductor.json") {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning naming the recorded registration and the file:\n%s", log.String())
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

@@ -209,8 +209,10 @@ func (s *State) OnResume(outcome string) { s.stats.outcome(outcome) }
 
 // Start runs after the start-up registrations: it records the merged set,
 // makes later changes durable first, drops the restore plan and starts the
-// periodic snapshots.
-func (s *State) Start(reg *registry.Registry, ix *index.Index) {
+// periodic snapshots. static are the config file's registrations: they are
+// not recorded (the file is their record), so removing one from the file
+// removes it, while a dynamic registration that replaced one is recorded.
+func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry.Service) {
 	s.reg, s.ix = reg, ix
 	s.planMu.Lock()
 	if s.plan != nil {
@@ -232,14 +234,27 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index) {
 	if s.dir == nil {
 		return
 	}
+	fromFile := make(map[string]bool, len(static))
+	for i := range static {
+		fromFile[string(regstore.RegisterBody(&static[i]))] = true
+	}
+	record := func(all []registry.Service) error {
+		dynamic := make([]registry.Service, 0, len(all))
+		for i := range all {
+			if !fromFile[string(regstore.RegisterBody(&all[i]))] {
+				dynamic = append(dynamic, all[i])
+			}
+		}
+		return s.regs.Save(dynamic)
+	}
 	all := make([]registry.Service, 0)
 	for _, st := range reg.Services() {
 		all = append(all, st.Service)
 	}
-	if err := s.regs.Save(all); err != nil {
+	if err := record(all); err != nil {
 		s.log.Error().Err(err).Msg("cannot record the registrations; registration changes will be refused until the state directory is writable")
 	}
-	reg.SetRecorder(s.regs.Save)
+	reg.SetRecorder(record)
 	s.stop, s.done = make(chan struct{}), make(chan struct{})
 	go s.loop()
 }

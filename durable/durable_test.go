@@ -108,7 +108,7 @@ func open(t *testing.T, dir string, reset bool) (*world, error) {
 			t.Fatal(err)
 		}
 	}
-	st.Start(w.reg, w.ix)
+	st.Start(w.reg, w.ix, nil)
 	t.Cleanup(w.close)
 	return w, nil
 }
@@ -405,7 +405,7 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	ix := index.New(index.Options{})
 	reg := registry.New(registry.Options{Index: ix})
 	defer reg.Close()
-	st.Start(reg, ix)
+	st.Start(reg, ix, nil)
 	defer st.Close()
 	r := &settled{}
 	st.Track(r)
@@ -426,3 +426,51 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 type settled struct{ done bool }
 
 func (s *settled) Resumed() bool { return s.done }
+
+// The config file's registrations are not recorded (the file is their
+// record); dynamic ones are, including one that replaced a file entry.
+func TestStaticRegistrationsNotRecorded(t *testing.T) {
+	dir := t.TempDir()
+	st, err := Open(Options{Path: dir, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix := index.New(index.Options{})
+	reg := registry.New(registry.Options{Index: ix})
+	a, b := service(t, "a", 0, "tcp://h:1"), service(t, "b", 0, "tcp://h:2")
+	for _, s := range []registry.Service{a, b} {
+		if _, err := reg.Register(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Start(reg, ix, []registry.Service{a})
+	c := service(t, "c", 0, "tcp://h:3")
+	if _, err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	reg.Close()
+	ix.Close()
+	st.Release()
+	got, err := regstore.New(mustDir(t, dir)).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []registry.ServiceKey
+	for _, s := range got {
+		keys = append(keys, s.Key())
+	}
+	if diff := cmp.Diff([]registry.ServiceKey{"b|default|0", "c|default|0"}, keys); diff != "" {
+		t.Errorf("recorded (-want +got):\n%s", diff)
+	}
+}
+
+func mustDir(t *testing.T, path string) *statedir.Dir {
+	t.Helper()
+	d, err := statedir.Open(path, statedir.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
