@@ -164,6 +164,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		fromFile[i] = st.Service
 	}
 	state.Start(reg, ix, fromFile)
+	// Restoring a snapshot read it whole and split it by owner; that
+	// memory is garbage now, and RSS is what operators read.
+	memReturn.Request()
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

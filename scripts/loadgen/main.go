@@ -65,6 +65,7 @@ type options struct {
 	serverLog     string
 	serverPID     int
 	serverRace    bool
+	restart       bool
 	serverArgs    []string
 	engine        engine
 	model         string
@@ -92,6 +93,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.repo, "repo", "", "repository root for --spawn (default: found from the working directory)")
 	fs.StringVar(&o.serverLog, "server-log-level", "WARN", "--log-level for a spawned server")
 	fs.BoolVar(&o.serverRace, "server-race", false, "build a --spawn'ed server with the race detector (slower; a data race fails the run)")
+	fs.BoolVar(&o.restart, "restart", false, "with --spawn: after the first checked pass, stop the server (SIGTERM), start it again on its state directory, report restart-to-ready and check every answer again")
 	serverArgs := fs.String("server-args", "", "extra command-line arguments for a --spawn'ed server, separated by spaces")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "server process id, for CPU and RSS figures (set automatically with --spawn)")
 	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor) or sglang (sha256_raw)")
@@ -458,6 +460,18 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
+	if o.restart {
+		if s.server == nil {
+			return rep, errors.New("--restart needs --spawn")
+		}
+		r, err := s.restartServer(ctx, d, cfg.BlockSize)
+		rep.Restart = r
+		if err != nil {
+			return rep, err
+		}
+		m = sampler{pid: o.serverPID}
+		rep.Checked += int64(r.Checked)
+	}
 
 	for _, conc := range o.levels {
 		memo0, memoErr := s.api.memoStats()
@@ -503,6 +517,54 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 
 	rep.LoadAverage[1] = loadAverage()
 	return rep, nil
+}
+
+// restartServer stops the spawned server gracefully, starts it again on the
+// same state directory and measures how long it takes to answer /readyz
+// 200: its snapshot loaded, and every publisher's next message (a probe)
+// received in order. Then every pool answer is checked again against the
+// same expectations.
+func (s *session) restartServer(ctx context.Context, d *driver, blockSize int) (*restartResult, error) {
+	r := &restartResult{}
+	t0 := time.Now()
+	if err := s.server.stop(); err != nil {
+		return r, fmt.Errorf("stop for restart: %w", err)
+	}
+	r.StopMS = ms(time.Since(t0))
+	t1 := time.Now()
+	ns, err := startServer(ctx, s.server.dir, s.server.bin, s.server.so, 10)
+	if err != nil {
+		return r, fmt.Errorf("restart: %w", err)
+	}
+	s.server = ns
+	s.o.serverPID = ns.pid()
+	r.ToHealthyMS = ms(time.Since(t1))
+	s.api.close()
+	if s.api, err = newAPI(ns.base, s.o.authToken, max(slices.Max(s.o.levels), s.o.unregConc, len(s.pubs))+8); err != nil {
+		return r, err
+	}
+	d.api = s.api
+	if err := parallel(s.pubs, func(p *publisher) error { return s.awaitProbe(ctx, p, blockSize) }); err != nil {
+		return r, err
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		status, _, err := s.api.do("GET", "/readyz", nil, false)
+		if err == nil && status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return r, fmt.Errorf("not ready a minute after the restart (last %d, %v)", status, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.ToReadyMS = ms(time.Since(t1))
+	failed := d.fails.count.Load()
+	t2 := time.Now()
+	verified, _ := d.run(ctx, 1, t2, t2.Add(5*time.Minute), len(d.pool), nil)
+	r.Checked, r.Failures = len(verified), d.fails.count.Load()-failed
+	s.logf("restart: stopped in %.0f ms, healthy after %.0f ms, ready after %.0f ms; %d answers checked again, %d wrong",
+		r.StopMS, r.ToHealthyMS, r.ToReadyMS, r.Checked, r.Failures)
+	return r, ctx.Err()
 }
 
 // parallel runs f for every publisher concurrently and returns the first

@@ -24,12 +24,14 @@ type report struct {
 	PoolKinds     map[string]int `json:"pool_kinds"`
 	TokenEncoding string         `json:"token_encoding"`
 
-	Ingest  ingestResult  `json:"ingest"`
-	Levels  []levelResult `json:"levels"`
-	Unreg   unregResult   `json:"unregistration"`
-	RSS     rssResult     `json:"server_rss_bytes"`
-	RSSAnon rssResult     `json:"server_rss_anon_bytes"`
-	Checked int64         `json:"answers_checked"`
+	Ingest ingestResult  `json:"ingest"`
+	Levels []levelResult `json:"levels"`
+	Unreg  unregResult   `json:"unregistration"`
+	// Restart is the --restart phase, when run.
+	Restart *restartResult `json:"restart,omitempty"`
+	RSS     rssResult      `json:"server_rss_bytes"`
+	RSSAnon rssResult      `json:"server_rss_anon_bytes"`
+	Checked int64          `json:"answers_checked"`
 
 	// LoadAverage is /proc/loadavg's 1-minute figure at the start and the
 	// end: on a shared machine other work skews every number here.
@@ -37,6 +39,18 @@ type report struct {
 
 	Failures     int64    `json:"failures"`
 	FailureNotes []string `json:"failure_examples,omitempty"`
+}
+
+// restartResult is a graceful restart on the same state directory: how
+// long the old process took to stop, the new one to answer /healthz and
+// /readyz (snapshot loaded, every source caught up), and the answers
+// checked again afterwards.
+type restartResult struct {
+	StopMS      float64 `json:"stop_ms"`
+	ToHealthyMS float64 `json:"to_healthy_ms"`
+	ToReadyMS   float64 `json:"to_ready_ms"`
+	Checked     int     `json:"answers_checked"`
+	Failures    int64   `json:"failures"`
 }
 
 type ingestResult struct {
@@ -152,6 +166,10 @@ func (r *report) writeMarkdown(w io.Writer) {
 	in := r.Ingest
 	fmt.Fprintf(w, "| ingest | %d blocks in %d messages (%d distinct) in %.2f s |\n", in.BlocksPublished, in.Messages, in.DistinctBlocks, in.Seconds)
 	fmt.Fprintf(w, "| ingest rate | %.0f blocks/s |\n", in.BlocksPerSec)
+	if rs := r.Restart; rs != nil {
+		fmt.Fprintf(w, "| graceful restart: stop / healthy / ready | %.0f ms / %.0f ms / %.0f ms |\n", rs.StopMS, rs.ToHealthyMS, rs.ToReadyMS)
+		fmt.Fprintf(w, "| answers checked after the restart | %d (%d wrong) |\n", rs.Checked, rs.Failures)
+	}
 	fmt.Fprintf(w, "| server CPU per ingested block | %s |\n", fmtFrac(in.ServerCPUPerBlockUS))
 	fmt.Fprintf(w, "| server RSS at start (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.Start), fmtBytes(r.RSSAnon.Start))
 	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))

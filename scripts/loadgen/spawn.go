@@ -22,6 +22,8 @@ const modulePath = "github.com/mooncake-conductor-go/conductor"
 // so one command measures everything, --server-pid included.
 type spawned struct {
 	cmd     *exec.Cmd
+	bin     string
+	so      serverOptions
 	dir     string
 	logPath string
 	base    string
@@ -138,7 +140,7 @@ func startServer(ctx context.Context, dir, bin string, so serverOptions, attempt
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	s := &spawned{cmd: cmd, dir: dir, logPath: logPath, base: fmt.Sprintf("http://127.0.0.1:%d", port), exited: make(chan struct{})}
+	s := &spawned{cmd: cmd, bin: bin, so: so, dir: dir, logPath: logPath, base: fmt.Sprintf("http://127.0.0.1:%d", port), exited: make(chan struct{})}
 	go func() { s.waitErr = cmd.Wait(); close(s.exited) }()
 
 	probe, err := newAPI(s.base, "", 1)
