@@ -104,6 +104,10 @@ func Open(path string, opts Options) (*Dir, error) {
 		d.Close()
 		return nil, err
 	}
+	if err := d.removeTemporaries(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	if opts.Reset {
 		if err := d.reset(); err != nil {
 			d.Close()
@@ -112,6 +116,27 @@ func Open(path string, opts Options) (*Dir, error) {
 	}
 	return d, nil
 }
+
+// removeTemporaries deletes what a crash in the middle of WriteAtomic left
+// behind: temporary files that were never renamed into place, hence never
+// part of the state.
+func (d *Dir) removeTemporaries() error {
+	entries, err := os.ReadDir(d.path)
+	if err != nil {
+		return fmt.Errorf("read state directory %s: %w", d.path, err)
+	}
+	for _, e := range entries {
+		if n := e.Name(); strings.HasPrefix(n, ".") && strings.Contains(n, tmpMarker) && e.Type().IsRegular() {
+			if err := os.Remove(filepath.Join(d.path, n)); err != nil {
+				return fmt.Errorf("remove unfinished %s: %w", filepath.Join(d.path, n), err)
+			}
+		}
+	}
+	return nil
+}
+
+// tmpMarker is in the name of every temporary file WriteAtomic creates.
+const tmpMarker = ".tmp-"
 
 // readPID reads the holder's pid from a lock file, 0 when unreadable.
 func readPID(name string) int {
@@ -213,7 +238,7 @@ func (d *Dir) WriteAtomic(name string, write func(w io.Writer) error) (int64, er
 }
 
 func writeAtomic(dir, name string, write func(w io.Writer) error) (n int64, err error) {
-	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	f, err := os.CreateTemp(dir, "."+name+tmpMarker+"*")
 	if err != nil {
 		return 0, fmt.Errorf("write %s: %w", filepath.Join(dir, name), err)
 	}

@@ -335,3 +335,22 @@ func TestFailureReason(t *testing.T) {
 		}
 	}
 }
+
+// A temporary file a crash left behind mid-write is removed at the next
+// Open; the files it was to replace are untouched.
+func TestOpenRemovesUnfinishedTemporaries(t *testing.T) {
+	dir := t.TempDir()
+	for n, content := range map[string]string{".index.snapshot.tmp-123": "half", "index.snapshot": "whole", ".hidden": "x"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := Open(dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if diff := cmp.Diff([]string{".hidden", LockName, "index.snapshot"}, listDir(t, dir)); diff != "" {
+		t.Errorf("directory (-want +got):\n%s", diff)
+	}
+}
