@@ -76,6 +76,7 @@ type State struct {
 	done chan struct{}
 
 	readyMu  sync.Mutex
+	lagTimer *time.Timer // Start's deadline check; Close stops it
 	tracked  []resumer
 	deadline time.Time // zero until Start
 	started  bool
@@ -229,6 +230,10 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 	s.readyMu.Lock()
 	s.started = true
 	s.deadline = s.opts.Now().Add(s.opts.CatchUpTimeout)
+	if len(s.tracked) > 0 {
+		// Count the laggards at the deadline even if nobody asks /readyz.
+		s.lagTimer = time.AfterFunc(s.opts.CatchUpTimeout, func() { s.Ready() })
+	}
 	s.readyMu.Unlock()
 
 	if s.dir == nil {
@@ -376,6 +381,11 @@ func (s *State) Ready() (bool, string) {
 // Close stops periodic snapshots and writes a last one; the caller then
 // stops the sources. Release gives the directory up afterwards.
 func (s *State) Close() {
+	s.readyMu.Lock()
+	if s.lagTimer != nil {
+		s.lagTimer.Stop()
+	}
+	s.readyMu.Unlock()
 	if s.stop == nil {
 		return
 	}
