@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -331,7 +332,7 @@ func (s *State) cut() *snapshot.Snapshot {
 			}
 			pos := p.Position()
 			snap.Sources = append(snap.Sources, snapshot.Source{
-				Key: string(f.Service.Key()), Type: f.Service.Type.String(),
+				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
 				Seq: pos.Seq, HasSeq: pos.HasSeq, Stale: pos.Stale, Bindings: pos.Bindings,
 			})
 		}
@@ -344,6 +345,9 @@ func (s *State) cut() *snapshot.Snapshot {
 	}
 	return snap
 }
+
+// fingerprint identifies a registration's configuration.
+func fingerprint(svc *registry.Service) uint64 { return xxhash.Sum64(regstore.RegisterBody(svc)) }
 
 func profileOf(p *hashing.Profile) snapshot.Profile {
 	return snapshot.Profile{Strategy: p.Strategy, Algorithm: p.Algorithm, IndexProjection: p.IndexProjection, PythonHashSeed: p.PythonHashSeed}

@@ -474,3 +474,44 @@ func mustDir(t *testing.T, path string) *statedir.Dir {
 	t.Cleanup(func() { d.Close() })
 	return d
 }
+
+// A snapshot's position is restored only into the registration it was
+// taken for: re-registered under the same key with another endpoint, the
+// source starts fresh.
+func TestPositionOnlyForTheSameRegistration(t *testing.T) {
+	dir := t.TempDir()
+	w := mustOpen(t, dir)
+	a := service(t, "a", 0, "tcp://h:1")
+	if _, err := w.reg.Register(a); err != nil {
+		t.Fatal(err)
+	}
+	w.apply(a.Key(), 5, 1, 2)
+	if err := w.st.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	old, err := os.ReadFile(filepath.Join(dir, snapshot.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.reg.Unregister(a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	moved := service(t, "a", 0, "tcp://h:9")
+	if _, err := w.reg.Register(moved); err != nil {
+		t.Fatal(err)
+	}
+	w.close()
+	// As if the conductor had crashed before snapshotting again.
+	if err := os.WriteFile(filepath.Join(dir, snapshot.FileName), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w2 := mustOpen(t, dir)
+	if r := w2.sources[a.Key()].resume; r != nil {
+		t.Errorf("a different registration resumed at %+v", r)
+	}
+	var res index.QueryResult
+	w2.tables[a.Key()].Query(&chain{keys: []uint64{1}}, "", &res)
+	if len(res.Instances) != 1 || res.Instances[0].Max.Device != 0 {
+		t.Errorf("entries of the old registration restored: %+v", res.Instances)
+	}
+}

@@ -57,12 +57,13 @@ func newPlan(snap *snapshot.Snapshot) *plan {
 }
 
 // take returns svc's recorded position, once, when the snapshot has one it
-// can resume from: same key and type, a position or a stale state, and for
-// engines a context recorded under the same hash profile.
+// can resume from: the same registration (key and configuration), a
+// position or a stale state, and for engines a context recorded under the
+// same hash profile.
 func (p *plan) take(svc registry.Service) (*snapshot.Source, bool) {
 	key := string(svc.Key())
 	src, ok := p.sources[key]
-	if !ok || p.used[key] || src.Type != svc.Type.String() || (!src.HasSeq && !src.Stale) {
+	if !ok || p.used[key] || src.Type != svc.Type.String() || src.Registration != fingerprint(&svc) || (!src.HasSeq && !src.Stale) {
 		return nil, false
 	}
 	if svc.IsEngine() {

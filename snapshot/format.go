@@ -60,6 +60,10 @@ type Snapshot struct {
 type Source struct {
 	Key  string `msgpack:"key"`
 	Type string `msgpack:"type"`
+	// Registration fingerprints the registration the position belongs to
+	// (an xxhash64 of its /register body), so a restart never hands it to
+	// a different registration under the same key.
+	Registration uint64 `msgpack:"registration"`
 	// Seq is the last applied sequence number; HasSeq is false for a
 	// source that had not received anything yet.
 	Seq    uint64 `msgpack:"seq"`
