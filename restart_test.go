@@ -703,9 +703,13 @@ func TestRecordedRegistrationLosesToConfigFile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc, e := codec.DecodeRegister(body, codec.DefaultLimits())
+		reg, e := codec.DecodeRegister(body, codec.DefaultLimits())
 		if e != nil {
 			t.Fatal(e)
+		}
+		svc, err := registry.NewService(reg)
+		if err != nil {
+			t.Fatal(err)
 		}
 		return svc
 	}
