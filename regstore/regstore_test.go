@@ -21,7 +21,7 @@ import (
 )
 
 // service builds a registration the way /register does, from a request map.
-func service(t *testing.T, req map[string]any) registry.Service {
+func service(t testing.TB, req map[string]any) registry.Service {
 	t.Helper()
 	body, err := msgpack.Marshal(req)
 	if err != nil {
@@ -38,7 +38,7 @@ func service(t *testing.T, req map[string]any) registry.Service {
 	return svc
 }
 
-func services(t *testing.T) []registry.Service {
+func services(t testing.TB) []registry.Service {
 	return []registry.Service{
 		service(t, map[string]any{
 			"endpoint": "tcp://10.0.0.1:5557", "replay_endpoint": "tcp://10.0.0.1:5558",
