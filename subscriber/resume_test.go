@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/snapshot"
 )
 
@@ -38,7 +39,7 @@ func (re *resumeEnv) outcome() []string {
 }
 
 // kinds lists the recorded sink calls by kind, with stored keys.
-func kinds(ops []op) []string {
+func kinds(ops []eventtest.Op) []string {
 	var out []string
 	for _, o := range ops {
 		if o.Kind == "store" {
@@ -75,7 +76,7 @@ func TestResumeInOrder(t *testing.T) {
 	if diff := cmp.Diff([]string{ResumedInOrder}, re.outcome()); diff != "" {
 		t.Errorf("outcome (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{"store 1"}, kinds(re.engine.snapshot())); diff != "" {
+	if diff := cmp.Diff([]string{"store 1"}, kinds(re.engine.Snapshot())); diff != "" {
 		t.Errorf("sink calls (-want +got):\n%s", diff)
 	}
 	if !s.Resumed() || s.State() != Live {
@@ -96,14 +97,14 @@ func TestResumeThroughReplay(t *testing.T) {
 	pub.waitSubscribed()
 	pub.send(15, storedBatch([]uint64{15}, 4, 0))
 	waitSeq(t, s, 15)
-	waitFor(t, "resumed", 5*time.Second, s.Resumed)
+	eventtest.WaitFor(t, "resumed", 5*time.Second, s.Resumed)
 	if diff := cmp.Diff([]uint64{11, 12, 13, 14, 15}, re.appliedOrder()); diff != "" {
 		t.Errorf("applied (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]string{ResumedReplay}, re.outcome()); diff != "" {
 		t.Errorf("outcome (-want +got):\n%s", diff)
 	}
-	for _, o := range re.engine.snapshot() {
+	for _, o := range re.engine.Snapshot() {
 		if o.Kind == "clear" {
 			t.Errorf("restored entries cleared: %v", o)
 		}
@@ -143,7 +144,7 @@ func TestResumeCold(t *testing.T) {
 			if diff := cmp.Diff([]uint64{tc.first, tc.first + 1}, re.appliedOrder()); diff != "" {
 				t.Errorf("applied (-want +got):\n%s", diff)
 			}
-			ops := re.engine.snapshot()
+			ops := re.engine.Snapshot()
 			if len(ops) == 0 || ops[0].Kind != "clear" {
 				t.Errorf("the restored entries were not dropped first: %v", ops)
 			}
@@ -156,7 +157,7 @@ func TestResumeCold(t *testing.T) {
 			// Live gaps after that follow the usual rules.
 			pub.send(tc.first+5, storedBatch([]uint64{9}, 4, 0))
 			if !tc.replay {
-				waitFor(t, "stale after a live gap", 5*time.Second, s.Stale)
+				eventtest.WaitFor(t, "stale after a live gap", 5*time.Second, s.Stale)
 			}
 		})
 	}
@@ -179,10 +180,10 @@ func TestResumeStale(t *testing.T) {
 // A Mooncake source takes its bindings back at start, reports them in its
 // position, and releases them when it resumes cold (it has no replay).
 func TestResumeMooncakeBindings(t *testing.T) {
-	m := loadManifest(t)
+	m := eventtest.LoadManifest(t)
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := newEnv(t, m, "pool-a-sub", []string{"vllm-a"}, pub.endpoint, "")
-	ctx := contextOf(m.Registrations["vllm-a"])
+	ctx := eventtest.ContextOf(m.Registrations["vllm-a"])
 	bindings := []snapshot.Binding{
 		{Backend: "be", Tenant: ctx.Tenant, Identity: "obj-1", Tier: uint8(index.CPUShare), Model: ctx.Model, Lora: ctx.Lora, BlockSize: ctx.BlockSize, Prefix: 5, FullHash: "00aa"},
 		{Backend: "be", Tenant: ctx.Tenant, Identity: "obj-2", Tier: uint8(index.Disk), Model: ctx.Model, Lora: ctx.Lora, BlockSize: ctx.BlockSize, Prefix: 6, FullHash: "00bb"},
@@ -197,8 +198,8 @@ func TestResumeMooncakeBindings(t *testing.T) {
 	e.cfg.OnResume = func(o string) { mu.Lock(); outcome = append(outcome, o); mu.Unlock() }
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
-	want := []op{{Kind: "acquire", Tier: index.CPUShare, Key: 5}, {Kind: "acquire", Tier: index.Disk, Key: 6}}
-	if diff := cmp.Diff(sortOps(want), sortOps(e.shared.snapshot())); diff != "" {
+	want := []eventtest.Op{{Kind: "acquire", Tier: index.CPUShare, Key: 5}, {Kind: "acquire", Tier: index.Disk, Key: 6}}
+	if diff := cmp.Diff(eventtest.SortOps(want), eventtest.SortOps(e.shared.Snapshot())); diff != "" {
 		t.Errorf("restored references (-want +got):\n%s", diff)
 	}
 	pos := position(s, gate)
@@ -214,7 +215,7 @@ func TestResumeMooncakeBindings(t *testing.T) {
 		t.Errorf("outcome (-want +got):\n%s", diff)
 	}
 	mu.Unlock()
-	if bal := sharedBalance(e.shared.snapshot()); len(bal) != 0 {
+	if bal := eventtest.SharedBalance(e.shared.Snapshot()); len(bal) != 0 {
 		t.Errorf("references left after a cold resume: %v", bal)
 	}
 }
