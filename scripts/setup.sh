@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs what building this service needs beyond Go: libzmq (headers and
-# pkg-config file, for github.com/pebbe/zmq4 through cgo). Idempotent and
-# quiet when everything is already there.
+# pkg-config file, for github.com/pebbe/zmq4 through cgo) and protoc (Debian's
+# protobuf-compiler, which scripts/genproto.sh and the test that checks the
+# generated gRPC code is current need). Idempotent and quiet when everything
+# is already there.
 set -euo pipefail
 
 need=()
 pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 
 if ((${#need[@]})); then
 	sudo=""
