@@ -39,6 +39,10 @@ type Index struct {
 	// cutMu is held from BeginCut to Finish: one cut at a time.
 	cutMu    sync.Mutex
 	cutEpoch uint64 // under cutMu; stripes compare their cutEpoch to it
+	// scopes are the producer-fed scopes (scope.go), beside the contexts.
+	scopes atomic.Pointer[map[ScopeKey]*Table]
+	// watch, when set, sees every change (watch.go).
+	watch atomic.Pointer[watcherBox]
 }
 
 // New returns an empty index.
@@ -51,6 +55,8 @@ func New(opts Options) *Index {
 	ix.reap.pause = opts.RemovalPause
 	m := map[ContextKey]*Table{}
 	ix.tables.Store(&m)
+	sc := map[ScopeKey]*Table{}
+	ix.scopes.Store(&sc)
 	return ix
 }
 
@@ -74,6 +80,7 @@ func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
 		return t
 	}
 	t := newTable(ctx, p, ix.stripes)
+	t.ix = ix
 	if ix.reap.pause > 0 {
 		t.reap = &ix.reap
 	}

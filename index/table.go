@@ -37,6 +37,12 @@ type Table struct {
 	// cut is the cut in progress, if any: writers copy a stripe for it
 	// before their first change (see Cut).
 	cut atomic.Pointer[tableCut]
+	// ix is the index the table belongs to (nil for tables built alone in
+	// tests), whose watcher sees the table's changes.
+	ix *Index
+	// scope and scheme mark a producer-fed scope (scope.go).
+	scope  bool
+	scheme string
 }
 
 type slotInfo struct {
@@ -207,6 +213,7 @@ func (t *Table) AddEngineOwner(instance string, rank int) OwnerID {
 	info.key = k
 	t.ids[k] = info.id
 	t.publishLocked()
+	t.notifyOwner(OwnerUpdated, instance)
 	return info.id
 }
 
@@ -221,10 +228,12 @@ func (t *Table) RemoveEngineOwner(id OwnerID) {
 		t.regMu.Unlock()
 		return
 	}
+	inst := t.slots[sl].key.instance
 	delete(t.ids, t.slots[sl].key)
 	t.slots[sl].id = 0
 	t.publishLocked()
 	t.regMu.Unlock()
+	t.notifyOwner(OwnerCleared, inst)
 
 	if t.reap != nil && t.reap.enqueue(t, id) {
 		return
@@ -327,11 +336,14 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 			p.own |= bit
 			s.reintern(b)
 		}
-	} else {
-		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
+		s.setMask(b, b.mask()|uint8(bit))
+		s.mu.Unlock()
+		return
 	}
+	s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
 	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
+	t.notify(KeyAdded, id, key)
 }
 
 // lockBlock write-locks key's stripe and returns it with the block's slab
@@ -373,11 +385,15 @@ func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
 		return
 	}
 	p.own &^= bit
-	if p.mask() == 0 {
+	gone := p.mask() == 0
+	if gone {
 		s.ownerRemoveAt(id, p.aux)
 		s.removePair(b, k)
 	}
 	s.settle(idx, b)
+	if gone {
+		t.notify(KeyEvicted, id, key) // under the lock: watchers never block
+	}
 }
 
 // ClearOwner retracts the given tiers of everything engine owner id holds:
@@ -390,6 +406,7 @@ func (t *Table) ClearOwner(id OwnerID, tiers TierMask) {
 		return
 	}
 	t.clearOwner(id, m, nil)
+	t.notify(OwnerCleared, id, 0)
 }
 
 // clearOwner removes tiers m from every block id holds, one stripe at a time
@@ -438,11 +455,14 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
 			p.aux++
 		}
-	} else {
-		s.addPair(b, pair{own: bit, aux: 1})
+		s.setMask(b, b.mask()|uint8(bit))
+		s.mu.Unlock()
+		return
 	}
+	s.addPair(b, pair{own: bit, aux: 1})
 	s.setMask(b, b.mask()|uint8(bit))
 	s.mu.Unlock()
+	t.notify(KeyAdded, 0, key)
 }
 
 // ReleaseShared drops one reference taken by AcquireShared; the key leaves
@@ -466,6 +486,7 @@ func (t *Table) ReleaseShared(tier Tier, key uint64) {
 	if p.aux--; p.aux == 0 {
 		s.removePair(b, k)
 		s.settle(idx, b)
+		t.notify(KeyEvicted, 0, key) // under the lock: watchers never block
 	}
 }
 

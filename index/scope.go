@@ -1,0 +1,182 @@
+package index
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// ScopeKey names a producer-fed scope: blocks that gRPC producers reported
+// (ReportCacheState) under one hash scheme. Its keys are only comparable
+// within the scope, exactly like a context's, so a scope is a Table of its
+// own; it lives in the same Index beside the Conductor contexts, with the
+// same layout and memory per block, but in a separate map, because its
+// identity (a free-form scheme string instead of a block size and a hash
+// profile) is not a context's and the Conductor API must never see it.
+type ScopeKey struct {
+	Tenant  string
+	Model   string
+	Scheme  string
+	Adapter string
+}
+
+// Scope returns the scope's table, or nil when nothing created it.
+func (ix *Index) Scope(k ScopeKey) *Table {
+	return (*ix.scopes.Load())[k]
+}
+
+// EnsureScope returns the scope's table, creating it empty.
+func (ix *Index) EnsureScope(k ScopeKey) *Table {
+	if t := ix.Scope(k); t != nil {
+		return t
+	}
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	old := *ix.scopes.Load()
+	if t := old[k]; t != nil {
+		return t
+	}
+	t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, hashing.Profile{}, ix.stripes)
+	t.scope, t.scheme, t.ix = true, k.Scheme, ix
+	m := make(map[ScopeKey]*Table, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[k] = t
+	ix.scopes.Store(&m)
+	return t
+}
+
+// DropScope forgets a scope and frees its memory; like DropTable, holders
+// of the *Table see a dead table whose writes are no-ops.
+func (ix *Index) DropScope(k ScopeKey) {
+	ix.mu.Lock()
+	old := *ix.scopes.Load()
+	t := old[k]
+	if t != nil {
+		m := make(map[ScopeKey]*Table, len(old))
+		for kk, v := range old {
+			if kk != k {
+				m[kk] = v
+			}
+		}
+		ix.scopes.Store(&m)
+	}
+	ix.mu.Unlock()
+	if t != nil {
+		t.drop()
+	}
+}
+
+// Scopes returns a snapshot of all producer-fed scopes sorted by (Tenant,
+// Model, Scheme, Adapter).
+func (ix *Index) Scopes() []*Table {
+	m := *ix.scopes.Load()
+	out := make([]*Table, 0, len(m))
+	for _, t := range m {
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b *Table) int {
+		x, y := a.ScopeKey(), b.ScopeKey()
+		return cmp.Or(cmp.Compare(x.Tenant, y.Tenant), cmp.Compare(x.Model, y.Model),
+			cmp.Compare(x.Scheme, y.Scheme), cmp.Compare(x.Adapter, y.Adapter))
+	})
+	return out
+}
+
+// IsScope reports whether the table is a producer-fed scope rather than a
+// Conductor context.
+func (t *Table) IsScope() bool { return t.scope }
+
+// ScopeKey returns the scope a producer-fed table indexes (zero for a
+// Conductor context).
+func (t *Table) ScopeKey() ScopeKey {
+	if !t.scope {
+		return ScopeKey{}
+	}
+	return ScopeKey{Tenant: t.ctx.Tenant, Model: t.ctx.Model, Scheme: t.scheme, Adapter: t.ctx.Lora}
+}
+
+// Put records that engine owner id holds key in exactly tier, replacing
+// the tiers it held key in before: producers re-report a block with its
+// current tier (last write wins), which is how a demotion from engine
+// memory to host memory arrives. It reports whether the owner did not hold
+// key before. Like Store it ignores unknown owners and shared tiers.
+func (t *Table) Put(id OwnerID, tier Tier, key uint64) (added bool) {
+	bit := engineTierBit(tier)
+	if bit == 0 {
+		return false
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	if s.dead || !t.registered(id) {
+		s.mu.Unlock()
+		return false
+	}
+	t.cow(s)
+	idx := s.findOrInsert(key, h)
+	b := &s.blocks[idx]
+	if k := s.findEngine(b, id); k != noPair {
+		if p := s.pairAt(b, k); p.mask() != uint8(bit) {
+			p.own = p.own&^tierBits | bit
+			s.settle(idx, b)
+		}
+		s.mu.Unlock()
+		return false
+	}
+	s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
+	s.setMask(b, b.mask()|uint8(bit))
+	s.mu.Unlock()
+	t.notify(KeyAdded, id, key)
+	return true
+}
+
+// Evict retracts key from engine owner id in every tier and reports
+// whether the owner held it.
+func (t *Table) Evict(id OwnerID, key uint64) bool {
+	s, idx := t.lockBlock(key)
+	if s == nil {
+		return false
+	}
+	b := &s.blocks[idx]
+	k := s.findEngine(b, id)
+	if k == noPair {
+		s.mu.Unlock()
+		return false
+	}
+	s.ownerRemoveAt(id, s.pairAt(b, k).aux)
+	s.removePair(b, k)
+	s.settle(idx, b)
+	s.mu.Unlock()
+	t.notify(KeyEvicted, id, key)
+	return true
+}
+
+// Has reports whether anyone holds key in any tier.
+func (t *Table) Has(key uint64) bool {
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return !s.dead && s.find(key, h) >= 0
+}
+
+// EachKey calls fn with every key held in the table, one stripe at a time
+// under its read lock, until fn returns false. It is for rare reads (a
+// cache-state summary), not the query path.
+func (t *Table) EachKey(fn func(key uint64) bool) {
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.RLock()
+		for j := range s.blocks {
+			b := &s.blocks[j]
+			if b.first.own != 0 && !fn(b.key) {
+				s.mu.RUnlock()
+				return
+			}
+		}
+		s.mu.RUnlock()
+	}
+}
