@@ -1,0 +1,459 @@
+// Package producer keeps what gRPC producers (InferenceCache engine
+// sidecars) report: their blocks, in producer-fed scopes of the shared
+// index (index.ScopeKey), plus what the index has no place for — each
+// replica's latest statistics, when it was last heard from, each key's token
+// count, and how many entries each replica holds per scope. A replica
+// heard from neither by update nor by event for the TTL is cleared.
+package producer
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+// DefaultTTL is how long a silent producer-fed replica is kept.
+const DefaultTTL = 30 * time.Minute
+
+// Options configure a Store.
+type Options struct {
+	Index *index.Index
+	// TTL is how long a replica may stay silent before it is cleared
+	// (default DefaultTTL).
+	TTL time.Duration
+	// Now is the clock (default time.Now); tests move it.
+	Now func() time.Time
+}
+
+// Stats are a replica's latest self-reported statistics.
+type Stats struct {
+	CacheMemoryBytes int64
+	HitRate          float32
+	Pressure         float32
+	ClientVersion    string
+	T2HitTokens      int64
+	T2QueryTokens    int64
+}
+
+// ReplicaStats is one replica's stats with their time.
+type ReplicaStats struct {
+	Replica string
+	Stats
+	At time.Time
+}
+
+// Store is the producer side of the index. Its maps are guarded by one
+// RWMutex that ingestion takes for reading on the common path (scope and
+// replica known); blocks themselves go straight to the index's stripes.
+type Store struct {
+	ix  *index.Index
+	ttl time.Duration
+	now func() time.Time
+
+	mu       sync.RWMutex
+	scopes   map[index.ScopeKey]*scope
+	replicas map[ReplicaKey]*replica
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// ReplicaKey is a producer-fed replica of one (tenant, model).
+type ReplicaKey struct{ Tenant, Model, Replica string }
+
+type replica struct {
+	lastSeen atomic.Int64 // unix nanoseconds
+
+	mu       sync.Mutex
+	stats    Stats
+	statsAt  time.Time
+	hasStats bool
+}
+
+// scope is a producer-fed scope's bookkeeping beside its index table.
+type scope struct {
+	t      *index.Table
+	owners map[string]*owner // by replica id; under Store.mu
+	tokens [tokenShards]tokenShard
+}
+
+type owner struct {
+	id      index.OwnerID
+	entries atomic.Int64
+}
+
+const tokenShards = 16
+
+type tokenShard struct {
+	mu sync.Mutex
+	m  map[uint64]int32
+}
+
+// New returns an empty store; Start runs its expiry.
+func New(opts Options) *Store {
+	s := &Store{ix: opts.Index, ttl: opts.TTL, now: opts.Now,
+		scopes: map[index.ScopeKey]*scope{}, replicas: map[ReplicaKey]*replica{}}
+	if s.ttl <= 0 {
+		s.ttl = DefaultTTL
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s
+}
+
+// TTL is the silence after which a replica is cleared.
+func (s *Store) TTL() time.Duration { return s.ttl }
+
+// Start runs the expiry sweep in the background until Close.
+func (s *Store) Start() {
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	every := min(s.ttl/4, 30*time.Second)
+	go func() {
+		defer close(s.done)
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-tk.C:
+				s.Sweep()
+			}
+		}
+	}()
+}
+
+// Close stops the sweep started by Start.
+func (s *Store) Close() {
+	if s.stop != nil {
+		close(s.stop)
+		<-s.done
+		s.stop = nil
+	}
+}
+
+// Touch records that the replica was heard from by an update, creating
+// its record.
+func (s *Store) Touch(k ReplicaKey) {
+	now := s.now().UnixNano()
+	s.mu.RLock()
+	r := s.replicas[k]
+	s.mu.RUnlock()
+	if r == nil {
+		s.mu.Lock()
+		if r = s.replicas[k]; r == nil {
+			r = &replica{}
+			s.replicas[k] = r
+		}
+		s.mu.Unlock()
+	}
+	r.lastSeen.Store(now)
+}
+
+// Refresh records that a known replica was heard from by an event; it
+// reports whether the replica is known.
+func (s *Store) Refresh(k ReplicaKey) bool {
+	s.mu.RLock()
+	r := s.replicas[k]
+	s.mu.RUnlock()
+	if r != nil {
+		r.lastSeen.Store(s.now().UnixNano())
+	}
+	return r != nil
+}
+
+// finite maps NaN and infinities to 0: statistics feed scores.
+func finite(f float32) float32 {
+	if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+		return 0
+	}
+	return f
+}
+
+// SetStats stores the replica's latest statistics (NaN and infinities
+// become 0) and touches it.
+func (s *Store) SetStats(k ReplicaKey, st Stats) {
+	s.Touch(k)
+	st.HitRate, st.Pressure = finite(st.HitRate), finite(st.Pressure)
+	s.mu.RLock()
+	r := s.replicas[k]
+	s.mu.RUnlock()
+	if r == nil { // cleared in between
+		return
+	}
+	r.mu.Lock()
+	r.stats, r.statsAt, r.hasStats = st, s.now(), true
+	r.mu.Unlock()
+}
+
+// Writer puts one replica's entries into one scope.
+type Writer struct {
+	sc *scope
+	o  *owner
+}
+
+// Writer returns the writer for replica in scope k, creating the scope and
+// registering the replica as an owner there.
+func (s *Store) Writer(k index.ScopeKey, replicaID string) Writer {
+	s.mu.RLock()
+	sc := s.scopes[k]
+	var o *owner
+	if sc != nil {
+		o = sc.owners[replicaID]
+	}
+	s.mu.RUnlock()
+	if o != nil {
+		return Writer{sc, o}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sc = s.scopes[k]; sc == nil {
+		sc = &scope{t: s.ix.EnsureScope(k), owners: map[string]*owner{}}
+		s.scopes[k] = sc
+	}
+	if o = sc.owners[replicaID]; o == nil {
+		o = &owner{id: sc.t.AddEngineOwner(replicaID, 0)}
+		sc.owners[replicaID] = o
+	}
+	return Writer{sc, o}
+}
+
+// Put records that the replica holds key in tier, covering tokens tokens
+// from the start of the prompt; a re-report replaces tier and count.
+func (w Writer) Put(tier index.Tier, key uint64, tokens int32) {
+	if w.sc.t.Put(w.o.id, tier, key) {
+		w.o.entries.Add(1)
+	}
+	sh := &w.sc.tokens[key%tokenShards]
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = map[uint64]int32{}
+	}
+	sh.m[key] = tokens
+	sh.mu.Unlock()
+}
+
+// Evict removes key from the replica in every scope of (tenant, model), or
+// only in those of adapter when onlyAdapter is set; it returns how many
+// entries went.
+func (s *Store) Evict(k ReplicaKey, adapter string, onlyAdapter bool, key uint64) int {
+	n := 0
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for sk, sc := range s.scopes {
+		if sk.Tenant != k.Tenant || sk.Model != k.Model || (onlyAdapter && sk.Adapter != adapter) {
+			continue
+		}
+		if o := sc.owners[k.Replica]; o != nil && sc.t.Evict(o.id, key) {
+			o.entries.Add(-1)
+			n++
+		}
+	}
+	return n
+}
+
+// Clear removes the replica from every scope of (tenant, model) and
+// forgets its statistics and liveness; scopes left without owners are
+// dropped from the index.
+func (s *Store) Clear(k ReplicaKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clearLocked(k)
+}
+
+func (s *Store) clearLocked(k ReplicaKey) {
+	delete(s.replicas, k)
+	for sk, sc := range s.scopes {
+		if sk.Tenant != k.Tenant || sk.Model != k.Model {
+			continue
+		}
+		o := sc.owners[k.Replica]
+		if o == nil {
+			continue
+		}
+		delete(sc.owners, k.Replica)
+		sc.t.RemoveEngineOwner(o.id)
+		if len(sc.owners) == 0 {
+			delete(s.scopes, sk)
+			s.ix.DropScope(sk)
+			continue
+		}
+		sc.pruneTokens()
+	}
+}
+
+// pruneTokens forgets the token counts of keys nobody holds any more.
+func (sc *scope) pruneTokens() {
+	for i := range sc.tokens {
+		sh := &sc.tokens[i]
+		sh.mu.Lock()
+		for k := range sh.m {
+			if !sc.t.Has(k) {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Sweep clears every replica silent for longer than the TTL and returns
+// how many it cleared.
+func (s *Store) Sweep() int {
+	cut := s.now().Add(-s.ttl).UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k, r := range s.replicas {
+		if r.lastSeen.Load() < cut {
+			s.clearLocked(k)
+			n++
+		}
+	}
+	return n
+}
+
+// Scope is a read view of one producer-fed scope.
+type Scope struct {
+	Table *index.Table
+	sc    *scope
+}
+
+// Scope returns the scope's view; ok is false when it does not exist.
+func (s *Store) Scope(k index.ScopeKey) (Scope, bool) {
+	s.mu.RLock()
+	sc := s.scopes[k]
+	s.mu.RUnlock()
+	if sc == nil {
+		return Scope{}, false
+	}
+	return Scope{Table: sc.t, sc: sc}, true
+}
+
+// Tokens returns the token count last reported for key.
+func (v Scope) Tokens(key uint64) (int32, bool) {
+	sh := &v.sc.tokens[key%tokenShards]
+	sh.mu.Lock()
+	n, ok := sh.m[key]
+	sh.mu.Unlock()
+	return n, ok
+}
+
+// Level is how far down a (tenant, model, scheme) path the store holds
+// entries, for the lookup's miss codes.
+type Level int
+
+const (
+	// NoTenant: nothing for the tenant.
+	NoTenant Level = iota
+	// NoModel: the tenant, but not the model.
+	NoModel
+	// NoScheme: (tenant, model), but not the scheme.
+	NoScheme
+	// HasScheme: entries under (tenant, model, scheme).
+	HasScheme
+)
+
+// Holds says how much of (tenant, model, scheme) holds entries.
+func (s *Store) Holds(tenant, model, scheme string) Level {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	lv := NoTenant
+	for sk, sc := range s.scopes {
+		if sk.Tenant != tenant || !sc.holds() {
+			continue
+		}
+		switch {
+		case sk.Model != model:
+			lv = max(lv, NoModel)
+		case sk.Scheme != scheme:
+			lv = max(lv, NoScheme)
+		default:
+			return HasScheme
+		}
+	}
+	return lv
+}
+
+func (sc *scope) holds() bool {
+	for _, o := range sc.owners {
+		if o.entries.Load() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Replicas returns, sorted, the replicas holding any entry under (tenant,
+// model, scheme) in any adapter: the population the lookup's
+// distinguishing power and affinity count.
+func (s *Store) Replicas(tenant, model, scheme string) []string {
+	s.mu.RLock()
+	var out []string
+	for sk, sc := range s.scopes {
+		if sk.Tenant != tenant || sk.Model != model || sk.Scheme != scheme {
+			continue
+		}
+		for id, o := range sc.owners {
+			if o.entries.Load() > 0 {
+				out = append(out, id)
+			}
+		}
+	}
+	s.mu.RUnlock()
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Replica returns what a lookup needs of one replica: when it was last
+// heard from, and its stats if it sent any.
+func (s *Store) Replica(k ReplicaKey) (lastSeen time.Time, st ReplicaStats, hasStats, ok bool) {
+	s.mu.RLock()
+	r := s.replicas[k]
+	s.mu.RUnlock()
+	if r == nil {
+		return time.Time{}, ReplicaStats{}, false, false
+	}
+	r.mu.Lock()
+	st, hasStats = ReplicaStats{Replica: k.Replica, Stats: r.stats, At: r.statsAt}, r.hasStats
+	r.mu.Unlock()
+	return time.Unix(0, r.lastSeen.Load()), st, hasStats, true
+}
+
+// StatsOf returns the latest statistics of each replica of (tenant, model)
+// that sent any, sorted by replica id.
+func (s *Store) StatsOf(tenant, model string) []ReplicaStats {
+	s.mu.RLock()
+	var out []ReplicaStats
+	for k, r := range s.replicas {
+		if k.Tenant != tenant || k.Model != model {
+			continue
+		}
+		r.mu.Lock()
+		if r.hasStats {
+			out = append(out, ReplicaStats{Replica: k.Replica, Stats: r.stats, At: r.statsAt})
+		}
+		r.mu.Unlock()
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(out, func(a, b ReplicaStats) int { return cmp.Compare(a.Replica, b.Replica) })
+	return out
+}
+
+// ScopeTables returns the index tables of (tenant, model)'s scopes.
+func (s *Store) ScopeTables(tenant, model string) []*index.Table {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*index.Table
+	for sk, sc := range s.scopes {
+		if sk.Tenant == tenant && sk.Model == model {
+			out = append(out, sc.t)
+		}
+	}
+	return out
+}

@@ -1,0 +1,111 @@
+package producer
+
+import (
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newStore() (*Store, *index.Index, *clock) {
+	ix := index.New(index.Options{Stripes: 4})
+	c := &clock{t: time.Unix(1000, 0)}
+	return New(Options{Index: ix, TTL: time.Minute, Now: c.now}), ix, c
+}
+
+func TestWriteEvictClear(t *testing.T) {
+	s, ix, _ := newStore()
+	k := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"}
+	ka := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm", Adapter: "lora"}
+	ra := ReplicaKey{"t", "m", "a"}
+	s.Touch(ra)
+	w := s.Writer(k, "a")
+	w.Put(index.Device, 1, 16)
+	w.Put(index.Device, 2, 32)
+	w.Put(index.Device, 2, 32) // a re-report is not a second entry
+	s.Writer(ka, "a").Put(index.Device, 1, 16)
+	s.Writer(k, "b").Put(index.CPULocal, 1, 16)
+
+	if got := s.Replicas("t", "m", "vllm"); !cmp.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("replicas %v", got)
+	}
+	if lv := s.Holds("t", "m", "vllm"); lv != HasScheme {
+		t.Fatalf("Holds = %v", lv)
+	}
+	if lv := s.Holds("t", "m", "sglang"); lv != NoScheme {
+		t.Fatalf("Holds other scheme = %v", lv)
+	}
+	if lv := s.Holds("t", "x", "vllm"); lv != NoModel {
+		t.Fatalf("Holds other model = %v", lv)
+	}
+	if lv := s.Holds("u", "m", "vllm"); lv != NoTenant {
+		t.Fatalf("Holds other tenant = %v", lv)
+	}
+	sc, _ := s.Scope(k)
+	if n, ok := sc.Tokens(2); !ok || n != 32 {
+		t.Fatalf("tokens of key 2 = %d %v", n, ok)
+	}
+	// Eviction under one adapter only leaves the base scope alone.
+	if n := s.Evict(ra, "lora", true, 1); n != 1 {
+		t.Fatalf("adapter eviction removed %d", n)
+	}
+	if n := s.Evict(ra, "", false, 1); n != 1 {
+		t.Fatalf("eviction removed %d", n)
+	}
+	// b keeps key 1; a keeps key 2.
+	s.Evict(ReplicaKey{"t", "m", "b"}, "", false, 1)
+	if got := s.Replicas("t", "m", "vllm"); !cmp.Equal(got, []string{"a"}) {
+		t.Fatalf("after evicting b's only key: %v", got)
+	}
+	s.Clear(ra)
+	s.Clear(ReplicaKey{"t", "m", "b"})
+	if len(ix.Scopes()) != 0 {
+		t.Fatalf("cleared scopes stay: %d", len(ix.Scopes()))
+	}
+	if s.Holds("t", "m", "vllm") != NoTenant {
+		t.Fatal("cleared replicas still hold")
+	}
+}
+
+func TestStatsAndExpiry(t *testing.T) {
+	s, ix, c := newStore()
+	ra, rb := ReplicaKey{"t", "m", "a"}, ReplicaKey{"t", "m", "b"}
+	s.SetStats(ra, Stats{HitRate: float32(math.NaN()), Pressure: float32(math.Inf(1)), ClientVersion: "v"})
+	s.SetStats(rb, Stats{HitRate: 0.5})
+	s.Writer(index.ScopeKey{Tenant: "t", Model: "m", Scheme: "x"}, "a").Put(index.Device, 7, 16)
+	got := s.StatsOf("t", "m")
+	if len(got) != 2 || got[0].Replica != "a" || got[0].HitRate != 0 || got[0].Pressure != 0 || got[1].HitRate != 0.5 {
+		t.Fatalf("stats %+v", got)
+	}
+	c.add(40 * time.Second)
+	s.Touch(rb)
+	if !s.Refresh(rb) || s.Refresh(ReplicaKey{"t", "m", "zzz"}) {
+		t.Fatal("Refresh wrong")
+	}
+	c.add(30 * time.Second) // a silent for 70 s, b for 30 s
+	if n := s.Sweep(); n != 1 {
+		t.Fatalf("swept %d", n)
+	}
+	if got := s.StatsOf("t", "m"); len(got) != 1 || got[0].Replica != "b" {
+		t.Fatalf("after expiry %+v", got)
+	}
+	if len(ix.Scopes()) != 0 {
+		t.Fatal("the expired replica's scope stays")
+	}
+}
