@@ -28,12 +28,14 @@ import (
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/durable"
 	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/grpcapi"
 	"github.com/mooncake-conductor-go/conductor/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/metrics"
+	"github.com/mooncake-conductor-go/conductor/producer"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
@@ -100,6 +102,11 @@ type app struct {
 	memReturn *bgjob.Job
 	// state keeps registrations and the index across restarts.
 	state *durable.State
+	// door is the InferenceCache gRPC door when --grpc-addr is set, with
+	// its listener and the producer-fed side of the index.
+	door   *grpcapi.Server
+	doorLn net.Listener
+	prod   *producer.Store
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -180,22 +187,55 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()
 	}
+	ready := func() (bool, string, int) {
+		if ok, why := state.Ready(); !ok {
+			return false, why, 0
+		}
+		if !reg.Connected(static...) {
+			return false, "static registrations are not connected yet", 0
+		}
+		return true, "", reg.StaleCount()
+	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
 		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
-		Ready: func() (bool, string, int) {
-			if ok, why := state.Ready(); !ok {
-				return false, why, 0
-			}
-			if !reg.Connected(static...) {
-				return false, "static registrations are not connected yet", 0
-			}
-			return true, "", reg.StaleCount()
-		},
+		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
 	})
+	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state}
+	if cfg.GRPCAddr != "" {
+		// Health follows /readyz exactly.
+		if err := a.openDoor(cfg, m, memo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+			_ = ln.Close()
+			undo()
+			return nil, err
+		}
+	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
-	return &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state}, nil
+	return a, nil
+}
+
+// openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
+func (a *app) openDoor(cfg *config.Config, m *metrics.Metrics, memo *hashing.Memo, ready func() bool) error {
+	prod := producer.New(producer.Options{Index: a.ix})
+	door, err := grpcapi.New(grpcapi.Options{
+		Index: a.ix, Producer: prod, Memo: memo, Logger: a.log,
+		AuthToken: cfg.AuthToken, Ready: ready,
+		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
+		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
+	})
+	if err != nil {
+		return fmt.Errorf("grpc: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		door.Stop()
+		return fmt.Errorf("listen on %s: %w", cfg.GRPCAddr, err)
+	}
+	prod.Start()
+	a.door, a.doorLn, a.prod = door, ln, prod
+	a.log.Info().Str("addr", ln.Addr().String()).Bool("tls", cfg.GRPCTLSCert != "").Msg("InferenceCache gRPC door listening")
+	return nil
 }
 
 // registerAtStart registers the config file's services and the recorded
@@ -229,11 +269,25 @@ func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Reg
 	return nil
 }
 
-func (a *app) serve() error { return a.srv.Serve(a.ln) }
+// serve runs the HTTP server and, when on, the gRPC door; it returns when
+// either stops.
+func (a *app) serve() error {
+	if a.door == nil {
+		return a.srv.Serve(a.ln)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- a.door.Serve(a.doorLn) }()
+	go func() { errc <- a.srv.Serve(a.ln) }()
+	return <-errc
+}
 
 // close stops accepting, lets in-flight requests finish, then stops every
 // subscriber and closes its sockets.
 func (a *app) close() {
+	if a.door != nil {
+		a.door.Stop() // ends its streams and detaches from the index
+		a.prod.Close()
+	}
 	_ = a.srv.Shutdown()
 	// The last snapshot is taken while every source still runs; stopping
 	// them retracts their entries.

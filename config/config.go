@@ -58,6 +58,11 @@ type Config struct {
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
+	// GRPCAddr, when set, turns on the InferenceCache gRPC door there.
+	GRPCAddr string
+	// GRPCTLSCert and GRPCTLSKey are the door's PEM certificate and key
+	// files: both or neither (plaintext).
+	GRPCTLSCert, GRPCTLSKey string
 	// ShowVersion is --version: print the build and exit.
 	ShowVersion bool
 	// DebugRoutes enables the operator routes (POST /debug/explain).
@@ -106,6 +111,9 @@ type flags struct {
 	memo      *int
 	tokenMemo *int
 	tokenFile *string
+	grpcAddr  *string
+	grpcCert  *string
+	grpcKey   *string
 	version   *bool
 	// debugRoutes is --debug-routes.
 	debugRoutes *bool
@@ -132,6 +140,9 @@ func newFlags() *flags {
 	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing; 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
+	f.grpcAddr = fl.String("grpc-addr", "", "listen address of the InferenceCache gRPC door, e.g. :9090 (env CONDUCTOR_GRPC_ADDR; default off)")
+	f.grpcCert = fl.String("grpc-tls-cert", "", "PEM certificate file for the gRPC door; needs --grpc-tls-key (env CONDUCTOR_GRPC_TLS_CERT; default plaintext)")
+	f.grpcKey = fl.String("grpc-tls-key", "", "PEM key file for the gRPC door; needs --grpc-tls-cert (env CONDUCTOR_GRPC_TLS_KEY)")
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
 	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
@@ -281,6 +292,15 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 			return nil, fmt.Errorf("invalid CONDUCTOR_DEBUG_ROUTES %q: want 1, true, 0 or false", v)
 		}
 		c.DebugRoutes = on
+	}
+	c.GRPCAddr = f.pick("grpc-addr", *f.grpcAddr, getenv("CONDUCTOR_GRPC_ADDR"))
+	c.GRPCTLSCert = f.pick("grpc-tls-cert", *f.grpcCert, getenv("CONDUCTOR_GRPC_TLS_CERT"))
+	c.GRPCTLSKey = f.pick("grpc-tls-key", *f.grpcKey, getenv("CONDUCTOR_GRPC_TLS_KEY"))
+	if (c.GRPCTLSCert == "") != (c.GRPCTLSKey == "") {
+		return nil, errors.New("gRPC TLS needs both --grpc-tls-cert and --grpc-tls-key, or neither")
+	}
+	if c.GRPCTLSCert != "" && c.GRPCAddr == "" {
+		return nil, errors.New("gRPC TLS files are set but the gRPC door is off (--grpc-addr)")
 	}
 	return c, nil
 }

@@ -180,3 +180,16 @@ func (t *Table) EachKey(fn func(key uint64) bool) {
 		s.mu.RUnlock()
 	}
 }
+
+// AppendInstances appends the registered instances' names, sorted and
+// once each, to dst: what a caller needs to count or pick replicas without
+// the per-rank map Instances builds.
+func (t *Table) AppendInstances(dst []string) []string {
+	for _, sp := range t.view.Load().insts {
+		dst = append(dst, sp.name)
+	}
+	return dst
+}
+
+// OwnerCount is the number of registered engine owners.
+func (t *Table) OwnerCount() int { return len(t.view.Load().owners) }

@@ -95,8 +95,13 @@ func (m *Metrics) ObserveRequest(endpoint string, status int, elapsed time.Durat
 // Serve answers a scrape.
 func (m *Metrics) Serve(ctx *fasthttp.RequestCtx) { m.handler(ctx) }
 
-// Gatherer exposes the registry to tests.
+// Gatherer exposes the registry to tests and to the gRPC door's
+// StreamMetrics.
 func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }
+
+// Registerer lets other front doors (the gRPC one) add their own series to
+// the same export.
+func (m *Metrics) Registerer() prometheus.Registerer { return m.reg }
 
 var (
 	descBlocks = prometheus.NewDesc("conductor_index_blocks",
@@ -105,7 +110,13 @@ var (
 		"Distinct block keys held in any tier, per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descOwners = prometheus.NewDesc("conductor_index_engine_owners",
 		"Registered engine owners (instance, dp rank), per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
-	descContexts = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
+	descContexts    = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
+	descScopeBlocks = prometheus.NewDesc("conductor_scope_blocks",
+		"Blocks held in a tier, per producer-fed scope (gRPC ReportCacheState).", []string{"tenant", "model", "scheme", "adapter", "tier"}, nil)
+	descScopePrefixes = prometheus.NewDesc("conductor_scope_prefixes",
+		"Distinct keys held in any tier, per producer-fed scope.", []string{"tenant", "model", "scheme", "adapter"}, nil)
+	descScopeReplicas = prometheus.NewDesc("conductor_scope_replicas",
+		"Replicas registered in a producer-fed scope.", []string{"tenant", "model", "scheme", "adapter"}, nil)
 	descServices = prometheus.NewDesc("conductor_services", "Registered services by type.", []string{"type"}, nil)
 	descState    = prometheus.NewDesc("conductor_subscriber_state",
 		"1 for the current state of each service's subscriber, 0 for the others.", []string{"service", "type", "state"}, nil)
@@ -124,6 +135,9 @@ var (
 )
 
 var tierNames = [...]string{"device", "cpu_local", "cpu_share", "disk"}
+
+// scopeTierNames are the producer tiers, as InferenceCache names them.
+var scopeTierNames = [...]string{"T1", "T2", "T3"}
 
 // ingestFamilies maps subscriber counter families to exported names.
 var ingestFamilies = map[string]string{
@@ -159,7 +173,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -184,6 +198,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				owners += len(ranks)
 			}
 			ch <- prometheus.MustNewConstMetric(descOwners, prometheus.GaugeValue, float64(owners), lbl...)
+		}
+		for _, t := range ix.Scopes() {
+			k := t.ScopeKey()
+			lbl := []string{clip(k.Tenant), clip(k.Model), clip(k.Scheme), clip(k.Adapter)}
+			// Producer tiers: T1 is kept as device, T2 as the owner's
+			// host tier (cpu_local), T3 as disk; scopes have no shared tier.
+			tb := t.TierBlocks()
+			for i, n := range [3]int{tb[index.Device], tb[index.CPULocal], tb[index.Disk]} {
+				ch <- prometheus.MustNewConstMetric(descScopeBlocks, prometheus.GaugeValue, float64(n), append(lbl[:4:4], scopeTierNames[i])...)
+			}
+			ch <- prometheus.MustNewConstMetric(descScopePrefixes, prometheus.GaugeValue, float64(t.PrefixCount()), lbl...)
+			ch <- prometheus.MustNewConstMetric(descScopeReplicas, prometheus.GaugeValue, float64(t.OwnerCount()), lbl...)
 		}
 	}
 	if r := c.opts.Registry; r != nil {

@@ -1,0 +1,64 @@
+package grpcapi
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// grpcMetrics are the door's own series; the index's are exported by the
+// metrics package, which already covers producer-fed scopes.
+type grpcMetrics struct {
+	requests *prometheus.CounterVec
+	lookup   prometheus.Histogram
+	reasons  *prometheus.CounterVec
+	applied  prometheus.Counter
+	dropped  *prometheus.CounterVec
+	watchers prometheus.Gauge
+	cutoffs  prometheus.Counter
+}
+
+func newMetrics(r prometheus.Registerer) (*grpcMetrics, error) {
+	m := &grpcMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "conductor_grpc_requests_total",
+			Help: "gRPC calls by method and status code.",
+		}, []string{"method", "code"}),
+		lookup: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "conductor_grpc_lookup_duration_seconds",
+			Help:    "Server time per LookupRoute call.",
+			Buckets: prometheus.ExponentialBuckets(5e-6, 2.5, 12),
+		}),
+		reasons: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "conductor_grpc_lookup_reasons_total",
+			Help: "LookupRoute answers by reason code.",
+		}, []string{"reason"}),
+		applied: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conductor_grpc_producer_blocks_applied_total",
+			Help: "Blocks (chain blocks and exact entries) applied from ReportCacheState.",
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "conductor_grpc_producer_entries_dropped_total",
+			Help: "Producer prefix entries dropped, by reason.",
+		}, []string{"reason"}),
+		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conductor_grpc_watchers",
+			Help: "Connected StreamCacheEvents and StreamMetrics watchers.",
+		}),
+		cutoffs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "conductor_grpc_watchers_cut_off_total",
+			Help: "Watchers ended with RESOURCE_EXHAUSTED for falling behind.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.lookup, m.reasons, m.applied, m.dropped, m.watchers, m.cutoffs} {
+		if err := r.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	// Every reason starts at zero, so dashboards see the full set.
+	for _, r := range allReasons {
+		m.reasons.WithLabelValues(r)
+	}
+	for _, r := range allDropReasons {
+		m.dropped.WithLabelValues(r)
+	}
+	return m, nil
+}
