@@ -6,14 +6,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// counterValue reads one series (label name/value, or the only series when
-// name is "") of a counter or gauge from the registry.
+// counterValue sums the series of a counter or gauge that carry the label
+// name=value (every series when name is "").
 func counterValue(t *testing.T, g prometheus.Gatherer, family, name, value string) float64 {
 	t.Helper()
 	fams, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	sum := 0.0
 	for _, f := range fams {
 		if f.GetName() != family {
 			continue
@@ -26,12 +27,9 @@ func counterValue(t *testing.T, g prometheus.Gatherer, family, name, value strin
 				}
 			}
 			if match {
-				if m.GetCounter() != nil {
-					return m.GetCounter().GetValue()
-				}
-				return m.GetGauge().GetValue()
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 			}
 		}
 	}
-	return 0
+	return sum
 }
