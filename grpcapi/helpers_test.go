@@ -178,3 +178,7 @@ func chainSeed(hashes [][]byte) []byte {
 func update(replica string, entries ...*pb.PrefixEntry) *pb.CacheStateUpdate {
 	return &pb.CacheStateUpdate{ReplicaId: replica, TenantId: "t", ModelId: "m", HashScheme: "vllm", Prefixes: entries}
 }
+
+func scopeKey(tenant, model, scheme, adapter string) index.ScopeKey {
+	return index.ScopeKey{Tenant: tenant, Model: model, Scheme: scheme, Adapter: adapter}
+}
