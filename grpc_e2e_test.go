@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/mooncake-conductor-go/conductor/config"
+	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+)
+
+// startAppWithDoor runs the wired service with the gRPC door on loopback
+// and returns a client to it.
+func startAppWithDoor(t *testing.T) (*e2e, pb.InferenceCacheClient, *grpc.ClientConn) {
+	t.Helper()
+	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, GRPCAddr: "127.0.0.1:0",
+		MemoBytes: config.DefaultMemoMiB << 20, TokenMemoBytes: config.DefaultTokenMemoMiB << 20}
+	a, err := newApp(cfg, zerolog.New(io.Discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &e2e{t: t, app: a, base: "http://" + a.ln.Addr().String(), done: make(chan error, 1)}
+	go func() { e.done <- a.serve() }()
+	conn, err := grpc.NewClient(a.doorLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		a.close()
+		<-e.done
+	})
+	return e, pb.NewInferenceCacheClient(conn), conn
+}
+
+const conductorScheme = "conductor/vllm_v1/sha256_cbor/0/16"
+
+// TestGRPCLookupMatchesQuery: vLLM events through real ZMQ publishers, then
+// LookupRoute (token_ids under the Conductor scheme, and the engine's block
+// hashes) gives each instance the longest match /query gives; the event
+// stream sees the ZMQ-fed changes.
+func TestGRPCLookupMatchesQuery(t *testing.T) {
+	e, client, conn := startAppWithDoor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "inferencecache.v1alpha1.InferenceCache"})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", h, err)
+	}
+	events, err := client.StreamCacheEvents(ctx, &pb.StreamEventsRequest{ModelId: "deepseek", Types: []pb.CacheEvent_Type{pb.CacheEvent_PREFIX_ADDED, pb.CacheEvent_ALL_CLEARED}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pubs := map[string]*publisher{"p0": newPublisher(t), "p1": newPublisher(t)}
+	for name, p := range pubs {
+		if status, out := e.post("/register", vllmRegistration(name, p.endpoint)); status != 200 {
+			t.Fatalf("register %s: %d %v", name, status, out)
+		}
+	}
+	tokens := make([]int32, 170) // 10 blocks and a tail
+	ids := make([]uint32, len(tokens))
+	for i := range tokens {
+		tokens[i] = int32(7000 + 3*i)
+		ids[i] = uint32(tokens[i])
+	}
+	keys := vllmKeys(t, tokens)
+	stored := func(n int) map[string]any {
+		return map[string]any{"type": "BlockStored", "block_hashes": keys[:n], "parent_block_hash": nil,
+			"token_ids": tokens[:16*n], "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	}
+	eventually(t, "p0's blocks", func() bool { pubs["p0"].send(0, stored(10)); return e.deviceHits("p0", tokens) == 160 })
+	eventually(t, "p1's blocks", func() bool { pubs["p1"].send(0, stored(5)); return e.deviceHits("p1", tokens) == 80 })
+
+	byTokens := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme, TokenIds: ids}
+	byHashes := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme}
+	for _, k := range keys {
+		byHashes.BlockHashes = append(byHashes.BlockHashes, binary.BigEndian.AppendUint64(nil, k))
+		byHashes.BlockTokenCounts = append(byHashes.BlockTokenCounts, 16)
+	}
+	for name, req := range map[string]*pb.LookupRouteRequest{"token_ids": byTokens, "block_hashes": byHashes} {
+		resp, err := client.LookupRoute(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ReasonCode != "PREFIX_MATCH" || len(resp.ReplicaScores) != 2 {
+			t.Fatalf("%s: %v", name, resp)
+		}
+		for _, s := range resp.ReplicaScores {
+			if want := e.deviceHits(s.ReplicaId, tokens); int64(s.MatchedTokens) != want || s.Tier != pb.CacheTier_CACHE_TIER_T1 {
+				t.Errorf("%s: %s matched %d tier %v, /query says %d", name, s.ReplicaId, s.MatchedTokens, s.Tier, want)
+			}
+		}
+		// p0 holds more than p1, so it alone has distinguishing power.
+		if resp.ReplicaScores[0].ReplicaId != "p0" || resp.ReplicaScores[0].Score != 80 || resp.ReplicaScores[1].Score != 0 {
+			t.Errorf("%s: order and scores %v", name, resp.ReplicaScores)
+		}
+	}
+
+	// The stream saw p0's and p1's blocks arrive.
+	seen := map[string]int{}
+	for seen["p0"] < 10 || seen["p1"] < 5 {
+		ev, err := events.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == pb.CacheEvent_PREFIX_ADDED && ev.TenantId == "default" && len(ev.PrefixHash) == 8 {
+			seen[ev.ReplicaId]++
+		}
+	}
+	pubs["p1"].send(0, map[string]any{"type": "AllBlocksCleared"})
+	for {
+		ev, err := events.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type == pb.CacheEvent_ALL_CLEARED && ev.ReplicaId == "p1" {
+			break
+		}
+	}
+	resp, err := client.LookupRoute(ctx, byTokens)
+	if err != nil || resp.ReasonCode != "PREFIX_MATCH" || len(resp.ReplicaScores) != 1 || resp.ReplicaScores[0].ReplicaId != "p0" {
+		t.Fatalf("after p1 cleared: %v %v", resp, err)
+	}
+	// ids past int32 cannot be hashed under a Conductor profile.
+	bad := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme, TokenIds: append([]uint32{1 << 31}, ids...)}
+	if resp, err := client.LookupRoute(ctx, bad); err != nil || resp.ReasonCode != "NO_HINT" {
+		t.Fatalf("out-of-range id: %v %v", resp, err)
+	}
+	// GetCacheState lists the Conductor instances with zero stats.
+	st, err := client.GetCacheState(ctx, &pb.GetCacheStateRequest{TenantId: "default", ModelId: "deepseek"})
+	if err != nil || len(st.Replicas) != 2 || st.Replicas[0].ReplicaId != "p0" || st.Summary.TotalPrefixes != 10 {
+		t.Fatalf("GetCacheState: %v %v", st, err)
+	}
+}
