@@ -169,6 +169,7 @@ func New(opts Options) (*Server, error) {
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),
 		grpc.MaxConcurrentStreams(opts.MaxStreams),
+		grpc.ForceServerCodecV2(newLookupCodec()),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 	}

@@ -1,0 +1,180 @@
+package grpcapi
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"github.com/vmihailenco/msgpack/v5"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/producer"
+	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/server"
+)
+
+// benchServers builds one index with a vLLM context in which instance i of
+// 8 holds the first (i+1)/8 of an n-token prompt on device, and both front
+// doors over it: the HTTP server (for /query) and the gRPC one. memos
+// gives both the prefix memo (and /query its token memo).
+func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []byte, []byte) {
+	b.Helper()
+	seed := "0"
+	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ix := index.New(index.Options{})
+	tbl := ix.EnsureTable(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, prof)
+	tokens := make([]int32, n)
+	ids := make([]uint32, n)
+	for i := range tokens {
+		tokens[i] = int32((i*7919)%150000 + 1)
+		ids[i] = uint32(tokens[i])
+	}
+	keys := chainKeys(&prof, 16, tokens, "")
+	for i := range 8 {
+		id := tbl.AddEngineOwner(fmt.Sprintf("inst-%d", i), 0)
+		for _, k := range keys[:len(keys)*(i+1)/8] {
+			tbl.Store(id, index.Device, k)
+		}
+	}
+	var memo *hashing.Memo
+	var tokenMemo *codec.TokenMemo
+	if memos {
+		memo, tokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
+	}
+	hs := server.New(server.Options{Index: ix, Memo: memo, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
+	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Memo: memo, Logger: zerolog.New(io.Discard)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(gs.Stop)
+	body, err := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "token_ids": tokens})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req, err := proto.Marshal(&pb.LookupRouteRequest{TenantId: "default", ModelId: "m", HashScheme: "conductor/vllm_v1/sha256_cbor/0/16", TokenIds: ids})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return hs, gs, body, req
+}
+
+// lookupOnce is the server's work for one LookupRoute call without the
+// transport: decode the request (with the server's codec), answer, encode
+// the response.
+func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
+	var req pb.LookupRouteRequest
+	if err := newLookupCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &req); err != nil {
+		b.Fatal(err)
+	}
+	resp, err := s.LookupRoute(context.Background(), &req)
+	if err != nil || resp.ReasonCode != PrefixMatch {
+		b.Fatalf("%v %v", resp, err)
+	}
+	out, err = proto.MarshalOptions{}.MarshalAppend(out[:0], resp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
+}
+
+// BenchmarkLookupVsQuery runs /query's handler and LookupRoute's (decode,
+// answer, encode; no transport) side by side on the same index and 8K-token
+// prompt, with and without memos.
+func BenchmarkLookupVsQuery(b *testing.B) {
+	for _, memos := range []bool{true, false} {
+		hs, gs, body, req := benchServers(b, 8192, memos)
+		name := map[bool]string{true: "memos", false: "no-memos"}[memos]
+		b.Run(name+"/query", func(b *testing.B) {
+			var ctx fasthttp.RequestCtx
+			ctx.Request.Header.SetMethod("POST")
+			ctx.Request.SetRequestURI("/query")
+			ctx.Request.Header.SetContentType("application/msgpack")
+			for b.Loop() {
+				ctx.Request.SetBody(body)
+				ctx.Response.Reset()
+				hs.Handle(&ctx)
+				if ctx.Response.StatusCode() != 200 {
+					b.Fatal(ctx.Response.StatusCode())
+				}
+			}
+		})
+		b.Run(name+"/lookup", func(b *testing.B) {
+			var out []byte
+			for b.Loop() {
+				out = lookupOnce(b, gs, req, out)
+			}
+		})
+	}
+}
+
+// BenchmarkLookupChain512: a 512-block chain (8-byte hashes) against a
+// producer-fed scope where 4 replicas hold it to different depths.
+func BenchmarkLookupChain512(b *testing.B) {
+	ix := index.New(index.Options{})
+	prod := producer.New(producer.Options{Index: ix})
+	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Stop)
+	keys := make([]uint64, 512)
+	for i := range keys {
+		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	for r := range 4 {
+		s.applyUpdate(update(fmt.Sprintf("r%d", r), chainEntry(t1, 16, keys[:128*(r+1)]...)))
+	}
+	raw, err := proto.Marshal(chainReq("vllm", 16, keys...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []byte
+	for b.Loop() {
+		out = lookupOnce(b, s, raw, out)
+	}
+}
+
+// BenchmarkReportIngest: decoding and applying CacheStateUpdates of 1,024
+// chain blocks each, 64 replicas in turn; reports blocks/s.
+func BenchmarkReportIngest(b *testing.B) {
+	ix := index.New(index.Options{})
+	prod := producer.New(producer.Options{Index: ix})
+	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(s.Stop)
+	const perUpdate = 1024
+	var raws [][]byte
+	for r := range 64 {
+		keys := make([]uint64, perUpdate)
+		for i := range keys {
+			keys[i] = uint64(r*perUpdate+i)*0x9e3779b97f4a7c15 + 1
+		}
+		raw, err := proto.Marshal(update(fmt.Sprintf("r%d", r), chainEntry(t1, 16, keys...)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		raws = append(raws, raw)
+	}
+	i := 0
+	for b.Loop() {
+		var u pb.CacheStateUpdate
+		if err := proto.Unmarshal(raws[i%len(raws)], &u); err != nil {
+			b.Fatal(err)
+		}
+		s.applyUpdate(&u)
+		i++
+	}
+	b.ReportMetric(float64(b.N*perUpdate)/b.Elapsed().Seconds(), "blocks/s")
+}

@@ -1,0 +1,234 @@
+package grpcapi
+
+import (
+	"errors"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the base codec
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+)
+
+// lookupCodec is the server's wire codec: the standard protobuf codec,
+// except that a LookupRouteRequest is decoded by decodeLookup. That is the
+// hot request, and the generic decoder spends most of a lookup's time on
+// it: it grows the token_ids slice step by step over 8K varints and
+// allocates every block hash separately; decodeLookup sizes the ids once
+// and points the hashes into one copy of the message.
+type lookupCodec struct{ base encoding.CodecV2 }
+
+func newLookupCodec() lookupCodec { return lookupCodec{encoding.GetCodecV2("proto")} }
+
+func (c lookupCodec) Name() string { return c.base.Name() }
+
+func (c lookupCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+
+func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(*pb.LookupRouteRequest)
+	if !ok {
+		return c.base.Unmarshal(data, v)
+	}
+	// One contiguous view of the message (no copy when the transport
+	// holds it in one buffer); the transport reuses it once Unmarshal
+	// returns, so decodeLookup copies what the request keeps.
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return decodeLookup(buf.ReadOnlyData(), m)
+}
+
+var errBadLookup = errors.New("malformed LookupRouteRequest")
+
+// decodeLookup decodes b into m as proto.Unmarshal would (the same values
+// and the same inputs rejected), except that unknown fields are dropped
+// rather than kept. m keeps nothing of b: bytes fields are copied into one
+// arena.
+func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
+	m.Reset()
+	var arena []byte
+	keep := func(v []byte) []byte {
+		if arena == nil {
+			arena = make([]byte, 0, len(b)) // no later field outgrows it
+		}
+		arena = append(arena, v...)
+		return arena[len(arena)-len(v) : len(arena) : len(arena)]
+	}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || num > protowire.MaxValidNumber {
+			return errBadLookup
+		}
+		b = b[n:]
+		known := true
+		switch {
+		case typ == protowire.BytesType && (num == 1 || num == 2 || num == 5 || num == 10 || num == 11):
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 || !utf8.Valid(v) {
+				return errBadLookup
+			}
+			b = b[n:]
+			s := string(v)
+			switch num {
+			case 1:
+				m.ModelId = s
+			case 2:
+				m.TenantId = s
+			case 5:
+				m.HashScheme = s
+			case 10:
+				m.PromptText = s
+			case 11:
+				m.AdapterId = s
+			}
+		case typ == protowire.BytesType && (num == 3 || num == 7):
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return errBadLookup
+			}
+			b = b[n:]
+			v = keep(v)
+			if num == 3 {
+				m.PrefixHash = v
+			} else {
+				if v == nil {
+					v = []byte{}
+				}
+				if m.BlockHashes == nil {
+					m.BlockHashes = make([][]byte, 0, 1+countField(b, 7))
+				}
+				m.BlockHashes = append(m.BlockHashes, v)
+			}
+		case typ == protowire.VarintType && num == 4:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return errBadLookup
+			}
+			b = b[n:]
+			m.PrefixTokenCount = int32(v)
+		case typ == protowire.BytesType && num == 6:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return errBadLookup
+			}
+			b = b[n:]
+			if m.Slo == nil {
+				m.Slo = &pb.SLO{}
+			}
+			if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(v, m.Slo); err != nil {
+				return err
+			}
+		case num == 8 && (typ == protowire.BytesType || typ == protowire.VarintType):
+			var ok bool
+			if m.BlockTokenCounts, b, ok = consumeRepeated(m.BlockTokenCounts, b, typ); !ok {
+				return errBadLookup
+			}
+		case num == 9 && (typ == protowire.BytesType || typ == protowire.VarintType):
+			var ok bool
+			if m.TokenIds, b, ok = consumeRepeated(m.TokenIds, b, typ); !ok {
+				return errBadLookup
+			}
+		default:
+			known = false
+		}
+		if !known {
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return errBadLookup
+			}
+			b = b[n:]
+		}
+	}
+	return nil
+}
+
+// countField counts the occurrences of field num in b (stopping at the
+// first malformed field, which the decoder then rejects), so a repeated
+// field is allocated once.
+func countField(b []byte, num protowire.Number) int {
+	k := 0
+	for len(b) > 0 {
+		n2, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		if n2 == num {
+			k++
+		}
+		if n = protowire.ConsumeFieldValue(n2, typ, b); n < 0 {
+			break
+		}
+		b = b[n:]
+	}
+	return k
+}
+
+// consumeRepeated appends one packed run or one unpacked varint of a
+// repeated 32-bit scalar field to dst (values truncated to 32 bits, as
+// protobuf does) and returns the rest of b. A packed run is counted first
+// so dst grows once, and one-byte varints (small ids) skip the general
+// decoder.
+func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([]T, []byte, bool) {
+	if typ == protowire.VarintType {
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return dst, nil, false
+		}
+		return append(dst, T(v)), b[n:], true
+	}
+	run, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return dst, nil, false
+	}
+	k := 0
+	for _, c := range run {
+		if c < 0x80 {
+			k++
+		}
+	}
+	dst = growTo(dst, k)
+	base := len(dst)
+	out := dst[base : base+k]
+	j := 0
+	for i := 0; i < len(run); j++ {
+		if j >= len(out) {
+			return dst, nil, false // a value without a final byte
+		}
+		// Ids below 2^21 take at most three bytes: decoded here, inline;
+		// anything longer (or malformed) goes to the general decoder.
+		c := run[i]
+		switch {
+		case c < 0x80:
+			out[j] = T(c)
+			i++
+		case i+1 < len(run) && run[i+1] < 0x80:
+			out[j] = T(uint64(c&0x7f) | uint64(run[i+1])<<7)
+			i += 2
+		case i+2 < len(run) && run[i+1] >= 0x80 && run[i+2] < 0x80:
+			out[j] = T(uint64(c&0x7f) | uint64(run[i+1]&0x7f)<<7 | uint64(run[i+2])<<14)
+			i += 3
+		default:
+			v, vn := protowire.ConsumeVarint(run[i:])
+			if vn < 0 {
+				return dst, nil, false
+			}
+			out[j] = T(v)
+			i += vn
+		}
+	}
+	dst = dst[:base+j]
+	return dst, b[n:], true
+}
+
+// growTo makes room for k more elements.
+func growTo[T any](s []T, k int) []T {
+	if cap(s)-len(s) >= k {
+		return s
+	}
+	out := make([]T, len(s), len(s)+k)
+	copy(out, s)
+	return out
+}

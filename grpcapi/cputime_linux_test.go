@@ -1,0 +1,126 @@
+package grpcapi
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/producer"
+	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+)
+
+// threadCPU is this OS thread's CPU time: unlike a benchmark's wall clock
+// it leaves out time the thread was descheduled, so figures taken on a
+// shared, loaded machine stay comparable.
+func threadCPU() time.Duration {
+	const rusageThread = 1
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(rusageThread, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// bestCPU runs f n times per round and returns the best round's CPU time
+// per call.
+func bestCPU(rounds, n int, f func()) time.Duration {
+	best := time.Duration(1<<63 - 1)
+	for range rounds {
+		t0 := threadCPU()
+		for range n {
+			f()
+		}
+		best = min(best, threadCPU()-t0)
+	}
+	return best / time.Duration(n)
+}
+
+// TestDoorCPUTime reports the figures the gRPC door is held to, in thread
+// CPU time (best of several rounds, the two doors' rounds interleaved):
+// LookupRoute against /query on one 8K-token prompt, a 512-block chain
+// lookup, and ReportCacheState ingest. It only reports; run it with
+// GRPC_CPU=1 go test -run DoorCPUTime -v ./grpcapi.
+func TestDoorCPUTime(t *testing.T) {
+	if os.Getenv("GRPC_CPU") == "" {
+		t.Skip("set GRPC_CPU=1 to measure the door's CPU time")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b := &testing.B{}
+	_ = b
+	for _, memos := range []bool{true, false} {
+		hs, gs, body, req := benchServers(t, 8192, memos)
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetRequestURI("/query")
+		ctx.Request.Header.SetContentType("application/msgpack")
+		query := func() {
+			ctx.Request.SetBody(body)
+			ctx.Response.Reset()
+			hs.Handle(&ctx)
+		}
+		var out []byte
+		lookup := func() { out = lookupOnce(t, gs, req, out) }
+		var q, l time.Duration = 1 << 62, 1 << 62
+		for range 5 {
+			q = min(q, bestCPU(1, 300, query))
+			l = min(l, bestCPU(1, 300, lookup))
+		}
+		t.Logf("8K tokens, memos=%v: /query %v, LookupRoute %v per call: %.2fx", memos, q, l, float64(l)/float64(q))
+	}
+
+	ix := index.New(index.Options{})
+	prod := producer.New(producer.Options{Index: ix})
+	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	keys := make([]uint64, 512)
+	for i := range keys {
+		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	for r := range 4 {
+		s.applyUpdate(update(fmt.Sprintf("r%d", r), chainEntry(t1, 16, keys[:128*(r+1)]...)))
+	}
+	raw, err := proto.Marshal(chainReq("vllm", 16, keys...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []byte
+	t.Logf("512-block chain: LookupRoute %v per call", bestCPU(5, 2000, func() { out = lookupOnce(t, s, raw, out) }))
+
+	const perUpdate = 1024
+	var raws [][]byte
+	for r := range 256 {
+		ks := make([]uint64, perUpdate)
+		for i := range ks {
+			ks[i] = uint64(r*perUpdate+i)*0x9e3779b97f4a7c15 + 7
+		}
+		b, err := proto.Marshal(update(fmt.Sprintf("r%d", r%32), chainEntry(t1, 16, ks...)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raws = append(raws, b)
+	}
+	i := 0
+	per := bestCPU(3, len(raws), func() {
+		var u pb.CacheStateUpdate
+		if err := newLookupCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(raws[i%len(raws)])}, &u); err != nil {
+			t.Fatal(err)
+		}
+		s.applyUpdate(&u)
+		i++
+	})
+	t.Logf("ReportCacheState ingest: %.2f M blocks per CPU second (%v per 1,024-block update)", float64(perUpdate)/per.Seconds()/1e6, per)
+	_ = context.Background
+}
