@@ -42,6 +42,9 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 
 var errBadLookup = errors.New("malformed LookupRouteRequest")
 
+// blockHashTag is the one-byte tag of block_hashes (field 7, bytes).
+var blockHashTag = byte(protowire.EncodeTag(7, protowire.BytesType))
+
 // decodeLookup decodes b into m as proto.Unmarshal would (the same values
 // and the same inputs rejected), except that unknown fields are dropped
 // rather than kept. m keeps nothing of b: bytes fields are copied into one
@@ -54,9 +57,26 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
 			arena = make([]byte, 0, len(b)) // no later field outgrows it
 		}
 		arena = append(arena, v...)
-		return arena[len(arena)-len(v) : len(arena) : len(arena)]
+		return arena[len(arena)-len(v) : len(arena) : len(arena)] // never nil, as protobuf's
+
 	}
 	for len(b) > 0 {
+		// The common field of a chain lookup, a block hash shorter than
+		// 128 bytes (one-byte tag and length), is read inline.
+		if len(b) >= 2 && b[0] == blockHashTag && b[1] < 0x80 && int(b[1]) <= len(b)-2 {
+			l := int(b[1])
+			if m.BlockHashes == nil {
+				m.BlockHashes = make([][]byte, 0, 1+len(b)/(l+2))
+			}
+			if arena == nil {
+				arena = make([]byte, 0, len(b))
+			}
+			at := len(arena)
+			arena = append(arena, b[2:2+l]...)
+			m.BlockHashes = append(m.BlockHashes, arena[at:at+l:at+l])
+			b = b[2+l:]
+			continue
+		}
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 || num > protowire.MaxValidNumber {
 			return errBadLookup
@@ -93,12 +113,6 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
 			if num == 3 {
 				m.PrefixHash = v
 			} else {
-				if v == nil {
-					v = []byte{}
-				}
-				if m.BlockHashes == nil {
-					m.BlockHashes = make([][]byte, 0, 1+countField(b, 7))
-				}
 				m.BlockHashes = append(m.BlockHashes, v)
 			}
 		case typ == protowire.VarintType && num == 4:
@@ -142,28 +156,6 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
 		}
 	}
 	return nil
-}
-
-// countField counts the occurrences of field num in b (stopping at the
-// first malformed field, which the decoder then rejects), so a repeated
-// field is allocated once.
-func countField(b []byte, num protowire.Number) int {
-	k := 0
-	for len(b) > 0 {
-		n2, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			break
-		}
-		b = b[n:]
-		if n2 == num {
-			k++
-		}
-		if n = protowire.ConsumeFieldValue(n2, typ, b); n < 0 {
-			break
-		}
-		b = b[n:]
-	}
-	return k
 }
 
 // consumeRepeated appends one packed run or one unpacked varint of a
