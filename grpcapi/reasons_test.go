@@ -5,6 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/mooncake-conductor-go/conductor/fingerprint"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
 
@@ -123,5 +127,37 @@ func TestTimeout(t *testing.T) {
 	got, err := g.srv.LookupRoute(dead, req)
 	if err != nil || got.ReasonCode != Timeout {
 		t.Fatalf("expired deadline: %v %v", got, err)
+	}
+}
+
+// TestAffinityForTokenIDs: the token_ids path seeds affinity with the
+// derived chain, each key as an 8-byte hash with its length before it.
+func TestAffinityForTokenIDs(t *testing.T) {
+	f := newFixture(t, nil)
+	f.mustReport(update("a", chainEntry(t1, 16, 1)), update("b", chainEntry(t1, 16, 2)), update("c", chainEntry(t1, 16, 3)))
+	ids := make([]uint32, 40)
+	for i := range ids {
+		ids[i] = uint32(i + 500)
+	}
+	got := f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: "vllm", TokenIds: ids})
+	var hashes [][]byte
+	for _, k := range fingerprint.Chain(nil, ids, 16, nil) {
+		hashes = append(hashes, key8(k))
+	}
+	want := wantPick(chainSeed(hashes), []string{"a", "b", "c"})
+	if got.ReasonCode != AffinityHint || len(got.ReplicaScores) != 1 || got.ReplicaScores[0].ReplicaId != want {
+		t.Fatalf("got %v, want affinity for %s", got, want)
+	}
+}
+
+// TestOversizeMessage: a message over the limit is refused with a status.
+func TestOversizeMessage(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.MaxMsgBytes = 4096 })
+	_, err := f.client.LookupRoute(ctx(t), &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: "vllm", TokenIds: make([]uint32, 8192)})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("oversize message: %v", err)
+	}
+	if got := f.lookup(chainReq("vllm", 16, 1)); got.ReasonCode == "" {
+		t.Fatal("the server stopped answering")
 	}
 }

@@ -109,3 +109,21 @@ func TestStatsAndExpiry(t *testing.T) {
 		t.Fatal("the expired replica's scope stays")
 	}
 }
+
+// TestStartExpiresInTheBackground: the sweep Start runs clears a silent
+// replica on its own, and Close stops it.
+func TestStartExpiresInTheBackground(t *testing.T) {
+	ix := index.New(index.Options{Stripes: 2})
+	s := New(Options{Index: ix, TTL: 100 * time.Millisecond})
+	s.Start()
+	defer s.Close()
+	s.Touch(ReplicaKey{"t", "m", "a"})
+	s.Writer(index.ScopeKey{Tenant: "t", Model: "m", Scheme: "x"}, "a").Put(index.Device, 1, 16)
+	deadline := time.Now().Add(20 * time.Second)
+	for len(ix.Scopes()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the silent replica was never cleared")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
