@@ -1,7 +1,9 @@
 package grpcapi
 
 import (
+	"encoding/binary"
 	"errors"
+	"math/bits"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
@@ -175,15 +177,9 @@ func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([
 	if n < 0 {
 		return dst, nil, false
 	}
-	k := 0
-	for _, c := range run {
-		if c < 0x80 {
-			k++
-		}
-	}
-	dst = growTo(dst, k)
+	dst = growTo(dst, varintCount(run))
 	base := len(dst)
-	out := dst[base : base+k]
+	out := dst[base:cap(dst)]
 	j := 0
 	for i := 0; i < len(run); j++ {
 		if j >= len(out) {
@@ -213,6 +209,21 @@ func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([
 	}
 	dst = dst[:base+j]
 	return dst, b[n:], true
+}
+
+// varintCount is the number of varints that end in b: its bytes without
+// the continuation bit, counted eight at a time.
+func varintCount(b []byte) int {
+	k := 0
+	for ; len(b) >= 8; b = b[8:] {
+		k += 8 - bits.OnesCount64(binary.LittleEndian.Uint64(b)&0x8080808080808080)
+	}
+	for _, c := range b {
+		if c < 0x80 {
+			k++
+		}
+	}
+	return k
 }
 
 // growTo makes room for k more elements.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/fingerprint"
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -65,7 +66,7 @@ type candidate struct {
 // lookupState is pooled per call so a warm lookup reuses its buffers.
 type lookupState struct {
 	res   index.QueryResult
-	toks  []int32
+	toks  []int32 // the request's token_ids, read as int32
 	keys  []uint64
 	chain byteChain
 	cands []candidate
@@ -212,7 +213,10 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	}
 
 	st := lookupPool.Get().(*lookupState)
-	defer lookupPool.Put(st)
+	defer func() {
+		st.toks = nil // the request's memory: not kept past the call
+		lookupPool.Put(st)
+	}()
 	st.cands, st.pop, st.seedProf = st.cands[:0], st.pop[:0], nil
 	var (
 		lv    producer.Level
@@ -426,13 +430,16 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		chain = &st.chain
 	case inTokens:
 		ids := req.GetTokenIds()
-		st.toks = st.toks[:0]
+		var or uint32
 		for _, id := range ids {
-			if id > math.MaxInt32 {
-				return lv, true, false
-			}
-			st.toks = append(st.toks, int32(id))
+			or |= id
 		}
+		if or > math.MaxInt32 {
+			return lv, true, false
+		}
+		// Every id fits in int32, so the same memory read as int32 is the
+		// token array /query would hash; the chain only reads it.
+		st.toks = unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(ids))), len(ids))
 		if parsed && len(ids) < cs.blockSize {
 			return lv, false, true
 		}
