@@ -219,7 +219,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 func (a *app) openDoor(cfg *config.Config, m *metrics.Metrics, memo *hashing.Memo, ready func() bool) error {
 	prod := producer.New(producer.Options{Index: a.ix})
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Memo: memo, Logger: a.log,
+		Index: a.ix, Producer: prod, Memo: memo, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),

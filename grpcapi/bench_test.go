@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -52,7 +53,11 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 		memo, tokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
 	}
 	hs := server.New(server.Options{Index: ix, Memo: memo, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
-	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Memo: memo, Logger: zerolog.New(io.Discard)})
+	tm := 0
+	if memos {
+		tm = 64 << 20
+	}
+	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Memo: memo, TokenMemoBytes: tm, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -73,7 +78,7 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 // the response.
 func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
 	var req pb.LookupRouteRequest
-	if err := newLookupCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &req); err != nil {
+	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &req); err != nil {
 		b.Fatal(err)
 	}
 	resp, err := s.LookupRoute(context.Background(), &req)

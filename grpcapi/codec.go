@@ -21,9 +21,14 @@ import (
 // it: it grows the token_ids slice step by step over 8K varints and
 // allocates every block hash separately; decodeLookup sizes the ids once
 // and points the hashes into one copy of the message.
-type lookupCodec struct{ base encoding.CodecV2 }
+type lookupCodec struct {
+	base encoding.CodecV2
+	memo *tokenMemo
+}
 
-func newLookupCodec() lookupCodec { return lookupCodec{encoding.GetCodecV2("proto")} }
+func newLookupCodec(memo *tokenMemo) lookupCodec {
+	return lookupCodec{encoding.GetCodecV2("proto"), memo}
+}
 
 func (c lookupCodec) Name() string { return c.base.Name() }
 
@@ -39,7 +44,7 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	// returns, so decodeLookup copies what the request keeps.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return decodeLookup(buf.ReadOnlyData(), m)
+	return decodeLookup(buf.ReadOnlyData(), m, c.memo)
 }
 
 var errBadLookup = errors.New("malformed LookupRouteRequest")
@@ -50,8 +55,8 @@ var blockHashTag = byte(protowire.EncodeTag(7, protowire.BytesType))
 // decodeLookup decodes b into m as proto.Unmarshal would (the same values
 // and the same inputs rejected), except that unknown fields are dropped
 // rather than kept. m keeps nothing of b: bytes fields are copied into one
-// arena.
-func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
+// arena. memo, when not nil, supplies remembered token_ids prefixes.
+func decodeLookup(b []byte, m *pb.LookupRouteRequest, memo *tokenMemo) error {
 	m.Reset()
 	var arena []byte
 	keep := func(v []byte) []byte {
@@ -141,7 +146,17 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
 			if m.BlockTokenCounts, b, ok = consumeRepeated(m.BlockTokenCounts, b, typ); !ok {
 				return errBadLookup
 			}
-		case num == 9 && (typ == protowire.BytesType || typ == protowire.VarintType):
+		case num == 9 && typ == protowire.BytesType:
+			run, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return errBadLookup
+			}
+			b = b[n:]
+			var ok bool
+			if m.TokenIds, ok = memo.decodeRun(m.TokenIds, run); !ok {
+				return errBadLookup
+			}
+		case num == 9 && typ == protowire.VarintType:
 			var ok bool
 			if m.TokenIds, b, ok = consumeRepeated(m.TokenIds, b, typ); !ok {
 				return errBadLookup
@@ -162,9 +177,7 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest) error {
 
 // consumeRepeated appends one packed run or one unpacked varint of a
 // repeated 32-bit scalar field to dst (values truncated to 32 bits, as
-// protobuf does) and returns the rest of b. A packed run is counted first
-// so dst grows once, and one-byte varints (small ids) skip the general
-// decoder.
+// protobuf does) and returns the rest of b.
 func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([]T, []byte, bool) {
 	if typ == protowire.VarintType {
 		v, n := protowire.ConsumeVarint(b)
@@ -177,16 +190,22 @@ func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([
 	if n < 0 {
 		return dst, nil, false
 	}
+	dst, ok := appendPacked(dst, run)
+	return dst, b[n:], ok
+}
+
+// appendPacked appends the varints packed in run to dst. The run is
+// counted first so dst grows once, and short varints (ids below 2^21)
+// are decoded inline; longer or malformed ones go to the general decoder.
+func appendPacked[T int32 | uint32](dst []T, run []byte) ([]T, bool) {
 	dst = growTo(dst, varintCount(run))
 	base := len(dst)
 	out := dst[base:cap(dst)]
 	j := 0
 	for i := 0; i < len(run); j++ {
 		if j >= len(out) {
-			return dst, nil, false // a value without a final byte
+			return dst, false // a value without a final byte
 		}
-		// Ids below 2^21 take at most three bytes: decoded here, inline;
-		// anything longer (or malformed) goes to the general decoder.
 		c := run[i]
 		switch {
 		case c < 0x80:
@@ -201,14 +220,13 @@ func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([
 		default:
 			v, vn := protowire.ConsumeVarint(run[i:])
 			if vn < 0 {
-				return dst, nil, false
+				return dst, false
 			}
 			out[j] = T(v)
 			i += vn
 		}
 	}
-	dst = dst[:base+j]
-	return dst, b[n:], true
+	return dst[:base+j], true
 }
 
 // varintCount is the number of varints that end in b: its bytes without

@@ -33,18 +33,70 @@ func FuzzDecodeLookup(f *testing.F) {
 	raw = protowire.AppendBytes(raw, []byte("zz"))
 	f.Add(raw)
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe}) // invalid UTF-8 in model_id
+	// Long token runs, so the token memo is consulted: the same ids twice,
+	// then with a changed tail.
+	long := make([]uint32, 600)
+	for i := range long {
+		long[i] = uint32(i * 977)
+	}
+	b1, _ := proto.Marshal(&pb.LookupRouteRequest{TokenIds: long})
+	f.Add(b1)
+	long[590] = 1 << 31
+	b2, _ := proto.Marshal(&pb.LookupRouteRequest{TokenIds: long})
+	f.Add(b2)
+	plain := newLookupCodec(nil)
+	memo := newLookupCodec(newTokenMemo(1 << 20)) // shared across inputs, so later ones hit
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var want, got pb.LookupRouteRequest
+		var want pb.LookupRouteRequest
 		werr := proto.Unmarshal(b, &want)
-		gerr := newLookupCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got)
-		if (werr == nil) != (gerr == nil) {
-			t.Fatalf("proto.Unmarshal: %v, decodeLookup: %v", werr, gerr)
-		}
-		if werr != nil {
-			return
-		}
-		if diff := cmp.Diff(&want, &got, protocmp.Transform(), protocmp.IgnoreUnknown()); diff != "" {
-			t.Fatalf("(-proto +decodeLookup):\n%s", diff)
+		for _, c := range []lookupCodec{plain, memo, memo} {
+			var got pb.LookupRouteRequest
+			gerr := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got)
+			if (werr == nil) != (gerr == nil) {
+				t.Fatalf("proto.Unmarshal: %v, decodeLookup (memo %v): %v", werr, c.memo != nil, gerr)
+			}
+			if werr != nil {
+				continue
+			}
+			if diff := cmp.Diff(&want, &got, protocmp.Transform(), protocmp.IgnoreUnknown()); diff != "" {
+				t.Fatalf("(-proto +decodeLookup, memo %v):\n%s", c.memo != nil, diff)
+			}
 		}
 	})
+}
+
+// TestTokenMemoReuses: a repeated run is copied whole, a run sharing a
+// prefix reuses the chunks inside the shared bytes, and both decode as
+// proto.Unmarshal does.
+func TestTokenMemoReuses(t *testing.T) {
+	c := newLookupCodec(newTokenMemo(1 << 20))
+	ids := make([]uint32, 1000)
+	for i := range ids {
+		ids[i] = uint32(i*7919) % 150000
+	}
+	decode := func(ids []uint32) {
+		t.Helper()
+		b, _ := proto.Marshal(&pb.LookupRouteRequest{TokenIds: ids})
+		var got pb.LookupRouteRequest
+		if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !cmp.Equal(got.TokenIds, ids) {
+			t.Fatal("decoded ids differ")
+		}
+	}
+	decode(ids)
+	if h, m := c.memo.hits.Load(), c.memo.misses.Load(); h != 0 || m != 1000 {
+		t.Fatalf("first decode: %d hits %d misses", h, m)
+	}
+	decode(ids)
+	if h := c.memo.hits.Load(); h != 1000 {
+		t.Fatalf("repeat: %d hits", h)
+	}
+	other := append([]uint32(nil), ids...)
+	other[700] = 99
+	decode(other)
+	if h := c.memo.hits.Load() - 1000; h != 640 {
+		t.Fatalf("shared prefix of 700 ids reused %d (want 10 chunks of 64)", h)
+	}
 }

@@ -120,7 +120,7 @@ func TestDoorCPUTime(t *testing.T) {
 	i := 0
 	per := bestCPU(3, len(raws), func() {
 		var u pb.CacheStateUpdate
-		if err := newLookupCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(raws[i%len(raws)])}, &u); err != nil {
+		if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raws[i%len(raws)])}, &u); err != nil {
 			t.Fatal(err)
 		}
 		s.applyUpdate(&u)

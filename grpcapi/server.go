@@ -67,7 +67,11 @@ type Options struct {
 	Producer *producer.Store
 	// Memo, when set, lets token_ids lookups on Conductor contexts reuse
 	// remembered digest chains, as /query does.
-	Memo   *hashing.Memo
+	Memo *hashing.Memo
+	// TokenMemoBytes sizes the door's token memo, which lets a lookup
+	// repeating a token_ids prefix seen before copy those ids instead of
+	// decoding them (0: off).
+	TokenMemoBytes int
 	Logger zerolog.Logger
 	// AuthToken, when set, is the bearer token ReportCacheState and
 	// PublishEvent require (the one /register and /unregister require).
@@ -108,6 +112,7 @@ type Server struct {
 	health *health.Server
 	hub    *hub
 	m      *grpcMetrics
+	codec  lookupCodec
 	tokSum [32]byte
 
 	stop     chan struct{}
@@ -165,11 +170,12 @@ func New(opts Options) (*Server, error) {
 	}
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
+	s.codec = newLookupCodec(newTokenMemo(opts.TokenMemoBytes))
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),
 		grpc.MaxConcurrentStreams(opts.MaxStreams),
-		grpc.ForceServerCodecV2(newLookupCodec()),
+		grpc.ForceServerCodecV2(s.codec),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.streamInterceptor),
 	}

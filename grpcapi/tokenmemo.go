@@ -1,0 +1,165 @@
+package grpcapi
+
+import (
+	"encoding/binary"
+	"sort"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/mooncake-conductor-go/conductor/memostore"
+)
+
+// tokenMemo remembers the packed token_ids of recent lookups with the ids
+// they decode to, so a lookup repeating a prefix seen before (a system
+// prompt, the previous turn) copies those ids instead of decoding them —
+// what the HTTP side's token memo does for MessagePack bodies. Decoding
+// 8K varints is a chain of dependent loads and the largest part of a warm
+// lookup; comparing and copying the same bytes runs at memory speed.
+//
+// A varint ends at its first byte below 0x80, so equal packed bytes are
+// equal ids: a remembered entry is checked against the request byte for
+// byte (memcmp), and only ids whose bytes lie inside the common prefix are
+// reused, in chunks of tmChunk ids (or the whole entry). The rest is
+// decoded as usual. Entries are filed under fingerprints of the run's first
+// 256, 512, 1024, … bytes and of the whole run (memostore), found without
+// decoding anything. Memory is bounded by the store's byte budget.
+type tokenMemo struct {
+	store  *memostore.Store[*tmEntry]
+	hits   atomic.Uint64
+	misses atomic.Uint64
+}
+
+const (
+	// tmChunk is how many ids lie between the recorded byte offsets: the
+	// granularity at which a partly shared prefix is reused.
+	tmChunk = 64
+	// tmFirstBytes is the shallowest fingerprinted span; shorter runs
+	// decode faster than a memo lookup.
+	tmFirstBytes = 256
+	// tmWindow is how many bytes at the end of each span its fingerprint
+	// reads (chained to the span before), so fingerprinting costs the same
+	// for any length; spans differing elsewhere cost a wasted comparison,
+	// never a wrong id.
+	tmWindow   = 64
+	tmOverhead = 160
+)
+
+// tmEntry is one remembered run; immutable once inserted.
+type tmEntry struct {
+	memostore.Record
+	raw  []byte   // the packed run
+	toks []uint32 // what it decodes to
+	ends []uint32 // ends[j]: offset in raw just past id (j+1)·tmChunk−1
+}
+
+func (e *tmEntry) Rec() *memostore.Record { return &e.Record }
+
+func newTokenMemo(maxBytes int) *tokenMemo {
+	if maxBytes <= 0 {
+		return nil
+	}
+	return &tokenMemo{store: memostore.New[*tmEntry](maxBytes)}
+}
+
+// fingerprints appends the fingerprints of run's first 256, 512, … bytes,
+// then that of the whole run.
+func tmFingerprints(run []byte, dst []uint64) []uint64 {
+	var fp uint64
+	var buf [8 + tmWindow]byte
+	for l := tmFirstBytes; l <= len(run); l *= 2 {
+		binary.LittleEndian.PutUint64(buf[:8], fp)
+		copy(buf[8:], run[l-tmWindow:l])
+		fp = xxhash.Sum64(buf[:])
+		dst = append(dst, fp)
+	}
+	binary.LittleEndian.PutUint64(buf[:8], fp)
+	copy(buf[8:], run[len(run)-tmWindow:])
+	return append(dst, xxhash.Sum64(buf[:]))
+}
+
+// usable is how many leading ids of e run shares, and their packed length.
+func (e *tmEntry) usable(run []byte) (k, off int) {
+	common := memostore.CommonPrefix(run, e.raw)
+	if common == len(e.raw) {
+		return len(e.toks), len(e.raw)
+	}
+	c := sort.Search(len(e.ends), func(j int) bool { return int(e.ends[j]) > common })
+	if c == 0 {
+		return 0, 0
+	}
+	return c * tmChunk, int(e.ends[c-1])
+}
+
+// decodeRun appends the ids packed in run to dst (as uint32, truncating as
+// protobuf does), copying a remembered prefix when the memo has one, and
+// remembers the run when it decoded a chunk or more itself. ok is false for
+// a malformed run, exactly when decoding it in full would fail.
+func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (_ []uint32, ok bool) {
+	if m == nil || len(run) < tmFirstBytes {
+		return appendPacked(dst, run)
+	}
+	var fpBuf [24]uint64
+	fps := tmFingerprints(run, fpBuf[:0])
+	var best *tmEntry
+	k, off := 0, 0
+	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
+		m.store.Lookup(fps[j], func(e *tmEntry) bool {
+			if ek, eoff := e.usable(run); ek > k {
+				best, k, off = e, ek, eoff
+			}
+			return true
+		})
+	}
+	rest := varintCount(run[off:]) // only the bytes not reused are counted
+	dst = growTo(dst, k+rest)
+	base := len(dst)
+	if off == len(run) { // the whole run was remembered
+		m.hits.Add(uint64(k))
+		return append(dst, best.toks[:k]...), true
+	}
+	ends := make([]uint32, 0, (k+rest)/tmChunk+1)
+	if best != nil {
+		dst = append(dst, best.toks[:k]...)
+		ends = append(ends, best.ends[:k/tmChunk]...)
+	}
+	// Decode the rest, noting where each chunk ends.
+	for i := off; i < len(run); {
+		v, n := protowire.ConsumeVarint(run[i:])
+		if n < 0 {
+			return dst, false
+		}
+		dst = append(dst, uint32(v))
+		i += n
+		if (len(dst)-base)%tmChunk == 0 {
+			ends = append(ends, uint32(i))
+		}
+	}
+	total := len(dst) - base
+	m.hits.Add(uint64(k))
+	m.misses.Add(uint64(total - k))
+	if total-k >= tmChunk {
+		m.remember(run, dst[base:], ends, fps)
+	}
+	return dst, true
+}
+
+// remember files a decoded run under the fingerprints of the spans it
+// covers and its whole-run fingerprint.
+func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uint64) {
+	nf := 0
+	for l := tmFirstBytes; l <= len(run) && nf < len(fps)-1; l *= 2 {
+		nf++
+	}
+	e := &tmEntry{
+		raw:  append([]byte(nil), run...),
+		toks: append([]uint32(nil), toks...),
+		ends: append([]uint32(nil), ends...),
+	}
+	e.Fps = memostore.FiledUnder(fps, nf)
+	e.Size = tmOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
+	m.store.Insert(e, func(o *tmEntry) bool {
+		return len(o.raw) <= len(e.raw) && string(e.raw[:len(o.raw)]) == string(o.raw)
+	})
+}
