@@ -72,7 +72,7 @@ type Options struct {
 	// repeating a token_ids prefix seen before copy those ids instead of
 	// decoding them (0: off).
 	TokenMemoBytes int
-	Logger zerolog.Logger
+	Logger         zerolog.Logger
 	// AuthToken, when set, is the bearer token ReportCacheState and
 	// PublishEvent require (the one /register and /unregister require).
 	AuthToken string
