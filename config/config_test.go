@@ -278,3 +278,40 @@ func TestHashCheckEvery(t *testing.T) {
 		})
 	}
 }
+
+func TestGRPCDoor(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.json")
+	tests := []struct {
+		name            string
+		args            []string
+		env             map[string]string
+		addr, cert, key string
+		err             string
+	}{
+		{name: "off by default"},
+		{name: "flag", args: []string{"--grpc-addr", ":9090"}, addr: ":9090"},
+		{name: "env", env: map[string]string{"CONDUCTOR_GRPC_ADDR": ":9091"}, addr: ":9091"},
+		{name: "flag over env", args: []string{"--grpc-addr", ":1"}, env: map[string]string{"CONDUCTOR_GRPC_ADDR": ":2"}, addr: ":1"},
+		{name: "tls pair", args: []string{"--grpc-addr", ":1", "--grpc-tls-cert", "c.pem"}, env: map[string]string{"CONDUCTOR_GRPC_TLS_KEY": "k.pem"}, addr: ":1", cert: "c.pem", key: "k.pem"},
+		{name: "cert alone", args: []string{"--grpc-addr", ":1", "--grpc-tls-cert", "c.pem"}, err: "both"},
+		{name: "key alone", env: map[string]string{"CONDUCTOR_GRPC_ADDR": ":1", "CONDUCTOR_GRPC_TLS_KEY": "k.pem"}, err: "both"},
+		{name: "tls without the door", args: []string{"--grpc-tls-cert", "c.pem", "--grpc-tls-key", "k.pem"}, err: "off"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(append([]string{"--config", missing}, tc.args...), env(tc.env))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want one mentioning %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.GRPCAddr != tc.addr || c.GRPCTLSCert != tc.cert || c.GRPCTLSKey != tc.key {
+				t.Fatalf("got %q %q %q", c.GRPCAddr, c.GRPCTLSCert, c.GRPCTLSKey)
+			}
+		})
+	}
+}
