@@ -1,0 +1,71 @@
+package grpcapi
+
+import (
+	"crypto/sha256"
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+)
+
+// TestConductorSchemeInputs: a Conductor context answers chains of 8-byte
+// keys and of 32-byte digests (reduced by the profile's projection), exact
+// prefix hashes, tiers from its cumulative counts, and refuses hashes of
+// other lengths.
+func TestConductorSchemeInputs(t *testing.T) {
+	f := newFixture(t, nil)
+	seed := "0"
+	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	a := tbl.AddEngineOwner("a", 0)
+	a1 := tbl.AddEngineOwner("a", 1)
+	b := tbl.AddEngineOwner("b", 0)
+	var digests [][]byte
+	var keys []uint64
+	for i := range 6 {
+		d := sha256.Sum256([]byte{byte(i)})
+		k, err := hashing.KeyFromBytes(hashing.Low64BE, d[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		digests, keys = append(digests, d[:]), append(keys, k)
+	}
+	for i, k := range keys {
+		tbl.Store(a, index.Device, k)
+		if i < 5 {
+			tbl.Store(a1, index.Device, k) // rank 1 shorter, on device
+		}
+		if i < 4 {
+			tbl.Store(b, index.CPULocal, k)
+		}
+	}
+	tbl.Remove(a, index.Device, keys[5])
+	tbl.Store(a, index.Disk, keys[5]) // a's rank 0: 5 blocks on device, the 6th on disk
+
+	scheme := "conductor/vllm_v1/sha256_cbor/0/16"
+	want := &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{
+		score("a", 96*(1-1.0/2), 96, 1, t3), score("b", 0, 64, 1, t2),
+	}}
+	byDigest := &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme}
+	for _, d := range digests {
+		byDigest.BlockHashes = append(byDigest.BlockHashes, d)
+		byDigest.BlockTokenCounts = append(byDigest.BlockTokenCounts, 16)
+	}
+	check(t, "32-byte digests", f.lookup(byDigest), want)
+	check(t, "8-byte keys", f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme,
+		BlockHashes: chainReq("", 16, keys...).BlockHashes, BlockTokenCounts: chainReq("", 16, keys...).BlockTokenCounts}), want)
+	exact := &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme, PrefixHash: key8(keys[4]), PrefixTokenCount: 80}
+	check(t, "exact", f.lookup(exact), &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{score("a", 80*(1-1.0/2), 80, 1, t1)}})
+	bad := &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme, BlockHashes: [][]byte{make([]byte, 7)}, BlockTokenCounts: []int32{16}}
+	check(t, "7-byte hash", f.lookup(bad), &pb.LookupRouteResponse{ReasonCode: NoHint})
+	// The seed is part of the scheme: another seed names nothing.
+	byDigest.HashScheme = "conductor/vllm_v1/sha256_cbor/1/16"
+	check(t, "other seed", f.lookup(byDigest), &pb.LookupRouteResponse{ReasonCode: UnknownHashScheme})
+	if got := ConductorScheme(&prof, 16); got != scheme {
+		t.Fatalf("ConductorScheme = %q", got)
+	}
+}
