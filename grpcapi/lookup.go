@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/producer"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/query"
 )
 
 // Reason codes LookupRoute answers with.
@@ -446,16 +447,18 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		if tbl == nil {
 			return lv, false, false
 		}
-		ch := hashing.AcquireChain()
-		defer hashing.ReleaseChain(ch)
-		ch.Reset(tbl.Profile(), cs.blockSize, st.toks, adapter, "")
-		ch.UseMemo(s.opts.Memo)
-		chain = ch
+		// The query engine hashes and walks exactly as /query does (same
+		// prefix memo), so both doors give one answer for one prompt.
+		if err := s.query.Lookup(&query.Request{Context: tbl.Context(), Tokens: st.toks}, &st.res); err != nil {
+			return lv, true, false
+		}
 	}
 	if tbl == nil {
 		return lv, false, false
 	}
-	tbl.Query(chain, "", &st.res)
+	if chain != nil {
+		tbl.Query(chain, "", &st.res)
+	}
 	for i := range st.res.Instances {
 		ih := &st.res.Instances[i]
 		if run, tier := bestRun(ih); run > 0 {

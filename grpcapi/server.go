@@ -34,6 +34,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/producer"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/query"
 )
 
 // ServiceName is the gRPC service name health checks report on.
@@ -113,6 +114,9 @@ type Server struct {
 	hub    *hub
 	m      *grpcMetrics
 	codec  lookupCodec
+	// query answers token_ids lookups on Conductor contexts, the engine
+	// /query uses.
+	query  *query.Engine
 	tokSum [32]byte
 
 	stop     chan struct{}
@@ -171,6 +175,7 @@ func New(opts Options) (*Server, error) {
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
 	s.codec = newLookupCodec(newTokenMemo(opts.TokenMemoBytes))
+	s.query = query.New(query.Options{Index: opts.Index, Memo: opts.Memo})
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),
