@@ -112,13 +112,18 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (_ []uint32, ok bool) {
 			return true
 		})
 	}
-	rest := varintCount(run[off:]) // only the bytes not reused are counted
-	dst = growTo(dst, k+rest)
 	base := len(dst)
 	if off == len(run) { // the whole run was remembered
 		m.hits.Add(uint64(k))
+		if base == 0 {
+			// The entry is immutable and the request only reads its
+			// ids: share them (capped, so an append would copy).
+			return best.toks[:k:k], true
+		}
 		return append(dst, best.toks[:k]...), true
 	}
+	rest := varintCount(run[off:]) // only the bytes not reused are counted
+	dst = growTo(dst, k+rest)
 	ends := make([]uint32, 0, (k+rest)/tmChunk+1)
 	if best != nil {
 		dst = append(dst, best.toks[:k]...)
