@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
-	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/mooncake-conductor-go/conductor/memostore"
 )
@@ -96,7 +95,7 @@ func (e *tmEntry) usable(run []byte) (k, off int) {
 // protobuf does), copying a remembered prefix when the memo has one, and
 // remembers the run when it decoded a chunk or more itself. ok is false for
 // a malformed run, exactly when decoding it in full would fail.
-func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (_ []uint32, ok bool) {
+func (m *tokenMemo) decodeRun(dst []uint32, run []byte) ([]uint32, bool) {
 	if m == nil || len(run) < tmFirstBytes {
 		return appendPacked(dst, run)
 	}
@@ -129,16 +128,18 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (_ []uint32, ok bool) {
 		dst = append(dst, best.toks[:k]...)
 		ends = append(ends, best.ends[:k/tmChunk]...)
 	}
-	// Decode the rest, noting where each chunk ends.
-	for i := off; i < len(run); {
-		v, n := protowire.ConsumeVarint(run[i:])
-		if n < 0 {
-			return dst, false
-		}
-		dst = append(dst, uint32(v))
-		i += n
-		if (len(dst)-base)%tmChunk == 0 {
-			ends = append(ends, uint32(i))
+	// Decode the rest, then note where each chunk ends: the offsets just
+	// past every tmChunk-th varint, counted from the reused ones.
+	var ok bool
+	if dst, ok = appendPacked(dst, run[off:]); !ok {
+		return dst, false
+	}
+	seen := k
+	for i := off; i < len(run); i++ {
+		if run[i] < 0x80 {
+			if seen++; seen%tmChunk == 0 {
+				ends = append(ends, uint32(i+1))
+			}
 		}
 	}
 	total := len(dst) - base
