@@ -89,6 +89,11 @@ type byteChain struct {
 	i     int
 }
 
+// Ready reports every remaining key as ready: they are all computed, so
+// the walk may read them in batches, one stripe lock per stripe touched
+// (index.ReadyChain).
+func (c *byteChain) Ready() int { return len(c.keys) - c.i }
+
 func (c *byteChain) Next() (uint64, int, bool) {
 	if c.i >= len(c.keys) {
 		return 0, 0, false
