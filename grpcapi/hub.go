@@ -71,8 +71,6 @@ func newHub(max, buffer int, now func() time.Time, m *grpcMetrics) *hub {
 	return h
 }
 
-var errTooManyWatchers = status.Error(codes.ResourceExhausted, "too many watchers; the limit is reached")
-
 // join admits one more watcher stream (events or metrics).
 func (h *hub) join() error {
 	h.mu.Lock()

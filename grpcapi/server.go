@@ -12,7 +12,6 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -342,9 +341,4 @@ func (s *Server) RenderTemplate(context.Context, *pb.RenderTemplateRequest) (*pb
 // there is no prefill/decode topology to consult.
 func (s *Server) LookupPDRoute(context.Context, *pb.LookupPDRouteRequest) (*pb.LookupPDRouteResponse, error) {
 	return &pb.LookupPDRouteResponse{ReasonCode: NoHint}, nil
-}
-
-// String describes the server for logs.
-func (s *Server) String() string {
-	return fmt.Sprintf("grpcapi(tls=%v)", s.opts.TLSCert != "")
 }
