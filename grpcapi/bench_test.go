@@ -127,7 +127,7 @@ func BenchmarkLookupVsQuery(b *testing.B) {
 func BenchmarkLookupChain512(b *testing.B) {
 	ix := index.New(index.Options{})
 	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard)})
+	s, err := New(Options{Index: ix, Producer: prod, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func BenchmarkLookupChain512(b *testing.B) {
 func BenchmarkReportIngest(b *testing.B) {
 	ix := index.New(index.Options{})
 	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard)})
+	s, err := New(Options{Index: ix, Producer: prod, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}

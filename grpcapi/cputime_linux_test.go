@@ -85,7 +85,7 @@ func TestDoorCPUTime(t *testing.T) {
 
 	ix := index.New(index.Options{})
 	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard)})
+	s, err := New(Options{Index: ix, Producer: prod, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		t.Fatal(err)
 	}
