@@ -54,7 +54,10 @@ func newFixture(t *testing.T, tune func(*Options)) *fixture {
 	c := &clock{t: time.Unix(1_700_000_000, 0)}
 	prod := producer.New(producer.Options{Index: ix, TTL: 30 * time.Minute, Now: c.now})
 	reg := prometheus.NewRegistry()
-	opts := Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Registerer: reg, Gatherer: reg, Now: c.now}
+	// A minute for lookups: the default 100 ms would answer TIMEOUT
+	// whenever a busy CI machine keeps the handler off the CPU that long.
+	opts := Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Registerer: reg, Gatherer: reg, Now: c.now,
+		LookupTimeout: time.Minute}
 	if tune != nil {
 		tune(&opts)
 	}
