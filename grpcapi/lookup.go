@@ -45,7 +45,7 @@ const (
 	sloFastTTFT = 200
 )
 
-// inputKind is which of the request's inputs the lookup uses (§3.3).
+// inputKind is which of the request's inputs the lookup uses (docs/grpc.md, LookupRoute: Input).
 type inputKind uint8
 
 const (
@@ -276,7 +276,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	return echo
 }
 
-// rank scores the candidates, filters and orders them (§3.5).
+// rank scores the candidates, filters and orders them (docs/grpc.md, LookupRoute: Score, Filters and order).
 func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.ReplicaScore {
 	total := len(st.pop)
 	type scored struct {
@@ -567,7 +567,7 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 	return lv, false, false, hot
 }
 
-// affinityPick is §3.6: SHA-256 of the request's chain (each hash with a
+// affinityPick is docs/grpc.md, LookupRoute: Affinity pick — SHA-256 of the request's chain (each hash with a
 // 4-byte big-endian length before it) or prefix_hash, first 8 bytes as a
 // big-endian integer, modulo the number of replicas.
 func affinityPick(req *pb.LookupRouteRequest, kind inputKind, derived []uint64, n int) int {

@@ -86,7 +86,7 @@ type Options struct {
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
 
-	// LookupRoute ranking (§3.5 of docs/grpc.md).
+	// LookupRoute ranking (docs/grpc.md, LookupRoute: Score, Filters and order).
 	MinMatchedTokens int     // negative: no minimum
 	ScoreFloor       float64 // negative: no floor
 	NoAffinity       bool
