@@ -33,6 +33,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/pprofsrv"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/metrics"
 	"github.com/mooncake-conductor-go/conductor/producer"
@@ -107,6 +108,8 @@ type app struct {
 	door   *grpcapi.Server
 	doorLn net.Listener
 	prod   *producer.Store
+	// pprof serves runtime profiles with --pprof-addr (nil: off).
+	pprof *pprofsrv.Server
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -180,6 +183,15 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		undo()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	var pp *pprofsrv.Server
+	if cfg.PprofAddr != "" {
+		if pp, err = pprofsrv.Start(cfg.PprofAddr); err != nil {
+			_ = ln.Close()
+			undo()
+			return nil, err
+		}
+		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
+	}
 	build := buildinfo.Get()
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
 		Extra: []prometheus.Collector{state.Collector()}})
@@ -202,10 +214,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
 	})
-	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state}
+	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp}
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
 		if err := a.openDoor(cfg, m, memo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+			_ = pp.Close()
 			_ = ln.Close()
 			undo()
 			return nil, err
@@ -284,6 +297,7 @@ func (a *app) serve() error {
 // close stops accepting, lets in-flight requests finish, then stops every
 // subscriber and closes its sockets.
 func (a *app) close() {
+	_ = a.pprof.Close()
 	if a.door != nil {
 		a.door.Stop() // ends its streams and detaches from the index
 		a.prod.Close()

@@ -67,6 +67,9 @@ type Config struct {
 	ShowVersion bool
 	// DebugRoutes enables the operator routes (POST /debug/explain).
 	DebugRoutes bool
+	// PprofAddr, when not "", serves the Go runtime's profiles there, on a
+	// listener of their own (off by default).
+	PprofAddr string
 	// HashCheckEvery is the sampling of the ingest hash check: after a
 	// service's first blocks, about one block in this many is re-hashed
 	// under its profile (0 turns the check off).
@@ -117,6 +120,7 @@ type flags struct {
 	version   *bool
 	// debugRoutes is --debug-routes.
 	debugRoutes *bool
+	pprofAddr   *string
 	hashCheck   *int
 	stateDir    *string
 	reset       *bool
@@ -146,6 +150,7 @@ func newFlags() *flags {
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
 	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
+	f.pprofAddr = fl.String("pprof-addr", "", `serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060, apart from the API (env CONDUCTOR_PPROF_ADDR); default off`)
 	f.stateDir = fl.String("state-dir", defaultStateDir(), `directory for registrations and index snapshots (env CONDUCTOR_STATE_DIR); "" keeps them in memory only`)
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
 	f.snapEvery = fl.Duration("snapshot-interval", DefaultSnapshotInterval, "time between index snapshots; 0 writes one only at shutdown (env CONDUCTOR_SNAPSHOT_INTERVAL)")
@@ -302,6 +307,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if c.GRPCTLSCert != "" && c.GRPCAddr == "" {
 		return nil, errors.New("gRPC TLS files are set but the gRPC door is off (--grpc-addr)")
 	}
+	c.PprofAddr = f.pick("pprof-addr", *f.pprofAddr, getenv("CONDUCTOR_PPROF_ADDR"))
 	return c, nil
 }
 

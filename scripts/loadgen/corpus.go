@@ -30,6 +30,7 @@ type corpusConfig struct {
 	SystemTokens int    // length of each group's shared system prompt
 	Groups       int    // distinct system prompts
 	Blocks       int    // target for the blocks all publishers publish together
+	Prompts      int    // when positive, exactly this many stored prompts (Blocks is ignored)
 	Replicas     int    // publishers that store each prompt
 	Queries      int    // size of the query pool
 	Mix          mix    // query kinds, by weight
@@ -136,8 +137,10 @@ func (cfg *corpusConfig) validate() error {
 		return fmt.Errorf("system prompt must span at least one block and fewer blocks than the prompt")
 	case cfg.Groups < 1:
 		return fmt.Errorf("need at least one group")
-	case cfg.Blocks < 1:
+	case cfg.Blocks < 1 && cfg.Prompts < 1:
 		return fmt.Errorf("need at least one block")
+	case cfg.Prompts < 0:
+		return fmt.Errorf("prompts must not be negative")
 	case cfg.Replicas < 1 || cfg.Replicas > cfg.Publishers:
 		return fmt.Errorf("replicas must be in 1..publishers")
 	case cfg.Queries < 1:
@@ -173,7 +176,13 @@ func newCorpus(cfg corpusConfig) (*corpus, error) {
 
 	// Every prompt adds at least one new block per holder (its suffix is
 	// fresh), so this loop ends after at most cfg.Blocks prompts.
-	for i := 0; c.published < cfg.Blocks; i++ {
+	more := func(i int) bool {
+		if cfg.Prompts > 0 {
+			return i < cfg.Prompts
+		}
+		return c.published < cfg.Blocks
+	}
+	for i := 0; more(i); i++ {
 		g := rng.IntN(cfg.Groups)
 		toks := make([]int32, promptLen)
 		copy(toks, c.systems[g])
@@ -232,6 +241,19 @@ func newCorpus(cfg corpusConfig) (*corpus, error) {
 		c.kinds[kind]++
 	}
 	return c, nil
+}
+
+// coldQueries returns every stored prompt once, in a random order, as a
+// full query with its expected answer: with all blocks indexed and none of
+// them asked before, these are the cold lookups of --cold-pass.
+func (c *corpus) coldQueries() []query {
+	rng := rand.New(rand.NewPCG(c.cfg.Seed^0x5bd1e995, c.cfg.Seed))
+	out := make([]query, len(c.prompts))
+	for i, j := range rng.Perm(len(c.prompts)) {
+		toks := c.prompts[j].tokens
+		out[i] = query{kind: kindFull, tokens: toks, expect: c.trie.expect(toks)}
+	}
+	return out
 }
 
 func containsInt(s []int, v int) bool {

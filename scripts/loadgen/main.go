@@ -79,14 +79,69 @@ type options struct {
 	maxSamples    int
 	ingestTimeout time.Duration
 	binTokens     bool
+	coldPass      bool
+	chainBaseline bool
+	preset        string
 	json          bool
 	quiet         bool
 	soak          soakConfig
 }
 
+// presets are named workloads: their flags go before the command line's,
+// so any flag given explicitly overrides the preset's value.
+var presets = map[string][]string{
+	// router-8k is the index a router sees (issue 19): 4 instances, 1,000
+	// stored prompts of 8,192 tokens in 16 groups that share 1,024 tokens
+	// (449,028 distinct blocks with the probes), sha256_cbor, token ids as
+	// a bin, and a pool of prompts drawn at random from the stored ones, so
+	// every timed query is warm. Before them, every stored prompt is asked
+	// once in a random order (cold: all its blocks indexed, never queried
+	// before), and the bare hash chain of the same prompts is timed in the
+	// same process, so server CPU per query is reported against it.
+	"router-8k": {"--engine", "vllm", "--publishers", "4", "--prompts", "1000", "--prompt-tokens", "8192",
+		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
+		"--mix", "full=1", "--queries", "1000", "--cold-pass", "--chain-baseline", "--concurrency", "1,8",
+		"--unreg-concurrency", "1"},
+}
+
+// expandPreset replaces --preset NAME (or --preset=NAME) by the preset's
+// flags, placed first so the rest of the command line overrides them.
+func expandPreset(args []string) ([]string, string, error) {
+	for i, a := range args {
+		name, rest := "", []string(nil)
+		switch {
+		case a == "--preset" || a == "-preset":
+			if i+1 >= len(args) {
+				return nil, "", fmt.Errorf("--preset needs a name")
+			}
+			name, rest = args[i+1], append(slices.Clone(args[:i]), args[i+2:]...)
+		case strings.HasPrefix(a, "--preset=") || strings.HasPrefix(a, "-preset="):
+			_, name, _ = strings.Cut(a, "=")
+			rest = append(slices.Clone(args[:i]), args[i+1:]...)
+		default:
+			continue
+		}
+		p, ok := presets[name]
+		if !ok {
+			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k)", name)
+		}
+		return append(slices.Clone(p), rest...), name, nil
+	}
+	return args, "", nil
+}
+
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
+	args, preset, err := expandPreset(args)
+	if err != nil {
+		return nil, err
+	}
+	o.preset = preset
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
+	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline)")
+	fs.IntVar(&o.corpus.Prompts, "prompts", 0, "exactly this many stored prompts (0: as many as --blocks needs)")
+	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before) and report server CPU per query")
+	fs.BoolVar(&o.chainBaseline, "chain-baseline", false, "time the bare hash chain of the stored prompts in this process (thread CPU) before and after the query phases, and report server CPU per query against it")
 	fs.StringVar(&o.baseURL, "base-url", "http://127.0.0.1:13333", "server base URL (loopback only); ignored with --spawn")
 	fs.StringVar(&o.authToken, "auth-token", "", "bearer token for /register and /unregister (with --spawn, also given to the server)")
 	fs.BoolVar(&o.spawn, "spawn", false, "build the server from the repository and start it on a free loopback port")
@@ -168,6 +223,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.maxSamples < 1 {
 		return nil, fmt.Errorf("--max-queries must be positive")
+	}
+	if o.coldPass && o.restart {
+		return nil, fmt.Errorf("--cold-pass and --restart do not combine")
 	}
 	m, err := parseMix(o.mixText)
 	if err != nil {
@@ -451,6 +509,28 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	rep.Ingest.ServerCPUPerBlockUS = perUnit(cpu0, m.cpu(), rep.Ingest.BlocksPublished)
 	m.memory(&rep.RSS.AfterIngest, &rep.RSSAnon.AfterIngest)
 
+	var chainPrompts [][]int32
+	if o.chainBaseline {
+		for i := range c.prompts {
+			chainPrompts = append(chainPrompts, c.prompts[i].tokens)
+		}
+		rep.Chain = &chainResult{Prompts: len(chainPrompts)}
+		rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
+	}
+	if o.coldPass {
+		cr, err := s.coldPass(ctx, c, ids, fails, m)
+		rep.Cold = cr
+		if cr != nil {
+			rep.Checked += int64(cr.Queries)
+		}
+		if err != nil {
+			return rep, err
+		}
+		if o.chainBaseline {
+			rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
+		}
+	}
+
 	// One pass over the pool checks every answer once before load.
 	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
 	t0 := time.Now()
@@ -506,13 +586,18 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			return rep, err
 		}
 	}
+	if o.chainBaseline {
+		rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
+	}
 	m.memory(&rep.RSS.AfterLoad, &rep.RSSAnon.AfterLoad)
 
 	if err := s.unregisterUnderLoad(ctx, d, rep); err != nil {
 		return rep, err
 	}
-	// Give the runtime a moment to return freed memory before reading RSS.
-	time.Sleep(time.Second)
+	// The runtime returns freed memory in the background: RSS is read until
+	// it is back within 20 % of its value before ingest, for at most 5 s
+	// after the last unregistration.
+	rep.AfterUnregSeconds = awaitRSS(m, rep.RSS.BeforeIngest, rep.unregEnd, 5*time.Second)
 	m.memory(&rep.RSS.AfterUnreg, &rep.RSSAnon.AfterUnreg)
 
 	rep.LoadAverage[1] = loadAverage()
@@ -779,6 +864,7 @@ func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *repo
 		d.states[i].Store(uint32(mustBeGone))
 	}
 	uEnd := time.Since(t0)
+	rep.unregEnd = t0.Add(uEnd)
 	// Keep querying briefly: answers after the last unregistration must
 	// be empty.
 	time.Sleep(300 * time.Millisecond)

@@ -24,9 +24,17 @@ type report struct {
 	PoolKinds     map[string]int `json:"pool_kinds"`
 	TokenEncoding string         `json:"token_encoding"`
 
-	Ingest ingestResult  `json:"ingest"`
-	Levels []levelResult `json:"levels"`
-	Unreg  unregResult   `json:"unregistration"`
+	Ingest ingestResult `json:"ingest"`
+	// Cold is --cold-pass and Chain --chain-baseline, when run.
+	Cold  *coldResult  `json:"cold_pass,omitempty"`
+	Chain *chainResult `json:"bare_chain,omitempty"`
+	// AfterUnregSeconds is when RSS.AfterUnreg was read, counted from the
+	// last unregistration: as soon as RSS was within 20 % of its value
+	// before ingest, or 5 s.
+	AfterUnregSeconds float64       `json:"after_unregistration_s"`
+	unregEnd          time.Time     // when the last unregister call returned
+	Levels            []levelResult `json:"levels"`
+	Unreg             unregResult   `json:"unregistration"`
 	// Restart is the --restart phase, when run.
 	Restart *restartResult `json:"restart,omitempty"`
 	RSS     rssResult      `json:"server_rss_bytes"`
@@ -161,6 +169,9 @@ func (r *report) writeMarkdown(w io.Writer) {
 			fmtPct(l.PrefixMemoHitPct), fmtPct(l.TokenMemoHitPct), fmtBytes(l.MemoBytes), l.Failures)
 	}
 	fmt.Fprintln(w)
+	if r.Chain != nil || r.Cold != nil {
+		r.writeRatios(w)
+	}
 	fmt.Fprintln(w, "| measure | value |")
 	fmt.Fprintln(w, "| --- | ---: |")
 	in := r.Ingest
@@ -175,7 +186,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))
 	fmt.Fprintf(w, "| server RSS after ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterIngest), fmtBytes(r.RSSAnon.AfterIngest))
 	fmt.Fprintf(w, "| server RSS after query load (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterLoad), fmtBytes(r.RSSAnon.AfterLoad))
-	fmt.Fprintf(w, "| server RSS after unregistration (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg))
+	fmt.Fprintf(w, "| server RSS after unregistration (anonymous), read after | %s (%s), %.1f s |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg), r.AfterUnregSeconds)
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
@@ -191,6 +202,36 @@ func (r *report) writeMarkdown(w io.Writer) {
 	if len(r.FailureNotes) > 0 {
 		fmt.Fprintln(w)
 	}
+}
+
+// writeRatios prints the cold pass and every level's server CPU per query
+// against the bare chain of the same prompts measured in the same run.
+func (r *report) writeRatios(w io.Writer) {
+	fmt.Fprintln(w, "| server CPU per /query against the bare chain | server CPU/query | bare chain/prompt | ratio |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: |")
+	chain := -1.0
+	if r.Chain != nil {
+		chain = r.Chain.MedianUS
+	}
+	if c := r.Cold; c != nil {
+		fmt.Fprintf(w, "| cold pass (%d prompts, each once, concurrency 1; %d wrong) | %s | %s | %s |\n",
+			c.Queries, c.Failures, fmtFrac(c.ServerCPUPerQueryUS), fmtFrac(chain), fmtRatio(r.Chain.ratio(c.ServerCPUPerQueryUS)))
+	}
+	for _, l := range r.Levels {
+		fmt.Fprintf(w, "| concurrency %d (%.0f queries/s, client %s/query) | %s | %s | %s |\n",
+			l.Concurrency, l.QPS, fmtUS(l.ClientCPUPerQueryUS), fmtFrac(l.ServerCPUPerQueryUS), fmtFrac(chain), fmtRatio(r.Chain.ratio(l.ServerCPUPerQueryUS)))
+	}
+	if r.Chain != nil {
+		fmt.Fprintf(w, "\nbare chain runs (µs per prompt, thread CPU): %v\n", r.Chain.RunsUS)
+	}
+	fmt.Fprintln(w)
+}
+
+func fmtRatio(v float64) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", v)
 }
 
 func fmtLoad(v float64) string {

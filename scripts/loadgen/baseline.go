@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/mooncake-conductor-go/conductor/hashing"
+)
+
+// chainResult is the bare hash chain of the stored prompts, timed in this
+// process on one locked thread, in the same run as the server's figures so
+// that their ratio survives the machine's drift. Runs are taken after
+// ingest, after the cold pass and after the timed levels; the median is
+// the baseline.
+type chainResult struct {
+	Prompts int       `json:"prompts"`
+	RunsUS  []float64 `json:"runs_us_per_prompt"`
+	// MedianUS is the median of RunsUS: CPU per prompt of the bare chain.
+	MedianUS float64 `json:"median_us_per_prompt"`
+}
+
+func (c *chainResult) add(v float64) {
+	if v < 0 {
+		return
+	}
+	c.RunsUS = append(c.RunsUS, v)
+	s := slices.Sorted(slices.Values(c.RunsUS))
+	if n := len(s); n%2 == 1 {
+		c.MedianUS = s[n/2]
+	} else {
+		c.MedianUS = (s[n/2-1] + s[n/2]) / 2
+	}
+}
+
+// ratio is cpu over the chain's median, or -1 when either is unknown.
+func (c *chainResult) ratio(cpu float64) float64 {
+	if c == nil || c.MedianUS <= 0 || cpu < 0 {
+		return -1
+	}
+	return cpu / c.MedianUS
+}
+
+// chainCPUPerPrompt hashes every prompt's full chain, without a memo, as
+// the server would for a query it has never seen, and returns the thread
+// CPU per prompt in µs (-1 if unknown). The thread is locked so that its
+// CPU clock covers exactly this work.
+func chainCPUPerPrompt(p *hashing.Profile, bs int, prompts [][]int32) float64 {
+	if len(prompts) == 0 {
+		return -1
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t0 := threadCPU()
+	for _, toks := range prompts {
+		ch := hashing.AcquireChain()
+		ch.Reset(p, bs, toks, "", "")
+		for {
+			if _, _, ok := ch.Next(); !ok {
+				break
+			}
+		}
+		hashing.ReleaseChain(ch)
+	}
+	t1 := threadCPU()
+	if t0 < 0 || t1 <= t0 {
+		return -1
+	}
+	return us(t1-t0) / float64(len(prompts))
+}
+
+// rusageThread is RUSAGE_THREAD, which the syscall package does not name.
+const rusageThread = 1
+
+// threadCPU is the calling thread's CPU time (user plus system).
+func threadCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+		return -1
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// coldResult is --cold-pass: every stored prompt asked once, at
+// concurrency 1, none asked before.
+type coldResult struct {
+	Queries             int     `json:"queries"`
+	Seconds             float64 `json:"seconds"`
+	ServerCPUPerQueryUS float64 `json:"server_cpu_per_query_us"`
+	P50US               float64 `json:"p50_us"`
+	Failures            int64   `json:"failures"`
+}
+
+// coldPass asks every stored prompt once, in a random order, at
+// concurrency 1, checking every answer, and measures the server's CPU per
+// query over the pass.
+func (s *session) coldPass(ctx context.Context, c *corpus, ids []string, fails *failures, m sampler) (*coldResult, error) {
+	qs := c.coldQueries()
+	pool := make([]preparedQuery, len(qs))
+	for i := range qs {
+		b, err := queryBody(s.o.model, c.cfg.BlockSize, qs[i].tokens, "", s.o.binTokens)
+		if err != nil {
+			return nil, err
+		}
+		pool[i] = preparedQuery{query: &qs[i], body: b}
+	}
+	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
+	f0, c0 := fails.count.Load(), m.cpu()
+	t0 := time.Now()
+	samples, elapsed := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
+	c1 := m.cpu()
+	r := &coldResult{Queries: len(samples), Seconds: elapsed.Seconds(), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
+		P50US: us(percentile(latencies(samples), 0.5)), Failures: fails.count.Load() - f0}
+	s.logf("cold pass: %d queries in %v, server CPU/query %s, %d wrong", r.Queries, elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), r.Failures)
+	return r, ctx.Err()
+}
+
+// awaitRSS polls the server's RSS until it is within 20 % of base or
+// limit has passed since from, and returns the seconds since from (-1
+// when RSS is unknown).
+func awaitRSS(m sampler, base int64, from time.Time, limit time.Duration) float64 {
+	if base <= 0 || m.rss() < 0 {
+		return -1
+	}
+	for {
+		if m.rss() <= base*6/5 || time.Since(from) >= limit {
+			return time.Since(from).Seconds()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
