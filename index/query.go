@@ -277,8 +277,13 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 			break
 		}
 		h := mix(k)
+		si := t.stripeIndex(h)
+		// Every key is known before the first lookup, so the slot each
+		// lookup starts at is requested now: the batch's misses overlap
+		// instead of following one another.
+		t.stripes[si].prefetchSlot(h)
 		r.keys[i], r.hs[i], r.covs[i] = k, h, c
-		r.start[t.stripeIndex(h)+1]++
+		r.start[si+1]++
 	}
 	for i := 1; i < len(r.start); i++ {
 		r.start[i] += r.start[i-1]
@@ -288,7 +293,25 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		r.order[r.start[si]] = int32(i)
 		r.start[si]++
 	}
+	// The slots are in cache by now; asking for every block of the batch
+	// before comparing any of their keys lets those misses overlap too,
+	// where find alone would wait for each in turn. That takes each
+	// stripe's read lock twice, briefly.
 	from := 0
+	for si := range t.stripes {
+		to := r.start[si]
+		if from == to {
+			continue
+		}
+		s := &t.stripes[si]
+		s.mu.RLock()
+		for _, i := range r.order[from:to] {
+			s.prefetchBlock(r.hs[i])
+		}
+		s.mu.RUnlock()
+		from = to
+	}
+	from = 0
 	for si := range t.stripes {
 		to := r.start[si]
 		if from == to {

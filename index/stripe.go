@@ -149,6 +149,31 @@ func (s *stripe) prefetchSlot(h uint64) {
 	}
 }
 
+// prefetchBlock starts loading the slab entry of the first slot, from
+// hash h's home on, whose fingerprint is h's: the block find will compare
+// first. The caller holds the lock; the probe reads slots only, so a key
+// that is absent costs nothing more.
+func (s *stripe) prefetchBlock(h uint64) {
+	n := len(s.slots)
+	if n == 0 {
+		return
+	}
+	fp, mask := s.fingerprint(h), s.idxMask
+	for i := home(h, n); ; {
+		v := s.slots[i]
+		if v == 0 {
+			return
+		}
+		if v&^mask == fp && v&mask != 0 {
+			prefetch(uintptr(unsafe.Pointer(&s.blocks[int(v&mask)-1])))
+			return
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
 // tombstone marks a deleted slot: a zero index part, which no live slot has.
 // Deleting by tombstone needs no other key's hash, where backward-shift
 // deletion would read a slab entry (a cache miss) per displaced neighbour.
