@@ -242,8 +242,13 @@ func (c *Chain) rememberPrefix() {
 
 // extends reports whether e holds o's whole chain, so o is redundant.
 func (e *prefixEntry) extends(o *prefixEntry) bool {
+	n := len(o.tokens)
+	// Chains that share a system prompt and then part (a bucket of a
+	// shallow depth holds many) differ at their ends: one comparison there
+	// spares a scan of the common prefix for nearly all of them.
 	return o.kind == e.kind && o.bs == e.bs && o.root == e.root && o.lora == e.lora && o.salt == e.salt &&
-		len(o.digests) <= len(e.digests) && len(o.tokens) <= len(e.tokens) && commonPrefix(o.tokens, e.tokens) == len(o.tokens)
+		len(o.digests) <= len(e.digests) && n <= len(e.tokens) && (n == 0 || o.tokens[n-1] == e.tokens[n-1]) &&
+		commonPrefix(o.tokens, e.tokens) == n
 }
 
 // flushMemoStats adds the chain's counts to its memo once per query.

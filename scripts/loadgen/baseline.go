@@ -93,19 +93,24 @@ type coldResult struct {
 	Failures            int64   `json:"failures"`
 }
 
-// coldPass asks every stored prompt once, in a random order, at
-// concurrency 1, checking every answer, and measures the server's CPU per
-// query over the pass.
-func (s *session) coldPass(ctx context.Context, c *corpus, ids []string, fails *failures, m sampler) (*coldResult, error) {
+// coldPool encodes the cold pass's queries (every stored prompt once, in
+// a random order) before anything is timed.
+func coldPool(c *corpus, model string, bin bool) ([]preparedQuery, error) {
 	qs := c.coldQueries()
 	pool := make([]preparedQuery, len(qs))
 	for i := range qs {
-		b, err := queryBody(s.o.model, c.cfg.BlockSize, qs[i].tokens, "", s.o.binTokens)
+		b, err := queryBody(model, c.cfg.BlockSize, qs[i].tokens, "", bin)
 		if err != nil {
 			return nil, err
 		}
 		pool[i] = preparedQuery{query: &qs[i], body: b}
 	}
+	return pool, nil
+}
+
+// coldPass asks every query of pool once at concurrency 1, checking every
+// answer, and measures the server's CPU per query over the pass.
+func (s *session) coldPass(ctx context.Context, pool []preparedQuery, ids []string, fails *failures, m sampler) (*coldResult, error) {
 	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
 	f0, c0 := fails.count.Load(), m.cpu()
 	t0 := time.Now()

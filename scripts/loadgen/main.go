@@ -480,6 +480,12 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		}
 		pool[i] = preparedQuery{query: &c.queries[i], body: b}
 	}
+	var cold []preparedQuery
+	if o.coldPass {
+		if cold, err = coldPool(c, o.model, o.binTokens); err != nil {
+			return rep, err
+		}
+	}
 	for _, p := range s.pubs {
 		rep.Ingest.BlocksPublished += p.blocks
 		rep.Ingest.Messages += len(p.payloads)
@@ -518,7 +524,8 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
 	}
 	if o.coldPass {
-		cr, err := s.coldPass(ctx, c, ids, fails, m)
+		s.logf("cold pass: %d stored prompts, each asked once", len(cold))
+		cr, err := s.coldPass(ctx, cold, ids, fails, m)
 		rep.Cold = cr
 		if cr != nil {
 			rep.Checked += int64(cr.Queries)
