@@ -459,3 +459,14 @@ func checkExplain(rt *rapid.T, tb *Table, keys []uint64, cov []int, filter strin
 		}
 	}
 }
+
+// TestPropertyAgainstReferencePrefetching runs the property with every
+// stripe taken as large, so the batched walk's block prefetching (a hint
+// that must change no answer) runs on the small tables the property
+// draws.
+func TestPropertyAgainstReferencePrefetching(t *testing.T) {
+	old := prefetchMinSlots
+	prefetchMinSlots = 0
+	t.Cleanup(func() { prefetchMinSlots = old })
+	TestPropertyAgainstReference(t)
+}

@@ -44,6 +44,12 @@ type readyScratch struct {
 	held     [][4]uint64 // dev, loc, dsk, shared bits | readyFound
 }
 
+// prefetchMinSlots is the stripe size from which walkReady asks for a
+// batch's blocks ahead: about 24 KiB of slab and slots a stripe, 1.5 MiB
+// over a table's 64, where lookups start to miss the CPU's caches. A
+// variable so that tests can run the prefetching walk on small tables.
+var prefetchMinSlots int64 = 1024
+
 // readyFound marks a position whose block exists, in held[i][3].
 const readyFound = 1 << 8
 
@@ -295,8 +301,9 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	}
 	// The slots are in cache by now; asking for every block of the batch
 	// before comparing any of their keys lets those misses overlap too,
-	// where find alone would wait for each in turn. That takes each
-	// stripe's read lock twice, briefly.
+	// where find alone would wait for each in turn. That takes a stripe's
+	// read lock twice, briefly, so a stripe small enough to stay in the
+	// caches is left out.
 	from := 0
 	for si := range t.stripes {
 		to := r.start[si]
@@ -304,6 +311,10 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 			continue
 		}
 		s := &t.stripes[si]
+		if s.slotsLen.Load() < prefetchMinSlots {
+			from = to
+			continue
+		}
 		s.mu.RLock()
 		for _, i := range r.order[from:to] {
 			s.prefetchBlock(r.hs[i])
