@@ -246,6 +246,19 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 	}
 }
 
+// sendFrame sends one frame, again when a signal interrupted the call (the
+// Go runtime's preemption signals reach cgo calls). Left as an error, an
+// interruption between the two frames of the request would cost a whole
+// retry with a fresh socket for nothing.
+func sendFrame(s *zmq.Socket, b []byte, flags zmq.Flag) error {
+	for {
+		_, err := s.SendBytes(b, flags)
+		if err == nil || zmq.AsErrno(err) != zmq.Errno(syscall.EINTR) {
+			return err
+		}
+	}
+}
+
 func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Record) ([]Record, error) {
 	if err := c.open(); err != nil {
 		return records, retryable{err}
@@ -254,10 +267,10 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 	// ... without holes, so the first missing sequence follows its length.
 	next := req.From + uint64(len(records))
 	binary.BigEndian.PutUint64(c.req[:], next)
-	if _, err := c.dealer.SendBytes(nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
+	if err := sendFrame(c.dealer, nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
 		return records, retryable{fmt.Errorf("send replay request: %w", err)}
 	}
-	if _, err := c.dealer.SendBytes(c.req[:], zmq.DONTWAIT); err != nil {
+	if err := sendFrame(c.dealer, c.req[:], zmq.DONTWAIT); err != nil {
 		return records, retryable{fmt.Errorf("send replay request: %w", err)}
 	}
 	poller := zmq.NewPoller()

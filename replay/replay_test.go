@@ -313,8 +313,11 @@ func TestFetchRetriesWithFreshDealer(t *testing.T) {
 			if len(res.recs) != 1 || string(res.recs[0].Payload) != "good" {
 				t.Errorf("records %+v", res.recs)
 			}
-			if len(ids) < 2 || retries != len(ids)-1 {
-				t.Errorf("retries = %d after %d requests, want one fewer and at least one", retries, len(ids))
+			// Every request after the first follows a retry; a retry can
+			// also fail before its request leaves (a send error), so the
+			// count may exceed the requests seen, never fall short.
+			if len(ids) < 2 || retries < len(ids)-1 {
+				t.Errorf("retries = %d after %d requests, want at least one fewer and at least one", retries, len(ids))
 			}
 		})
 	}
