@@ -141,3 +141,40 @@ func TestGRPCLookupMatchesQuery(t *testing.T) {
 		t.Fatalf("GetCacheState: %v %v", st, err)
 	}
 }
+
+// TestGRPCTokenMemoResetWithLastContext: the door's token memo fills with
+// a token_ids lookup and is emptied when the last context is dropped, as
+// the HTTP memos are; while a context remains it keeps what it holds.
+func TestGRPCTokenMemoResetWithLastContext(t *testing.T) {
+	e, client, _ := startAppWithDoor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{"m0", "m1"} {
+		if status, out := e.post("/register", vllmRegistration(name, newPublisher(t).endpoint)); status != 200 {
+			t.Fatalf("register %s: %d %v", name, status, out)
+		}
+	}
+	ids := make([]uint32, 1024) // two-byte varints: 2 KiB packed, well past the memo's minimum
+	for i := range ids {
+		ids[i] = uint32(5000 + i)
+	}
+	req := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme, TokenIds: ids}
+	if _, err := client.LookupRoute(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	filled := e.app.door.MemoBytes()
+	if filled == 0 {
+		t.Fatal("the token memo remembered nothing")
+	}
+	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister m0: %d %v", status, out)
+	}
+	// m1 keeps the context: nothing to reset.
+	if got := e.app.door.MemoBytes(); got != filled {
+		t.Fatalf("memo holds %d bytes with a context left, want %d", got, filled)
+	}
+	if status, out := e.post("/unregister", map[string]any{"instance_id": "m1", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister m1: %d %v", status, out)
+	}
+	eventually(t, "the token memo emptied", func() bool { return e.app.door.MemoBytes() == 0 })
+}

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -138,6 +139,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
 	memReturn := bgjob.New(returnMemory, nil)
+	// door is set once the gRPC door is open; OnContextDropped may run
+	// from registry goroutines before that.
+	var door atomic.Pointer[grpcapi.Server]
 	// A nil set (the check turned off) gives services no checker.
 	var checks *hashcheck.Set
 	if cfg.HashCheckEvery > 0 {
@@ -153,6 +157,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// arrays would only keep the memos' budgets resident.
 				memo.Reset()
 				tokenMemo.Reset()
+				if d := door.Load(); d != nil && len(ix.Scopes()) == 0 {
+					// Producer-fed scopes still answer token_ids
+					// lookups; with none left the door's memo goes too.
+					d.ResetMemo()
+				}
 			}
 			memReturn.Request()
 		},
@@ -223,6 +232,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 			undo()
 			return nil, err
 		}
+		door.Store(a.door)
 	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
 	return a, nil

@@ -218,6 +218,15 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
+// ResetMemo forgets the token memo's remembered runs. The service calls it
+// when nothing is left to look up (the last context dropped), as it resets
+// the HTTP memos, so the memo's budget does not stay resident for an empty
+// index.
+func (s *Server) ResetMemo() { s.codec.memo.reset() }
+
+// MemoBytes is the memory the token memo's remembered runs account for.
+func (s *Server) MemoBytes() int { return s.codec.memo.bytes() }
+
 // Stop ends every stream, waits briefly for unary calls in flight, and
 // stops the server's goroutines; it detaches the index watcher.
 func (s *Server) Stop() {

@@ -62,6 +62,22 @@ func newTokenMemo(maxBytes int) *tokenMemo {
 	return &tokenMemo{store: memostore.New[*tmEntry](maxBytes)}
 }
 
+// reset forgets every remembered run, so the memo's memory returns to its
+// idle size; lookups decoding meanwhile keep the entries they hold.
+func (m *tokenMemo) reset() {
+	if m != nil {
+		m.store.Reset()
+	}
+}
+
+// bytes is the memory the remembered runs account for.
+func (m *tokenMemo) bytes() int {
+	if m == nil {
+		return 0
+	}
+	return m.store.Bytes()
+}
+
 // fingerprints appends the fingerprints of run's first 256, 512, … bytes,
 // then that of the whole run.
 func tmFingerprints(run []byte, dst []uint64) []uint64 {
