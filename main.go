@@ -182,6 +182,13 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for i, st := range cfg.Static {
 		fromFile[i] = st.Service
 	}
+	// The producer-fed side exists with the gRPC door; its scopes are
+	// restored from the snapshot before snapshots start.
+	var prod *producer.Store
+	if cfg.GRPCAddr != "" {
+		prod = producer.New(producer.Options{Index: ix, Gate: state.Gate()})
+		state.AttachProducer(prod)
+	}
 	state.Start(reg, ix, fromFile)
 	// Restoring a snapshot read it whole and split it by owner; that
 	// memory is garbage now, and RSS is what operators read.
@@ -226,7 +233,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp}
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
-		if err := a.openDoor(cfg, m, memo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+		if err := a.openDoor(cfg, prod, m, memo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
 			_ = pp.Close()
 			_ = ln.Close()
 			undo()
@@ -239,8 +246,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 }
 
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
-func (a *app) openDoor(cfg *config.Config, m *metrics.Metrics, memo *hashing.Memo, ready func() bool) error {
-	prod := producer.New(producer.Options{Index: a.ix})
+func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
 		Index: a.ix, Producer: prod, Memo: memo, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,

@@ -6,11 +6,13 @@
 package durable
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/producer"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/regstore"
 	"github.com/mooncake-conductor-go/conductor/snapshot"
@@ -68,6 +71,9 @@ type State struct {
 
 	reg *registry.Registry
 	ix  *index.Index
+	// prod is the producer-fed side of the index, when the gRPC door is
+	// on (AttachProducer); its scopes are cut with the index.
+	prod *producer.Store
 
 	snapMu sync.Mutex // one snapshot at a time
 	// writeHook wraps the snapshot writer (tests inject failures).
@@ -225,6 +231,9 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 		s.stats.restoreDuration = time.Since(s.stats.restoreStart)
 		s.stats.mu.Unlock()
 	}
+	if s.plan != nil && len(s.plan.scopes)+len(s.plan.replicas) > 0 {
+		s.log.Info().Int("scopes", len(s.plan.scopes)).Msg("snapshot holds producer-fed scopes but the gRPC door is off; they are not restored")
+	}
 	s.plan = nil
 	s.planMu.Unlock()
 
@@ -321,10 +330,14 @@ type positioner interface{ Position() subscriber.Position }
 func (s *State) cut() *snapshot.Snapshot {
 	snap := &snapshot.Snapshot{Created: s.opts.Now().UTC()}
 	var c *index.Cut
+	var pc *producer.Cut
 	s.reg.Freeze(func(fs []registry.Frozen) {
 		s.gate.Lock()
 		defer s.gate.Unlock()
 		c = s.ix.BeginCut()
+		if s.prod != nil {
+			pc = s.prod.BeginCut()
+		}
 		for _, f := range fs {
 			p, ok := f.Source.(positioner)
 			if !ok {
@@ -338,12 +351,87 @@ func (s *State) cut() *snapshot.Snapshot {
 		}
 	})
 	for _, tc := range c.Finish() {
+		if tc.IsScope {
+			if pc != nil {
+				snap.Scopes = append(snap.Scopes, scopeOf(&tc, pc))
+			}
+			continue
+		}
 		snap.Contexts = append(snap.Contexts, snapshot.Context{
 			Context: tc.Context, Profile: profileOf(&tc.Profile),
 			Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs,
 		})
 	}
+	if pc != nil {
+		for _, r := range pc.Replicas {
+			snap.Replicas = append(snap.Replicas, snapshot.Replica{
+				Tenant: r.Key.Tenant, Model: r.Key.Model, Replica: r.Key.Replica,
+				SilentNanos: int64(r.SilentFor), HasStats: r.HasStats, StatsAgeNanos: int64(r.StatsAge),
+				CacheMemoryBytes: r.Stats.CacheMemoryBytes, HitRate: r.Stats.HitRate, Pressure: r.Stats.Pressure,
+				ClientVersion: r.Stats.ClientVersion, T2HitTokens: r.Stats.T2HitTokens, T2QueryTokens: r.Stats.T2QueryTokens,
+			})
+		}
+		slices.SortFunc(snap.Replicas, func(a, b snapshot.Replica) int {
+			return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Model, b.Model), cmp.Compare(a.Replica, b.Replica))
+		})
+		pc.Finish()
+	}
 	return snap
+}
+
+// scopeOf is a producer-fed scope's part of a snapshot: its cut entries
+// and, per block, the token count its producer reported.
+func scopeOf(tc *index.TableCut, pc *producer.Cut) snapshot.Scope {
+	sc := snapshot.Scope{Scope: tc.Scope, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs,
+		Owners: make([]string, len(tc.Owners)), Tokens: make([]int32, 0, tc.Blocks)}
+	for i, o := range tc.Owners {
+		sc.Owners[i] = o.Instance
+	}
+	// The cut's own encoding: this walk cannot fail.
+	_, _, _ = index.WalkEntries(tc.Entries, len(tc.Owners), func(key uint64, _ []index.EntryHolder) {
+		n, ok := pc.Tokens(tc.Scope, key)
+		if !ok {
+			n = -1
+		}
+		sc.Tokens = append(sc.Tokens, n)
+	})
+	return sc
+}
+
+// AttachProducer restores the snapshot's producer-fed scopes and replicas
+// into p and has later snapshots include p's. Call it before Start. A
+// snapshot's scopes are dropped when no producer store is attached (the
+// gRPC door is off), with a note in the log.
+func (s *State) AttachProducer(p *producer.Store) {
+	s.prod = p
+	s.planMu.Lock()
+	defer s.planMu.Unlock()
+	if s.plan == nil || p == nil {
+		return
+	}
+	for _, r := range s.plan.replicas {
+		p.RestoreReplica(producer.ReplicaState{
+			Key:       producer.ReplicaKey{Tenant: r.Tenant, Model: r.Model, Replica: r.Replica},
+			SilentFor: time.Duration(r.SilentNanos), HasStats: r.HasStats, StatsAge: time.Duration(r.StatsAgeNanos),
+			Stats: producer.Stats{CacheMemoryBytes: r.CacheMemoryBytes, HitRate: r.HitRate, Pressure: r.Pressure,
+				ClientVersion: r.ClientVersion, T2HitTokens: r.T2HitTokens, T2QueryTokens: r.T2QueryTokens},
+		})
+	}
+	pairs := 0
+	for i := range s.plan.scopes {
+		sc := &s.plan.scopes[i]
+		// Read validated every entry already.
+		if err := p.RestoreScope(sc.Scope, sc.Owners, sc.Entries, sc.Tokens); err != nil {
+			s.log.Error().Err(err).Msg("producer scope not restored")
+			continue
+		}
+		pairs += sc.Pairs
+	}
+	s.stats.restoredPairs.Add(int64(pairs))
+	if len(s.plan.scopes)+len(s.plan.replicas) > 0 {
+		s.log.Info().Int("scopes", len(s.plan.scopes)).Int("replicas", len(s.plan.replicas)).Int("pairs", pairs).Msg("producer-fed scopes restored")
+	}
+	s.plan.scopes, s.plan.replicas = nil, nil
 }
 
 // fingerprint identifies a registration's configuration.

@@ -14,6 +14,9 @@ type plan struct {
 	sources  map[string]*snapshot.Source
 	used     map[string]bool
 	contexts map[index.ContextKey]*planContext
+	// scopes and replicas are the producer-fed side, for AttachProducer.
+	scopes   []snapshot.Scope
+	replicas []snapshot.Replica
 }
 
 // planContext is one context's entries, split by owner so each restored
@@ -29,7 +32,8 @@ type heldBlocks struct {
 }
 
 func newPlan(snap *snapshot.Snapshot) *plan {
-	p := &plan{sources: map[string]*snapshot.Source{}, used: map[string]bool{}, contexts: map[index.ContextKey]*planContext{}}
+	p := &plan{sources: map[string]*snapshot.Source{}, used: map[string]bool{}, contexts: map[index.ContextKey]*planContext{},
+		scopes: snap.Scopes, replicas: snap.Replicas}
 	for i := range snap.Sources {
 		src := &snap.Sources[i]
 		p.sources[src.Key] = src

@@ -86,6 +86,8 @@ func (s *Server) applyUpdate(u *pb.CacheStateUpdate) {
 	}
 	rk := producer.ReplicaKey{Tenant: u.GetTenantId(), Model: u.GetModelId(), Replica: u.GetReplicaId()}
 	st := s.opts.Producer
+	// A snapshot's cut sees the update whole or not at all.
+	defer st.Hold()()
 	if x := u.GetStats(); x != nil {
 		st.SetStats(rk, producer.Stats{CacheMemoryBytes: x.GetCacheMemoryBytes(), HitRate: x.GetHitRate(),
 			Pressure: x.GetPressure(), ClientVersion: x.GetClientVersion(),
@@ -179,6 +181,7 @@ func (s *Server) PublishEvent(_ context.Context, e *pb.CacheEvent) (*pb.Ack, err
 	}
 	rk := producer.ReplicaKey{Tenant: e.GetTenantId(), Model: e.GetModelId(), Replica: e.GetReplicaId()}
 	st := s.opts.Producer
+	defer st.Hold()()
 	switch e.GetType() {
 	case pb.CacheEvent_PREFIX_EVICTED:
 		st.Refresh(rk)

@@ -55,10 +55,14 @@ type Owner struct {
 	Rank     int
 }
 
-// TableCut is one context's entries at the cut.
+// TableCut is one context's (or producer-fed scope's) entries at the cut.
 type TableCut struct {
 	Context ContextKey
 	Profile hashing.Profile
+	// IsScope marks a producer-fed scope, named by Scope (Context and
+	// Profile are then unset).
+	IsScope bool
+	Scope   ScopeKey
 	// Owners are the engine owners registered at the cut, sorted by
 	// (instance, rank); entries refer to them by position.
 	Owners []Owner
@@ -80,7 +84,9 @@ func (ix *Index) BeginCut() *Cut {
 	ix.cutMu.Lock()
 	ix.cutEpoch++
 	c := &Cut{ix: ix, epoch: ix.cutEpoch}
-	for _, t := range ix.Tables() {
+	// Producer-fed scopes are tables like the contexts and are cut the
+	// same way, after them.
+	for _, t := range append(ix.Tables(), ix.Scopes()...) {
 		tc := &tableCut{epoch: c.epoch, t: t, view: t.view.Load(), out: make([]stripeCut, len(t.stripes))}
 		t.cut.Store(tc)
 		c.tables = append(c.tables, tc)
@@ -89,7 +95,8 @@ func (ix *Index) BeginCut() *Cut {
 }
 
 // Finish encodes every stripe as it was at the cut and ends the cut,
-// returning each table's entries in Tables order. A stripe a writer has
+// returning each table's entries: the contexts in Tables order, then the
+// producer-fed scopes in Scopes order. A stripe a writer has
 // copied is encoded from that copy, under no lock; any other is encoded in
 // place under its read lock (queries go on; a writer waits for the encoding
 // of that one stripe, about a millisecond at 2 M entries over 64 stripes),
@@ -103,6 +110,9 @@ func (c *Cut) Finish() []TableCut {
 	for _, tc := range c.tables {
 		t := tc.t
 		r := TableCut{Context: t.ctx, Profile: t.profile}
+		if t.scope {
+			r = TableCut{IsScope: true, Scope: t.ScopeKey()}
+		}
 		r.Owners = make([]Owner, len(tc.view.owners))
 		for i, o := range tc.view.owners {
 			r.Owners[i] = Owner{Instance: o.instance, Rank: o.rank}

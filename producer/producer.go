@@ -28,6 +28,10 @@ type Options struct {
 	TTL time.Duration
 	// Now is the clock (default time.Now); tests move it.
 	Now func() time.Time
+	// Gate, when set, is held for reading around every change (Hold, and
+	// the expiry sweep) and for writing by a snapshot for the instant of
+	// its cut, so the cut never sees a message half-applied.
+	Gate *sync.RWMutex
 }
 
 // Stats are a replica's latest self-reported statistics.
@@ -58,6 +62,12 @@ type Store struct {
 	mu       sync.RWMutex
 	scopes   map[index.ScopeKey]*scope
 	replicas map[ReplicaKey]*replica
+
+	gate *sync.RWMutex
+	// cutting counts cuts in progress: while one runs, token counts of
+	// keys nobody holds any more are kept, so the cut reads every count
+	// of the keys it copied (they are pruned at a later clear).
+	cutting atomic.Int32
 
 	stop chan struct{}
 	done chan struct{}
@@ -96,7 +106,7 @@ type tokenShard struct {
 
 // New returns an empty store; Start runs its expiry.
 func New(opts Options) *Store {
-	s := &Store{ix: opts.Index, ttl: opts.TTL, now: opts.Now,
+	s := &Store{ix: opts.Index, ttl: opts.TTL, now: opts.Now, gate: opts.Gate,
 		scopes: map[index.ScopeKey]*scope{}, replicas: map[ReplicaKey]*replica{}}
 	if s.ttl <= 0 {
 		s.ttl = DefaultTTL
@@ -105,6 +115,17 @@ func New(opts Options) *Store {
 		s.now = time.Now
 	}
 	return s
+}
+
+// Hold pauses snapshot cuts until the returned release runs: callers wrap
+// each producer message in it, so a cut sees the message whole or not at
+// all.
+func (s *Store) Hold() (release func()) {
+	if s.gate == nil {
+		return func() {}
+	}
+	s.gate.RLock()
+	return s.gate.RUnlock
 }
 
 // TTL is the silence after which a replica is cleared.
@@ -284,12 +305,15 @@ func (s *Store) clearLocked(k ReplicaKey) {
 			s.ix.DropScope(sk)
 			continue
 		}
-		sc.pruneTokens()
+		sc.pruneTokens(s)
 	}
 }
 
 // pruneTokens forgets the token counts of keys nobody holds any more.
-func (sc *scope) pruneTokens() {
+func (sc *scope) pruneTokens(s *Store) {
+	if s.cutting.Load() > 0 {
+		return
+	}
 	for i := range sc.tokens {
 		sh := &sc.tokens[i]
 		sh.mu.Lock()
@@ -305,6 +329,7 @@ func (sc *scope) pruneTokens() {
 // Sweep clears every replica silent for longer than the TTL and returns
 // how many it cleared.
 func (s *Store) Sweep() int {
+	defer s.Hold()()
 	cut := s.now().Add(-s.ttl).UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -30,8 +30,10 @@ const FileName = "index.snapshot"
 // Version is the format this release writes. Read accepts versions from
 // MinVersion to Version and refuses later ones by name, so an older release
 // started on a newer release's directory says so instead of guessing.
+// Version 2 added the producer-fed scopes (kinds 3 and 4); a version 1 file
+// is read as one without them.
 const (
-	Version    = 1
+	Version    = 2
 	MinVersion = 1
 )
 
@@ -44,8 +46,10 @@ const (
 
 // Section kinds.
 const (
-	kindSources = 1
-	kindContext = 2
+	kindSources   = 1
+	kindContext   = 2
+	kindScope     = 3 // since version 2
+	kindProducers = 4 // since version 2
 )
 
 // Snapshot is the decoded content of one file.
@@ -54,6 +58,56 @@ type Snapshot struct {
 	Created  time.Time
 	Sources  []Source
 	Contexts []Context
+	// Scopes and Replicas are the producer-fed side (gRPC producers):
+	// each scope's entries and token counts, and every producer replica's
+	// liveness and statistics.
+	Scopes   []Scope
+	Replicas []Replica
+}
+
+// Scope is one producer-fed scope's entries.
+type Scope struct {
+	Scope index.ScopeKey
+	// Owners are the scope's replicas; entries refer to them by
+	// position, encoded as index.TableCut defines.
+	Owners  []string
+	Entries []byte
+	Blocks  int
+	Pairs   int
+	// Tokens is, per encoded block in order, the prompt tokens it
+	// covers as its producer reported them; negative when none was.
+	Tokens []int32
+}
+
+// Replica is one producer replica's liveness and statistics at the cut.
+// Durations are ages at the cut, so a restart does not count the
+// service's downtime against the replica.
+type Replica struct {
+	Tenant           string  `msgpack:"tenant"`
+	Model            string  `msgpack:"model"`
+	Replica          string  `msgpack:"replica"`
+	SilentNanos      int64   `msgpack:"silent_ns"`
+	HasStats         bool    `msgpack:"has_stats"`
+	StatsAgeNanos    int64   `msgpack:"stats_age_ns"`
+	CacheMemoryBytes int64   `msgpack:"cache_memory_bytes"`
+	HitRate          float32 `msgpack:"hit_rate"`
+	Pressure         float32 `msgpack:"pressure"`
+	ClientVersion    string  `msgpack:"client_version"`
+	T2HitTokens      int64   `msgpack:"t2_hit_tokens"`
+	T2QueryTokens    int64   `msgpack:"t2_query_tokens"`
+}
+
+// scopeMeta is a scope section's MessagePack part; the entries and then
+// the token counts follow it raw.
+type scopeMeta struct {
+	Tenant       string   `msgpack:"tenant"`
+	Model        string   `msgpack:"model"`
+	Scheme       string   `msgpack:"scheme"`
+	Adapter      string   `msgpack:"adapter"`
+	Owners       []string `msgpack:"owners"`
+	Blocks       int      `msgpack:"blocks"`
+	Pairs        int      `msgpack:"pairs"`
+	EntriesBytes int      `msgpack:"entries_bytes"`
 }
 
 // Source is one registered service's position in its stream at the cut.
@@ -134,7 +188,11 @@ func Write(w io.Writer, s *Snapshot) error {
 	hdr := make([]byte, 0, headerLen)
 	hdr = append(hdr, magic[:]...)
 	hdr = binary.LittleEndian.AppendUint32(hdr, Version)
-	hdr = binary.LittleEndian.AppendUint32(hdr, uint32(1+len(s.Contexts)))
+	nsec := 1 + len(s.Contexts) + len(s.Scopes)
+	if len(s.Replicas) > 0 {
+		nsec++
+	}
+	hdr = binary.LittleEndian.AppendUint32(hdr, uint32(nsec))
 	hdr = binary.LittleEndian.AppendUint64(hdr, uint64(s.Created.UnixNano()))
 	hdr = binary.LittleEndian.AppendUint64(hdr, xxhash.Sum64(hdr))
 	if _, err := bw.Write(hdr); err != nil {
@@ -161,6 +219,36 @@ func Write(w io.Writer, s *Snapshot) error {
 		head := binary.LittleEndian.AppendUint32(nil, uint32(len(meta)))
 		head = append(head, meta...)
 		if err := writeSection(bw, kindContext, head, c.Entries); err != nil {
+			return err
+		}
+	}
+	for i := range s.Scopes {
+		c := &s.Scopes[i]
+		if len(c.Tokens) != c.Blocks {
+			return fmt.Errorf("encode scope: %d token counts for %d blocks", len(c.Tokens), c.Blocks)
+		}
+		m := scopeMeta{Tenant: c.Scope.Tenant, Model: c.Scope.Model, Scheme: c.Scope.Scheme, Adapter: c.Scope.Adapter,
+			Owners: c.Owners, Blocks: c.Blocks, Pairs: c.Pairs, EntriesBytes: len(c.Entries)}
+		meta, err := marshal(&m)
+		if err != nil {
+			return fmt.Errorf("encode scope: %w", err)
+		}
+		head := binary.LittleEndian.AppendUint32(nil, uint32(len(meta)))
+		head = append(head, meta...)
+		toks := make([]byte, 0, len(c.Tokens)*2)
+		for _, t := range c.Tokens {
+			toks = binary.AppendUvarint(toks, uint64(int64(max(t, -1))+1)) // 0: none
+		}
+		if err := writeSection(bw, kindScope, head, c.Entries, toks); err != nil {
+			return err
+		}
+	}
+	if len(s.Replicas) > 0 {
+		reps, err := marshal(s.Replicas)
+		if err != nil {
+			return fmt.Errorf("encode producers: %w", err)
+		}
+		if err := writeSection(bw, kindProducers, reps); err != nil {
 			return err
 		}
 	}
@@ -239,7 +327,7 @@ func Read(data []byte) (*Snapshot, error) {
 	nsec := binary.LittleEndian.Uint32(data[12:])
 	s := &Snapshot{Created: time.Unix(0, int64(binary.LittleEndian.Uint64(data[16:]))).UTC()}
 	p := headerLen
-	sawSources := false
+	sawSources, sawProducers := false, false
 	for i := uint32(0); i < nsec; i++ {
 		if len(data)-p < sectionHeaderLen {
 			return nil, bad("truncated: section %d of %d missing", i+1, nsec)
@@ -275,6 +363,31 @@ func Read(data []byte) (*Snapshot, error) {
 				return nil, bad("context section %d: %v", i+1, err)
 			}
 			s.Contexts = append(s.Contexts, c)
+		case kindScope:
+			if v < 2 {
+				return nil, bad("section kind %d in a version %d file", kind, v)
+			}
+			c, err := readScope(payload)
+			if err != nil {
+				return nil, bad("scope section %d: %v", i+1, err)
+			}
+			s.Scopes = append(s.Scopes, c)
+		case kindProducers:
+			if v < 2 {
+				return nil, bad("section kind %d in a version %d file", kind, v)
+			}
+			if sawProducers {
+				return nil, bad("two producer sections")
+			}
+			sawProducers = true
+			if err := msgpack.Unmarshal(payload, &s.Replicas); err != nil {
+				return nil, bad("producer section: %v", err)
+			}
+			for _, r := range s.Replicas {
+				if r.SilentNanos < 0 || r.StatsAgeNanos < 0 {
+					return nil, bad("producer section: negative age for replica %q", r.Replica)
+				}
+			}
 		default:
 			return nil, bad("unknown section kind %d", kind)
 		}
@@ -316,6 +429,61 @@ func readContext(payload []byte) (Context, error) {
 	}
 	if blocks != c.Blocks || pairs != c.Pairs {
 		return c, fmt.Errorf("holds %d blocks and %d pairs, metadata says %d and %d", blocks, pairs, c.Blocks, c.Pairs)
+	}
+	return c, nil
+}
+
+func readScope(payload []byte) (Scope, error) {
+	var c Scope
+	if len(payload) < 4 {
+		return c, fmt.Errorf("cut short")
+	}
+	n := binary.LittleEndian.Uint32(payload)
+	if uint64(n) > uint64(len(payload)-4) {
+		return c, fmt.Errorf("metadata cut short")
+	}
+	var m scopeMeta
+	if err := msgpack.Unmarshal(payload[4:4+n], &m); err != nil {
+		return c, fmt.Errorf("metadata: %w", err)
+	}
+	rest := payload[4+n:]
+	if m.EntriesBytes < 0 || m.EntriesBytes > len(rest) {
+		return c, fmt.Errorf("entries cut short")
+	}
+	if m.Scheme == "" || m.Tenant == "" || m.Model == "" {
+		return c, fmt.Errorf("scope without tenant, model or scheme")
+	}
+	seen := make(map[string]bool, len(m.Owners))
+	for _, o := range m.Owners {
+		if o == "" || seen[o] {
+			return c, fmt.Errorf("owner %q empty or listed twice", o)
+		}
+		seen[o] = true
+	}
+	c = Scope{
+		Scope:  index.ScopeKey{Tenant: m.Tenant, Model: m.Model, Scheme: m.Scheme, Adapter: m.Adapter},
+		Owners: m.Owners, Blocks: m.Blocks, Pairs: m.Pairs,
+		Entries: rest[:m.EntriesBytes],
+	}
+	blocks, pairs, err := index.WalkEntries(c.Entries, len(c.Owners), nil)
+	if err != nil {
+		return c, err
+	}
+	if blocks != c.Blocks || pairs != c.Pairs {
+		return c, fmt.Errorf("holds %d blocks and %d pairs, metadata says %d and %d", blocks, pairs, c.Blocks, c.Pairs)
+	}
+	toks := rest[m.EntriesBytes:]
+	c.Tokens = make([]int32, 0, blocks)
+	for len(toks) > 0 {
+		t, w := binary.Uvarint(toks)
+		if w <= 0 || t > 1<<31 {
+			return c, fmt.Errorf("token count %d malformed", len(c.Tokens))
+		}
+		c.Tokens = append(c.Tokens, int32(int64(t)-1))
+		toks = toks[w:]
+	}
+	if len(c.Tokens) != blocks {
+		return c, fmt.Errorf("%d token counts for %d blocks", len(c.Tokens), blocks)
 	}
 	return c, nil
 }

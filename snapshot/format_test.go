@@ -37,6 +37,15 @@ func sample(t testing.TB) *Snapshot {
 		}
 		tb.Store(b0, index.Disk, k*7)
 	}
+	scope := index.ScopeKey{Tenant: "acme", Model: "m", Scheme: "vllm", Adapter: "ad"}
+	ts := ix.EnsureScope(scope)
+	r0, r1 := ts.AddEngineOwner("r0", 0), ts.AddEngineOwner("r1", 0)
+	for k := uint64(0); k < 300; k++ {
+		ts.Put(r0, index.Device, 1000+k)
+		if k%3 == 0 {
+			ts.Put(r1, index.CPULocal, 1000+k)
+		}
+	}
 	s := &Snapshot{
 		Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
 		Sources: []Source{
@@ -54,7 +63,23 @@ func sample(t testing.TB) *Snapshot {
 		ctxB: {Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", PythonHashSeed: "0"},
 	}
 	for _, tc := range ix.BeginCut().Finish() {
+		if tc.IsScope {
+			sc := Scope{Scope: tc.Scope, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs}
+			for _, o := range tc.Owners {
+				sc.Owners = append(sc.Owners, o.Instance)
+			}
+			for i := range tc.Blocks {
+				sc.Tokens = append(sc.Tokens, int32(16*i-1)) // the first has none
+			}
+			s.Scopes = append(s.Scopes, sc)
+			continue
+		}
 		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
+	}
+	s.Replicas = []Replica{
+		{Tenant: "acme", Model: "m", Replica: "r0", SilentNanos: int64(3 * time.Second), HasStats: true, StatsAgeNanos: int64(time.Minute),
+			CacheMemoryBytes: 1 << 30, HitRate: 0.5, Pressure: 0.25, ClientVersion: "v1", T2HitTokens: 7, T2QueryTokens: 9},
+		{Tenant: "acme", Model: "m", Replica: "r1", SilentNanos: int64(time.Hour)},
 	}
 	return s
 }
@@ -77,8 +102,8 @@ func TestRoundTrip(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if want.Contexts[0].Pairs != 750 || want.Contexts[1].Pairs != 500 {
-		t.Errorf("sample pairs %d, %d", want.Contexts[0].Pairs, want.Contexts[1].Pairs)
+	if want.Contexts[0].Pairs != 750 || want.Contexts[1].Pairs != 500 || want.Scopes[0].Pairs != 400 {
+		t.Errorf("sample pairs %d, %d, %d", want.Contexts[0].Pairs, want.Contexts[1].Pairs, want.Scopes[0].Pairs)
 	}
 }
 
@@ -165,5 +190,62 @@ func TestMalformedEntriesRefused(t *testing.T) {
 	s.Contexts[1].Pairs++
 	if got := formatErr(t, encode(t, s)); !strings.Contains(got, "metadata says") {
 		t.Errorf("reason %q", got)
+	}
+}
+
+// withVersion rewrites data's format version and reseals its header.
+func withVersion(data []byte, v uint32) []byte {
+	b := bytes.Clone(data)
+	binary.LittleEndian.PutUint32(b[8:], v)
+	binary.LittleEndian.PutUint64(b[headerLen-8:], xxhash.Sum64(b[:headerLen-8]))
+	return b
+}
+
+// A version 1 file (no producer-fed sections) is still read; one that
+// claims version 1 but holds version 2 sections is refused.
+func TestVersion1StillRead(t *testing.T) {
+	want := sample(t)
+	want.Scopes, want.Replicas = nil, nil
+	got, err := Read(withVersion(encode(t, want), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if got := formatErr(t, withVersion(encode(t, sample(t)), 1)); !strings.Contains(got, "section kind 3 in a version 1 file") {
+		t.Errorf("reason %q", got)
+	}
+}
+
+// A scope section whose checksum matches but whose content is wrong is
+// refused, and with it the whole file.
+func TestMalformedScopeRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Snapshot)
+		want   string
+	}{
+		{"entries cut", func(s *Snapshot) { s.Scopes[0].Entries = s.Scopes[0].Entries[:len(s.Scopes[0].Entries)-1] }, "malformed index entries"},
+		{"pairs", func(s *Snapshot) { s.Scopes[0].Pairs++ }, "metadata says"},
+		{"owner twice", func(s *Snapshot) { s.Scopes[0].Owners[1] = s.Scopes[0].Owners[0] }, "listed twice"},
+		{"no scheme", func(s *Snapshot) { s.Scopes[0].Scope.Scheme = "" }, "without tenant, model or scheme"},
+		{"negative age", func(s *Snapshot) { s.Replicas[0].SilentNanos = -1 }, "negative age"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sample(t)
+			tc.change(s)
+			if got := formatErr(t, encode(t, s)); !strings.Contains(got, tc.want) {
+				t.Errorf("reason %q, want %q", got, tc.want)
+			}
+		})
+	}
+	// Token counts that do not match the blocks are refused on write
+	// too; forge them past the writer by editing the encoded section.
+	s := sample(t)
+	s.Scopes[0].Tokens = s.Scopes[0].Tokens[:len(s.Scopes[0].Tokens)-1]
+	var buf bytes.Buffer
+	if err := Write(&buf, s); err == nil {
+		t.Error("Write took fewer token counts than blocks")
 	}
 }

@@ -21,6 +21,7 @@ func FuzzRead(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(seed.Bytes())
+	f.Add(encode(f, sample(f))) // with producer-fed scopes and replicas
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := Read(data)
