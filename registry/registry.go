@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -163,6 +164,8 @@ type Registry struct {
 
 	// recorder, when set, makes each change durable first (under mu).
 	recorder Recorder
+	// store, when set, owns Register and Unregister (see SetStore).
+	store atomic.Pointer[storeRef]
 }
 
 // DefaultMaxServices bounds registrations unless Options say otherwise.
@@ -194,8 +197,19 @@ func (r *Registry) Lookup(ctx index.ContextKey) (*index.Table, bool) {
 // Register adds svc, or confirms an identical registration. An identical
 // registration of a stale service restarts its source, since registering
 // again is the only in-band way out of the stale state. It reports whether
-// anything changed.
+// anything changed. With a shared Store set, the store decides and the
+// change reaches this registry through Apply.
 func (r *Registry) Register(svc Service) (changed bool, err error) {
+	if st := r.sharedStore(); st != nil {
+		return st.Register(svc)
+	}
+	return r.Apply(svc)
+}
+
+// Apply is Register on this registry alone, whatever the store: the
+// shared store applies the changes it observes through it, and start-up
+// registers the config file's services with it.
+func (r *Registry) Apply(svc Service) (changed bool, err error) {
 	key := svc.Key()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -321,8 +335,18 @@ func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 
 // Unregister stops the service's source, removes everything it contributed
 // and forgets the context when its last service goes. The service leaves
-// listings at once; the source is stopped with the registry unlocked.
-func (r *Registry) Unregister(key ServiceKey) error { return r.unregister(key, true) }
+// listings at once; the source is stopped with the registry unlocked. With
+// a shared Store set, the store decides and the change arrives as Remove.
+func (r *Registry) Unregister(key ServiceKey) error {
+	if st := r.sharedStore(); st != nil {
+		return st.Unregister(key)
+	}
+	return r.unregister(key, true)
+}
+
+// Remove is Unregister on this registry alone, whatever the store; it
+// records nothing (the shared store is the record).
+func (r *Registry) Remove(key ServiceKey) error { return r.unregister(key, false) }
 
 // unregister is Unregister; record says whether the change is recorded
 // (Close's shutdown removals are not: the services come back at restart).

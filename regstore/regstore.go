@@ -149,11 +149,7 @@ func Decode(data []byte) (svcs []registry.Service, reason string) {
 		if l > len(body)-p {
 			return nil, fmt.Sprintf("record %d of %d is cut short", i, n)
 		}
-		reg, e := codec.DecodeRegister(body[p:p+l], codec.DefaultLimits())
-		if e != nil {
-			return nil, fmt.Sprintf("record %d of %d is not a valid registration: %v", i, n, e)
-		}
-		svc, err := registry.NewService(reg)
+		svc, err := DecodeBody(body[p : p+l])
 		if err != nil {
 			return nil, fmt.Sprintf("record %d of %d is not a valid registration: %v", i, n, err)
 		}
@@ -164,6 +160,16 @@ func Decode(data []byte) (svcs []registry.Service, reason string) {
 		return nil, fmt.Sprintf("%d bytes after the last record", len(body)-p)
 	}
 	return svcs, ""
+}
+
+// DecodeBody reads one registration back from its /register body, through
+// the decoder and the rules /register uses.
+func DecodeBody(b []byte) (registry.Service, error) {
+	reg, e := codec.DecodeRegister(b, codec.DefaultLimits())
+	if e != nil {
+		return registry.Service{}, e
+	}
+	return registry.NewService(reg)
 }
 
 // RegisterBody is the /register request that recreates svc.
