@@ -111,6 +111,8 @@ type app struct {
 	prod   *producer.Store
 	// pprof serves runtime profiles with --pprof-addr (nil: off).
 	pprof *pprofsrv.Server
+	// shared links the replica to etcd (nil for a single node).
+	shared *shared
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -129,7 +131,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	state, err := durable.Open(durable.Options{
 		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
-		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log,
+		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: len(cfg.Etcd.Endpoints) > 0,
 	})
 	if err != nil {
 		return nil, err
@@ -178,6 +180,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		undo()
 		return nil, err
 	}
+	sh, err := openShared(cfg, reg, log)
+	if err != nil {
+		undo()
+		return nil, err
+	}
 	fromFile := make([]registry.Service, len(cfg.Static))
 	for i, st := range cfg.Static {
 		fromFile[i] = st.Service
@@ -196,6 +203,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
+		sh.close()
 		undo()
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
@@ -203,6 +211,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if cfg.PprofAddr != "" {
 		if pp, err = pprofsrv.Start(cfg.PprofAddr); err != nil {
 			_ = ln.Close()
+			sh.close()
 			undo()
 			return nil, err
 		}
@@ -230,12 +239,13 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
 	})
-	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp}
+	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp, shared: sh}
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
 		if err := a.openDoor(cfg, prod, m, memo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
 			_ = pp.Close()
 			_ = ln.Close()
+			sh.close()
 			undo()
 			return nil, err
 		}
@@ -319,6 +329,7 @@ func (a *app) close() {
 		a.prod.Close()
 	}
 	_ = a.srv.Shutdown()
+	a.shared.close() // no shared change applies while shutting down
 	// The last snapshot is taken while every source still runs; stopping
 	// them retracts their entries.
 	a.state.Close()

@@ -82,6 +82,8 @@ type Config struct {
 	// CatchUpTimeout bounds how long /readyz waits for restored sources.
 	SnapshotInterval time.Duration
 	CatchUpTimeout   time.Duration
+	// Etcd, when it has endpoints, shares registrations across replicas.
+	Etcd Etcd
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.
@@ -126,6 +128,7 @@ type flags struct {
 	reset       *bool
 	snapEvery   *time.Duration
 	catchUp     *time.Duration
+	etcd        etcdFlags
 	set         map[string]bool
 }
 
@@ -155,6 +158,7 @@ func newFlags() *flags {
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
 	f.snapEvery = fl.Duration("snapshot-interval", DefaultSnapshotInterval, "time between index snapshots; 0 writes one only at shutdown (env CONDUCTOR_SNAPSHOT_INTERVAL)")
 	f.catchUp = fl.Duration("catch-up-timeout", DefaultCatchUpTimeout, "how long /readyz waits for sources restored from a snapshot to catch up (env CONDUCTOR_CATCH_UP_TIMEOUT)")
+	f.etcd.declare(fl)
 	return f
 }
 
@@ -231,6 +235,10 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		return nil, err
 	}
 	if err := f.durationSetting(&c.CatchUpTimeout, "catch-up-timeout", *f.catchUp, getenv("CONDUCTOR_CATCH_UP_TIMEOUT"), false); err != nil {
+		return nil, err
+	}
+
+	if err := f.loadEtcd(c, getenv); err != nil {
 		return nil, err
 	}
 

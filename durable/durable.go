@@ -49,6 +49,10 @@ type Options struct {
 	Logger         zerolog.Logger
 	// Now is time.Now unless a test sets it.
 	Now func() time.Time
+	// SharedRegistrations says another store (etcd) is the record of the
+	// dynamic registrations: the directory then neither reads nor writes
+	// its registration record, and keeps only the index snapshot.
+	SharedRegistrations bool
 }
 
 // State is the durable side of one running service. Its methods are safe
@@ -121,9 +125,11 @@ func Open(opts Options) (*State, error) {
 		s.log.Warn().Str("state_dir", dir.Path()).Msg("state reset: previous contents moved aside")
 	}
 	s.regs = regstore.New(dir)
-	if s.recorded, err = s.regs.Load(); err != nil {
-		dir.Close()
-		return nil, err
+	if !opts.SharedRegistrations {
+		if s.recorded, err = s.regs.Load(); err != nil {
+			dir.Close()
+			return nil, err
+		}
 	}
 	s.loadSnapshot()
 	s.log.Info().Str("state_dir", dir.Path()).Int("recorded_services", len(s.recorded)).Msg("state directory opened")
@@ -249,6 +255,11 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 	if s.dir == nil {
 		return
 	}
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go s.loop()
+	if s.opts.SharedRegistrations {
+		return
+	}
 	fromFile := make(map[string]bool, len(static))
 	for i := range static {
 		fromFile[string(regstore.RegisterBody(&static[i]))] = true
@@ -270,8 +281,6 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 		s.log.Error().Err(err).Msg("cannot record the registrations; registration changes will be refused until the state directory is writable")
 	}
 	reg.SetRecorder(record)
-	s.stop, s.done = make(chan struct{}), make(chan struct{})
-	go s.loop()
 }
 
 // loop writes a snapshot every interval until Close.

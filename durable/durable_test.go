@@ -515,3 +515,33 @@ func TestPositionOnlyForTheSameRegistration(t *testing.T) {
 		t.Errorf("entries of the old registration restored: %+v", res.Instances)
 	}
 }
+
+// TestSharedRegistrationsNotRecorded: with another store as the record,
+// the directory's registration record is neither read (a damaged one does
+// not stop start-up) nor written, and the snapshot still is.
+func TestSharedRegistrationsNotRecorded(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, regstore.FileName), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(Options{Path: dir, Logger: zerolog.Nop(), SharedRegistrations: true})
+	if err != nil {
+		t.Fatalf("a damaged record stopped start-up although it is not used: %v", err)
+	}
+	ix := index.New(index.Options{})
+	reg := registry.New(registry.Options{Index: ix})
+	st.Start(reg, ix, nil)
+	if _, err := reg.Register(service(t, "a", 0, "tcp://h:1")); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	reg.Close()
+	ix.Close()
+	st.Release()
+	if b, err := os.ReadFile(filepath.Join(dir, regstore.FileName)); err != nil || string(b) != "garbage" {
+		t.Fatalf("record touched: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapshot.FileName)); err != nil {
+		t.Fatalf("no snapshot: %v", err)
+	}
+}
