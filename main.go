@@ -132,6 +132,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	state, err := durable.Open(durable.Options{
 		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
 		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: len(cfg.Etcd.Endpoints) > 0,
+		Peers: cfg.BootstrapFrom, PeerToken: cfg.AuthToken,
 	})
 	if err != nil {
 		return nil, err
@@ -238,6 +239,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
+		Snapshot:    state.WriteSnapshot,
 	})
 	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp, shared: sh}
 	if cfg.GRPCAddr != "" {

@@ -84,6 +84,8 @@ type Config struct {
 	CatchUpTimeout   time.Duration
 	// Etcd, when it has endpoints, shares registrations across replicas.
 	Etcd Etcd
+	// BootstrapFrom are peer replicas to load the index from at start.
+	BootstrapFrom []string
 	// Static are the file's kvevent_instance registrations, by name order.
 	Static []Static
 	// Warnings are non-fatal findings to log once logging is set up.

@@ -24,6 +24,7 @@ const DefaultEtcdPrefix = "/conductor/"
 
 type etcdFlags struct {
 	endpoints, prefix, ca, cert, key, user, passwordFile *string
+	bootstrap                                            *string
 }
 
 func (e *etcdFlags) declare(fl *flag.FlagSet) {
@@ -33,6 +34,7 @@ func (e *etcdFlags) declare(fl *flag.FlagSet) {
 	e.cert = fl.String("etcd-cert", "", "client certificate file for TLS to etcd (env CONDUCTOR_ETCD_CERT)")
 	e.key = fl.String("etcd-key", "", "client key file for TLS to etcd (env CONDUCTOR_ETCD_KEY)")
 	e.user = fl.String("etcd-user", "", "etcd user name (env CONDUCTOR_ETCD_USER)")
+	e.bootstrap = fl.String("bootstrap-from", "", "comma-separated base URLs of peer replicas to load the index snapshot from at start, tried in order before the state directory (env CONDUCTOR_BOOTSTRAP_FROM)")
 	e.passwordFile = fl.String("etcd-password-file", "", "file holding the etcd user's password (env CONDUCTOR_ETCD_PASSWORD_FILE, or the password in CONDUCTOR_ETCD_PASSWORD)")
 }
 
@@ -42,6 +44,14 @@ func (f *flags) loadEtcd(c *Config, getenv func(string) string) error {
 	for _, ep := range strings.Split(f.pick("etcd-endpoints", *e.endpoints, getenv("CONDUCTOR_ETCD_ENDPOINTS")), ",") {
 		if ep = strings.TrimSpace(ep); ep != "" {
 			c.Etcd.Endpoints = append(c.Etcd.Endpoints, ep)
+		}
+	}
+	for _, u := range strings.Split(f.pick("bootstrap-from", *e.bootstrap, getenv("CONDUCTOR_BOOTSTRAP_FROM")), ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+				return fmt.Errorf("invalid --bootstrap-from URL %q: want http:// or https://", u)
+			}
+			c.BootstrapFrom = append(c.BootstrapFrom, u)
 		}
 	}
 	c.Etcd.Prefix = f.pick("etcd-prefix", *e.prefix, getenv("CONDUCTOR_ETCD_PREFIX"))

@@ -35,6 +35,8 @@ func TestEtcd(t *testing.T) {
 		{"password without user", nil, base(map[string]string{"CONDUCTOR_ETCD_PASSWORD": "p"}), Etcd{}, true},
 		{"cert without key", []string{"--etcd-cert", "c.pem"}, base(nil), Etcd{}, true},
 		{"prefix without slash", []string{"--etcd-prefix", "/x"}, base(nil), Etcd{}, true},
+		{"bootstrap peers", nil, base(map[string]string{"CONDUCTOR_BOOTSTRAP_FROM": "http://a:1, https://b:2"}), Etcd{Prefix: DefaultEtcdPrefix}, false},
+		{"bootstrap not a URL", []string{"--bootstrap-from", "a:1"}, base(nil), Etcd{}, true},
 		{"empty prefix", []string{"--etcd-prefix", ""}, base(nil), Etcd{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -43,6 +45,9 @@ func TestEtcd(t *testing.T) {
 				t.Fatalf("err %v", err)
 			}
 			if err == nil {
+				if tc.name == "bootstrap peers" && !cmp.Equal(c.BootstrapFrom, []string{"http://a:1", "https://b:2"}) {
+					t.Errorf("bootstrap peers %v", c.BootstrapFrom)
+				}
 				if d := cmp.Diff(tc.want, c.Etcd); d != "" {
 					t.Errorf("etcd settings (-want +got):\n%s", d)
 				}

@@ -49,6 +49,13 @@ type Options struct {
 	Logger         zerolog.Logger
 	// Now is time.Now unless a test sets it.
 	Now func() time.Time
+	// Peers are base URLs of replicas to load a snapshot from before the
+	// state directory's own, in order (see bootstrap).
+	Peers []string
+	// PeerToken is the bearer token peers require, if any.
+	PeerToken string
+	// PeerTimeout bounds one peer's whole transfer (DefaultPeerTimeout).
+	PeerTimeout time.Duration
 	// SharedRegistrations says another store (etcd) is the record of the
 	// dynamic registrations: the directory then neither reads nor writes
 	// its registration record, and keeps only the index snapshot.
@@ -112,6 +119,7 @@ func Open(opts Options) (*State, error) {
 	}
 	s := &State{opts: opts, log: opts.Logger}
 	s.stats.init()
+	fromPeer := s.bootstrap()
 	if opts.Path == "" {
 		s.log.Info().Msg("no state directory: registrations and the index are kept in memory only and are lost at restart")
 		return s, nil
@@ -131,7 +139,9 @@ func Open(opts Options) (*State, error) {
 			return nil, err
 		}
 	}
-	s.loadSnapshot()
+	if !fromPeer {
+		s.loadSnapshot()
+	}
 	s.log.Info().Str("state_dir", dir.Path()).Int("recorded_services", len(s.recorded)).Msg("state directory opened")
 	return s, nil
 }
@@ -179,14 +189,10 @@ func (s *State) Dir() string {
 // Recorded are the registrations the directory recorded.
 func (s *State) Recorded() []registry.Service { return s.recorded }
 
-// Gate is the lock sources hold while they change the index (nil when
-// memory only: nothing takes snapshots).
-func (s *State) Gate() *sync.RWMutex {
-	if s.dir == nil {
-		return nil
-	}
-	return &s.gate
-}
+// Gate is the lock sources hold while they change the index; a snapshot
+// holds it for the instant of its cut. Memory-only services take
+// snapshots too, for peers (GET /snapshot), so it is always there.
+func (s *State) Gate() *sync.RWMutex { return &s.gate }
 
 // Resume restores what the snapshot holds for svc before its source
 // starts: its engine entries into its table under its new owner id, and

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -57,6 +58,10 @@ type Options struct {
 	// ready to be routed to, why not when it is not (the 503's message),
 	// and how many sources are stale.
 	Ready func() (ready bool, reason string, staleSources int)
+	// Snapshot, when set, serves GET /snapshot: it writes a consistent
+	// snapshot of the index for a peer replica to start from. It needs
+	// the bearer token when one is configured.
+	Snapshot func(io.Writer) error
 	// DebugRoutes serves the operator routes (POST /debug/explain). Off
 	// by default: off, they answer 404 like any unknown path.
 	DebugRoutes bool
@@ -272,6 +277,11 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		s.observe("/metrics", ctx.Response.StatusCode(), start)
 		return
 	}
+	if s.opts.Snapshot != nil && string(ctx.Path()) == snapshotPath && ctx.IsGet() {
+		s.serveSnapshot(ctx)
+		s.observe(snapshotPath, ctx.Response.StatusCode(), start)
+		return
+	}
 	bp := bufPool.Get().(*[]byte)
 	out := (*bp)[:0]
 	rt, known := s.route(ctx.Path())
@@ -299,7 +309,7 @@ func (s *Server) observe(path string, status int, start time.Time) {
 	if s.opts.Observer == nil {
 		return
 	}
-	if !s.knownPath(path) && path != "/metrics" {
+	if !s.knownPath(path) && path != "/metrics" && path != snapshotPath {
 		path = "other" // client-chosen paths must not become label values
 	}
 	s.opts.Observer.ObserveRequest(path, status, time.Since(start))
