@@ -1,0 +1,51 @@
+package server
+
+import (
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+// TestSnapshotRoute: GET /snapshot streams what Options.Snapshot writes,
+// behind the bearer token when one is set; without the option it is an
+// unknown path.
+func TestSnapshotRoute(t *testing.T) {
+	payload := []byte("CNDSNAP\x00 pretend snapshot bytes")
+	write := func(w io.Writer) error { _, err := w.Write(payload); return err }
+	for _, tc := range []struct {
+		name   string
+		opts   Options
+		auth   string
+		status int
+		body   string
+	}{
+		{"open", Options{Snapshot: write}, "", 200, string(payload)},
+		{"token given", Options{Snapshot: write, AuthToken: "tok"}, "Bearer tok", 200, string(payload)},
+		{"token missing", Options{Snapshot: write, AuthToken: "tok"}, "", 401, ""},
+		{"token wrong", Options{Snapshot: write, AuthToken: "tok"}, "Bearer no", 401, ""},
+		{"not served", Options{}, "", 404, ""},
+		{"writer fails", Options{Snapshot: func(w io.Writer) error { w.Write(payload[:4]); return errors.New("boom") }}, "", 200, "CNDS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := startServer(t, tc.opts)
+			req := fasthttp.AcquireRequest()
+			defer fasthttp.ReleaseRequest(req)
+			resp := &fasthttp.Response{}
+			req.SetRequestURI("http://" + h.addr + "/snapshot")
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			if err := h.c.Do(req, resp); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode() != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode(), tc.status)
+			}
+			if tc.status == 200 && string(resp.Body()) != tc.body {
+				t.Fatalf("body %q, want %q", resp.Body(), tc.body)
+			}
+		})
+	}
+}
