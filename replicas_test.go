@@ -1,0 +1,204 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
+)
+
+// These tests run three replicas of the real binary on loopback, sharing
+// their registrations through a real etcd (in this process), with real
+// ZMQ publishers: a registration made on one replica reaches all; a
+// replica killed and replaced by one that bootstraps from a peer answers
+// like the others; etcd restarting costs no subscription.
+
+func startReplica(t *testing.T, etcd *etcdtest.Server, args ...string) *proc {
+	t.Helper()
+	return startConductor(t, filepath.Join(t.TempDir(), "state"),
+		append([]string{"--etcd-endpoints", etcd.Endpoint(), "--snapshot-interval", "0", "--catch-up-timeout", "60s"}, args...)...)
+}
+
+// serviceKeys is a replica's /services as service keys with their states.
+func serviceKeys(t *testing.T, p *proc) []string {
+	t.Helper()
+	status, out := p.do("GET", "/services", nil)
+	if status != 200 {
+		t.Fatalf("/services: %d %v", status, out)
+	}
+	var keys []string
+	for _, s := range out.(map[string]any)["services"].([]any) {
+		m := s.(map[string]any)
+		keys = append(keys, fmt.Sprintf("%v", m["InstanceID"]))
+	}
+	return keys
+}
+
+// probeAll publishes until every replica shows the engine's probe prompt.
+func probeAll(t *testing.T, ps []*proc, e *engine, m model, n int) {
+	t.Helper()
+	tk := prompt(engineIndex(e.name), n)
+	eventually(t, "subscription of "+e.name+" on every replica", func() bool {
+		e.send(storedEvent(t, tk))
+		for _, p := range ps {
+			_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tk})
+			if device(a, e.name) != 64 {
+				return false
+			}
+		}
+		return true
+	})
+	if m[e.name] == nil {
+		m[e.name] = map[int]bool{}
+	}
+	m[e.name][n] = true
+}
+
+func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	ps := []*proc{startReplica(t, etcd), startReplica(t, etcd), startReplica(t, etcd)}
+	engines := []*engine{newEngine(t, "e1", 100000), newEngine(t, "e2", 100000)}
+	m := model{}
+
+	// Registered through replica 1 only: all three subscribe.
+	for _, e := range engines {
+		e.register(ps[0])
+	}
+	for _, e := range engines {
+		probeAll(t, ps, e, m, 0)
+	}
+	publish := func(from, to int) {
+		for i := from; i < to; i++ {
+			for _, e := range engines {
+				e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
+				m[e.name][i] = true
+				if i%3 == 0 {
+					e.send(removedEvent(t, prompt(engineIndex(e.name), i-2)))
+					m[e.name][i-2] = false
+				}
+			}
+		}
+	}
+	publish(1, 40)
+	for i, p := range ps {
+		checkAll(t, p, m, engines, 40, fmt.Sprintf("replica %d", i+1))
+	}
+
+	// Two conflicting registrations (one endpoint, two services) sent at
+	// once to two replicas: one wins, and every replica agrees which.
+	var wg sync.WaitGroup
+	statuses := make([]int, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			statuses[i], _ = ps[i].do("POST", "/register", vllmRegistration(fmt.Sprintf("c%d", i), "tcp://127.0.0.1:1"))
+		})
+	}
+	wg.Wait()
+	if !cmp.Equal(statuses, []int{200, 400}) && !cmp.Equal(statuses, []int{400, 200}) {
+		t.Fatalf("conflicting registrations answered %v", statuses)
+	}
+	winner := "c0"
+	if statuses[1] == 200 {
+		winner = "c1"
+	}
+	want := []string{winner, "e1", "e2"}
+	eventually(t, "the same registrations on every replica", func() bool {
+		for _, p := range ps {
+			if !cmp.Equal(serviceKeys(t, p), want) {
+				return false
+			}
+		}
+		return true
+	})
+	if status, out := ps[2].do("POST", "/unregister", map[string]any{"instance_id": winner, "tenant_id": "default", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister %s: %d %v", winner, status, out)
+	}
+	eventually(t, "the unregistration on every replica", func() bool {
+		for _, p := range ps {
+			if !cmp.Equal(serviceKeys(t, p), []string{"e1", "e2"}) {
+				return false
+			}
+		}
+		return true
+	})
+
+	// SIGKILL replica 2, keep publishing, start a replacement that
+	// bootstraps from replica 1: once ready it answers like the others.
+	ps[1].kill()
+	publish(40, 80)
+	fresh := startReplica(t, etcd, "--bootstrap-from", "http://127.0.0.1:1,"+ps[0].base)
+	publish(80, 90) // the first live message shows the gap since the peer's cut
+	waitReady(t, fresh)
+	if !strings.Contains(fresh.logText(), "index snapshot loaded from peer") {
+		t.Fatalf("the replacement did not load a peer snapshot:\n%s", fresh.logText())
+	}
+	if got := fresh.metric(`conductor_restore_sources{outcome="restored"}`); got != 2 {
+		t.Errorf("sources restored from the peer: %v", got)
+	}
+	live := []*proc{ps[0], ps[2], fresh}
+	for i, p := range live {
+		checkAll(t, p, m, engines, 90, fmt.Sprintf("live replica %d", i+1))
+	}
+	prompts := make([][]int32, 0, 180)
+	for _, e := range engines {
+		for i := 0; i < 90; i++ {
+			prompts = append(prompts, prompt(engineIndex(e.name), i))
+		}
+	}
+	ref := ps[0].answers(prompts)
+	for _, p := range live[1:] {
+		if d := cmp.Diff(ref, p.answers(prompts)); d != "" {
+			t.Fatalf("replica answers differ (-replica 1 +other):\n%s", d)
+		}
+	}
+
+	// etcd restarts: changes answer 503 meanwhile, subscriptions keep
+	// running, and registrations work again once it is back.
+	etcd.Stop()
+	publish(90, 100)
+	e3 := newEngine(t, "e3", 100000)
+	reg := vllmRegistration(e3.name, e3.endpoint)
+	if status, out := ps[0].do("POST", "/register", reg); status != 503 {
+		t.Fatalf("register while etcd is down: %d %v", status, out)
+	}
+	for i, p := range live {
+		checkAll(t, p, m, engines, 100, fmt.Sprintf("replica %d while etcd is down", i+1))
+	}
+	etcd.Restart()
+	eventually(t, "a registration once etcd is back", func() bool {
+		status, _ := fresh.do("POST", "/register", reg)
+		return status == 200
+	})
+	probeAll(t, live, e3, m, 0)
+	publish(100, 110)
+	for i, p := range live {
+		checkAll(t, p, m, engines, 110, fmt.Sprintf("replica %d after etcd restarted", i+1))
+		if got := sumSeries(t, p, "conductor_sequence_gaps_total"); p != fresh && got != 0 {
+			t.Errorf("replica %d saw %v sequence gaps: a subscription was dropped", i+1, got)
+		}
+	}
+}
+
+// sumSeries adds every series of a counter family (absent: 0).
+func sumSeries(t *testing.T, p *proc, family string) float64 {
+	t.Helper()
+	_, text := p.do("GET", "/metrics", nil)
+	sum := 0.0
+	for _, line := range strings.Split(text.(string), "\n") {
+		if strings.HasPrefix(line, family+"{") || strings.HasPrefix(line, family+" ") {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatalf("metric line %q", line)
+			}
+			sum += v
+		}
+	}
+	return sum
+}
