@@ -46,7 +46,7 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
-func profile(t *testing.T) hashing.Profile {
+func profile(t testing.TB) hashing.Profile {
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
 	if err != nil {
@@ -55,7 +55,7 @@ func profile(t *testing.T) hashing.Profile {
 	return p
 }
 
-func service(t *testing.T, instance string, rank int, endpoint string) registry.Service {
+func service(t testing.TB, instance string, rank int, endpoint string) registry.Service {
 	return registry.Service{Endpoint: endpoint, Type: source.VLLM, ModelName: "m", TenantID: "default",
 		InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t)}
 }
@@ -88,12 +88,12 @@ type world struct {
 	log     *logBuf
 }
 
-func open(t *testing.T, dir string, reset bool) (*world, error) {
+func open(t testing.TB, dir string, reset bool) (*world, error) {
 	t.Helper()
 	return openWith(t, Options{Path: dir, Reset: reset})
 }
 
-func openWith(t *testing.T, opts Options) (*world, error) {
+func openWith(t testing.TB, opts Options) (*world, error) {
 	t.Helper()
 	w := &world{sources: map[registry.ServiceKey]*fakeSource{}, owners: map[registry.ServiceKey]index.OwnerID{},
 		tables: map[registry.ServiceKey]*index.Table{}, log: &logBuf{}}
@@ -126,7 +126,7 @@ func (w *world) close() {
 	w.st.Release()
 }
 
-func mustOpen(t *testing.T, dir string) *world {
+func mustOpen(t testing.TB, dir string) *world {
 	t.Helper()
 	w, err := open(t, dir, false)
 	if err != nil {
