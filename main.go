@@ -129,12 +129,19 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
+	etcd, err := connectEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
 	state, err := durable.Open(durable.Options{
 		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
-		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: len(cfg.Etcd.Endpoints) > 0,
-		Peers: cfg.BootstrapFrom, PeerToken: cfg.AuthToken,
+		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: etcd != nil,
+		Peers: bootstrapPeers(cfg, etcd, log), PeerToken: cfg.AuthToken,
 	})
 	if err != nil {
+		if etcd != nil {
+			etcd.Close()
+		}
 		return nil, err
 	}
 	ix := index.New(index.Options{RemovalPause: removalPause})
@@ -178,10 +185,13 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		state.Release()
 	}
 	if err := registerAtStart(cfg, state, reg, log); err != nil {
+		if etcd != nil {
+			etcd.Close()
+		}
 		undo()
 		return nil, err
 	}
-	sh, err := openShared(cfg, reg, log)
+	sh, err := openShared(cfg, etcd, reg, log)
 	if err != nil {
 		undo()
 		return nil, err
@@ -254,6 +264,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		door.Store(a.door)
 	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
+	sh.advertise(cfg.Etcd.AdvertiseURL)
 	return a, nil
 }
 

@@ -17,6 +17,10 @@ import (
 // not start (its orchestrator retries) rather than serve empty answers.
 const etcdStartTimeout = 30 * time.Second
 
+// peerListTimeout bounds the look-up of advertised peers at start; without
+// an answer the replica starts from its own state directory.
+const peerListTimeout = 5 * time.Second
+
 // shared is a replica's link to the registrations it shares through etcd
 // (nil for a single node).
 type shared struct {
@@ -24,18 +28,40 @@ type shared struct {
 	store *etcdreg.Store
 }
 
-// openShared applies the shared registrations to reg and hands it the
-// store for later changes; static are the config file's, which stay local.
-func openShared(cfg *config.Config, reg *registry.Registry, log zerolog.Logger) (*shared, error) {
+// connectEtcd makes the replica's etcd client (nil without endpoints). It
+// does not wait for etcd.
+func connectEtcd(cfg *config.Config) (*clientv3.Client, error) {
 	if len(cfg.Etcd.Endpoints) == 0 {
 		return nil, nil
 	}
-	cli, err := etcdreg.NewClient(etcdreg.ClientConfig{
+	return etcdreg.NewClient(etcdreg.ClientConfig{
 		Endpoints: cfg.Etcd.Endpoints, CAFile: cfg.Etcd.CAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile,
 		Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
 	})
+}
+
+// bootstrapPeers are the peers to load a snapshot from: --bootstrap-from
+// when given, else the replicas advertised in etcd.
+func bootstrapPeers(cfg *config.Config, cli *clientv3.Client, log zerolog.Logger) []string {
+	if len(cfg.BootstrapFrom) > 0 || cli == nil {
+		return cfg.BootstrapFrom
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), peerListTimeout)
+	defer cancel()
+	peers, err := etcdreg.Peers(ctx, cli, cfg.Etcd.Prefix, cfg.Etcd.AdvertiseURL)
 	if err != nil {
-		return nil, err
+		log.Warn().Err(err).Msg("cannot list peers in etcd; starting from the state directory")
+		return nil
+	}
+	return peers
+}
+
+// openShared applies the shared registrations to reg and hands it the
+// store for later changes; the config file's registrations stay local.
+// On error it closes cli.
+func openShared(cfg *config.Config, cli *clientv3.Client, reg *registry.Registry, log zerolog.Logger) (*shared, error) {
+	if cli == nil {
+		return nil, nil
 	}
 	static := make([]registry.Service, len(cfg.Static))
 	for i, st := range cfg.Static {
@@ -54,8 +80,15 @@ func openShared(cfg *config.Config, reg *registry.Registry, log zerolog.Logger) 
 	return &shared{cli: cli, store: store}, nil
 }
 
-// close stops applying shared changes; the registry keeps what it has,
-// for the shutdown that follows.
+// advertise offers this replica to new ones once it serves.
+func (s *shared) advertise(url string) {
+	if s != nil && url != "" {
+		s.store.Advertise(url)
+	}
+}
+
+// close stops applying shared changes and withdraws the advertisement;
+// the registry keeps what it has, for the shutdown that follows.
 func (s *shared) close() {
 	if s == nil {
 		return

@@ -17,6 +17,8 @@ type Etcd struct {
 	CAFile, CertFile, KeyFile string
 	// Username and Password authenticate to etcd when set.
 	Username, Password string
+	// AdvertiseURL is this replica's URL for peers ("" advertises none).
+	AdvertiseURL string
 }
 
 // DefaultEtcdPrefix is where a deployment's keys live unless configured.
@@ -24,7 +26,7 @@ const DefaultEtcdPrefix = "/conductor/"
 
 type etcdFlags struct {
 	endpoints, prefix, ca, cert, key, user, passwordFile *string
-	bootstrap                                            *string
+	bootstrap, advertise                                 *string
 }
 
 func (e *etcdFlags) declare(fl *flag.FlagSet) {
@@ -35,6 +37,7 @@ func (e *etcdFlags) declare(fl *flag.FlagSet) {
 	e.key = fl.String("etcd-key", "", "client key file for TLS to etcd (env CONDUCTOR_ETCD_KEY)")
 	e.user = fl.String("etcd-user", "", "etcd user name (env CONDUCTOR_ETCD_USER)")
 	e.bootstrap = fl.String("bootstrap-from", "", "comma-separated base URLs of peer replicas to load the index snapshot from at start, tried in order before the state directory (env CONDUCTOR_BOOTSTRAP_FROM)")
+	e.advertise = fl.String("advertise-url", "", "this replica's base URL as its peers reach it, advertised in etcd under a lease so new replicas can bootstrap from it (env CONDUCTOR_ADVERTISE_URL)")
 	e.passwordFile = fl.String("etcd-password-file", "", "file holding the etcd user's password (env CONDUCTOR_ETCD_PASSWORD_FILE, or the password in CONDUCTOR_ETCD_PASSWORD)")
 }
 
@@ -53,6 +56,10 @@ func (f *flags) loadEtcd(c *Config, getenv func(string) string) error {
 			}
 			c.BootstrapFrom = append(c.BootstrapFrom, u)
 		}
+	}
+	c.Etcd.AdvertiseURL = f.pick("advertise-url", *e.advertise, getenv("CONDUCTOR_ADVERTISE_URL"))
+	if u := c.Etcd.AdvertiseURL; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+		return fmt.Errorf("invalid --advertise-url %q: want http:// or https://", u)
 	}
 	c.Etcd.Prefix = f.pick("etcd-prefix", *e.prefix, getenv("CONDUCTOR_ETCD_PREFIX"))
 	if c.Etcd.Prefix == "" || !strings.HasSuffix(c.Etcd.Prefix, "/") {

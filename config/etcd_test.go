@@ -37,6 +37,8 @@ func TestEtcd(t *testing.T) {
 		{"prefix without slash", []string{"--etcd-prefix", "/x"}, base(nil), Etcd{}, true},
 		{"bootstrap peers", nil, base(map[string]string{"CONDUCTOR_BOOTSTRAP_FROM": "http://a:1, https://b:2"}), Etcd{Prefix: DefaultEtcdPrefix}, false},
 		{"bootstrap not a URL", []string{"--bootstrap-from", "a:1"}, base(nil), Etcd{}, true},
+		{"advertise", []string{"--advertise-url", "http://10.0.0.5:13333"}, base(nil), Etcd{Prefix: DefaultEtcdPrefix, AdvertiseURL: "http://10.0.0.5:13333"}, false},
+		{"advertise not a URL", nil, base(map[string]string{"CONDUCTOR_ADVERTISE_URL": "10.0.0.5"}), Etcd{}, true},
 		{"empty prefix", []string{"--etcd-prefix", ""}, base(nil), Etcd{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -66,6 +66,8 @@ type Store struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
+	// adDone is closed when Advertise's goroutine ends (nil: none).
+	adDone chan struct{}
 
 	mu sync.Mutex
 	// known is the shared set as last applied: service key -> body.
@@ -115,10 +117,14 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the watch; the registry keeps what it has.
+// Close stops the watch and withdraws the advertisement; the registry
+// keeps what it has.
 func (s *Store) Close() {
 	s.cancel()
 	<-s.done
+	if s.adDone != nil {
+		<-s.adDone
+	}
 }
 
 // Revision is the etcd revision the registry reflects.

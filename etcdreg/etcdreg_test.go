@@ -416,3 +416,29 @@ func newReplicaB(b *testing.B, endpoint string) *replica {
 	b.Cleanup(r.close)
 	return r
 }
+
+// TestAdvertisedPeers: a replica's advertised URL is listed for others
+// (never for itself) while it runs and withdrawn when it closes.
+func TestAdvertisedPeers(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, b := newReplica(t, etcd.Endpoint()), newReplica(t, etcd.Endpoint())
+	a.store.Advertise("http://a:1")
+	b.store.Advertise("http://b:1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list := func(self string) []string {
+		p, err := Peers(ctx, a.cli, "", self)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	waitFor(t, "both advertised", func() bool { return cmp.Equal(list(""), []string{"http://a:1", "http://b:1"}) })
+	if got := list("http://b:1"); !cmp.Equal(got, []string{"http://a:1"}) {
+		t.Fatalf("peers of b: %v", got)
+	}
+	b.close()
+	if got := list(""); !cmp.Equal(got, []string{"http://a:1"}) {
+		t.Fatalf("after b closed: %v", got)
+	}
+}
