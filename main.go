@@ -230,7 +230,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	build := buildinfo.Get()
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
-		Extra: []prometheus.Collector{state.Collector()}})
+		Extra: append([]prometheus.Collector{state.Collector()}, sh.collectors()...)})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
 		static[i] = st.Service.Key()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -85,6 +86,14 @@ func (s *shared) advertise(url string) {
 	if s != nil && url != "" {
 		s.store.Advertise(url)
 	}
+}
+
+// collectors are the shared store's metrics (none for a single node).
+func (s *shared) collectors() []prometheus.Collector {
+	if s == nil {
+		return nil
+	}
+	return []prometheus.Collector{s.store.Collector()}
 }
 
 // close stops applying shared changes and withdraws the advertisement;

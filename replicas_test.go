@@ -167,6 +167,9 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	if status, out := ps[0].do("POST", "/register", reg); status != 503 {
 		t.Fatalf("register while etcd is down: %d %v", status, out)
 	}
+	if got := ps[0].metric(`conductor_etcd_failures_total{op="register"}`); got != 1 {
+		t.Errorf("etcd failures counted: %v", got)
+	}
 	for i, p := range live {
 		checkAll(t, p, m, engines, 100, fmt.Sprintf("replica %d while etcd is down", i+1))
 	}

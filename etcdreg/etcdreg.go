@@ -79,6 +79,8 @@ type Store struct {
 	// results keeps, per key, the outcome of applying its latest put, so
 	// the replica that wrote it can answer with the local outcome.
 	results map[registry.ServiceKey]applied
+
+	stats stats
 }
 
 type applied struct {
@@ -109,6 +111,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	for _, svc := range opts.Static {
 		s.static[svc.Key()] = svc
 	}
+	s.initStats()
 	if err := s.relist(ctx); err != nil {
 		return nil, fmt.Errorf("read registrations from etcd: %w", err)
 	}
@@ -151,6 +154,7 @@ func (s *Store) Register(svc registry.Service) (bool, error) {
 	for {
 		resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
 		if err != nil {
+			s.stats.failures.WithLabelValues("register").Inc()
 			return false, unavailable(err)
 		}
 		existing, modRev := s.decodeSet(resp.Kvs, key)
@@ -176,6 +180,7 @@ func (s *Store) Register(svc registry.Service) (bool, error) {
 			Then(clientv3.OpPut(s.keyOf(key), body)).
 			Commit()
 		if err != nil {
+			s.stats.failures.WithLabelValues("register").Inc()
 			return false, unavailable(err)
 		}
 		if !txn.Succeeded {
@@ -210,6 +215,7 @@ func (s *Store) Unregister(key registry.ServiceKey) error {
 	defer cancel()
 	resp, err := s.cli.Delete(ctx, s.keyOf(key))
 	if err != nil {
+		s.stats.failures.WithLabelValues("unregister").Inc()
 		return unavailable(err)
 	}
 	if resp.Deleted == 0 {
@@ -298,6 +304,7 @@ func (s *Store) watch() {
 				break
 			}
 			if err := wr.Err(); err != nil {
+				s.stats.failures.WithLabelValues("watch").Inc()
 				s.log.Warn().Err(err).Msg("etcd watch failed; re-opening it")
 				break
 			}
@@ -305,6 +312,7 @@ func (s *Store) watch() {
 		}
 		cancel()
 		if relist {
+			s.stats.relists.Inc()
 			s.log.Warn().Int64("from", from).Msg("etcd compacted past the watch; re-reading the registrations")
 			for s.ctx.Err() == nil {
 				rctx, rcancel := context.WithTimeout(s.ctx, s.opts.Timeout)
@@ -313,6 +321,7 @@ func (s *Store) watch() {
 				if err == nil {
 					break
 				}
+				s.stats.failures.WithLabelValues("relist").Inc()
 				s.log.Warn().Err(err).Msg("cannot re-read the registrations from etcd; retrying")
 				s.sleep(watchBackoff)
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
@@ -278,6 +279,11 @@ func TestEtcdAway(t *testing.T) {
 			t.Fatalf("registrations changed while etcd was down: %v", r.keys())
 		}
 	}
+	for _, op := range []string{"register", "unregister"} {
+		if got := testutil.ToFloat64(rs[1].store.stats.failures.WithLabelValues(op)); got != 1 {
+			t.Errorf("%s failures counted: %v", op, got)
+		}
+	}
 	etcd.Restart()
 
 	c := svc(t, "c", 5002)
@@ -336,6 +342,12 @@ func TestCompactedWatchRelists(t *testing.T) {
 	want := map[registry.ServiceKey]int{keep.Key(): 1, drop.Key(): 1, add.Key(): 1}
 	if !cmp.Equal(started, want) || !cmp.Equal(stopped, map[registry.ServiceKey]int{drop.Key(): 1}) {
 		t.Fatalf("started %v, stopped %v", started, stopped)
+	}
+	if got := testutil.ToFloat64(s.stats.relists); got != 1 {
+		t.Errorf("relists counted: %v", got)
+	}
+	if got, want := testutil.ToFloat64(s.stats.revision), float64(writer.store.Revision()); got < want {
+		t.Errorf("applied revision %v, the writer's %v", got, want)
 	}
 }
 
