@@ -298,19 +298,27 @@ func (r *Registry) waitLocked(done <-chan struct{}) {
 	r.mu.Lock()
 }
 
+// stopReleased stops src with mu released, so reads and scrapes do not
+// queue behind a slow stop. The caller holds mu; key stays marked as
+// stopping (same-key changes wait for it) until the returned function runs,
+// which the caller defers so the mark goes only once its change is done.
+func (r *Registry) stopReleased(key ServiceKey, src Source) (unmark func()) {
+	done := make(chan struct{})
+	r.stopping[key] = done
+	r.mu.Unlock()
+	src.Stop()
+	r.mu.Lock()
+	return func() {
+		delete(r.stopping, key)
+		close(done)
+	}
+}
+
 // restart replaces a stale service's source; the caller holds mu, which is
 // released while the old source stops (it retracted its blocks when it went
 // stale) and the key is marked stopping meanwhile.
 func (r *Registry) restart(key ServiceKey, e *entry) (bool, error) {
-	done := make(chan struct{})
-	r.stopping[key] = done
-	defer func() {
-		delete(r.stopping, key)
-		close(done)
-	}()
-	r.mu.Unlock()
-	e.source.Stop()
-	r.mu.Lock()
+	defer r.stopReleased(key, e.source)()
 	src, err := r.start(e.svc, e.owner)
 	if err != nil {
 		e.source = nil
@@ -393,15 +401,7 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 	}
 	t0 := time.Now()
 	if e.source != nil {
-		done := make(chan struct{})
-		r.stopping[key] = done
-		defer func() {
-			delete(r.stopping, key)
-			close(done)
-		}()
-		r.mu.Unlock()
-		e.source.Stop()
-		r.mu.Lock()
+		defer r.stopReleased(key, e.source)()
 	}
 	t1 := time.Now()
 	delete(r.endpoints, e.svc.Endpoint)
