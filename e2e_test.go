@@ -452,18 +452,7 @@ func (e *e2e) rawQuery(tokens []int32) (int, error) {
 // registration's publisher is not up, and 200 once its SUB has connected.
 func TestReadinessFollowsStaticRegistrations(t *testing.T) {
 	ep := "ipc://" + t.TempDir() + "/pub.sock"
-	svcBody, err := msgpack.Marshal(vllmRegistration("static-0", ep))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
-	if e != nil {
-		t.Fatal(e)
-	}
-	svc, err := registry.NewService(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := decodeService(t, "static-0", ep)
 	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, Static: []config.Static{{Name: "static-0", Service: svc}}}
 	a, err := newApp(cfg, zerolog.New(io.Discard))
 	if err != nil {
@@ -507,18 +496,7 @@ func TestNewAppFailureLeavesNothingRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	svcBody, err := msgpack.Marshal(vllmRegistration("static-0", "ipc://"+t.TempDir()+"/pub.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, e := codec.DecodeRegister(svcBody, codec.DefaultLimits())
-	if e != nil {
-		t.Fatal(e)
-	}
-	svc, err := registry.NewService(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := decodeService(t, "static-0", "ipc://"+t.TempDir()+"/pub.sock")
 	cfg := &config.Config{Addr: "127.0.0.1", Port: taken.Addr().(*net.TCPAddr).Port,
 		Static: []config.Static{{Name: "static-0", Service: svc}}}
 	if a, err := newApp(cfg, zerolog.New(io.Discard)); err == nil {
@@ -528,4 +506,23 @@ func TestNewAppFailureLeavesNothingRunning(t *testing.T) {
 		t.Fatalf("newApp: %v, want the listen error", err)
 	}
 	goleak.VerifyNone(t, append(fasthttpGlobals, ignore)...)
+}
+
+// decodeService is a vLLM registration of instance at endpoint as the config
+// file's would be: through the /register decoder and the registration rules.
+func decodeService(t *testing.T, instance, endpoint string) registry.Service {
+	t.Helper()
+	body, err := msgpack.Marshal(vllmRegistration(instance, endpoint))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, e := codec.DecodeRegister(body, codec.DefaultLimits())
+	if e != nil {
+		t.Fatal(e)
+	}
+	svc, err := registry.NewService(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -698,21 +697,7 @@ func TestCorruptSnapshotStartsEmptyWithRegistrations(t *testing.T) {
 // conflict.
 func TestRecordedRegistrationLosesToConfigFile(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
-	decode := func(instance, endpoint string) registry.Service {
-		body, err := msgpack.Marshal(vllmRegistration(instance, endpoint))
-		if err != nil {
-			t.Fatal(err)
-		}
-		reg, e := codec.DecodeRegister(body, codec.DefaultLimits())
-		if e != nil {
-			t.Fatal(e)
-		}
-		svc, err := registry.NewService(reg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return svc
-	}
+	decode := func(instance, endpoint string) registry.Service { return decodeService(t, instance, endpoint) }
 	d, err := statedir.Open(dir, statedir.Options{})
 	if err != nil {
 		t.Fatal(err)
