@@ -135,7 +135,10 @@ func (p *publisher) send(dpRank int, events ...map[string]any) {
 	}
 }
 
-func vllmKeys(t *testing.T, tokens []int32) []uint64 {
+// vllmChain walks a prompt's blocks as the e2e engines hash them (vllm_v1,
+// sha256_cbor, seed "0", block size 16), calling each with the block's key
+// and full digest.
+func vllmChain(t *testing.T, tokens []int32, each func(key uint64, digest [32]byte)) {
 	t.Helper()
 	seed := "0"
 	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
@@ -145,14 +148,21 @@ func vllmKeys(t *testing.T, tokens []int32) []uint64 {
 	ch := hashing.AcquireChain()
 	defer hashing.ReleaseChain(ch)
 	ch.Reset(&prof, 16, tokens, "", "")
-	var keys []uint64
 	for {
 		k, _, ok := ch.Next()
 		if !ok {
-			return keys
+			return
 		}
-		keys = append(keys, k)
+		each(k, ch.Digest())
 	}
+}
+
+// vllmKeys are the block keys of a prompt.
+func vllmKeys(t *testing.T, tokens []int32) []uint64 {
+	t.Helper()
+	var keys []uint64
+	vllmChain(t, tokens, func(k uint64, _ [32]byte) { keys = append(keys, k) })
+	return keys
 }
 
 func vllmRegistration(instance, endpoint string) map[string]any {

@@ -25,7 +25,6 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/config"
-	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/regstore"
 	"github.com/mooncake-conductor-go/conductor/statedir"
@@ -774,22 +773,11 @@ func newMaster(t *testing.T) *master {
 // objects are the Mooncake object keys of a prompt's blocks, as vLLM's
 // store connector names them (the block's full digest last).
 func objects(t *testing.T, tokens []int32) []string {
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := hashing.AcquireChain()
-	defer hashing.ReleaseChain(ch)
-	ch.Reset(&prof, 16, tokens, "", "")
 	var out []string
-	for {
-		if _, _, ok := ch.Next(); !ok {
-			return out
-		}
-		d := ch.Digest()
+	vllmChain(t, tokens, func(_ uint64, d [32]byte) {
 		out = append(out, fmt.Sprintf("dep@deepseek@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%x", d[:]))
-	}
+	})
+	return out
 }
 
 // send publishes one batch of stored or removed events for keys in cpu.
