@@ -38,6 +38,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/metrics"
 	"github.com/mooncake-conductor-go/conductor/producer"
+	"github.com/mooncake-conductor-go/conductor/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
@@ -148,6 +149,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
+	answers := query.NewAnswers(cfg.AnswerCacheBytes)
 	memReturn := bgjob.New(returnMemory, nil)
 	// door is set once the gRPC door is open; OnContextDropped may run
 	// from registry goroutines before that.
@@ -167,6 +169,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// arrays would only keep the memos' budgets resident.
 				memo.Reset()
 				tokenMemo.Reset()
+				answers.Reset()
 				if d := door.Load(); d != nil && len(ix.Scopes()) == 0 {
 					// Producer-fed scopes still answer token_ids
 					// lookups; with none left the door's memo goes too.
@@ -229,7 +232,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Answers: answers, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector()}, sh.collectors()...)})
 	static := make([]registry.ServiceKey, len(cfg.Static))
 	for i, st := range cfg.Static {
@@ -246,7 +249,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
-		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo, Answers: answers,
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
 		Snapshot:    state.WriteSnapshot,

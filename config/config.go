@@ -32,6 +32,10 @@ const DefaultMemoMiB = 64
 // 8K-token arrays (packed bytes and decoded ids) as well.
 const DefaultTokenMemoMiB = 64
 
+// DefaultAnswerCacheMiB sizes the answer cache: about two thousand
+// remembered 8K-token prompts with their answers.
+const DefaultAnswerCacheMiB = 64
+
 // DefaultHashCheckEvery samples the ingest hash check at about one block in
 // 64 after a service's first blocks: a profile mismatch shows within the
 // first event or two, and the steady cost stays a few nanoseconds per
@@ -55,6 +59,10 @@ type Config struct {
 	// TokenMemoBytes sizes the token memo, which spares warm queries
 	// decoding their token ids (0 disables).
 	TokenMemoBytes int
+	// AnswerCacheBytes sizes the answer cache, which lets a prompt asked
+	// again while its context is unchanged skip hashing and the walk (0
+	// disables).
+	AnswerCacheBytes int
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
@@ -117,6 +125,7 @@ type flags struct {
 	format    *string
 	memo      *int
 	tokenMemo *int
+	answers   *int
 	tokenFile *string
 	grpcAddr  *string
 	grpcCert  *string
@@ -148,6 +157,7 @@ func newFlags() *flags {
 	f.format = fl.String("log-format", "json", "json, or console for people, coloured on a terminal (env CONDUCTOR_LOG_FORMAT)")
 	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing; 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
+	f.answers = fl.Int("answer-cache-mib", DefaultAnswerCacheMiB, "MiB for the answer cache that lets a prompt asked again while its context is unchanged skip hashing and the walk; 0 disables (env CONDUCTOR_ANSWER_CACHE_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
 	f.grpcAddr = fl.String("grpc-addr", "", "listen address of the InferenceCache gRPC door, e.g. :9090 (env CONDUCTOR_GRPC_ADDR; default off)")
 	f.grpcCert = fl.String("grpc-tls-cert", "", "PEM certificate file for the gRPC door; needs --grpc-tls-key (env CONDUCTOR_GRPC_TLS_CERT; default plaintext)")
@@ -229,7 +239,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if *f.version {
 		return &Config{ShowVersion: true}, nil
 	}
-	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
+	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
 		StateReset: *f.reset}
 	// An explicit --state-dir "" (memory only) wins over the environment.
 	c.StateDir = f.pick("state-dir", *f.stateDir, getenv("CONDUCTOR_STATE_DIR"))
@@ -275,10 +285,13 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 		c.LogFormat = v
 	}
-	if err := memoSize(&c.MemoBytes, "hash", f.pick("hash-memo-mib", strconv.Itoa(*f.memo), getenv("CONDUCTOR_HASH_MEMO_MIB"))); err != nil {
+	if err := memoSize(&c.MemoBytes, "hash memo", f.pick("hash-memo-mib", strconv.Itoa(*f.memo), getenv("CONDUCTOR_HASH_MEMO_MIB"))); err != nil {
 		return nil, err
 	}
-	if err := memoSize(&c.TokenMemoBytes, "token", f.pick("token-memo-mib", strconv.Itoa(*f.tokenMemo), getenv("CONDUCTOR_TOKEN_MEMO_MIB"))); err != nil {
+	if err := memoSize(&c.TokenMemoBytes, "token memo", f.pick("token-memo-mib", strconv.Itoa(*f.tokenMemo), getenv("CONDUCTOR_TOKEN_MEMO_MIB"))); err != nil {
+		return nil, err
+	}
+	if err := memoSize(&c.AnswerCacheBytes, "answer cache", f.pick("answer-cache-mib", strconv.Itoa(*f.answers), getenv("CONDUCTOR_ANSWER_CACHE_MIB"))); err != nil {
 		return nil, err
 	}
 	if tf := f.pick("auth-token-file", *f.tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); tf != "" {
@@ -451,7 +464,7 @@ func decodeStatic(raw json.RawMessage) (registry.Service, error) {
 func memoSize(bytes *int, name string, v string) error {
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 || n > 1<<20 {
-		return fmt.Errorf("invalid %s memo size %q MiB", name, v)
+		return fmt.Errorf("invalid %s size %q MiB", name, v)
 	}
 	*bytes = n << 20
 	return nil

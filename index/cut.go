@@ -326,7 +326,7 @@ func (t *Table) StoreBatch(id OwnerID, keys []uint64, tiers []TierMask) {
 			s.mu.Unlock()
 			return
 		}
-		t.cow(s)
+		t.changing(s)
 		// Size the stripe for the whole batch once, instead of growing
 		// it step by step through every resize on the way.
 		if want := s.nlive + start[si+1] - start[si]; (want+s.tombs)*5 > len(s.slots)*4 {

@@ -72,7 +72,11 @@ const maxReadyBatch = 1024
 // time, and never while the chain hashes, and once res has grown to the
 // answer's shape the call does not allocate.
 func (t *Table) Query(chain Chain, instance string, res *QueryResult) {
-	v := t.view.Load()
+	t.query(t.view.Load(), chain, instance, res)
+}
+
+// query is Query against the registration snapshot v.
+func (t *Table) query(v *ownerView, chain Chain, instance string, res *QueryResult) {
 	i0, i1 := 0, len(v.insts)
 	if instance != "" {
 		i0, i1 = 0, 0

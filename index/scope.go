@@ -115,7 +115,7 @@ func (t *Table) Put(id OwnerID, tier Tier, key uint64) (added bool) {
 		s.mu.Unlock()
 		return false
 	}
-	t.cow(s)
+	t.changing(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findEngine(b, id); k != noPair {

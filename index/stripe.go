@@ -99,7 +99,10 @@ type stripe struct {
 	// it was copied for (see Cut), under mu.
 	pos      int
 	cutEpoch uint64
-	_        [64]byte // keep neighbouring stripes' locks off one cache line
+	// gen counts the writers that have changed the stripe (see
+	// Table.changing); Table.Version sums it over the stripes.
+	gen atomic.Uint64
+	_   [64]byte // keep neighbouring stripes' locks off one cache line
 }
 
 // mix is the splitmix64 finalizer: projected keys from tests or odd

@@ -328,7 +328,7 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 		s.mu.Unlock()
 		return
 	}
-	t.cow(s)
+	t.changing(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findEngine(b, id); k != noPair {
@@ -355,7 +355,7 @@ func (t *Table) lockBlock(key uint64) (s *stripe, idx int) {
 	s.mu.Lock()
 	if !s.dead {
 		if idx = s.find(key, h); idx >= 0 {
-			t.cow(s)
+			t.changing(s)
 			return s, idx
 		}
 	}
@@ -421,7 +421,7 @@ func (t *Table) clearOwner(id OwnerID, m uint8, between func() bool) {
 			if s.dead {
 				from = 0
 			} else {
-				t.cow(s)
+				t.changing(s)
 				from = s.clearOwner(id, m, from, clearBudget)
 			}
 			s.mu.Unlock()
@@ -448,7 +448,7 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 		s.mu.Unlock()
 		return
 	}
-	t.cow(s)
+	t.changing(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findShared(b, bit); k != noPair {
@@ -502,7 +502,7 @@ func (t *Table) drop() {
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
-		t.cow(s)
+		t.changing(s)
 		s.dead = true
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
 		s.publishSlots()

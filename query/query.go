@@ -26,6 +26,10 @@ type Options struct {
 	// TokenMemo, when set, lets warm bodies copy the token ids of a
 	// prefix seen before instead of decoding them.
 	TokenMemo *codec.TokenMemo
+	// Answers, when set, lets a prompt asked again while its table is
+	// unchanged skip the hashing and the walk; answers are identical
+	// either way.
+	Answers *Answers
 }
 
 // Engine answers lookups. It holds no per-request state and is safe for
@@ -130,16 +134,33 @@ func (e *Engine) Lookup(req *Request, res *Result) error {
 	return nil
 }
 
-// walk hashes tokens lazily under the table's profile and walks the keys.
-// shared says tokens are never modified and may be kept by the prefix memo
-// without a copy.
+// walk answers from a remembered answer at the table's current version
+// when there is one; otherwise it hashes tokens lazily under the table's
+// profile, walks the keys, and remembers the answer if no writer changed
+// the table meanwhile. shared says tokens are never modified and may be
+// kept by the memos without a copy.
 func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt, instance string, res *Result) {
+	ans := e.opts.Answers
+	if len(tokens) < MinAnswerTokens {
+		ans = nil
+	}
+	var fp uint64
+	if ans != nil {
+		fp = fingerprint(tbl, instance, salt, tokens)
+		if ans.lookup(fp, tbl, instance, salt, tokens, res) {
+			return
+		}
+	}
 	ch := hashing.AcquireChain()
 	ch.Reset(tbl.Profile(), tbl.Context().BlockSize, tokens, lora, salt)
 	if shared {
 		ch.KeepTokens()
 	}
 	ch.UseMemo(e.opts.Memo)
-	tbl.Query(ch, instance, res)
+	if ans == nil {
+		tbl.Query(ch, instance, res)
+	} else if ver, exact := tbl.QueryVersioned(ch, instance, res); exact {
+		ans.remember(fp, tbl, ver, instance, salt, tokens, shared, res)
+	}
 	hashing.ReleaseChain(ch)
 }

@@ -51,6 +51,9 @@ type Options struct {
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
 	// prefix seen before instead of decoding them.
 	TokenMemo *codec.TokenMemo
+	// Answers, when set, lets a prompt asked again while its context is
+	// unchanged skip hashing and the walk.
+	Answers *query.Answers
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
@@ -113,6 +116,7 @@ func New(opts Options) *Server {
 	}
 	s := &Server{opts: opts, query: query.New(query.Options{
 		Index: opts.Index, Limits: opts.Limits, Memo: opts.Memo, TokenMemo: opts.TokenMemo,
+		Answers: opts.Answers,
 	})}
 	s.fs = &fasthttp.Server{
 		Handler:                      s.Handle,

@@ -4,8 +4,9 @@ import (
 	"context"
 	"runtime"
 	"slices"
-	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 )
@@ -71,16 +72,15 @@ func chainCPUPerPrompt(p *hashing.Profile, bs int, prompts [][]int32) float64 {
 	return us(t1-t0) / float64(len(prompts))
 }
 
-// rusageThread is RUSAGE_THREAD, which the syscall package does not name.
-const rusageThread = 1
-
-// threadCPU is the calling thread's CPU time (user plus system).
+// threadCPU is the calling thread's CPU time, from its nanosecond clock:
+// getrusage's per-thread figure moves in scheduler ticks, and a short
+// chain run could read as no time at all.
 func threadCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
 		return -1
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ts.Nano())
 }
 
 // coldResult is --cold-pass: every stored prompt asked once, at

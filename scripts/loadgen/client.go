@@ -285,6 +285,8 @@ func checkAnswer(r *queryResponse, expect []int, ids []string, pres func(i int) 
 type memoStats struct {
 	prefixHits, prefixMisses float64 // blocks
 	tokenHits, tokenMisses   float64 // token ids
+	answerHits, answerMisses float64 // long queries
+	answerBytes              float64
 	prefixBytes, tokenBytes  float64
 }
 
@@ -316,6 +318,9 @@ func (a *api) memoStats() (memoStats, error) {
 		tokenMisses:  m.value("conductor_token_memo_tokens_total", miss),
 		prefixBytes:  m.value("conductor_hash_memo_bytes", nil),
 		tokenBytes:   m.value("conductor_token_memo_bytes", nil),
+		answerHits:   m.value("conductor_answer_cache_lookups_total", hit),
+		answerMisses: m.value("conductor_answer_cache_lookups_total", miss),
+		answerBytes:  m.value("conductor_answer_cache_bytes", nil),
 	}, nil
 }
 

@@ -355,7 +355,11 @@ func TestLoadShort(t *testing.T) {
 	}
 	o, ctx := spawnedRun(t, "--publishers", "3", "--blocks", "6000",
 		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "64",
-		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms")
+		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms",
+		// The memos are what this test watches; remembered answers would
+		// spare the long queries the prefix memo (TestColdPassAndChainShort
+		// watches them).
+		"--server-args", "--answer-cache-mib=0")
 	rep, err := run(ctx, o)
 	if rep == nil {
 		t.Fatalf("load did not run: %v", err)

@@ -576,13 +576,14 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			MaxUS: us(percentile(lat, 1)), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
 			ClientCPUPerQueryUS: perUnit(self0, self1, len(samples)),
 			Failures:            fails.count.Load() - f0,
-			PrefixMemoHitPct:    -1, TokenMemoHitPct: -1, MemoBytes: -1,
+			AnswerHitPct:        -1, PrefixMemoHitPct: -1, TokenMemoHitPct: -1, MemoBytes: -1,
 		}
 		if memo1, err := s.api.memoStats(); err == nil && memoErr == nil {
 			l.PrefixMemoHitPct = hitPct(memo0.prefixHits, memo0.prefixMisses, memo1.prefixHits, memo1.prefixMisses)
 			l.TokenMemoHitPct = hitPct(memo0.tokenHits, memo0.tokenMisses, memo1.tokenHits, memo1.tokenMisses)
+			l.AnswerHitPct = hitPct(memo0.answerHits, memo0.answerMisses, memo1.answerHits, memo1.answerMisses)
 			if memo1.prefixBytes >= 0 && memo1.tokenBytes >= 0 {
-				l.MemoBytes = int64(memo1.prefixBytes + memo1.tokenBytes)
+				l.MemoBytes = int64(memo1.prefixBytes + memo1.tokenBytes + max(0, memo1.answerBytes))
 			}
 		}
 		rep.Levels = append(rep.Levels, l)

@@ -88,9 +88,11 @@ type levelResult struct {
 	// (encoding is done up front; this is HTTP plus decoding and checking).
 	ClientCPUPerQueryUS float64 `json:"client_cpu_per_query_us"`
 	Failures            int64   `json:"failures"`
-	// PrefixMemoHitPct and TokenMemoHitPct are the shares of blocks and
-	// token ids the server's memos served over the level (-1: unknown, or
-	// the memo is off); MemoBytes is what both held at its end.
+	// AnswerHitPct, PrefixMemoHitPct and TokenMemoHitPct are the shares
+	// of long queries, blocks and token ids the server's answer cache and
+	// memos served over the level (-1: unknown, or off); MemoBytes is what
+	// all three held at its end.
+	AnswerHitPct     float64 `json:"answer_hit_pct"`
 	PrefixMemoHitPct float64 `json:"prefix_memo_hit_pct"`
 	TokenMemoHitPct  float64 `json:"token_memo_hit_pct"`
 	MemoBytes        int64   `json:"memo_bytes"`
@@ -160,13 +162,13 @@ func fmtPct(v float64) string {
 func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s\n\n",
 		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding)
-	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | memo hits (blocks / ids), memory | wrong |")
+	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | memo hits (answers / blocks / ids), memory | wrong |")
 	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, l := range r.Levels {
-		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %s / %s, %s | %d |\n",
+		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %s / %s / %s, %s | %d |\n",
 			l.Concurrency, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.MaxUS),
 			fmtUS(l.ServerCPUPerQueryUS), fmtUS(l.ClientCPUPerQueryUS),
-			fmtPct(l.PrefixMemoHitPct), fmtPct(l.TokenMemoHitPct), fmtBytes(l.MemoBytes), l.Failures)
+			fmtPct(l.AnswerHitPct), fmtPct(l.PrefixMemoHitPct), fmtPct(l.TokenMemoHitPct), fmtBytes(l.MemoBytes), l.Failures)
 	}
 	fmt.Fprintln(w)
 	if r.Chain != nil || r.Cold != nil {
