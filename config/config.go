@@ -32,9 +32,10 @@ const DefaultMemoMiB = 64
 // 8K-token arrays (packed bytes and decoded ids) as well.
 const DefaultTokenMemoMiB = 64
 
-// DefaultAnswerCacheMiB sizes the answer cache: about two thousand
-// remembered 8K-token prompts with their answers.
-const DefaultAnswerCacheMiB = 64
+// DefaultAnswerCacheMiB sizes the answer cache: an answer for a few
+// instances takes well under a kilobyte (the prompt is kept as a 128-bit
+// hash), so this holds tens of thousands.
+const DefaultAnswerCacheMiB = 16
 
 // DefaultHashCheckEvery samples the ingest hash check at about one block in
 // 64 after a service's first blocks: a profile mismatch shows within the

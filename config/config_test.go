@@ -177,10 +177,13 @@ func TestUsageShowsRealDefaults(t *testing.T) {
 	if strings.Contains(u, "default -1") {
 		t.Errorf("usage shows a sentinel default:\n%s", u)
 	}
-	// Both memo flags, the answer cache and the hash-check sampling carry
-	// their real default.
-	if n := strings.Count(u, "(default 64)"); n != 4 {
-		t.Errorf("%d flags show (default 64), want 4 (both memos, answer cache, hash check)", n)
+	// Both memo flags and the hash-check sampling carry their real
+	// default, and so does the answer cache.
+	if n := strings.Count(u, "(default 64)"); n != 3 {
+		t.Errorf("%d flags show (default 64), want 3 (both memos, hash check)", n)
+	}
+	if !strings.Contains(u, "-answer-cache-mib int\n") || !strings.Contains(u, "(default 16)") {
+		t.Errorf("usage lacks the answer cache's default:\n%s", u)
 	}
 }
 

@@ -1,11 +1,12 @@
 package query
 
 import (
-	"bytes"
+	"crypto/rand"
+	"encoding/binary"
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/zeebo/xxh3"
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/memostore"
@@ -17,13 +18,13 @@ const MinAnswerTokens = 512
 
 // Answers remembers recent lookup answers together with the table version
 // (index.Version) each was computed at, so that a prompt asked again while
-// its table is unchanged is answered by comparing its token ids with the
-// remembered ones, without hashing or walking. An answer is used only at
-// exactly its version: one registration or one stripe write since makes it
-// miss, so every answer is the one a walk would give at that instant
-// (docs/architecture.md, "Answer reuse"). Answers only help while a table
-// is quiet, between bursts of events; under steady ingest they miss and
-// cost one comparison per remembered prompt asked again.
+// its table is unchanged is answered by one 128-bit hash of its token ids
+// (promptID) and a map lookup, without hashing blocks or walking. An answer
+// is used only at exactly its version: one registration or one stripe
+// write since makes it miss, so every answer is the one a walk would give
+// at that instant (docs/architecture.md, "Answer reuse"). Answers only
+// help while a table is quiet, between bursts of events; under steady
+// ingest they miss, at the cost of that hash (about 1.3 µs for 8K ids).
 //
 // Memory is bounded by a byte budget, evicted roughly oldest first; Reset
 // empties it. A nil *Answers remembers nothing. Safe for concurrent use.
@@ -39,10 +40,8 @@ type answer struct {
 	ver      index.Version
 	instance string
 	salt     string
-	// tokens is the prompt; a token array the token memo remembered is
-	// kept as it is (it is never modified), any other is copied.
-	tokens []int32
-	hits   []index.InstanceHits
+	id       xxh3.Uint128 // the prompt's (promptID)
+	hits     []index.InstanceHits
 }
 
 func (a *answer) Rec() *memostore.Record { return &a.Record }
@@ -80,60 +79,48 @@ func (a *Answers) Stats() (hits, misses uint64) {
 	return a.hits.Load(), a.misses.Load()
 }
 
-// answerSample is how many token ids from each of the prompt's start,
-// end and evenly spaced middle positions go into its fingerprint.
-const answerSample = 32
+// seed keys the prompt hash per process, so that nobody outside can
+// choose two prompts with the same hash.
+var seed = func() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("query: no randomness for the answer cache's seed: " + err.Error())
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}()
 
-// fingerprint files a lookup: the table, the filters, the length and a
-// sample of the ids. Entries under one fingerprint are told apart by a
-// full comparison, so the sample only has to spread prompts, not identify
-// them; hashing all 32 KB of an 8K prompt would cost more than the
-// comparison that follows anyway.
-func fingerprint(tbl *index.Table, instance, salt string, tokens []int32) uint64 {
-	var buf [8 * (3*answerSample + 2)]byte
-	b := buf[:0]
-	put := func(v uint64) {
-		b = append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32), byte(v>>40), byte(v>>48), byte(v>>56))
+// promptID identifies a lookup's token ids: a 128-bit xxh3 of their bytes
+// under the process's seed. Two different prompts share an id with
+// probability 2^-128, far below that of two different blocks sharing the
+// 64-bit keys the index itself is built on, and hashing 32 KB of an 8K
+// prompt just decoded (so in cache) takes about a third of the time of
+// comparing it with a remembered copy that no longer is, which is also 32
+// KB an answer no longer has to keep.
+func promptID(tokens []int32) xxh3.Uint128 {
+	if len(tokens) == 0 {
+		return xxh3.Hash128Seed(nil, seed)
 	}
-	put(uint64(uintptr(unsafe.Pointer(tbl))))
-	put(uint64(len(tokens)))
-	n := len(tokens)
-	for i := range answerSample {
-		put(uint64(uint32(tokens[i%n])) | uint64(uint32(tokens[n-1-i%n]))<<32)
-		put(uint64(uint32(tokens[(i*n)/answerSample])))
-	}
-	d := xxhash.New()
-	_, _ = d.Write(b)
-	_, _ = d.WriteString(instance)
-	_, _ = d.Write([]byte{0})
-	_, _ = d.WriteString(salt)
-	return d.Sum64()
+	return xxh3.Hash128Seed(unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)), seed)
 }
 
-// sameTokens compares two token arrays as bytes, which runs at memory
-// speed where an element loop would not.
-func sameTokens(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	if len(a) == 0 {
-		return true
-	}
-	return bytes.Equal(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), 4*len(a)),
-		unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), 4*len(b)))
+// fingerprint files a lookup: its prompt id with the table and the
+// filters folded in.
+func fingerprint(tbl *index.Table, instance, salt string, id xxh3.Uint128) uint64 {
+	return id.Lo ^ uint64(uintptr(unsafe.Pointer(tbl)))*0x9e3779b97f4a7c15 ^
+		xxh3.HashString(instance)*0xbf58476d1ce4e5b9 ^ xxh3.HashString(salt)*0x94d049bb133111eb
 }
 
-func (e *answer) matches(tbl *index.Table, instance, salt string, tokens []int32) bool {
-	return e.tbl == tbl && e.instance == instance && e.salt == salt && sameTokens(e.tokens, tokens)
+func (e *answer) matches(tbl *index.Table, instance, salt string, id xxh3.Uint128) bool {
+	return e.id == id && e.tbl == tbl && e.instance == instance && e.salt == salt
 }
 
 // lookup copies into res the answer remembered for this prompt at the
 // table's current version, if there is one.
-func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, tokens []int32, res *Result) bool {
+func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, id xxh3.Uint128, res *Result) bool {
 	cur := tbl.Version()
 	var found *answer
 	a.store.Lookup(fp, func(e *answer) bool {
-		if e.ver == cur && e.matches(tbl, instance, salt, tokens) {
+		if e.ver == cur && e.matches(tbl, instance, salt, id) {
 			found = e
 			return false
 		}
@@ -154,24 +141,24 @@ func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, tok
 }
 
 // remember keeps res as the answer for this prompt at ver, replacing any
-// older answer for the same prompt. shared says tokens may be kept as
-// they are.
-func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, instance, salt string, tokens []int32, shared bool, res *Result) {
-	if !shared {
-		tokens = append([]int32(nil), tokens...)
-	}
+// older answer for the same prompt.
+func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, instance, salt string, id xxh3.Uint128, res *Result) {
 	hits := make([]index.InstanceHits, len(res.Instances))
-	size := 4*len(tokens) + 256
+	size := answerOverhead + len(instance) + len(salt)
 	for i, src := range res.Instances {
 		hits[i] = index.InstanceHits{Instance: src.Instance, Max: src.Max,
 			Ranks: append([]index.RankHits(nil), src.Ranks...)}
-		size += 64 + len(src.Instance) + len(src.Ranks)*int(unsafe.Sizeof(index.RankHits{}))
+		size += int(unsafe.Sizeof(src)) + len(src.Instance) + len(src.Ranks)*int(unsafe.Sizeof(index.RankHits{}))
 	}
-	e := &answer{tbl: tbl, ver: ver, instance: instance, salt: salt, tokens: tokens, hits: hits}
+	e := &answer{tbl: tbl, ver: ver, instance: instance, salt: salt, id: id, hits: hits}
 	e.Fps = []uint64{fp}
 	e.Size = size
-	a.store.Insert(e, func(old *answer) bool { return old.matches(tbl, instance, salt, tokens) })
+	a.store.Insert(e, func(old *answer) bool { return old.matches(tbl, instance, salt, id) })
 }
+
+// answerOverhead is what an answer costs besides its strings and hits: the
+// entry, its fingerprint slice and the store's references to it.
+const answerOverhead = 256
 
 // resize returns s with length n, reusing its backing array (and the
 // elements' own buffers beyond the old length) when large enough.

@@ -208,7 +208,7 @@ func TestAnswersKeyedByEverythingAsked(t *testing.T) {
 		w.tbl.Store(w.owners[0], index.Device, k)
 	}
 	mid := append([]int32(nil), pr...)
-	mid[len(mid)/2+1]++ // not a sampled position's neighbour necessarily; the full comparison decides
+	mid[len(mid)/2+1]++
 	other := w.ix.EnsureTable(index.ContextKey{Tenant: "default", Model: "other", BlockSize: testCtx.BlockSize}, *w.tbl.Profile())
 	other.AddEngineOwner("a", 0)
 	asks := []struct {

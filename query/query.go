@@ -10,6 +10,8 @@ package query
 import (
 	"sync"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
@@ -145,9 +147,11 @@ func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt,
 		ans = nil
 	}
 	var fp uint64
+	var id xxh3.Uint128
 	if ans != nil {
-		fp = fingerprint(tbl, instance, salt, tokens)
-		if ans.lookup(fp, tbl, instance, salt, tokens, res) {
+		id = promptID(tokens)
+		fp = fingerprint(tbl, instance, salt, id)
+		if ans.lookup(fp, tbl, instance, salt, id, res) {
 			return
 		}
 	}
@@ -160,7 +164,7 @@ func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt,
 	if ans == nil {
 		tbl.Query(ch, instance, res)
 	} else if ver, exact := tbl.QueryVersioned(ch, instance, res); exact {
-		ans.remember(fp, tbl, ver, instance, salt, tokens, shared, res)
+		ans.remember(fp, tbl, ver, instance, salt, id, res)
 	}
 	hashing.ReleaseChain(ch)
 }
