@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building this service needs beyond Go: libzmq (headers and
-# pkg-config file, for github.com/pebbe/zmq4 through cgo) and protoc (Debian's
+# pkg-config file, for github.com/pebbe/zmq4 through cgo), protoc (Debian's
 # protobuf-compiler, which scripts/genproto.sh and the test that checks the
-# generated gRPC code is current need). Idempotent and quiet when everything
+# generated gRPC code is current need) and promtool (Debian's prometheus,
+# for scripts/check-deploy.sh). Idempotent and quiet when everything
 # is already there.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if ((${#need[@]})); then
 	sudo=""

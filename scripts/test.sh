@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: vet, every package's tests under the race
-# detector, then each fuzz target for a short, bounded time on top of its
+# detector, the deploy/ checks with helm and promtool, then each fuzz target for a short, bounded time on top of its
 # seed corpus. FUZZTIME overrides the per-target fuzz time (default 10s;
 # FUZZTIME=0 skips fuzzing).
 set -euo pipefail
@@ -10,6 +10,7 @@ scripts/setup.sh
 
 go vet ./...
 go test -race -count=1 -timeout 20m ./...
+scripts/check-deploy.sh
 
 fuzztime="${FUZZTIME:-10s}"
 out=$(mktemp)
