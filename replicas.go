@@ -54,6 +54,9 @@ func bootstrapPeers(cfg *config.Config, cli *clientv3.Client, log zerolog.Logger
 		log.Warn().Err(err).Msg("cannot list peers in etcd; starting from the state directory")
 		return nil
 	}
+	// Which peers were offered, and that etcd offered them, is what tells
+	// a discovered bootstrap from a configured one in the log.
+	log.Info().Strs("peers", peers).Msg("bootstrap peers found in etcd")
 	return peers
 }
 

@@ -1,15 +1,21 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/mooncake-conductor-go/conductor/etcdreg"
 	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
 )
 
@@ -204,4 +210,120 @@ func sumSeries(t *testing.T, p *proc, family string) float64 {
 		}
 	}
 	return sum
+}
+
+// startAdvertised starts a replica that advertises its own URL in etcd,
+// as a deployment does with --advertise-url: the port is chosen first so
+// the URL can be given (the later --port overrides startConductor's).
+func startAdvertised(t *testing.T, etcd *etcdtest.Server, args ...string) *proc {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	url := "http://127.0.0.1:" + port
+	p := startReplica(t, etcd, append([]string{"--port", port, "--advertise-url", url}, args...)...)
+	if p.base != url {
+		t.Fatalf("replica listens on %s, advertises %s", p.base, url)
+	}
+	return p
+}
+
+// awaitAdvertised waits until etcd lists every URL in want among the
+// advertised peers.
+func awaitAdvertised(t *testing.T, etcd *etcdtest.Server, want ...string) {
+	t.Helper()
+	cli, err := etcdreg.NewClient(etcdreg.ClientConfig{Endpoints: []string{etcd.Endpoint()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	eventually(t, fmt.Sprintf("%v advertised in etcd", want), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		peers, err := etcdreg.Peers(ctx, cli, "", "")
+		if err != nil {
+			return false
+		}
+		for _, u := range want {
+			if !slices.Contains(peers, u) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// logLine returns the first JSON log line with message msg, decoded.
+func logLine(t *testing.T, p *proc, msg string) map[string]any {
+	t.Helper()
+	for _, l := range strings.Split(p.logText(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["message"] == msg {
+			return m
+		}
+	}
+	t.Fatalf("no log line %q:\n%s", msg, p.logText())
+	return nil
+}
+
+// A replica started with neither --bootstrap-from nor a state directory
+// of its own finds its peers through etcd, where replicas advertise their
+// URL under a lease, and loads a peer's snapshot: a peer that died still
+// has its lease for a while and is offered too, so it must be skipped.
+// Once ready, the new replica answers exactly like the peer.
+func TestReplicaBootstrapsFromPeerFoundInEtcd(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	peer, doomed := startAdvertised(t, etcd), startAdvertised(t, etcd)
+	engines := []*engine{newEngine(t, "e1", 100000)}
+	m := model{}
+	engines[0].register(peer)
+	probeAll(t, []*proc{peer, doomed}, engines[0], m, 0)
+	publish := func(from, to int) {
+		for i := from; i < to; i++ {
+			e := engines[0]
+			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
+			m[e.name][i] = true
+			if i%3 == 0 {
+				e.send(removedEvent(t, prompt(engineIndex(e.name), i-2)))
+				m[e.name][i-2] = false
+			}
+		}
+	}
+	publish(1, 40)
+	checkAll(t, peer, m, engines, 40, "peer")
+	awaitAdvertised(t, etcd, peer.base, doomed.base)
+	doomed.kill() // its lease outlives it by up to etcdreg.PeerTTL
+
+	fresh := startAdvertised(t, etcd)
+	publish(40, 50) // the first live message shows the gap since the peer's cut
+	waitReady(t, fresh)
+	if got := logLine(t, fresh, "bootstrap peers found in etcd")["peers"]; !slices.Contains(got.([]any), any(peer.base)) {
+		t.Errorf("peers found in etcd %v, want %s among them", got, peer.base)
+	}
+	if got := logLine(t, fresh, "index snapshot loaded from peer")["peer"]; got != peer.base {
+		t.Errorf("snapshot loaded from %v, want %s", got, peer.base)
+	}
+	for _, tc := range []struct {
+		series string
+		want   float64
+	}{
+		{`conductor_restore_origin{origin="peer"}`, 1},
+		{`conductor_restore_origin{origin="state_dir"}`, 0},
+		{`conductor_restore_sources{outcome="restored"}`, 1},
+	} {
+		if got := fresh.metric(tc.series); got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.series, got, tc.want)
+		}
+	}
+	checkAll(t, fresh, m, engines, 50, "the bootstrapped replica")
+	prompts := make([][]int32, 50)
+	for i := range prompts {
+		prompts[i] = prompt(engineIndex(engines[0].name), i)
+	}
+	if d := cmp.Diff(peer.answers(prompts), fresh.answers(prompts)); d != "" {
+		t.Fatalf("answers differ (-peer +bootstrapped):\n%s", d)
+	}
 }

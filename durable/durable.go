@@ -120,6 +120,7 @@ func Open(opts Options) (*State, error) {
 	s := &State{opts: opts, log: opts.Logger}
 	s.stats.init()
 	fromPeer := s.bootstrap()
+	defer s.setOrigin(fromPeer)
 	if opts.Path == "" {
 		s.log.Info().Msg("no state directory: registrations and the index are kept in memory only and are lost at restart")
 		return s, nil
@@ -144,6 +145,23 @@ func Open(opts Options) (*State, error) {
 	}
 	s.log.Info().Str("state_dir", dir.Path()).Int("recorded_services", len(s.recorded)).Msg("state directory opened")
 	return s, nil
+}
+
+// setOrigin records where the index came from, for
+// conductor_restore_origin: an operator (or a test) can tell a replica
+// that bootstrapped from a peer from one that fell back to its own state
+// directory, which the log alone says only once.
+func (s *State) setOrigin(fromPeer bool) {
+	origin := OriginNone
+	switch {
+	case fromPeer:
+		origin = OriginPeer
+	case s.plan != nil:
+		origin = OriginStateDir
+	}
+	s.stats.mu.Lock()
+	s.stats.origin = origin
+	s.stats.mu.Unlock()
 }
 
 // loadSnapshot reads the snapshot into a restore plan; a bad one is moved

@@ -189,11 +189,17 @@ func TestRestartRestoresRegistrationsAndEntries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if diff := cmp.Diff(map[string]float64{OriginPeer: 0, OriginStateDir: 0, OriginNone: 1}, origins(t, w.st)); diff != "" {
+		t.Errorf("conductor_restore_origin of a new directory (-want +got):\n%s", diff)
+	}
 	w.apply(a.Key(), 5, 1, 2, 3)
 	w.apply(b.Key(), 9, 3, 4)
 	w.close()
 
 	w2 := mustOpen(t, dir)
+	if diff := cmp.Diff(map[string]float64{OriginPeer: 0, OriginStateDir: 1, OriginNone: 0}, origins(t, w2.st)); diff != "" {
+		t.Errorf("conductor_restore_origin after restart (-want +got):\n%s", diff)
+	}
 	if got := len(w2.reg.Services()); got != 2 {
 		t.Fatalf("%d services after restart", got)
 	}

@@ -104,6 +104,9 @@ func TestBootstrapFromPeer(t *testing.T) {
 	if len(res.Instances) != 1 || res.Instances[0].Max.Device != 48 {
 		t.Errorf("bootstrapped answer for a: %+v", res.Instances)
 	}
+	if diff := cmp.Diff(map[string]float64{OriginPeer: 1, OriginStateDir: 0, OriginNone: 0}, origins(t, w.st)); diff != "" {
+		t.Errorf("conductor_restore_origin (-want +got):\n%s", diff)
+	}
 	for _, bad := range []string{"127.0.0.1:1", wrongToken.URL, corrupt.URL, dying.URL, slow.URL} {
 		if !strings.Contains(w.log.String(), bad) {
 			t.Errorf("no warning naming peer %s", bad)
@@ -130,4 +133,17 @@ func TestBootstrapFallsBackToStateDir(t *testing.T) {
 	if diff := cmp.Diff(&subscriber.Resume{Seq: 2}, w.sources[a.Key()].resume); diff != "" {
 		t.Errorf("resume (-want +got):\n%s", diff)
 	}
+	if diff := cmp.Diff(map[string]float64{OriginPeer: 0, OriginStateDir: 1, OriginNone: 0}, origins(t, w.st)); diff != "" {
+		t.Errorf("conductor_restore_origin (-want +got):\n%s", diff)
+	}
+}
+
+// origins reads conductor_restore_origin by label.
+func origins(t *testing.T, st *State) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, o := range []string{OriginPeer, OriginStateDir, OriginNone} {
+		out[o] = value(t, st, "conductor_restore_origin", o)
+	}
+	return out
 }

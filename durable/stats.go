@@ -20,6 +20,9 @@ type stats struct {
 	failures        map[string]uint64
 	restoreStart    time.Time
 	restoreDuration time.Duration // set once, at Start
+	// origin is where the index came from at start: OriginPeer,
+	// OriginStateDir or OriginNone. Set once, in Open.
+	origin string
 
 	restored      atomic.Int64 // sources restored from the snapshot
 	restoredPairs atomic.Int64
@@ -59,6 +62,13 @@ func (st *stats) outcome(o string) {
 	}
 }
 
+// Origins of the index at start, as conductor_restore_origin labels them.
+const (
+	OriginPeer     = "peer"
+	OriginStateDir = "state_dir"
+	OriginNone     = "none"
+)
+
 var (
 	descLastSuccess = prometheus.NewDesc("conductor_snapshot_last_success_timestamp_seconds",
 		"Unix time of the cut the last index snapshot written describes (0: none since start).", nil, nil)
@@ -70,6 +80,8 @@ var (
 		"Snapshot writes that failed, by reason (no_space, permission, missing_dir, io).", []string{"reason"}, nil)
 	descRestoreDuration = prometheus.NewDesc("conductor_restore_duration_seconds",
 		"Time from reading the snapshot to every start-up registration restored.", nil, nil)
+	descOrigin = prometheus.NewDesc("conductor_restore_origin",
+		"Where the index was restored from at start: 1 for the origin used (peer: a replica's GET /snapshot; state_dir: this replica's own snapshot; none: an empty index), 0 for the others.", []string{"origin"}, nil)
 	descRestored = prometheus.NewDesc("conductor_restore_sources",
 		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, lagging (not settled at the catch-up timeout).", []string{"outcome"}, nil)
 )
@@ -80,7 +92,7 @@ func (s *State) Collector() prometheus.Collector { return collector{s} }
 type collector struct{ s *State }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLastSuccess, descDuration, descBytes, descFailures, descRestoreDuration, descRestored} {
+	for _, d := range []*prometheus.Desc{descLastSuccess, descDuration, descBytes, descFailures, descRestoreDuration, descRestored, descOrigin} {
 		ch <- d
 	}
 }
@@ -98,9 +110,16 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for r, n := range st.failures {
 		ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(n), r)
 	}
-	restore := st.restoreDuration
+	restore, origin := st.restoreDuration, st.origin
 	st.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descRestoreDuration, prometheus.GaugeValue, restore.Seconds())
+	for _, o := range []string{OriginPeer, OriginStateDir, OriginNone} {
+		v := 0.0
+		if o == origin {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descOrigin, prometheus.GaugeValue, v, o)
+	}
 	for _, o := range []struct {
 		name string
 		v    *atomic.Int64
