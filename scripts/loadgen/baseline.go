@@ -110,12 +110,15 @@ func coldPool(c *corpus, model string, bin bool) ([]preparedQuery, error) {
 
 // coldPass asks every query of pool once at concurrency 1, checking every
 // answer, and measures the server's CPU per query over the pass.
-func (s *session) coldPass(ctx context.Context, pool []preparedQuery, ids []string, fails *failures, m sampler) (*coldResult, error) {
-	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
-	f0, c0 := fails.count.Load(), m.cpu()
+//
+// With several servers the queries go to them in turn, so each prompt is
+// still new to the server that answers it, and the CPU is all servers'.
+func (s *session) coldPass(ctx context.Context, pool []preparedQuery, ids []string, fails *failures, m fleet) (*coldResult, error) {
+	d := &driver{targets: s.apis, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
+	f0, c0 := fails.count.Load(), total(m.cpus())
 	t0 := time.Now()
 	samples, elapsed := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
-	c1 := m.cpu()
+	c1 := total(m.cpus())
 	r := &coldResult{Queries: len(samples), Seconds: elapsed.Seconds(), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
 		P50US: us(percentile(latencies(samples), 0.5)), Failures: fails.count.Load() - f0}
 	s.logf("cold pass: %d queries in %v, server CPU/query %s, %d wrong", r.Queries, elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), r.Failures)

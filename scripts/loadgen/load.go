@@ -43,18 +43,21 @@ func (f *failures) add(format string, args ...any) {
 // mean nothing and the run has already failed.
 const maxFailures = 1000
 
-// sample is one query's start (since the phase began) and latency.
+// sample is one query's start (since the phase began), latency, and the
+// index in driver.targets of the server that answered it.
 type sample struct {
-	start time.Duration
-	lat   time.Duration
+	start  time.Duration
+	lat    time.Duration
+	target int
 }
 
-// driver sends pool queries and checks every answer.
+// driver sends pool queries and checks every answer. With several
+// targets each worker sends its queries to them in turn.
 type driver struct {
-	api   *api
-	pool  []preparedQuery
-	ids   []string
-	fails *failures
+	targets []*api
+	pool    []preparedQuery
+	ids     []string
+	fails   *failures
 	// pres says what each instance may look like; nil means all must match.
 	pres func(i int) presence
 	// states, when set, holds each instance's presence, read at the start
@@ -102,8 +105,10 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 			return
 		}
 		q := &d.pool[i%len(d.pool)]
+		ti := i % len(d.targets)
+		a := d.targets[ti]
 		req.Reset()
-		req.SetRequestURI(d.api.base + "/query")
+		req.SetRequestURI(a.base + "/query")
 		req.Header.SetMethod(fasthttp.MethodPost)
 		req.Header.SetContentType("application/msgpack")
 		req.SetBodyRaw(q.body)
@@ -114,23 +119,23 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 		if !start.Before(deadline) {
 			return
 		}
-		err := d.api.hc.DoTimeout(req, resp, requestTimeout)
+		err := a.hc.DoTimeout(req, resp, requestTimeout)
 		lat := time.Since(start)
 		for j := range after {
 			after[j] = presence(d.states[j].Load())
 		}
-		samples = append(samples, sample{start: start.Sub(t0), lat: lat})
+		samples = append(samples, sample{start: start.Sub(t0), lat: lat, target: ti})
 		switch {
 		case err != nil:
-			d.fails.add("query %d: %v", i%len(d.pool), err)
+			d.fails.add("query %d%s: %v", i%len(d.pool), d.at(ti), err)
 			continue
 		case resp.StatusCode() != 200:
-			d.fails.add("query %d: status %d %s", i%len(d.pool), resp.StatusCode(), describe(resp.Body()))
+			d.fails.add("query %d%s: status %d %s", i%len(d.pool), d.at(ti), resp.StatusCode(), describe(resp.Body()))
 			continue
 		}
 		clear(r.Instances)
 		if err := msgpack.Unmarshal(resp.Body(), &r); err != nil {
-			d.fails.add("query %d: decoding answer: %v", i%len(d.pool), err)
+			d.fails.add("query %d%s: decoding answer: %v", i%len(d.pool), d.at(ti), err)
 			continue
 		}
 		pres := d.pres
@@ -138,9 +143,17 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 			pres = func(j int) presence { return presenceBetween(before[j], after[j]) }
 		}
 		if err := checkAnswer(&r, q.expect, d.ids, pres); err != nil {
-			d.fails.add("query %d (%s): %v", i%len(d.pool), q.kind, err)
+			d.fails.add("query %d (%s)%s: %v", i%len(d.pool), q.kind, d.at(ti), err)
 		}
 	}
+}
+
+// at names target ti in a failure when there are several.
+func (d *driver) at(ti int) string {
+	if len(d.targets) < 2 {
+		return ""
+	}
+	return " at " + d.targets[ti].base
 }
 
 // run starts conc workers that send queries until deadline (and at most

@@ -85,6 +85,12 @@ type options struct {
 	json          bool
 	quiet         bool
 	soak          soakConfig
+
+	// serverReplicas is --server-replicas; targets and serverPIDs are
+	// --targets and --server-pids (nil: --base-url and --server-pid).
+	serverReplicas int
+	targets        []string
+	serverPIDs     []int
 }
 
 // presets are named workloads: their flags go before the command line's,
@@ -151,6 +157,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.restart, "restart", false, "with --spawn: after the first checked pass, stop the server (SIGTERM), start it again on its state directory, report restart-to-ready and check every answer again")
 	serverArgs := fs.String("server-args", "", "extra command-line arguments for a --spawn'ed server, separated by spaces")
 	fs.IntVar(&o.serverPID, "server-pid", 0, "server process id, for CPU and RSS figures (set automatically with --spawn)")
+	fs.IntVar(&o.serverReplicas, "server-replicas", 1, "with --spawn: start this many servers (each its own process, port and state directory), register every publisher on each, check each one's answers to the whole pool, and send the timed queries to them in turn (--replicas is something else: publishers storing each prompt)")
+	targets := fs.String("targets", "", "comma-separated base URLs of servers already running (loopback only), instead of --base-url: every publisher is registered on each, and the timed queries go to them in turn")
+	pids := fs.String("server-pids", "", "with --targets: the servers' process ids, comma-separated in the same order, for per-server CPU figures (RSS is the first one's)")
 	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor) or sglang (sha256_raw)")
 	fs.StringVar(&o.model, "model", "", "model name of the context (default: loadgen-<random>, so runs never collide)")
 	fs.IntVar(&o.corpus.Publishers, "publishers", 8, "fake engine publishers")
@@ -178,6 +187,15 @@ func parseFlags(args []string) (*options, error) {
 		return nil, err
 	}
 	o.serverArgs = strings.Fields(*serverArgs)
+	if o.targets, err = parseTargets(*targets); err != nil {
+		return nil, err
+	}
+	if o.serverPIDs, err = parsePIDs(*pids, len(o.targets)); err != nil {
+		return nil, err
+	}
+	if err := o.validateReplicas(); err != nil {
+		return nil, err
+	}
 	if o.soak.duration != 0 {
 		if err := o.soak.validate(); err != nil {
 			return nil, err
@@ -240,6 +258,36 @@ func parseFlags(args []string) (*options, error) {
 	return o, o.corpus.validate()
 }
 
+// validateReplicas refuses combinations of the multi-server flags that
+// would silently measure something else than asked.
+func (o *options) validateReplicas() error {
+	switch {
+	case o.serverReplicas < 1 || o.serverReplicas > maxServerReplicas:
+		return fmt.Errorf("--server-replicas must be between 1 and %d", maxServerReplicas)
+	case o.serverReplicas > 1 && !o.spawn:
+		return errors.New("--server-replicas needs --spawn (for servers already running, use --targets)")
+	case o.targets != nil && o.spawn:
+		return errors.New("--targets and --spawn do not combine (--spawn --server-replicas N starts N servers)")
+	case o.serverPIDs != nil && o.targets == nil:
+		return errors.New("--server-pids needs --targets")
+	case o.targets != nil && o.serverPID != 0:
+		return errors.New("with --targets, give process ids with --server-pids")
+	case o.servers() > 1 && o.restart:
+		return errors.New("--restart restarts one server; it does not combine with several")
+	case (o.serverReplicas > 1 || o.targets != nil) && o.soak.duration != 0:
+		return errors.New("--soak drives one server (--base-url or --spawn); it does not combine with --server-replicas or --targets")
+	}
+	return nil
+}
+
+// servers is how many servers the run drives.
+func (o *options) servers() int {
+	if o.targets != nil {
+		return len(o.targets)
+	}
+	return o.serverReplicas
+}
+
 func main() {
 	o, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
@@ -295,33 +343,42 @@ func (o *options) serverOptions() serverOptions {
 type session struct {
 	o          *options
 	zctx       *zmq.Context // the run's own, so that runs in one process (tests) do not share one
-	api        *api
+	api        *api         // apis[0]
 	server     *spawned
 	pubs       []*publisher
 	registered []bool
+	// apis are every server driven, servers every one spawned, spawnRoot
+	// the directory that holds several spawned ones.
+	apis      []*api
+	servers   []*spawned
+	spawnRoot string
 }
 
 // close unregisters whatever is still registered (best effort: the run is
 // over), closes every socket and stops a spawned server.
 func (s *session) close() error {
-	if s.api != nil {
+	for _, a := range s.apis {
 		// Cleanup after a failure must not hang on a hung server.
-		s.api.timeout = 3 * time.Second
+		a.timeout = 3 * time.Second
 		for i, p := range s.pubs {
 			if s.registered[i] {
-				_ = s.api.unregister(p.instance)
+				_ = a.unregister(p.instance)
 			}
 		}
-		s.api.close()
+		a.close()
 	}
 	for _, p := range s.pubs {
 		p.close()
 	}
 	termContext(s.zctx, "")
-	if s.server != nil {
-		return s.server.cleanup()
+	var errs []error
+	for _, srv := range s.servers {
+		errs = append(errs, srv.cleanup())
 	}
-	return nil
+	if s.spawnRoot != "" {
+		os.RemoveAll(s.spawnRoot)
+	}
+	return errors.Join(errs...)
 }
 
 // termContext terminates a run's ZMQ context (nil: none). With every
@@ -401,7 +458,10 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			err = cerr
 		}
 	}()
-	base := o.baseURL
+	targets, pids := []string{o.baseURL}, []int{o.serverPID}
+	if o.targets != nil {
+		targets, pids = o.targets, o.serverPIDs
+	}
 	if o.spawn {
 		repo := o.repo
 		if repo == "" {
@@ -409,20 +469,44 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 				return nil, err
 			}
 		}
-		if s.server, err = spawnServer(ctx, repo, o.serverOptions()); err != nil {
+		if o.serverReplicas > 1 {
+			if s.servers, s.spawnRoot, err = spawnReplicas(ctx, repo, o.serverOptions(), o.serverReplicas); err != nil {
+				return nil, err
+			}
+		} else {
+			srv, err := spawnServer(ctx, repo, o.serverOptions())
+			if err != nil {
+				return nil, err
+			}
+			s.servers = []*spawned{srv}
+		}
+		s.server = s.servers[0]
+		targets, pids = nil, nil
+		for _, srv := range s.servers {
+			targets, pids = append(targets, srv.base), append(pids, srv.pid())
+			s.logf("server pid %d at %s", srv.pid(), srv.base)
+		}
+	}
+	// RSS is the first server's; CPU is every server's.
+	fl := make(fleet, len(targets))
+	for i := range fl {
+		if i < len(pids) {
+			fl[i] = sampler{pid: pids[i]}
+		}
+	}
+	o.serverPID = fl[0].pid
+	m := fl[0]
+	for _, base := range targets {
+		a, err := newAPI(base, o.authToken, max(slices.Max(o.levels), o.unregConc, o.corpus.Publishers)+8)
+		if err != nil {
 			return nil, err
 		}
-		base = s.server.base
-		o.serverPID = s.server.pid()
-		s.logf("server pid %d at %s", o.serverPID, base)
+		s.apis = append(s.apis, a)
+		if !a.healthy() {
+			return nil, fmt.Errorf("%s/healthz does not answer 200", base)
+		}
 	}
-	m := sampler{pid: o.serverPID}
-	if s.api, err = newAPI(base, o.authToken, max(slices.Max(o.levels), o.unregConc, o.corpus.Publishers)+8); err != nil {
-		return nil, err
-	}
-	if !s.api.healthy() {
-		return nil, fmt.Errorf("%s/healthz does not answer 200", base)
-	}
+	s.api = s.apis[0]
 
 	genStart := time.Now()
 	c, err := newCorpus(o.corpus)
@@ -431,6 +515,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	}
 	cfg := c.cfg
 	rep = &report{
+		ServerReplicas: len(s.apis), Targets: targets,
 		Engine: string(o.engine), Publishers: cfg.Publishers, BlockSize: cfg.BlockSize,
 		PromptTokens: cfg.PromptTokens / cfg.BlockSize * cfg.BlockSize, SystemTokens: cfg.SystemTokens / cfg.BlockSize * cfg.BlockSize,
 		Groups: cfg.Groups, Replicas: cfg.Replicas, StoredPrompts: len(c.prompts), PoolQueries: len(c.queries),
@@ -496,12 +581,15 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	s.logf("corpus: %d prompts, %d blocks in %d messages (%d distinct), %d queries, prepared in %v",
 		len(c.prompts), rep.Ingest.BlocksPublished, rep.Ingest.Messages, c.distinctBlocks(), len(pool), time.Since(genStart).Round(time.Millisecond))
 
-	// Register and wait for each subscription to carry a probe.
+	// Register on every server and wait for each subscription to carry a
+	// probe.
 	for i, p := range s.pubs {
-		if err := s.api.register(o.engine.registration(p.endpoint, o.model, p.instance, cfg.BlockSize)); err != nil {
-			return rep, err
+		for _, a := range s.apis {
+			if err := a.register(o.engine.registration(p.endpoint, o.model, p.instance, cfg.BlockSize)); err != nil {
+				return rep, err
+			}
+			s.registered[i] = true
 		}
-		s.registered[i] = true
 	}
 	if err := parallel(s.pubs, func(p *publisher) error { return s.awaitProbe(ctx, p, cfg.BlockSize) }); err != nil {
 		return rep, err
@@ -510,11 +598,12 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 
 	// Ingest.
 	m.memory(&rep.RSS.BeforeIngest, &rep.RSSAnon.BeforeIngest)
-	cpu0 := m.cpu()
+	cpu0 := total(fl.cpus())
 	if err := s.ingest(ctx, c.distinctBlocks()+len(s.pubs), rep); err != nil {
 		return rep, err
 	}
-	rep.Ingest.ServerCPUPerBlockUS = perUnit(cpu0, m.cpu(), rep.Ingest.BlocksPublished)
+	// Each server ingests every block.
+	rep.Ingest.ServerCPUPerBlockUS = perUnit(cpu0, total(fl.cpus()), rep.Ingest.BlocksPublished*len(s.apis))
 	m.memory(&rep.RSS.AfterIngest, &rep.RSSAnon.AfterIngest)
 
 	var chainPrompts [][]int32
@@ -527,7 +616,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	}
 	if o.coldPass {
 		s.logf("cold pass: %d stored prompts, each asked once", len(cold))
-		cr, err := s.coldPass(ctx, cold, ids, fails, m)
+		cr, err := s.coldPass(ctx, cold, ids, fails, fl)
 		rep.Cold = cr
 		if cr != nil {
 			rep.Checked += int64(cr.Queries)
@@ -540,15 +629,23 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		}
 	}
 
-	// One pass over the pool checks every answer once before load.
-	d := &driver{api: s.api, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
-	t0 := time.Now()
-	verified, _ := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
-	rep.Checked += int64(len(verified))
-	s.logf("verified %d pool answers in %v, %d wrong", len(verified), time.Since(t0).Round(time.Millisecond), fails.count.Load())
-	if err := ctx.Err(); err != nil {
-		return rep, err
+	// One pass over the pool on each server checks every answer once
+	// before load: every replica must give the same, expected, answers.
+	for _, a := range s.apis {
+		dv := &driver{targets: []*api{a}, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
+		t0 := time.Now()
+		verified, _ := dv.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
+		rep.Checked += int64(len(verified))
+		at := ""
+		if len(s.apis) > 1 {
+			at = " from " + a.base
+		}
+		s.logf("verified %d pool answers%s in %v, %d wrong", len(verified), at, time.Since(t0).Round(time.Millisecond), fails.count.Load())
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
 	}
+	d := &driver{targets: s.apis, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
 	if o.restart {
 		if s.server == nil {
 			return rep, errors.New("--restart needs --spawn")
@@ -559,17 +656,19 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			return rep, err
 		}
 		m = sampler{pid: o.serverPID}
+		fl = fleet{m}
 		rep.Checked += int64(r.Checked)
 	}
 
 	for _, conc := range o.levels {
-		memo0, memoErr := s.api.memoStats()
-		f0, c0, self0 := fails.count.Load(), m.cpu(), selfCPU()
+		memo0, memoErr := memoStatsAll(s.apis)
+		f0, cs0, self0 := fails.count.Load(), fl.cpus(), selfCPU()
 		stopBar := s.bar(fmt.Sprintf("concurrency %d", conc), o.duration)
 		t0 := time.Now()
 		samples, elapsed := d.run(ctx, conc, t0, t0.Add(o.duration), o.maxSamples, nil)
 		stopBar()
-		c1, self1 := m.cpu(), selfCPU()
+		cs1, self1 := fl.cpus(), selfCPU()
+		c0, c1 := total(cs0), total(cs1)
 		lat := latencies(samples)
 		l := levelResult{
 			Concurrency: conc, Queries: len(samples), Seconds: elapsed.Seconds(),
@@ -577,10 +676,15 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			P50US: us(percentile(lat, 0.50)), P99US: us(percentile(lat, 0.99)), P999US: us(percentile(lat, 0.999)),
 			MaxUS: us(percentile(lat, 1)), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
 			ClientCPUPerQueryUS: perUnit(self0, self1, len(samples)),
-			Failures:            fails.count.Load() - f0,
-			AnswerHitPct:        -1, PrefixMemoHitPct: -1, TokenMemoHitPct: -1, MemoBytes: -1,
+			ServerCPUCores:      cores(c0, c1, elapsed), ClientCPUCores: cores(self0, self1, elapsed),
+			Failures:     fails.count.Load() - f0,
+			AnswerHitPct: -1, PrefixMemoHitPct: -1, TokenMemoHitPct: -1, MemoBytes: -1,
 		}
-		if memo1, err := s.api.memoStats(); err == nil && memoErr == nil {
+		for i, n := range perTarget(samples, len(s.apis)) {
+			l.PerServer = append(l.PerServer, replicaLevel{Target: s.apis[i].base, Queries: n, QPS: float64(n) / elapsed.Seconds(),
+				ServerCPUPerQueryUS: perUnit(cs0[i], cs1[i], n), ServerCPUCores: cores(cs0[i], cs1[i], elapsed)})
+		}
+		if memo1, err := memoStatsAll(s.apis); err == nil && memoErr == nil {
 			l.PrefixMemoHitPct = hitPct(memo0.prefixHits, memo0.prefixMisses, memo1.prefixHits, memo1.prefixMisses)
 			l.TokenMemoHitPct = hitPct(memo0.tokenHits, memo0.tokenMisses, memo1.tokenHits, memo1.tokenMisses)
 			l.AnswerHitPct = hitPct(memo0.answerHits, memo0.answerMisses, memo1.answerHits, memo1.answerMisses)
@@ -631,14 +735,15 @@ func (s *session) restartServer(ctx context.Context, d *driver, blockSize int) (
 	if err != nil {
 		return r, fmt.Errorf("restart: %w", err)
 	}
-	s.server = ns
+	s.server, s.servers[0] = ns, ns
 	s.o.serverPID = ns.pid()
 	r.ToHealthyMS = ms(time.Since(t1))
 	s.api.close()
 	if s.api, err = newAPI(ns.base, s.o.authToken, max(slices.Max(s.o.levels), s.o.unregConc, len(s.pubs))+8); err != nil {
 		return r, err
 	}
-	d.api = s.api
+	s.apis[0] = s.api
+	d.targets = []*api{s.api}
 	if err := parallel(s.pubs, func(p *publisher) error { return s.awaitProbe(ctx, p, blockSize) }); err != nil {
 		return r, err
 	}
@@ -679,15 +784,17 @@ func parallel(pubs []*publisher, f func(p *publisher) error) error {
 const probeTimeout = 15 * time.Second
 
 // awaitProbe publishes p's probe block until a /query for it, restricted
-// to p's instance, shows it on the device tier. A SUB socket joins a PUB
-// asynchronously and messages published before that are lost; sending the
-// corpus only after the probe arrived means none of it is lost, and the
-// first received probe is the server's sequence baseline.
+// to p's instance, shows it on the device tier of every server. A SUB
+// socket joins a PUB asynchronously and messages published before that
+// are lost; sending the corpus only after the probe arrived means none of
+// it is lost, and the first received probe is the server's sequence
+// baseline.
 func (s *session) awaitProbe(ctx context.Context, p *publisher, blockSize int) error {
 	body, err := queryBody(s.o.model, blockSize, p.probeTok, p.instance, false)
 	if err != nil {
 		return err
 	}
+	seen := make([]bool, len(s.apis))
 	deadline := time.Now().Add(probeTimeout)
 	for time.Now().Before(deadline) {
 		if err := p.send(p.probe); err != nil {
@@ -698,22 +805,30 @@ func (s *session) awaitProbe(ctx context.Context, p *publisher, blockSize int) e
 			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
-		status, resp, err := s.api.do("POST", "/query", body, false)
-		if err != nil {
-			return err
+		all := true
+		for i, a := range s.apis {
+			if seen[i] {
+				continue
+			}
+			status, resp, err := a.do("POST", "/query", body, false)
+			if err != nil {
+				return err
+			}
+			if status != 200 {
+				return fmt.Errorf("%s: probe query: %d %s", p.instance, status, describe(resp))
+			}
+			var r queryResponse
+			if err := msgpack.Unmarshal(resp, &r); err != nil {
+				return fmt.Errorf("%s: probe answer: %w", p.instance, err)
+			}
+			seen[i] = r.Instances[p.instance].Device == int64(blockSize)
+			all = all && seen[i]
 		}
-		if status != 200 {
-			return fmt.Errorf("%s: probe query: %d %s", p.instance, status, describe(resp))
-		}
-		var r queryResponse
-		if err := msgpack.Unmarshal(resp, &r); err != nil {
-			return fmt.Errorf("%s: probe answer: %w", p.instance, err)
-		}
-		if r.Instances[p.instance].Device == int64(blockSize) {
+		if all {
 			return nil
 		}
 	}
-	return fmt.Errorf("%s: probe not visible after %v", p.instance, probeTimeout)
+	return fmt.Errorf("%s: probe not visible on every server after %v", p.instance, probeTimeout)
 }
 
 // ingest sends every publisher's corpus concurrently and polls
@@ -746,7 +861,7 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 	deadline := start.Add(s.o.ingestTimeout)
 	lastStale := time.Time{}
 	for {
-		n, found, err := s.api.prefixCount(s.o.model, s.cfgBlockSize())
+		n, found, over, err := s.prefixCounts()
 		if err != nil {
 			return err
 		}
@@ -765,8 +880,8 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 			s.logf("ingested %d blocks in %v: %.0f blocks/s", rep.Ingest.BlocksPublished, elapsed.Round(time.Millisecond), rep.Ingest.BlocksPerSec)
 			return nil
 		}
-		if found && n > want {
-			return fmt.Errorf("prefix_count %d exceeds the %d distinct blocks published", n, want)
+		if over > want {
+			return fmt.Errorf("prefix_count %d exceeds the %d distinct blocks published", over, want)
 		}
 		if !sent {
 			select {
@@ -780,9 +895,13 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 		}
 		if time.Since(lastStale) > time.Second {
 			lastStale = time.Now()
-			stale, err := s.api.staleSources()
-			if err != nil {
-				return err
+			stale := 0
+			for _, a := range s.apis {
+				n, err := a.staleSources()
+				if err != nil {
+					return err
+				}
+				stale += n
 			}
 			if stale > 0 {
 				return fmt.Errorf("%d source(s) went stale during ingest (a message was lost); prefix_count %d of %d", stale, n, want)
@@ -797,6 +916,24 @@ func (s *session) ingest(ctx context.Context, want int, rep *report) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// prefixCounts reads our context's prefix_count on every server: the
+// smallest, whether every server has the context, and the largest.
+func (s *session) prefixCounts() (least int, found bool, most int, err error) {
+	found = true
+	for i, a := range s.apis {
+		n, f, err := a.prefixCount(s.o.model, s.cfgBlockSize())
+		if err != nil {
+			return 0, false, 0, err
+		}
+		if i == 0 || n < least {
+			least = n
+		}
+		most = max(most, n)
+		found = found && f
+	}
+	return least, found, most, nil
 }
 
 func (s *session) cfgBlockSize() int { return s.o.corpus.BlockSize }
@@ -838,7 +975,7 @@ const unregLoadCap = 2 * time.Minute
 // others must stay exact.
 func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *report) error {
 	conc := s.o.unregConc
-	d := &driver{api: d0.api, pool: d0.pool, ids: d0.ids, fails: d0.fails, states: make([]atomic.Uint32, len(d0.ids))}
+	d := &driver{targets: d0.targets, pool: d0.pool, ids: d0.ids, fails: d0.fails, states: make([]atomic.Uint32, len(d0.ids))}
 	f0 := d.fails.count.Load()
 	stop := make(chan struct{})
 	t0 := time.Now()
@@ -863,13 +1000,20 @@ func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *repo
 			time.Sleep(s.o.reclaimWindow)
 			wEnd = time.Since(t0)
 		}
+		// With several servers the publisher is gone only once every
+		// server unregistered it; until then it may still answer anywhere.
 		d.states[i].Store(uint32(mayVanish))
-		c0 := time.Now()
-		if err := s.api.unregister(p.instance); err != nil {
-			uerr = err
+		for _, a := range s.apis {
+			c0 := time.Now()
+			if err := a.unregister(p.instance); err != nil {
+				uerr = err
+				break
+			}
+			slowest = max(slowest, time.Since(c0))
+		}
+		if uerr != nil {
 			break
 		}
-		slowest = max(slowest, time.Since(c0))
 		s.registered[i] = false
 		d.states[i].Store(uint32(mustBeGone))
 	}
@@ -909,20 +1053,23 @@ func (s *session) unregisterUnderLoad(ctx context.Context, d0 *driver, rep *repo
 	s.logf("unregistered %d publishers in %v under %d concurrent queries; worst overlapping query %s",
 		len(s.pubs), (uEnd - uStart).Round(time.Microsecond), conc, fmtUS(rep.Unreg.WorstUS))
 
-	// The context disappears with its last service.
+	// The context disappears with its last service, on every server.
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, found, err := s.api.prefixCount(s.o.model, s.cfgBlockSize())
-		if err != nil {
-			return err
+	for _, a := range s.apis {
+		for {
+			_, found, err := a.prefixCount(s.o.model, s.cfgBlockSize())
+			if err != nil {
+				return err
+			}
+			if !found {
+				break
+			}
+			if time.Now().After(deadline) {
+				d.fails.add("context %s still in %s/global_view 5s after its last service was unregistered", s.o.model, a.base)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if !found {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			d.fails.add("context %s still in /global_view 5s after its last service was unregistered", s.o.model)
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	return nil
 }

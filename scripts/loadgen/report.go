@@ -12,6 +12,12 @@ import (
 // Durations are in microseconds or seconds as their names say; server
 // figures are -1 when no server pid was known.
 type report struct {
+	// ServerReplicas is how many servers were driven, Targets their base
+	// URLs; the queries went to them in turn. RSS figures are the first
+	// server's, CPU figures every server's.
+	ServerReplicas int      `json:"server_replicas"`
+	Targets        []string `json:"targets"`
+
 	Engine        string         `json:"engine"`
 	Publishers    int            `json:"publishers"`
 	BlockSize     int            `json:"block_size"`
@@ -68,7 +74,8 @@ type ingestResult struct {
 	Seconds         float64 `json:"seconds"`
 	BlocksPerSec    float64 `json:"blocks_per_s"`
 	// ServerCPUPerBlockUS is the server's CPU time during ingest divided by
-	// the blocks published.
+	// the blocks published (with several servers, which each ingest every
+	// block: their CPU time divided by blocks × servers).
 	ServerCPUPerBlockUS float64 `json:"server_cpu_per_block_us"`
 }
 
@@ -87,7 +94,15 @@ type levelResult struct {
 	// ClientCPUPerQueryUS is the load generator's own CPU per query
 	// (encoding is done up front; this is HTTP plus decoding and checking).
 	ClientCPUPerQueryUS float64 `json:"client_cpu_per_query_us"`
-	Failures            int64   `json:"failures"`
+	// ServerCPUCores and ClientCPUCores are the servers' (together) and
+	// the load generator's CPU time over the level's wall time: on one
+	// machine they share its cores, so their sum near the core count says
+	// the machine, not a server, was the limit.
+	ServerCPUCores float64 `json:"server_cpu_cores"`
+	ClientCPUCores float64 `json:"client_cpu_cores"`
+	// PerServer splits the level by the server that answered.
+	PerServer []replicaLevel `json:"per_server"`
+	Failures  int64          `json:"failures"`
 	// AnswerHitPct, PrefixMemoHitPct and TokenMemoHitPct are the shares
 	// of long queries, blocks and token ids the server's answer cache and
 	// memos served over the level (-1: unknown, or off); MemoBytes is what
@@ -160,8 +175,12 @@ func fmtPct(v float64) string {
 
 // writeMarkdown prints the per-level table and a summary table.
 func (r *report) writeMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s\n\n",
-		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding)
+	servers := ""
+	if r.ServerReplicas > 1 {
+		servers = fmt.Sprintf("; %d servers, every publisher registered on each", r.ServerReplicas)
+	}
+	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s%s\n\n",
+		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding, servers)
 	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | memo hits (answers / blocks / ids), memory | wrong |")
 	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, l := range r.Levels {
@@ -171,6 +190,9 @@ func (r *report) writeMarkdown(w io.Writer) {
 			fmtPct(l.AnswerHitPct), fmtPct(l.PrefixMemoHitPct), fmtPct(l.TokenMemoHitPct), fmtBytes(l.MemoBytes), l.Failures)
 	}
 	fmt.Fprintln(w)
+	if r.ServerReplicas > 1 {
+		r.writeServers(w)
+	}
 	if r.Chain != nil || r.Cold != nil {
 		r.writeRatios(w)
 	}
@@ -204,6 +226,29 @@ func (r *report) writeMarkdown(w io.Writer) {
 	if len(r.FailureNotes) > 0 {
 		fmt.Fprintln(w)
 	}
+}
+
+// writeServers prints each level's split by server, with the CPU cores
+// the servers and the load generator used.
+func (r *report) writeServers(w io.Writer) {
+	fmt.Fprintf(w, "%d servers, queries sent to them in turn\n\n", r.ServerReplicas)
+	fmt.Fprintln(w, "| concurrency | server | queries | queries/s | server CPU/query | server CPU (cores) |")
+	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: |")
+	for _, l := range r.Levels {
+		for _, p := range l.PerServer {
+			fmt.Fprintf(w, "| %d | %s | %d | %.0f | %s | %s |\n", l.Concurrency, p.Target, p.Queries, p.QPS, fmtUS(p.ServerCPUPerQueryUS), fmtCores(p.ServerCPUCores))
+		}
+		fmt.Fprintf(w, "| %d | all (client: %s cores, %s/query) | %d | %.0f | %s | %s |\n", l.Concurrency, fmtCores(l.ClientCPUCores), fmtUS(l.ClientCPUPerQueryUS),
+			l.Queries, l.QPS, fmtUS(l.ServerCPUPerQueryUS), fmtCores(l.ServerCPUCores))
+	}
+	fmt.Fprintln(w)
+}
+
+func fmtCores(v float64) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 // writeRatios prints the cold pass and every level's server CPU per query

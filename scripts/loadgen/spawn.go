@@ -68,11 +68,55 @@ func freePort() (int, error) {
 // ~/.mooncake/conductor_config.json cannot add registrations or change the
 // port. The token, when set, is handed over in CONDUCTOR_AUTH_TOKEN.
 func spawnServer(ctx context.Context, repo string, so serverOptions) (*spawned, error) {
-	dir, err := os.MkdirTemp("", "loadgen-conductor-")
+	dir, bin, err := buildServer(ctx, repo, so)
 	if err != nil {
 		return nil, err
 	}
-	bin := filepath.Join(dir, "conductor")
+	srv, err := startRetrying(ctx, dir, bin, so)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return srv, nil
+}
+
+// spawnReplicas builds the server once and starts n of it, each in its own
+// subdirectory of the build's (its own state directory and log) and on
+// its own free port. The returned directory holds them all; the caller
+// removes it after stopping every replica. On error nothing is left.
+func spawnReplicas(ctx context.Context, repo string, so serverOptions, n int) ([]*spawned, string, error) {
+	dir, bin, err := buildServer(ctx, repo, so)
+	if err != nil {
+		return nil, "", err
+	}
+	var out []*spawned
+	for i := range n {
+		sub := filepath.Join(dir, fmt.Sprintf("replica-%d", i+1))
+		err := os.Mkdir(sub, 0o700)
+		var srv *spawned
+		if err == nil {
+			srv, err = startRetrying(ctx, sub, bin, so)
+		}
+		if err != nil {
+			for _, s := range out {
+				_ = s.stop()
+			}
+			os.RemoveAll(dir)
+			return nil, "", fmt.Errorf("replica %d: %w", i+1, err)
+		}
+		out = append(out, srv)
+	}
+	return out, dir, nil
+}
+
+// buildServer builds the server from repo into a new temporary directory
+// and returns the directory and the binary's path.
+func buildServer(ctx context.Context, repo string, so serverOptions) (dir, bin string, err error) {
+	dir, err = os.MkdirTemp("", "loadgen-conductor-")
+	if err != nil {
+		return "", "", err
+	}
+	bin = filepath.Join(dir, "conductor")
 	args := []string{"build", "-o", bin}
 	if so.race {
 		args = append(args, "-race")
@@ -83,8 +127,14 @@ func spawnServer(ctx context.Context, repo string, so serverOptions) (*spawned, 
 	fmt.Fprintf(os.Stderr, "building server in %s\n", repo)
 	if err := build.Run(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("go build: %w", err)
+		return "", "", fmt.Errorf("go build: %w", err)
 	}
+	return dir, bin, nil
+}
+
+// startRetrying starts the binary in dir, on a new free port after a
+// failed attempt (another process may take a port before the server binds).
+func startRetrying(ctx context.Context, dir, bin string, so serverOptions) (*spawned, error) {
 	var lastErr error
 	for attempt := range 3 {
 		s, err := startServer(ctx, dir, bin, so, attempt)
@@ -93,7 +143,6 @@ func spawnServer(ctx context.Context, repo string, so serverOptions) (*spawned, 
 		}
 		lastErr = err
 	}
-	os.RemoveAll(dir)
 	return nil, lastErr
 }
 
