@@ -27,12 +27,18 @@
 // (JSON with --json), progress to stderr. --spawn builds the server from the
 // working tree, uncommitted changes included.
 //
+// With --spawn --server-replicas N it starts N servers from one build (with
+// --targets it drives servers already running): every publisher is
+// registered on each, the verification pass asks each one the whole pool,
+// and the timed queries go to them in turn (see replicas.go).
+//
 // With --soak DURATION it runs the soak test instead (see soak.go):
 // ingestion with eviction and clears, checked queries and registration
 // churn together, then assertions that the server reached a steady state.
 //
 //	go run ./scripts/loadgen --spawn --publishers 8 --blocks 200000 --concurrency 1,4,16 --duration 5s
 //	scripts/loadgen.sh --publishers 8 --blocks 200000 --duration 5s   # the same, built first
+//	go run ./scripts/loadgen --spawn --preset router-8k --concurrency 8 --server-replicas 3
 package main
 
 import (
