@@ -139,8 +139,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	ps[1].kill()
 	publish(40, 80)
 	fresh := startReplica(t, etcd, "--bootstrap-from", "http://127.0.0.1:1,"+ps[0].base)
-	publish(80, 90) // the first live message shows the gap since the peer's cut
-	waitReady(t, fresh)
+	n := publishUntilReady(t, fresh, publish, 80)
 	if !strings.Contains(fresh.logText(), "index snapshot loaded from peer") {
 		t.Fatalf("the replacement did not load a peer snapshot:\n%s", fresh.logText())
 	}
@@ -149,11 +148,11 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	}
 	live := []*proc{ps[0], ps[2], fresh}
 	for i, p := range live {
-		checkAll(t, p, m, engines, 90, fmt.Sprintf("live replica %d", i+1))
+		checkAll(t, p, m, engines, n, fmt.Sprintf("live replica %d", i+1))
 	}
-	prompts := make([][]int32, 0, 180)
+	prompts := make([][]int32, 0, 2*n)
 	for _, e := range engines {
-		for i := 0; i < 90; i++ {
+		for i := 0; i < n; i++ {
 			prompts = append(prompts, prompt(engineIndex(e.name), i))
 		}
 	}
@@ -167,7 +166,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	// etcd restarts: changes answer 503 meanwhile, subscriptions keep
 	// running, and registrations work again once it is back.
 	etcd.Stop()
-	publish(90, 100)
+	publish(n, n+10)
 	e3 := newEngine(t, "e3", 100000)
 	reg := vllmRegistration(e3.name, e3.endpoint)
 	if status, out := ps[0].do("POST", "/register", reg); status != 503 {
@@ -177,7 +176,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 		t.Errorf("etcd failures counted: %v", got)
 	}
 	for i, p := range live {
-		checkAll(t, p, m, engines, 100, fmt.Sprintf("replica %d while etcd is down", i+1))
+		checkAll(t, p, m, engines, n+10, fmt.Sprintf("replica %d while etcd is down", i+1))
 	}
 	etcd.Restart()
 	eventually(t, "a registration once etcd is back", func() bool {
@@ -185,13 +184,29 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 		return status == 200
 	})
 	probeAll(t, live, e3, m, 0)
-	publish(100, 110)
+	publish(n+10, n+20)
 	for i, p := range live {
-		checkAll(t, p, m, engines, 110, fmt.Sprintf("replica %d after etcd restarted", i+1))
+		checkAll(t, p, m, engines, n+20, fmt.Sprintf("replica %d after etcd restarted", i+1))
 		if got := sumSeries(t, p, "conductor_sequence_gaps_total"); p != fresh && got != 0 {
 			t.Errorf("replica %d saw %v sequence gaps: a subscription was dropped", i+1, got)
 		}
 	}
+}
+
+// publishUntilReady publishes one more prompt per step, from next on, until
+// p answers /readyz 200, and returns the first prompt not published. A
+// source restored from a snapshot is ready once a live message shows how
+// far its stream has moved since the cut, and the replica's SUB socket
+// joins after it listens: a fixed batch sent at once may all be lost.
+func publishUntilReady(t *testing.T, p *proc, publish func(from, to int), next int) int {
+	t.Helper()
+	eventually(t, "/readyz 200 while publishing", func() bool {
+		publish(next, next+1)
+		next++
+		status, _ := p.do("GET", "/readyz", nil)
+		return status == 200
+	})
+	return next
 }
 
 // sumSeries adds every series of a counter family (absent: 0).
@@ -298,8 +313,7 @@ func TestReplicaBootstrapsFromPeerFoundInEtcd(t *testing.T) {
 	doomed.kill() // its lease outlives it by up to etcdreg.PeerTTL
 
 	fresh := startAdvertised(t, etcd)
-	publish(40, 50) // the first live message shows the gap since the peer's cut
-	waitReady(t, fresh)
+	n := publishUntilReady(t, fresh, publish, 40)
 	if got := logLine(t, fresh, "bootstrap peers found in etcd")["peers"]; !slices.Contains(got.([]any), any(peer.base)) {
 		t.Errorf("peers found in etcd %v, want %s among them", got, peer.base)
 	}
@@ -318,8 +332,8 @@ func TestReplicaBootstrapsFromPeerFoundInEtcd(t *testing.T) {
 			t.Errorf("%s = %v, want %v", tc.series, got, tc.want)
 		}
 	}
-	checkAll(t, fresh, m, engines, 50, "the bootstrapped replica")
-	prompts := make([][]int32, 50)
+	checkAll(t, fresh, m, engines, n, "the bootstrapped replica")
+	prompts := make([][]int32, n)
 	for i := range prompts {
 		prompts[i] = prompt(engineIndex(engines[0].name), i)
 	}
