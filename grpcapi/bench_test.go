@@ -74,14 +74,15 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 }
 
 // lookupOnce is the server's work for one LookupRoute call without the
-// transport: decode the request (with the server's codec), answer, encode
-// the response.
+// transport, as lookupRouteHandler does it: decode the request (with the
+// server's codec, into a pooled call), answer, encode the response.
 func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
-	var req pb.LookupRouteRequest
-	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, &req); err != nil {
+	c := lookupCalls.Get().(*lookupCall)
+	defer c.release()
+	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, c); err != nil {
 		b.Fatal(err)
 	}
-	resp, err := s.LookupRoute(context.Background(), &req)
+	resp, err := s.LookupRoute(context.Background(), &c.req)
 	if err != nil || resp.ReasonCode != PrefixMatch {
 		b.Fatalf("%v %v", resp, err)
 	}

@@ -1,11 +1,16 @@
 package grpcapi
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"math/bits"
+	"slices"
+	"sync"
 	"unicode/utf8"
+	"unsafe"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the base codec
 	"google.golang.org/grpc/mem"
@@ -35,8 +40,16 @@ func (c lookupCodec) Name() string { return c.base.Name() }
 func (c lookupCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
 
 func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(*pb.LookupRouteRequest)
-	if !ok {
+	var (
+		m    *pb.LookupRouteRequest
+		bufs *decodeBufs
+	)
+	switch x := v.(type) {
+	case *lookupCall:
+		m, bufs = &x.req, &x.bufs
+	case *pb.LookupRouteRequest:
+		m = x
+	default:
 		return c.base.Unmarshal(data, v)
 	}
 	// One contiguous view of the message (no copy when the transport
@@ -44,7 +57,88 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	// returns, so decodeLookup copies what the request keeps.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return decodeLookup(buf.ReadOnlyData(), m, c.memo)
+	return decodeLookup(buf.ReadOnlyData(), m, bufs, c.memo)
+}
+
+// lookupCall is one LookupRoute call as the server receives it: the
+// request and the memory its repeated fields are decoded into. It is
+// pooled (lookupCalls), so a steady stream of lookups reuses the same
+// arrays instead of allocating, zeroing and collecting a 512-hash chain's
+// 16 KiB or 8K token ids' 32 KiB on every call: for a chain that was most
+// of the decoding's cost.
+type lookupCall struct {
+	req  pb.LookupRouteRequest
+	bufs decodeBufs
+}
+
+// decodeBufs is what decodeLookup may decode into instead of allocating:
+// the arena bytes fields are copied to, and the backing arrays of
+// block_hashes, block_token_counts and token_ids.
+type decodeBufs struct {
+	arena  []byte
+	hashes [][]byte
+	counts []int32
+	ids    []uint32
+}
+
+// maxPooledBytes bounds each array a pooled lookupCall keeps: a rare huge
+// request (up to 2^20 token ids) does not pin its buffers in the pool.
+const maxPooledBytes = 256 << 10
+
+var lookupCalls = sync.Pool{New: func() any { return new(lookupCall) }}
+
+// release returns the call to the pool. Nothing may use its request, or
+// anything read from it, afterwards: the handler returns only copies
+// (strings, and the index's own data) in its response.
+func (c *lookupCall) release() {
+	b := &c.bufs
+	if cap(b.arena) > maxPooledBytes {
+		b.arena = nil
+	}
+	if 24*cap(b.hashes) > maxPooledBytes {
+		b.hashes = nil
+	}
+	if 4*cap(b.counts) > maxPooledBytes {
+		b.counts = nil
+	}
+	if 4*cap(b.ids) > maxPooledBytes {
+		b.ids = nil
+	}
+	c.req.Reset()
+	lookupCalls.Put(c)
+}
+
+// serviceDesc is the generated service description with LookupRoute's
+// handler replaced by lookupRouteHandler, which decodes into a pooled
+// lookupCall; every other method is the generated one.
+func serviceDesc() *grpc.ServiceDesc {
+	d := pb.InferenceCache_ServiceDesc
+	d.Methods = slices.Clone(d.Methods)
+	for i := range d.Methods {
+		if d.Methods[i].MethodName == "LookupRoute" {
+			d.Methods[i].Handler = lookupRouteHandler
+		}
+	}
+	return &d
+}
+
+// lookupRouteHandler is the generated LookupRoute handler except that the
+// request comes from, and goes back to, the lookupCall pool once the
+// handler (and the interceptors around it) returned; gRPC encodes the
+// response after that, and the response holds nothing of the request.
+func lookupRouteHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	c := lookupCalls.Get().(*lookupCall)
+	defer c.release()
+	if err := dec(c); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(pb.InferenceCacheServer).LookupRoute(ctx, &c.req)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: pb.InferenceCache_LookupRoute_FullMethodName}
+	return interceptor(ctx, &c.req, info, func(ctx context.Context, req any) (any, error) {
+		return srv.(pb.InferenceCacheServer).LookupRoute(ctx, req.(*pb.LookupRouteRequest))
+	})
 }
 
 var errBadLookup = errors.New("malformed LookupRouteRequest")
@@ -55,33 +149,57 @@ var blockHashTag = byte(protowire.EncodeTag(7, protowire.BytesType))
 // decodeLookup decodes b into m as proto.Unmarshal would (the same values
 // and the same inputs rejected), except that unknown fields are dropped
 // rather than kept. m keeps nothing of b: bytes fields are copied into one
-// arena. memo, when not nil, supplies remembered token_ids prefixes.
-func decodeLookup(b []byte, m *pb.LookupRouteRequest, memo *tokenMemo) error {
+// arena. bufs, when not nil, supplies the arena and the repeated fields'
+// arrays (and gets back any it had to grow). memo, when not nil, supplies
+// remembered token_ids prefixes.
+func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *tokenMemo) error {
 	m.Reset()
 	var arena []byte
-	keep := func(v []byte) []byte {
-		if arena == nil {
-			arena = make([]byte, 0, len(b)) // no later field outgrows it
+	// borrowed is the array of ids the memo lent (never to be reused).
+	var borrowed *uint32
+	if bufs != nil {
+		if cap(bufs.arena) < len(b) {
+			// The hashes' old entries point into the old arena: let it go.
+			clear(bufs.hashes[:cap(bufs.hashes)])
+			bufs.arena = make([]byte, 0, len(b))
 		}
-		arena = append(arena, v...)
-		return arena[len(arena)-len(v) : len(arena) : len(arena)] // never nil, as protobuf's
-
+		arena = bufs.arena[:0]
+		m.BlockHashes, m.BlockTokenCounts, m.TokenIds = bufs.hashes[:0], bufs.counts[:0], bufs.ids[:0]
+		defer func() {
+			if cap(m.BlockHashes) > cap(bufs.hashes) {
+				bufs.hashes = m.BlockHashes[:0]
+			}
+			if cap(m.BlockTokenCounts) > cap(bufs.counts) {
+				bufs.counts = m.BlockTokenCounts[:0]
+			}
+			if cap(m.TokenIds) > cap(bufs.ids) && unsafe.SliceData(m.TokenIds) != borrowed {
+				bufs.ids = m.TokenIds[:0]
+			}
+		}()
 	}
+	// The first bytes field the request keeps moves the rest of the
+	// message into the arena, one copy; from then on b is read there and
+	// kept fields are views of it.
+	inArena := false
 	for len(b) > 0 {
 		// The common field of a chain lookup, a block hash shorter than
-		// 128 bytes (one-byte tag and length), is read inline.
+		// 128 bytes (one-byte tag and length), is read inline, in a loop
+		// of its own over consecutive hashes (as encoders write them).
 		if len(b) >= 2 && b[0] == blockHashTag && b[1] < 0x80 && int(b[1]) <= len(b)-2 {
-			l := int(b[1])
-			if m.BlockHashes == nil {
-				m.BlockHashes = make([][]byte, 0, 1+len(b)/(l+2))
+			if !inArena {
+				arena, b = toArena(arena, b)
+				inArena = true
 			}
-			if arena == nil {
-				arena = make([]byte, 0, len(b))
+			hs := m.BlockHashes
+			for len(b) >= 2 && b[0] == blockHashTag && b[1] < 0x80 && int(b[1]) <= len(b)-2 {
+				l := int(b[1])
+				if len(hs) == cap(hs) {
+					hs = growTo(hs, 1+len(b)/(l+2))
+				}
+				hs = append(hs, b[2:2+l:2+l])
+				b = b[2+l:]
 			}
-			at := len(arena)
-			arena = append(arena, b[2:2+l]...)
-			m.BlockHashes = append(m.BlockHashes, arena[at:at+l:at+l])
-			b = b[2+l:]
+			m.BlockHashes = hs
 			continue
 		}
 		num, typ, n := protowire.ConsumeTag(b)
@@ -111,12 +229,16 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, memo *tokenMemo) error {
 				m.AdapterId = s
 			}
 		case typ == protowire.BytesType && (num == 3 || num == 7):
+			if !inArena {
+				arena, b = toArena(arena, b)
+				inArena = true
+			}
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
 				return errBadLookup
 			}
 			b = b[n:]
-			v = keep(v)
+			v = v[:len(v):len(v)] // never nil, as protobuf's
 			if num == 3 {
 				m.PrefixHash = v
 			} else {
@@ -152,9 +274,12 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, memo *tokenMemo) error {
 				return errBadLookup
 			}
 			b = b[n:]
-			var ok bool
-			if m.TokenIds, ok = memo.decodeRun(m.TokenIds, run); !ok {
+			var ok, lent bool
+			if m.TokenIds, lent, ok = memo.decodeRun(m.TokenIds, run); !ok {
 				return errBadLookup
+			}
+			if lent {
+				borrowed = unsafe.SliceData(m.TokenIds)
 			}
 		case num == 9 && typ == protowire.VarintType:
 			var ok bool
@@ -173,6 +298,16 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, memo *tokenMemo) error {
 		}
 	}
 	return nil
+}
+
+// toArena copies b into arena, growing it when it is too small, and returns
+// the arena and the copy (the same slice).
+func toArena(arena, b []byte) ([]byte, []byte) {
+	if cap(arena) < len(b) {
+		arena = make([]byte, 0, len(b))
+	}
+	arena = append(arena[:0], b...)
+	return arena, arena
 }
 
 // consumeRepeated appends one packed run or one unpacked varint of a

@@ -46,21 +46,36 @@ func FuzzDecodeLookup(f *testing.F) {
 	f.Add(b2)
 	plain := newLookupCodec(nil)
 	memo := newLookupCodec(newTokenMemo(1 << 20)) // shared across inputs, so later ones hit
+	// One pooled call per codec, reused by every input as the server
+	// reuses them: whatever an earlier request left in its buffers must
+	// not show through.
+	calls := []*lookupCall{new(lookupCall), new(lookupCall), new(lookupCall)}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var want pb.LookupRouteRequest
 		werr := proto.Unmarshal(b, &want)
-		for _, c := range []lookupCodec{plain, memo, memo} {
-			var got pb.LookupRouteRequest
-			gerr := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got)
-			if (werr == nil) != (gerr == nil) {
-				t.Fatalf("proto.Unmarshal: %v, decodeLookup (memo %v): %v", werr, c.memo != nil, gerr)
+		for i, c := range []lookupCodec{plain, memo, memo} {
+			for _, pooled := range []bool{false, true} {
+				var got *pb.LookupRouteRequest
+				var gerr error
+				if pooled {
+					gerr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, calls[i])
+					got = &calls[i].req
+				} else {
+					got = new(pb.LookupRouteRequest)
+					gerr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, got)
+				}
+				if (werr == nil) != (gerr == nil) {
+					t.Fatalf("proto.Unmarshal: %v, decodeLookup (memo %v, pooled %v): %v", werr, c.memo != nil, pooled, gerr)
+				}
+				if werr != nil {
+					continue
+				}
+				if diff := cmp.Diff(&want, got, protocmp.Transform(), protocmp.IgnoreUnknown()); diff != "" {
+					t.Fatalf("(-proto +decodeLookup, memo %v, pooled %v):\n%s", c.memo != nil, pooled, diff)
+				}
 			}
-			if werr != nil {
-				continue
-			}
-			if diff := cmp.Diff(&want, &got, protocmp.Transform(), protocmp.IgnoreUnknown()); diff != "" {
-				t.Fatalf("(-proto +decodeLookup, memo %v):\n%s", c.memo != nil, diff)
-			}
+			calls[i].release()
+			calls[i] = lookupCalls.Get().(*lookupCall)
 		}
 	})
 }
@@ -98,5 +113,49 @@ func TestTokenMemoReuses(t *testing.T) {
 	decode(other)
 	if h := c.memo.hits.Load() - 1000; h != 640 {
 		t.Fatalf("shared prefix of 700 ids reused %d (want 10 chunks of 64)", h)
+	}
+}
+
+// TestFitInt32: every id past MaxInt32 is found, whatever its position,
+// the slice's length and its alignment in memory.
+func TestFitInt32(t *testing.T) {
+	backing := make([]uint32, 80)
+	for i := range backing {
+		backing[i] = uint32(i) * 0x01000193 & 0x7fffffff
+	}
+	for off := range 3 {
+		for n := range 40 {
+			ids := backing[off : off+n]
+			if !fitInt32(ids) {
+				t.Fatalf("offset %d, %d ids: reported an id past MaxInt32", off, n)
+			}
+			for i := range ids {
+				for _, big := range []uint32{1 << 31, 1<<32 - 1} {
+					keep := ids[i]
+					ids[i] = big
+					if fitInt32(ids) {
+						t.Fatalf("offset %d, %d ids: missed %#x at %d", off, n, big, i)
+					}
+					ids[i] = keep
+				}
+			}
+			// A big id just outside the slice is not its business.
+			if off > 0 {
+				keep := backing[off-1]
+				backing[off-1] = 1 << 31
+				if !fitInt32(ids) {
+					t.Fatalf("offset %d, %d ids: read before the slice", off, n)
+				}
+				backing[off-1] = keep
+			}
+			if off+n < len(backing) {
+				keep := backing[off+n]
+				backing[off+n] = 1 << 31
+				if !fitInt32(ids) {
+					t.Fatalf("offset %d, %d ids: read past the slice", off, n)
+				}
+				backing[off+n] = keep
+			}
+		}
 	}
 }

@@ -64,14 +64,21 @@ type candidate struct {
 	pressure float64
 }
 
+// scored is a candidate (by index) with its score.
+type scored struct {
+	c     int32
+	score float64
+}
+
 // lookupState is pooled per call so a warm lookup reuses its buffers.
 type lookupState struct {
-	res   index.QueryResult
-	toks  []int32 // the request's token_ids, read as int32
-	keys  []uint64
-	chain byteChain
-	cands []candidate
-	pop   []string
+	res    index.QueryResult
+	toks   []int32 // the request's token_ids, read as int32
+	keys   []uint64
+	chain  byteChain
+	cands  []candidate
+	scored []scored
+	pop    []string
 	// seedProf, when set, is the Conductor profile token_ids are hashed
 	// with, for the affinity seed of a lookup that found nothing.
 	seedProf *hashing.Profile
@@ -220,7 +227,8 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 
 	st := lookupPool.Get().(*lookupState)
 	defer func() {
-		st.toks = nil // the request's memory: not kept past the call
+		// The request's memory is not kept past the call.
+		st.toks, st.chain = nil, byteChain{}
 		lookupPool.Put(st)
 	}()
 	st.cands, st.pop, st.seedProf = st.cands[:0], st.pop[:0], nil
@@ -279,11 +287,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 // rank scores the candidates, filters and orders them (docs/grpc.md, LookupRoute: Score, Filters and order).
 func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.ReplicaScore {
 	total := len(st.pop)
-	type scored struct {
-		c     *candidate
-		score float64
-	}
-	var out []scored
+	out := st.scored[:0]
 	best := math.Inf(-1)
 	for i := range st.cands {
 		c := &st.cands[i]
@@ -308,9 +312,10 @@ func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.Replica
 			slo = 1 + c.fresh
 		}
 		sc := float64(c.matched) * c.fresh * clamp01(1-c.pressure) * slo * dp
-		out = append(out, scored{c, sc})
+		out = append(out, scored{int32(i), sc})
 		best = max(best, sc)
 	}
+	st.scored = out
 	if len(out) == 0 || (s.opts.ScoreFloor > 0 && best < s.opts.ScoreFloor) {
 		return nil
 	}
@@ -318,12 +323,18 @@ func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.Replica
 		if a.score != b.score {
 			return cmp.Compare(b.score, a.score)
 		}
-		return cmp.Compare(a.c.replica, b.c.replica)
+		return cmp.Compare(st.cands[a.c].replica, st.cands[b.c].replica)
 	})
+	// The scores go out with the response, after the call: one block of
+	// them rather than one allocation each.
+	block := make([]pb.ReplicaScore, len(out))
 	res := make([]*pb.ReplicaScore, len(out))
 	for i, o := range out {
-		res[i] = &pb.ReplicaScore{ReplicaId: o.c.replica, Score: float32(o.score),
-			MatchedTokens: int32(min(o.c.matched, math.MaxInt32)), EstimatedCacheHitProb: float32(o.c.fresh), Tier: o.c.tier}
+		c := &st.cands[o.c]
+		r := &block[i]
+		r.ReplicaId, r.Score = c.replica, float32(o.score)
+		r.MatchedTokens, r.EstimatedCacheHitProb, r.Tier = int32(min(c.matched, math.MaxInt32)), float32(c.fresh), c.tier
+		res[i] = r
 	}
 	return res
 }
@@ -436,11 +447,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		chain = &st.chain
 	case inTokens:
 		ids := req.GetTokenIds()
-		var or uint32
-		for _, id := range ids {
-			or |= id
-		}
-		if or > math.MaxInt32 {
+		if !fitInt32(ids) {
 			return lv, true, false
 		}
 		// Every id fits in int32, so the same memory read as int32 is the
@@ -471,6 +478,29 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		}
 	}
 	return lv, false, false
+}
+
+// fitInt32 reports whether every id is at most MaxInt32. It ORs the ids
+// two to a 64-bit word, four words a step, and tests the two sign bits
+// once: an id at a time this check cost a tenth of a warm 8K-token lookup.
+func fitInt32(ids []uint32) bool {
+	var or uint64
+	// The words must be aligned (the race detector's pointer checks
+	// insist); a leading odd id is taken alone.
+	if len(ids) > 0 && uintptr(unsafe.Pointer(&ids[0]))%8 != 0 {
+		or, ids = uint64(ids[0]), ids[1:]
+	}
+	if n := len(ids) / 8 * 8; n > 0 {
+		w := unsafe.Slice((*uint64)(unsafe.Pointer(&ids[0])), n/2)
+		for ; len(w) >= 4; w = w[4:] {
+			or |= w[0] | w[1] | w[2] | w[3]
+		}
+		ids = ids[n:]
+	}
+	for _, id := range ids {
+		or |= uint64(id)
+	}
+	return or&0x8000_0000_8000_0000 == 0
 }
 
 // chainKeys hashes every full block of ids.

@@ -198,7 +198,7 @@ func New(opts Options) (*Server, error) {
 		})))
 	}
 	s.gs = grpc.NewServer(gopts...)
-	pb.RegisterInferenceCacheServer(s.gs, s)
+	s.gs.RegisterService(serviceDesc(), s)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.gs, s.health)
 	reflection.Register(s.gs)

@@ -110,10 +110,12 @@ func (e *tmEntry) usable(run []byte) (k, off int) {
 // decodeRun appends the ids packed in run to dst (as uint32, truncating as
 // protobuf does), copying a remembered prefix when the memo has one, and
 // remembers the run when it decoded a chunk or more itself. ok is false for
-// a malformed run, exactly when decoding it in full would fail.
-func (m *tokenMemo) decodeRun(dst []uint32, run []byte) ([]uint32, bool) {
+// a malformed run, exactly when decoding it in full would fail. lent says
+// the result is the memo's own array (read-only, never to be reused).
+func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, ok bool) {
 	if m == nil || len(run) < tmFirstBytes {
-		return appendPacked(dst, run)
+		out, ok = appendPacked(dst, run)
+		return out, false, ok
 	}
 	var fpBuf [24]uint64
 	fps := tmFingerprints(run, fpBuf[:0])
@@ -133,9 +135,9 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) ([]uint32, bool) {
 		if base == 0 {
 			// The entry is immutable and the request only reads its
 			// ids: share them (capped, so an append would copy).
-			return best.toks[:k:k], true
+			return best.toks[:k:k], true, true
 		}
-		return append(dst, best.toks[:k]...), true
+		return append(dst, best.toks[:k]...), false, true
 	}
 	rest := varintCount(run[off:]) // only the bytes not reused are counted
 	dst = growTo(dst, k+rest)
@@ -146,9 +148,8 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) ([]uint32, bool) {
 	}
 	// Decode the rest, then note where each chunk ends: the offsets just
 	// past every tmChunk-th varint, counted from the reused ones.
-	var ok bool
 	if dst, ok = appendPacked(dst, run[off:]); !ok {
-		return dst, false
+		return dst, false, false
 	}
 	seen := k
 	for i := off; i < len(run); i++ {
@@ -164,7 +165,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) ([]uint32, bool) {
 	if total-k >= tmChunk {
 		m.remember(run, dst[base:], ends, fps)
 	}
-	return dst, true
+	return dst, false, true
 }
 
 // remember files a decoded run under the fingerprints of the spans it
