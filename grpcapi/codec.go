@@ -183,23 +183,30 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 	inArena := false
 	for len(b) > 0 {
 		// The common field of a chain lookup, a block hash shorter than
-		// 128 bytes (one-byte tag and length), is read inline, in a loop
-		// of its own over consecutive hashes (as encoders write them).
+		// 128 bytes (one-byte tag and length), is read inline, a run of
+		// hashes of one length at a time: their records then lie at a
+		// fixed stride, so no read waits for the length before it.
 		if len(b) >= 2 && b[0] == blockHashTag && b[1] < 0x80 && int(b[1]) <= len(b)-2 {
 			if !inArena {
 				arena, b = toArena(arena, b)
 				inArena = true
 			}
-			hs := m.BlockHashes
-			for len(b) >= 2 && b[0] == blockHashTag && b[1] < 0x80 && int(b[1]) <= len(b)-2 {
-				l := int(b[1])
-				if len(hs) == cap(hs) {
-					hs = growTo(hs, 1+len(b)/(l+2))
-				}
-				hs = append(hs, b[2:2+l:2+l])
-				b = b[2+l:]
+			l := int(b[1])
+			stride := l + 2
+			n := 1
+			for (n+1)*stride <= len(b) && b[n*stride] == blockHashTag && int(b[n*stride+1]) == l {
+				n++
+			}
+			// Room for as many hashes of this length as the rest could
+			// hold: hashes of mixed lengths grow the array a bounded
+			// number of times, never once per run.
+			hs := growTo(m.BlockHashes, len(b)/stride)
+			for i := range n {
+				at := i*stride + 2
+				hs = append(hs, b[at:at+l:at+l])
 			}
 			m.BlockHashes = hs
+			b = b[n*stride:]
 			continue
 		}
 		num, typ, n := protowire.ConsumeTag(b)

@@ -33,6 +33,15 @@ func FuzzDecodeLookup(f *testing.F) {
 	raw = protowire.AppendBytes(raw, []byte("zz"))
 	f.Add(raw)
 	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe}) // invalid UTF-8 in model_id
+	// Runs of block hashes of one length, broken by other lengths, an
+	// empty hash, one past a one-byte length, and another field.
+	mixed := &pb.LookupRouteRequest{TenantId: "t"}
+	for _, l := range []int{8, 8, 8, 3, 3, 8, 0, 0, 200, 8, 127, 127} {
+		mixed.BlockHashes = append(mixed.BlockHashes, make([]byte, l))
+	}
+	b3, _ := proto.Marshal(mixed)
+	f.Add(b3)
+	f.Add(b3[:len(b3)-5]) // a hash cut short
 	// Long token runs, so the token memo is consulted: the same ids twice,
 	// then with a changed tail.
 	long := make([]uint32, 600)

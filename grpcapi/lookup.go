@@ -170,7 +170,7 @@ func (s *Server) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (*
 		resp.LookupLatencyUs = el.Microseconds()
 	}
 	s.m.lookup.Observe(el.Seconds())
-	s.m.reasons.WithLabelValues(resp.ReasonCode).Inc()
+	s.m.reason(resp.ReasonCode)
 	return resp, nil
 }
 
@@ -533,7 +533,7 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 			}
 		}
 	}
-	st.pop = append(st.pop, ps.Replicas(tenant, model, scheme)...)
+	st.pop = ps.AppendReplicas(st.pop, tenant, model, scheme)
 	var chain index.Chain
 	exactTokens := false
 	switch kind {

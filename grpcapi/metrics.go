@@ -1,7 +1,12 @@
 package grpcapi
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
 
 // grpcMetrics are the door's own series; the index's are exported by the
@@ -14,6 +19,31 @@ type grpcMetrics struct {
 	dropped  *prometheus.CounterVec
 	watchers prometheus.Gauge
 	cutoffs  prometheus.Counter
+
+	// The series every lookup counts, resolved once: a vector's lookup
+	// hashes its label values on every call.
+	byReason map[string]prometheus.Counter
+	// lookupOK is LookupRoute's OK series, made on first use (as the
+	// vector would) and then kept.
+	lookupOK func() prometheus.Counter
+}
+
+// reason counts one LookupRoute answer.
+func (m *grpcMetrics) reason(code string) {
+	if c, ok := m.byReason[code]; ok {
+		c.Inc()
+		return
+	}
+	m.reasons.WithLabelValues(code).Inc()
+}
+
+// call counts one finished call of method (its full name) with code.
+func (m *grpcMetrics) call(method string, code codes.Code) {
+	if code == codes.OK && method == pb.InferenceCache_LookupRoute_FullMethodName {
+		m.lookupOK().Inc()
+		return
+	}
+	m.requests.WithLabelValues(methodLabel(method), code.String()).Inc()
 }
 
 func newMetrics(r prometheus.Registerer) (*grpcMetrics, error) {
@@ -54,9 +84,13 @@ func newMetrics(r prometheus.Registerer) (*grpcMetrics, error) {
 		}
 	}
 	// Every reason starts at zero, so dashboards see the full set.
+	m.byReason = make(map[string]prometheus.Counter, len(allReasons))
 	for _, r := range allReasons {
-		m.reasons.WithLabelValues(r)
+		m.byReason[r] = m.reasons.WithLabelValues(r)
 	}
+	m.lookupOK = sync.OnceValue(func() prometheus.Counter {
+		return m.requests.WithLabelValues(methodLabel(pb.InferenceCache_LookupRoute_FullMethodName), codes.OK.String())
+	})
 	for _, r := range allDropReasons {
 		m.dropped.WithLabelValues(r)
 	}

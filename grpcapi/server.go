@@ -317,7 +317,7 @@ func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.Unary
 			s.opts.Logger.Error().Interface("panic", r).Str("method", info.FullMethod).Msg("grpc handler panicked")
 			resp, err = nil, status.Error(codes.Internal, "internal error")
 		}
-		s.m.requests.WithLabelValues(methodLabel(info.FullMethod), status.Code(err).String()).Inc()
+		s.m.call(info.FullMethod, status.Code(err))
 	}()
 	if err := s.authorize(ctx, info.FullMethod); err != nil {
 		return nil, err
@@ -331,7 +331,7 @@ func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 			s.opts.Logger.Error().Interface("panic", r).Str("method", info.FullMethod).Msg("grpc handler panicked")
 			err = status.Error(codes.Internal, "internal error")
 		}
-		s.m.requests.WithLabelValues(methodLabel(info.FullMethod), status.Code(err).String()).Inc()
+		s.m.call(info.FullMethod, status.Code(err))
 	}()
 	if err := s.authorize(ss.Context(), info.FullMethod); err != nil {
 		return err

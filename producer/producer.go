@@ -418,21 +418,26 @@ func (sc *scope) holds() bool {
 // model, scheme) in any adapter: the population the lookup's
 // distinguishing power and affinity count.
 func (s *Store) Replicas(tenant, model, scheme string) []string {
+	return s.AppendReplicas(nil, tenant, model, scheme)
+}
+
+// AppendReplicas is Replicas appending to dst (which it sorts and
+// deduplicates whole), so a caller with a buffer allocates nothing.
+func (s *Store) AppendReplicas(dst []string, tenant, model, scheme string) []string {
 	s.mu.RLock()
-	var out []string
 	for sk, sc := range s.scopes {
 		if sk.Tenant != tenant || sk.Model != model || sk.Scheme != scheme {
 			continue
 		}
 		for id, o := range sc.owners {
 			if o.entries.Load() > 0 {
-				out = append(out, id)
+				dst = append(dst, id)
 			}
 		}
 	}
 	s.mu.RUnlock()
-	slices.Sort(out)
-	return slices.Compact(out)
+	slices.Sort(dst)
+	return slices.Compact(dst)
 }
 
 // Replica returns what a lookup needs of one replica: when it was last
