@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/fingerprint"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
 
@@ -177,4 +178,84 @@ func TestGRPCTokenMemoResetWithLastContext(t *testing.T) {
 		t.Fatalf("unregister m1: %d %v", status, out)
 	}
 	eventually(t, "the token memo emptied", func() bool { return e.app.door.MemoBytes() == 0 })
+}
+
+// TestGRPCTokenMemoResetWithLastScope: a token_ids lookup on a producer
+// scheme fills the door's token memo; it is emptied once the last
+// producer-fed scope is dropped and no context is left, and kept while a
+// scope or a context remains.
+func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
+	e, client, _ := startAppWithDoor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids := make([]uint32, 1024) // two-byte varints: 2 KiB packed, well past the memo's minimum
+	for i := range ids {
+		ids[i] = uint32(5000 + i)
+	}
+	keys := fingerprint.Chain(nil, ids, fingerprint.DefaultBlockSize, nil)
+	report := func(replica string) {
+		t.Helper()
+		u := &pb.CacheStateUpdate{ReplicaId: replica, TenantId: "acme", ModelId: "llama", HashScheme: "vllm",
+			Prefixes: []*pb.PrefixEntry{{}}}
+		for _, k := range keys {
+			u.Prefixes[0].BlockHashes = append(u.Prefixes[0].BlockHashes, fingerprint.Wire(k))
+			u.Prefixes[0].BlockTokenCounts = append(u.Prefixes[0].BlockTokenCounts, fingerprint.DefaultBlockSize)
+		}
+		st, err := client.ReportCacheState(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(u); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CloseAndRecv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clear := func(replica string) {
+		t.Helper()
+		if _, err := client.PublishEvent(ctx, &pb.CacheEvent{Type: pb.CacheEvent_ALL_CLEARED, ReplicaId: replica, TenantId: "acme", ModelId: "llama"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill := func() int {
+		t.Helper()
+		// Two replicas holding the same run have no distinguishing
+		// power (AFFINITY_HINT); either way the ids were decoded.
+		resp, err := client.LookupRoute(ctx, &pb.LookupRouteRequest{TenantId: "acme", ModelId: "llama", HashScheme: "vllm", TokenIds: ids})
+		if err != nil || (resp.ReasonCode != "PREFIX_MATCH" && resp.ReasonCode != "AFFINITY_HINT") {
+			t.Fatalf("lookup: %v %v", resp, err)
+		}
+		n := e.app.door.MemoBytes()
+		if n == 0 {
+			t.Fatal("the token memo remembered nothing")
+		}
+		return n
+	}
+
+	// A context and two replicas of one scope.
+	if status, out := e.post("/register", vllmRegistration("m0", newPublisher(t).endpoint)); status != 200 {
+		t.Fatalf("register m0: %d %v", status, out)
+	}
+	report("a")
+	report("b")
+	filled := fill()
+	clear("a") // b keeps the scope
+	clear("b") // the scope goes, the context stays
+	if len(e.app.ix.Scopes()) != 0 {
+		t.Fatalf("scopes left: %v", e.app.ix.Scopes())
+	}
+	if got := e.app.door.MemoBytes(); got != filled {
+		t.Fatalf("memo holds %d bytes with a context left, want %d", got, filled)
+	}
+	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "dp_rank": 0}); status != 200 {
+		t.Fatalf("unregister m0: %d %v", status, out)
+	}
+	eventually(t, "the token memo emptied with the last context", func() bool { return e.app.door.MemoBytes() == 0 })
+
+	// Producer-fed scopes only: the last one going empties the memo.
+	report("c")
+	fill()
+	clear("c")
+	eventually(t, "the token memo emptied with the last scope", func() bool { return e.app.door.MemoBytes() == 0 })
 }

@@ -207,7 +207,19 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// restored from the snapshot before snapshots start.
 	var prod *producer.Store
 	if cfg.GRPCAddr != "" {
-		prod = producer.New(producer.Options{Index: ix, Gate: state.Gate()})
+		prod = producer.New(producer.Options{Index: ix, Gate: state.Gate(),
+			OnScopesDropped: func(remaining int) {
+				if remaining > 0 {
+					return
+				}
+				// The last producer-fed scope went (cleared or
+				// expired): with no context left either, the
+				// door's token memo only keeps its budget resident.
+				if d := door.Load(); d != nil && len(ix.Tables()) == 0 {
+					d.ResetMemo()
+				}
+				memReturn.Request()
+			}})
 		state.AttachProducer(prod)
 	}
 	state.Start(reg, ix, fromFile)

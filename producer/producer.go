@@ -32,6 +32,12 @@ type Options struct {
 	// the expiry sweep) and for writing by a snapshot for the instant of
 	// its cut, so the cut never sees a message half-applied.
 	Gate *sync.RWMutex
+	// OnScopesDropped, when set, is called after a clear or an expiry
+	// sweep dropped scopes left without owners, with how many scopes
+	// remain, outside the store's lock. With none left the service can
+	// let go of memory kept only to answer lookups on them (the gRPC
+	// door's token memo), as it does when the last context goes.
+	OnScopesDropped func(remaining int)
 }
 
 // Stats are a replica's latest self-reported statistics.
@@ -63,7 +69,8 @@ type Store struct {
 	scopes   map[index.ScopeKey]*scope
 	replicas map[ReplicaKey]*replica
 
-	gate *sync.RWMutex
+	gate      *sync.RWMutex
+	onDropped func(remaining int)
 	// cutting counts cuts in progress: while one runs, token counts of
 	// keys nobody holds any more are kept, so the cut reads every count
 	// of the keys it copied (they are pruned at a later clear).
@@ -106,7 +113,7 @@ type tokenShard struct {
 
 // New returns an empty store; Start runs its expiry.
 func New(opts Options) *Store {
-	s := &Store{ix: opts.Index, ttl: opts.TTL, now: opts.Now, gate: opts.Gate,
+	s := &Store{ix: opts.Index, ttl: opts.TTL, now: opts.Now, gate: opts.Gate, onDropped: opts.OnScopesDropped,
 		scopes: map[index.ScopeKey]*scope{}, replicas: map[ReplicaKey]*replica{}}
 	if s.ttl <= 0 {
 		s.ttl = DefaultTTL
@@ -284,11 +291,21 @@ func (s *Store) Evict(k ReplicaKey, adapter string, onlyAdapter bool, key uint64
 // dropped from the index.
 func (s *Store) Clear(k ReplicaKey) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.clearLocked(k)
+	dropped := s.clearLocked(k)
+	remaining := len(s.scopes)
+	s.mu.Unlock()
+	s.scopesDropped(dropped, remaining)
 }
 
-func (s *Store) clearLocked(k ReplicaKey) {
+// scopesDropped tells OnScopesDropped, if anything was dropped.
+func (s *Store) scopesDropped(dropped, remaining int) {
+	if dropped > 0 && s.onDropped != nil {
+		s.onDropped(remaining)
+	}
+}
+
+// clearLocked clears one replica and returns how many scopes it dropped.
+func (s *Store) clearLocked(k ReplicaKey) (dropped int) {
 	delete(s.replicas, k)
 	for sk, sc := range s.scopes {
 		if sk.Tenant != k.Tenant || sk.Model != k.Model {
@@ -303,10 +320,12 @@ func (s *Store) clearLocked(k ReplicaKey) {
 		if len(sc.owners) == 0 {
 			delete(s.scopes, sk)
 			s.ix.DropScope(sk)
+			dropped++
 			continue
 		}
 		sc.pruneTokens(s)
 	}
+	return dropped
 }
 
 // pruneTokens forgets the token counts of keys nobody holds any more.
@@ -332,14 +351,16 @@ func (s *Store) Sweep() int {
 	defer s.Hold()()
 	cut := s.now().Add(-s.ttl).UnixNano()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
+	n, dropped := 0, 0
 	for k, r := range s.replicas {
 		if r.lastSeen.Load() < cut {
-			s.clearLocked(k)
+			dropped += s.clearLocked(k)
 			n++
 		}
 	}
+	remaining := len(s.scopes)
+	s.mu.Unlock()
+	s.scopesDropped(dropped, remaining)
 	return n
 }
 

@@ -127,3 +127,42 @@ func TestStartExpiresInTheBackground(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestScopesDroppedHook: OnScopesDropped hears of every clear or expiry
+// that dropped scopes, with how many remain, and of nothing else.
+func TestScopesDroppedHook(t *testing.T) {
+	ix := index.New(index.Options{Stripes: 4})
+	c := &clock{t: time.Unix(1000, 0)}
+	var got []int
+	s := New(Options{Index: ix, TTL: time.Minute, Now: c.now, OnScopesDropped: func(remaining int) { got = append(got, remaining) }})
+	k1 := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"}
+	k2 := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "sglang"}
+	k3 := index.ScopeKey{Tenant: "u", Model: "m", Scheme: "vllm"}
+	put := func(k index.ScopeKey, replica string) {
+		s.Touch(ReplicaKey{k.Tenant, k.Model, replica})
+		s.Writer(k, replica).Put(index.Device, 7, 16)
+	}
+	put(k1, "a")
+	put(k1, "b")
+	put(k2, "a")
+	put(k3, "c")
+
+	s.Clear(ReplicaKey{"t", "m", "b"}) // k1 keeps a: nothing dropped
+	s.Clear(ReplicaKey{"t", "m", "z"}) // unknown: nothing dropped
+	if len(got) != 0 {
+		t.Fatalf("hook called %v without a scope dropped", got)
+	}
+	s.Clear(ReplicaKey{"t", "m", "a"}) // k1 and k2 go, k3 remains
+	if !cmp.Equal(got, []int{1}) || ix.Scope(k1) != nil || ix.Scope(k2) != nil {
+		t.Fatalf("after clearing a: hook %v, scopes %v", got, ix.Scopes())
+	}
+	// c expires: the last scope goes.
+	c.add(30 * time.Second)
+	if n := s.Sweep(); n != 0 || len(got) != 1 {
+		t.Fatalf("sweep within the TTL cleared %d, hook %v", n, got)
+	}
+	c.add(time.Minute)
+	if n := s.Sweep(); n != 1 || !cmp.Equal(got, []int{1, 0}) || len(ix.Scopes()) != 0 {
+		t.Fatalf("sweep past the TTL cleared %d, hook %v, scopes %v", n, got, ix.Scopes())
+	}
+}
