@@ -259,3 +259,70 @@ func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
 	clear("c")
 	eventually(t, "the token memo emptied with the last scope", func() bool { return e.app.door.MemoBytes() == 0 })
 }
+
+// TestGRPCReplicaUpdatedOnSourceState: StreamCacheEvents, through a real
+// client, tells REPLICA_UPDATED when a ZMQ-fed engine registers, when its
+// source goes live, when it goes stale (after the ALL_CLEARED that retracts
+// its blocks), and when a re-registration brings it back.
+func TestGRPCReplicaUpdatedOnSourceState(t *testing.T) {
+	e, client, _ := startAppWithDoor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := client.StreamCacheEvents(ctx, &pb.StreamEventsRequest{TenantId: "default", ModelId: "deepseek",
+		Types: []pb.CacheEvent_Type{pb.CacheEvent_REPLICA_UPDATED, pb.CacheEvent_ALL_CLEARED}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// until reads events until one of type typ for p0 arrives.
+	until := func(typ pb.CacheEvent_Type, what string) {
+		t.Helper()
+		for {
+			ev, err := events.Recv()
+			if err != nil {
+				t.Fatalf("waiting for %s: %v", what, err)
+			}
+			if ev.Type == typ && ev.ReplicaId == "p0" {
+				if ev.TenantId != "default" || ev.ModelId != "deepseek" || len(ev.PrefixHash) != 0 || ev.TimestampUs == 0 {
+					t.Fatalf("%s: %v", what, ev)
+				}
+				return
+			}
+		}
+	}
+	// The stream is open once the hub has its watcher: a registration
+	// made before that would not be told.
+	eventually(t, "the watcher", func() bool { return metricValue(e.scrape(), "conductor_grpc_watchers") == 1 })
+
+	p := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("p0", p.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	until(pb.CacheEvent_REPLICA_UPDATED, "registration")
+
+	tokens := make([]int32, 32)
+	for i := range tokens {
+		tokens[i] = int32(300 + i)
+	}
+	keys := vllmKeys(t, tokens)
+	stored := map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": nil,
+		"token_ids": tokens, "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
+	until(pb.CacheEvent_REPLICA_UPDATED, "the source going live")
+
+	// A sequence gap with no replay endpoint makes the source stale: its
+	// blocks are retracted (ALL_CLEARED), then its new state is told.
+	p.seq += 5
+	p.send(0, stored)
+	until(pb.CacheEvent_ALL_CLEARED, "the stale source's retraction")
+	until(pb.CacheEvent_REPLICA_UPDATED, "the source going stale")
+	if got := e.deviceHits("p0", tokens); got != 0 {
+		t.Fatalf("a stale source still has %d tokens", got)
+	}
+
+	// Registering again restarts the source; its new states are told.
+	if status, out := e.post("/register", vllmRegistration("p0", p.endpoint)); status != 200 {
+		t.Fatalf("register again: %d %v", status, out)
+	}
+	until(pb.CacheEvent_REPLICA_UPDATED, "the restarted source")
+	eventually(t, "p0's blocks again", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
+}

@@ -161,7 +161,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state),
+		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -384,7 +384,8 @@ func newLogger(cfg *config.Config, out io.Writer, tty bool) zerolog.Logger {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State) registry.SourceFactory {
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State,
+	stateChanged func(registry.Service, subscriber.State)) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
 		// A source the snapshot knows gets its entries back before it
@@ -394,7 +395,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 		if svc.IsEngine() && checks != nil {
 			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
 		}
-		sub, err := subscriber.Start(subscriber.Config{
+		scfg := subscriber.Config{
 			Key:            key,
 			Type:           svc.Type,
 			Endpoint:       svc.Endpoint,
@@ -421,7 +422,11 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Gate:                  state.Gate(),
 			Resume:                resume,
 			OnResume:              state.OnResume,
-		})
+		}
+		if stateChanged != nil {
+			scfg.OnState = func(st subscriber.State) { stateChanged(svc, st) }
+		}
+		sub, err := subscriber.Start(scfg)
 		if err != nil {
 			checks.Remove(chk)
 			return nil, err
@@ -430,6 +435,22 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			state.Track(sub)
 		}
 		return source{Subscriber: sub, stopped: func() { checks.Remove(chk) }}, nil
+	}
+}
+
+// sourceStateTeller tells the gRPC door, once it is open, that a source
+// changed state, for StreamCacheEvents' REPLICA_UPDATED. A source stopping
+// is left out: it stops when it is unregistered, which ALL_CLEARED tells,
+// or when a re-registration replaces it, whose new source tells its own
+// states.
+func sourceStateTeller(door *atomic.Pointer[grpcapi.Server]) func(registry.Service, subscriber.State) {
+	return func(svc registry.Service, st subscriber.State) {
+		if st == subscriber.Stopped {
+			return
+		}
+		if d := door.Load(); d != nil {
+			d.SourceChanged(svc.Context(), svc.InstanceID)
+		}
 	}
 }
 

@@ -71,7 +71,9 @@ func newHub(max, buffer int, now func() time.Time, m *grpcMetrics) *hub {
 	return h
 }
 
-// join admits one more watcher stream (events or metrics).
+// join admits one more watcher stream (events or metrics); the caller
+// counts it in the gauge (joined) once it is set up, so a watcher the
+// gauge shows already receives events.
 func (h *hub) join() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -82,9 +84,11 @@ func (h *hub) join() error {
 		return status.Errorf(codes.ResourceExhausted, "too many watchers (limit %d)", h.max)
 	}
 	h.streams++
-	h.m.watchers.Inc()
 	return nil
 }
+
+// joined counts a set-up watcher stream in the gauge.
+func (h *hub) joined() { h.m.watchers.Inc() }
 
 func (h *hub) leave() {
 	h.mu.Lock()
@@ -111,6 +115,7 @@ func (h *hub) subscribe(req *pb.StreamEventsRequest) (*watcher, error) {
 	nl := append(append(make([]*watcher, 0, len(old)+1), old...), w)
 	h.list.Store(&nl)
 	h.mu.Unlock()
+	h.joined()
 	return w, nil
 }
 
@@ -163,6 +168,20 @@ func (h *hub) Changed(c index.Change) {
 		return
 	}
 	h.publish(&e)
+}
+
+// SourceChanged tells watchers that the ZMQ-fed source of instance's
+// registration in context ctx changed state (connected, live, recovering,
+// stale): a REPLICA_UPDATED, as the spec has it for a source that
+// registers or changes state. The index cannot tell it, as the source's
+// state is not in the index; the service calls it from the source's
+// goroutine, and like every publish it never waits.
+func (s *Server) SourceChanged(ctx index.ContextKey, instance string) {
+	if ctx.Tenant == ProbeTenant || !s.hub.Watching() {
+		return
+	}
+	s.hub.publish(&event{typ: pb.CacheEvent_REPLICA_UPDATED, replica: instance, model: ctx.Model,
+		tenant: ctx.Tenant, adapter: ctx.Lora, tsUS: s.hub.now().UnixMicro()})
 }
 
 // publish offers e to every watcher that wants it, never waiting.

@@ -49,6 +49,7 @@ func (s *Server) StreamMetrics(req *pb.StreamMetricsRequest, stream grpc.ServerS
 	if err := s.hub.join(); err != nil {
 		return err
 	}
+	s.hub.joined()
 	defer s.hub.leave()
 	names := req.GetNames()
 	ctx := stream.Context()

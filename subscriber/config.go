@@ -59,6 +59,13 @@ type Config struct {
 	Resume *Resume
 	// OnResume, when set, is told how a restored source settled (once).
 	OnResume func(outcome string)
+	// OnState, when set, is told every change of the source's State
+	// (Connected, Live, Recovering, Stale, Stopped; Connecting is where
+	// every source starts), in order, on the goroutine making the change,
+	// which may hold the Gate; it must not block. A stale transition is
+	// told after the retraction, so a listener that sees Stale also sees
+	// the index without the source's entries.
+	OnState func(State)
 
 	// onEvent, when set (tests only), is told the outcome of every decoded
 	// event so fixture expectations can be checked per event.

@@ -668,3 +668,61 @@ func TestOptionalMonitorsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestOnStateTellsEveryChange: OnState hears each state change once, in
+// order — connected, live, recovering and live again around a replayed
+// gap, stale on a gap the replay cannot fill, stopped — and by the time it
+// hears stale the source's entries are retracted.
+func TestOnStateTellsEveryChange(t *testing.T) {
+	rs := startReplayService(t)
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	e := vllmEnv(t, pub.endpoint, rs.endpoint)
+	e.cfg.WatchConnection = true
+	var (
+		mu        sync.Mutex
+		told      []State
+		clearedAt = -1 // how many states had been told when the retraction was seen
+	)
+	e.cfg.OnState = func(st State) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, st)
+		if st == Stale {
+			for _, o := range e.engine.Snapshot() {
+				if o.Kind == "clear" {
+					clearedAt = len(told)
+				}
+			}
+		}
+	}
+	states := func() []State {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(told)
+	}
+	s := mustStart(t, e.cfg)
+	eventtest.WaitFor(t, "connection", 10*time.Second, s.Connected)
+	pub.waitSubscribed()
+	for seq := uint64(1); seq <= 4; seq++ {
+		p := storedBatch([]uint64{seq * 7}, 4, 0)
+		rs.put(seq, p)
+		if seq != 3 { // 3 comes back through the replay
+			pub.send(seq, p)
+		}
+	}
+	waitSeq(t, s, 4)
+	eventtest.WaitFor(t, "live after the replay", 10*time.Second, func() bool { return s.State() == Live })
+	// 6 and 7 are lost and the replay does not have them: stale.
+	pub.send(8, storedBatch([]uint64{8 * 7}, 4, 0))
+	eventtest.WaitFor(t, "stale", 10*time.Second, s.Stale)
+	s.Stop()
+	want := []State{Connected, Live, Recovering, Live, Recovering, Stale, Stopped}
+	if got := states(); !slices.Equal(got, want) {
+		t.Fatalf("told %v, want %v", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if clearedAt != 6 {
+		t.Fatalf("the retraction was not in place when stale was told (seen at %d)", clearedAt)
+	}
+}

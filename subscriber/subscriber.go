@@ -99,8 +99,9 @@ type Subscriber struct {
 	retracted bool
 	buffered  []liveMsg
 	budget    replay.Budget
-	gateDepth int  // nesting of gate sections (resume.go)
-	resuming  bool // restored, catch-up not settled yet
+	gateDepth int   // nesting of gate sections (resume.go)
+	told      State // the last state told to Config.OnState (Connecting at start)
+	resuming  bool  // restored, catch-up not settled yet
 
 	resumePending atomic.Bool // resuming, for other goroutines
 }
@@ -335,7 +336,23 @@ func (s *Subscriber) LastSeq() (seq uint64, ok bool) {
 	return s.lastSeq.Load(), true
 }
 
-func (s *Subscriber) setState(st State) { s.state.Store(int32(st)) }
+func (s *Subscriber) setState(st State) {
+	s.state.Store(int32(st))
+	s.tellState()
+}
+
+// tellState tells Config.OnState the state when it is not the last one
+// told. Every state change happens on the run goroutine (or in Start,
+// before it runs), so told needs no lock.
+func (s *Subscriber) tellState() {
+	if s.cfg.OnState == nil {
+		return
+	}
+	if st := s.State(); st != s.told {
+		s.told = st
+		s.cfg.OnState(st)
+	}
+}
 
 func (s *Subscriber) run() {
 	defer func() {
@@ -417,6 +434,7 @@ func (s *Subscriber) onMonitor() {
 		}
 		if ev == zmq.EVENT_CONNECTED {
 			s.connected.Store(true)
+			s.tellState()
 			s.log.Debug().Msg("connected to publisher")
 			s.closeMonitor()
 			return
