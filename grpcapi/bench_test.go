@@ -75,7 +75,8 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 
 // lookupOnce is the server's work for one LookupRoute call without the
 // transport, as lookupRouteHandler does it: decode the request (with the
-// server's codec, into a pooled call), answer, encode the response.
+// server's codec, into a pooled call), answer, encode the response (with
+// the server's codec).
 func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
 	c := lookupCalls.Get().(*lookupCall)
 	defer c.release()
@@ -86,10 +87,15 @@ func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
 	if err != nil || resp.ReasonCode != PrefixMatch {
 		b.Fatalf("%v %v", resp, err)
 	}
-	out, err = proto.MarshalOptions{}.MarshalAppend(out[:0], resp)
+	data, err := s.codec.Marshal(resp)
 	if err != nil {
 		b.Fatal(err)
 	}
+	out = out[:0]
+	for _, buf := range data {
+		out = append(out, buf.ReadOnlyData()...)
+	}
+	data.Free()
 	return out
 }
 

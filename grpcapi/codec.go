@@ -37,7 +37,16 @@ func newLookupCodec(memo *tokenMemo) lookupCodec {
 
 func (c lookupCodec) Name() string { return c.base.Name() }
 
-func (c lookupCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// Marshal encodes LookupRoute's answers itself (marshalLookupResponse)
+// and everything else with the base codec.
+func (c lookupCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*pb.LookupRouteResponse); ok {
+		if data, ok := marshalLookupResponse(r); ok {
+			return data, nil
+		}
+	}
+	return c.base.Marshal(v)
+}
 
 func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	var (
@@ -79,6 +88,10 @@ type decodeBufs struct {
 	hashes [][]byte
 	counts []int32
 	ids    []uint32
+	// strs holds, by field number, the last string decoded for the
+	// string fields up to adapter_id (11); strings are immutable, so a
+	// later request may share one.
+	strs [12]string
 }
 
 // maxPooledBytes bounds each array a pooled lookupCall keeps: a rare huge
@@ -103,6 +116,11 @@ func (c *lookupCall) release() {
 	}
 	if 4*cap(b.ids) > maxPooledBytes {
 		b.ids = nil
+	}
+	for i := range b.strs {
+		if len(b.strs[i]) > 256 {
+			b.strs[i] = "" // a prompt text, say: not worth keeping
+		}
 	}
 	c.req.Reset()
 	lookupCalls.Put(c)
@@ -222,7 +240,20 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 				return errBadLookup
 			}
 			b = b[n:]
-			s := string(v)
+			var s string
+			if bufs != nil && num < protowire.Number(len(bufs.strs)) {
+				// A gateway repeats its tenant, model and scheme:
+				// the string this pooled call made last time is
+				// reused when the bytes are the same.
+				if last := &bufs.strs[num]; string(v) == *last {
+					s = *last
+				} else {
+					s = string(v)
+					*last = s
+				}
+			} else {
+				s = string(v)
+			}
 			switch num {
 			case 1:
 				m.ModelId = s

@@ -168,3 +168,30 @@ func TestFitInt32(t *testing.T) {
 		}
 	}
 }
+
+func TestParseConductorScheme(t *testing.T) {
+	for _, c := range []struct {
+		in         string
+		family, ok bool
+		want       conductorScheme
+	}{
+		{"conductor/vllm_v1/sha256_cbor/0/16", true, true, conductorScheme{"vllm_v1", "sha256_cbor", "0", 16}},
+		{"conductor/sglang/sha256_raw/-/64", true, true, conductorScheme{"sglang", "sha256_raw", "-", 64}},
+		{"vllm", false, false, conductorScheme{}},
+		{"conductor/", true, false, conductorScheme{}},
+		{"conductor/a/b/c", true, false, conductorScheme{}},
+		{"conductor/a/b/c/16/x", true, false, conductorScheme{}},
+		{"conductor/a//c/16", true, false, conductorScheme{}},
+		{"conductor//b/c/16", true, false, conductorScheme{}},
+		{"conductor/a/b//16", true, false, conductorScheme{}},
+		{"conductor/a/b/c/016", true, false, conductorScheme{}},
+		{"conductor/a/b/c/0", true, false, conductorScheme{}},
+		{"conductor/a/b/c/-16", true, false, conductorScheme{}},
+		{"conductor/a/b/c/", true, false, conductorScheme{}},
+	} {
+		got, family, ok := parseConductorScheme(c.in)
+		if family != c.family || ok != c.ok || (ok && got != c.want) {
+			t.Errorf("%q: %+v family %v ok %v, want %+v %v %v", c.in, got, family, ok, c.want, c.family, c.ok)
+		}
+	}
+}

@@ -126,8 +126,17 @@ func parseConductorScheme(scheme string) (cs conductorScheme, family, ok bool) {
 	if !family {
 		return cs, false, false
 	}
-	p := strings.Split(rest, "/")
-	if len(p) != 4 || p[0] == "" || p[1] == "" || p[2] == "" {
+	// Four parts, cut one by one: every lookup parses its scheme, and
+	// splitting allocated.
+	var p [4]string
+	for i := range 3 {
+		var ok bool
+		if p[i], rest, ok = strings.Cut(rest, "/"); !ok || p[i] == "" {
+			return cs, true, false
+		}
+	}
+	p[3] = rest
+	if strings.Contains(p[3], "/") {
 		return cs, true, false
 	}
 	bs, err := strconv.Atoi(p[3])
@@ -182,26 +191,28 @@ func (s *Server) expired(ctx context.Context, start time.Time) bool {
 
 func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start time.Time) *pb.LookupRouteResponse {
 	tenant, model, scheme, adapter := req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), req.GetAdapterId()
-	bad := &pb.LookupRouteResponse{ReasonCode: NoHint}
+	// Answers are made only where they are returned: a warm lookup that
+	// matches allocates no spare ones.
+	bad := func() *pb.LookupRouteResponse { return &pb.LookupRouteResponse{ReasonCode: NoHint} }
 	if tenant == ProbeTenant {
-		return bad
+		return bad()
 	}
 	if s.expired(ctx, start) {
 		return &pb.LookupRouteResponse{ReasonCode: Timeout}
 	}
 	if tenant == "" || model == "" || scheme == "" {
-		return bad
+		return bad()
 	}
 	var kind inputKind
 	hs, cs := req.GetBlockHashes(), req.GetBlockTokenCounts()
 	switch {
 	case len(hs) > 0 || len(cs) > 0:
 		if len(hs) != len(cs) || len(hs) > MaxChainBlocks {
-			return bad
+			return bad()
 		}
 		for i, h := range hs {
 			if len(h) == 0 || cs[i] < 0 {
-				return bad
+				return bad()
 			}
 		}
 		kind = inChain
@@ -209,20 +220,21 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		kind = inExact
 	case len(req.GetTokenIds()) > 0:
 		if len(req.GetTokenIds()) > MaxTokenIDs {
-			return bad
+			return bad()
 		}
 		kind = inTokens
 	case req.GetPromptText() != "":
 		kind = inPrompt
 	default:
-		return bad
+		return bad()
 	}
 	if s.opts.RequireChain && kind != inChain {
 		return &pb.LookupRouteResponse{ReasonCode: PolicyRequiresChain}
 	}
-	echo := &pb.LookupRouteResponse{ReasonCode: NoHint, AdapterId: adapter}
+	// echo answers the request's partition with no scores.
+	echo := func() *pb.LookupRouteResponse { return &pb.LookupRouteResponse{ReasonCode: NoHint, AdapterId: adapter} }
 	if kind == inPrompt {
-		return echo // no tokenizer in this project
+		return echo() // no tokenizer in this project
 	}
 
 	st := lookupPool.Get().(*lookupState)
@@ -249,23 +261,24 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		return &pb.LookupRouteResponse{ReasonCode: Timeout}
 	}
 	if isBad {
-		return bad
+		return bad()
 	}
 	if short {
-		return echo
+		return echo()
 	}
 	if scores := s.rank(req, st); len(scores) > 0 {
 		return &pb.LookupRouteResponse{ReplicaScores: scores, ReasonCode: PrefixMatch, AdapterId: adapter}
 	}
+	miss := echo()
 	switch {
 	case lv == producer.NoTenant:
-		echo.ReasonCode = UnknownTenant
+		miss.ReasonCode = UnknownTenant
 	case lv == producer.NoModel:
-		echo.ReasonCode = UnknownModel
+		miss.ReasonCode = UnknownModel
 	case lv == producer.NoScheme:
-		echo.ReasonCode = UnknownHashScheme
+		miss.ReasonCode = UnknownHashScheme
 	case hot && kind != inChain:
-		echo.ReasonCode = TenantHot
+		miss.ReasonCode = TenantHot
 	case !s.opts.NoAffinity && len(st.pop) > 0:
 		var derived []uint64 // the token_ids path's chain
 		if kind == inTokens {
@@ -278,10 +291,10 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 			}
 		}
 		pick := affinityPick(req, kind, derived, len(st.pop))
-		echo.ReasonCode = AffinityHint
-		echo.ReplicaScores = []*pb.ReplicaScore{{ReplicaId: st.pop[pick]}}
+		miss.ReasonCode = AffinityHint
+		miss.ReplicaScores = []*pb.ReplicaScore{{ReplicaId: st.pop[pick]}}
 	}
-	return echo
+	return miss
 }
 
 // rank scores the candidates, filters and orders them (docs/grpc.md, LookupRoute: Score, Filters and order).
