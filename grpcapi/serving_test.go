@@ -10,10 +10,12 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -229,5 +231,55 @@ func TestFailOpenStubs(t *testing.T) {
 	pd, err := f.client.LookupPDRoute(ctx(t), &pb.LookupPDRouteRequest{TenantId: "t", ModelId: "m"})
 	if err != nil || pd.ReasonCode != NoHint || pd.PrefillReplicaId != "" || pd.DecodeReplicaId != "" {
 		t.Fatalf("LookupPDRoute: %v %v", pd, err)
+	}
+}
+
+// TestConcurrentLookupsKeepTheirOwnRequests: lookups decoded into pooled
+// buffers, many at once over one connection, each get the answer to their
+// own request — chains of different lengths and tenants, adapters echoed —
+// so no call sees another's (or a released call's) memory.
+func TestConcurrentLookupsKeepTheirOwnRequests(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.MinMatchedTokens = -1 })
+	const tenants, depth = 4, 96
+	keys := make([][]uint64, tenants)
+	for tn := range tenants {
+		keys[tn] = make([]uint64, depth)
+		for i := range keys[tn] {
+			keys[tn][i] = uint64(tn*depth+i)*0x9e3779b97f4a7c15 + 3
+		}
+		// The replica holds the first 32·(tn+1) blocks.
+		u := &pb.CacheStateUpdate{ReplicaId: fmt.Sprintf("r%d", tn), TenantId: fmt.Sprintf("t%d", tn), ModelId: "m", HashScheme: "vllm",
+			AdapterId: "a", Prefixes: []*pb.PrefixEntry{chainEntry(t1, 16, keys[tn][:24*(tn+1)]...)}}
+		f.mustReport(u)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 150 {
+				tn := (g + i) % tenants
+				n := 1 + (g*31+i*17)%depth // a prefix of the chain, of varying length
+				req := chainReq("vllm", 16, keys[tn][:n]...)
+				req.TenantId, req.AdapterId = fmt.Sprintf("t%d", tn), "a"
+				resp, err := f.client.LookupRoute(ctx(t), req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				want := 16 * min(n, 24*(tn+1))
+				if resp.ReasonCode != PrefixMatch || len(resp.ReplicaScores) != 1 || resp.AdapterId != "a" ||
+					resp.ReplicaScores[0].ReplicaId != fmt.Sprintf("r%d", tn) || int(resp.ReplicaScores[0].MatchedTokens) != want {
+					errs <- fmt.Errorf("tenant %d, %d blocks: %v, want %d tokens from r%d", tn, n, resp, want, tn)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }
