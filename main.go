@@ -269,7 +269,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp, shared: sh}
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
-		if err := a.openDoor(cfg, prod, m, memo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+		if err := a.openDoor(cfg, prod, m, memo, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
 			_ = pp.Close()
 			_ = ln.Close()
 			sh.close()
@@ -284,9 +284,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 }
 
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
-func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, ready func() bool) error {
+func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, answers *query.Answers, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Memo: memo, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
+		Index: a.ix, Producer: prod, Memo: memo, Answers: answers, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),

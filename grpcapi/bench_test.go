@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/producer"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/query"
 	"github.com/mooncake-conductor-go/conductor/server"
 )
 
@@ -26,6 +27,13 @@ import (
 // doors over it: the HTTP server (for /query) and the gRPC one. memos
 // gives both the prefix memo (and /query its token memo).
 func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []byte, []byte) {
+	return benchServersWith(b, n, memos, false)
+}
+
+// benchServersWith is benchServers, where answers also gives both doors
+// one answer cache (as the service does by default): a prompt asked
+// again on an unchanged table skips hashing and the walk at both.
+func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server, *Server, []byte, []byte) {
 	b.Helper()
 	seed := "0"
 	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
@@ -52,12 +60,16 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 	if memos {
 		memo, tokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
 	}
-	hs := server.New(server.Options{Index: ix, Memo: memo, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
+	var ans *query.Answers
+	if answers {
+		ans = query.NewAnswers(16 << 20)
+	}
+	hs := server.New(server.Options{Index: ix, Memo: memo, TokenMemo: tokenMemo, Answers: ans, Logger: zerolog.New(io.Discard)})
 	tm := 0
 	if memos {
 		tm = 64 << 20
 	}
-	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Memo: memo, TokenMemoBytes: tm, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
+	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Memo: memo, Answers: ans, TokenMemoBytes: tm, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -74,17 +86,14 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 }
 
 // lookupOnce is the server's work for one LookupRoute call without the
-// transport, as lookupRouteHandler does it: decode the request (with the
-// server's codec, into a pooled call), answer, encode the response (with
-// the server's codec).
+// transport: the server's handler (decoding with the server's codec into
+// a pooled call, the interceptor, the answer), then the server's codec
+// encoding the response.
 func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
-	c := lookupCalls.Get().(*lookupCall)
-	defer c.release()
-	if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raw)}, c); err != nil {
-		b.Fatal(err)
-	}
-	resp, err := s.LookupRoute(context.Background(), &c.req)
-	if err != nil || resp.ReasonCode != PrefixMatch {
+	in := mem.BufferSlice{mem.SliceBuffer(raw)}
+	r, err := lookupRouteHandler(s, context.Background(), func(v any) error { return s.codec.Unmarshal(in, v) }, s.unaryInterceptor)
+	resp, _ := r.(*pb.LookupRouteResponse)
+	if err != nil || resp.GetReasonCode() != PrefixMatch {
 		b.Fatalf("%v %v", resp, err)
 	}
 	data, err := s.codec.Marshal(resp)
@@ -101,11 +110,12 @@ func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
 
 // BenchmarkLookupVsQuery runs /query's handler and LookupRoute's (decode,
 // answer, encode; no transport) side by side on the same index and 8K-token
-// prompt, with and without memos.
+// prompt: with the answer cache and memos (the service's defaults), with
+// memos only, and with neither.
 func BenchmarkLookupVsQuery(b *testing.B) {
-	for _, memos := range []bool{true, false} {
-		hs, gs, body, req := benchServers(b, 8192, memos)
-		name := map[bool]string{true: "memos", false: "no-memos"}[memos]
+	for _, mode := range []string{"answers", "memos", "no-memos"} {
+		hs, gs, body, req := benchServersWith(b, 8192, mode != "no-memos", mode == "answers")
+		name := mode
 		b.Run(name+"/query", func(b *testing.B) {
 			var ctx fasthttp.RequestCtx
 			ctx.Request.Header.SetMethod("POST")

@@ -62,8 +62,8 @@ func TestDoorCPUTime(t *testing.T) {
 	defer runtime.UnlockOSThread()
 	b := &testing.B{}
 	_ = b
-	for _, memos := range []bool{true, false} {
-		hs, gs, body, req := benchServers(t, 8192, memos)
+	for _, mode := range []string{"answers", "memos", "no-memos"} {
+		hs, gs, body, req := benchServersWith(t, 8192, mode != "no-memos", mode == "answers")
 		var ctx fasthttp.RequestCtx
 		ctx.Request.Header.SetMethod("POST")
 		ctx.Request.SetRequestURI("/query")
@@ -80,7 +80,7 @@ func TestDoorCPUTime(t *testing.T) {
 			q = min(q, bestCPU(1, 300, query))
 			l = min(l, bestCPU(1, 300, lookup))
 		}
-		t.Logf("8K tokens, memos=%v: /query %v, LookupRoute %v per call: %.2fx", memos, q, l, float64(l)/float64(q))
+		t.Logf("8K tokens, %s: /query %v, LookupRoute %v per call: %.2fx", mode, q, l, float64(l)/float64(q))
 	}
 
 	ix := index.New(index.Options{})

@@ -68,6 +68,10 @@ type Options struct {
 	// Memo, when set, lets token_ids lookups on Conductor contexts reuse
 	// remembered digest chains, as /query does.
 	Memo *hashing.Memo
+	// Answers, when set, lets a token_ids lookup on a Conductor context
+	// asked again while the context is unchanged skip hashing and the
+	// walk, as /query does (the service shares one cache between them).
+	Answers *query.Answers
 	// TokenMemoBytes sizes the door's token memo, which lets a lookup
 	// repeating a token_ids prefix seen before copy those ids instead of
 	// decoding them (0: off).
@@ -174,7 +178,7 @@ func New(opts Options) (*Server, error) {
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
 	s.codec = newLookupCodec(newTokenMemo(opts.TokenMemoBytes))
-	s.query = query.New(query.Options{Index: opts.Index, Memo: opts.Memo})
+	s.query = query.New(query.Options{Index: opts.Index, Memo: opts.Memo, Answers: opts.Answers})
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),
