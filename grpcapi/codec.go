@@ -88,6 +88,9 @@ type decodeBufs struct {
 	hashes [][]byte
 	counts []int32
 	ids    []uint32
+	// idsNarrow says every token id the last decode produced is known to
+	// fit an int32 (so the lookup need not check them again).
+	idsNarrow bool
 	// strs holds, by field number, the last string decoded for the
 	// string fields up to adapter_id (11); strings are immutable, so a
 	// later request may share one.
@@ -150,12 +153,15 @@ func lookupRouteHandler(srv any, ctx context.Context, dec func(any) error, inter
 	if err := dec(c); err != nil {
 		return nil, err
 	}
+	s := srv.(*Server)
 	if interceptor == nil {
-		return srv.(pb.InferenceCacheServer).LookupRoute(ctx, &c.req)
+		return s.lookupRoute(ctx, &c.req, c.bufs.idsNarrow), nil
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: pb.InferenceCache_LookupRoute_FullMethodName}
 	return interceptor(ctx, &c.req, info, func(ctx context.Context, req any) (any, error) {
-		return srv.(pb.InferenceCacheServer).LookupRoute(ctx, req.(*pb.LookupRouteRequest))
+		r := req.(*pb.LookupRouteRequest)
+		// What the decode learnt of the ids holds only for its request.
+		return s.lookupRoute(ctx, r, r == &c.req && c.bufs.idsNarrow), nil
 	})
 }
 
@@ -175,6 +181,9 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 	var arena []byte
 	// borrowed is the array of ids the memo lent (never to be reused).
 	var borrowed *uint32
+	// narrow stays true while every token id decoded is known to fit an
+	// int32 without looking at it again.
+	narrow := true
 	if bufs != nil {
 		if cap(bufs.arena) < len(b) {
 			// The hashes' old entries point into the old arena: let it go.
@@ -193,6 +202,7 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 			if cap(m.TokenIds) > cap(bufs.ids) && unsafe.SliceData(m.TokenIds) != borrowed {
 				bufs.ids = m.TokenIds[:0]
 			}
+			bufs.idsNarrow = narrow
 		}()
 	}
 	// The first bytes field the request keeps moves the rest of the
@@ -303,7 +313,7 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 			}
 		case num == 8 && (typ == protowire.BytesType || typ == protowire.VarintType):
 			var ok bool
-			if m.BlockTokenCounts, b, ok = consumeRepeated(m.BlockTokenCounts, b, typ); !ok {
+			if m.BlockTokenCounts, b, _, ok = consumeRepeated(m.BlockTokenCounts, b, typ); !ok {
 				return errBadLookup
 			}
 		case num == 9 && typ == protowire.BytesType:
@@ -312,18 +322,20 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 				return errBadLookup
 			}
 			b = b[n:]
-			var ok, lent bool
-			if m.TokenIds, lent, ok = memo.decodeRun(m.TokenIds, run); !ok {
+			var ok, lent, nar bool
+			if m.TokenIds, lent, nar, ok = memo.decodeRun(m.TokenIds, run); !ok {
 				return errBadLookup
 			}
+			narrow = narrow && nar
 			if lent {
 				borrowed = unsafe.SliceData(m.TokenIds)
 			}
 		case num == 9 && typ == protowire.VarintType:
-			var ok bool
-			if m.TokenIds, b, ok = consumeRepeated(m.TokenIds, b, typ); !ok {
+			var ok, nar bool
+			if m.TokenIds, b, nar, ok = consumeRepeated(m.TokenIds, b, typ); !ok {
 				return errBadLookup
 			}
+			narrow = narrow && nar
 		default:
 			known = false
 		}
@@ -350,33 +362,37 @@ func toArena(arena, b []byte) ([]byte, []byte) {
 
 // consumeRepeated appends one packed run or one unpacked varint of a
 // repeated 32-bit scalar field to dst (values truncated to 32 bits, as
-// protobuf does) and returns the rest of b.
-func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) ([]T, []byte, bool) {
+// protobuf does) and returns the rest of b. narrow is appendPacked's (an
+// unpacked value is not looked at: false).
+func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) (out []T, rest []byte, narrow, ok bool) {
 	if typ == protowire.VarintType {
 		v, n := protowire.ConsumeVarint(b)
 		if n < 0 {
-			return dst, nil, false
+			return dst, nil, false, false
 		}
-		return append(dst, T(v)), b[n:], true
+		return append(dst, T(v)), b[n:], false, true
 	}
 	run, n := protowire.ConsumeBytes(b)
 	if n < 0 {
-		return dst, nil, false
+		return dst, nil, false, false
 	}
-	dst, ok := appendPacked(dst, run)
-	return dst, b[n:], ok
+	dst, narrow, ok = appendPacked(dst, run)
+	return dst, b[n:], narrow, ok
 }
 
 // appendPacked appends the varints packed in run to dst. The run is
-// counted first so dst grows once.
-func appendPacked[T int32 | uint32](dst []T, run []byte) ([]T, bool) {
+// counted first so dst grows once. narrow says every value took at most
+// three bytes, so is below 2^21: token ids known to fit an int32 without
+// another look.
+func appendPacked[T int32 | uint32](dst []T, run []byte) (out []T, narrow, ok bool) {
 	dst = growTo(dst, varintCount(run))
 	base := len(dst)
-	out := dst[base:cap(dst)]
+	out = dst[base:cap(dst)]
+	narrow = true
 	j := 0
 	for i := 0; i < len(run); j++ {
 		if j >= len(out) {
-			return dst, false // a value without a final byte
+			return dst, false, false // a value without a final byte
 		}
 		// Ids below 2^21 take at most three bytes: decoded here, inline
 		// (measured 2.5x faster on 8K ids than assembling four bytes
@@ -396,13 +412,14 @@ func appendPacked[T int32 | uint32](dst []T, run []byte) ([]T, bool) {
 		default:
 			v, vn := protowire.ConsumeVarint(run[i:])
 			if vn < 0 {
-				return dst, false
+				return dst, false, false
 			}
+			narrow = false
 			out[j] = T(v)
 			i += vn
 		}
 	}
-	return dst[:base+j], true
+	return dst[:base+j], narrow, true
 }
 
 // varintCount is the number of varints that end in b: its bytes without

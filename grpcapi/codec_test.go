@@ -79,6 +79,9 @@ func FuzzDecodeLookup(f *testing.F) {
 				if werr != nil {
 					continue
 				}
+				if pooled && calls[i].bufs.idsNarrow && !fitInt32(got.TokenIds) {
+					t.Fatalf("ids past MaxInt32 reported narrow (memo %v)", c.memo != nil)
+				}
 				if diff := cmp.Diff(&want, got, protocmp.Transform(), protocmp.IgnoreUnknown()); diff != "" {
 					t.Fatalf("(-proto +decodeLookup, memo %v, pooled %v):\n%s", c.memo != nil, pooled, diff)
 				}

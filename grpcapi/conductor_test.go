@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"crypto/sha256"
+	"math"
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
@@ -67,5 +68,57 @@ func TestConductorSchemeInputs(t *testing.T) {
 	check(t, "other seed", f.lookup(byDigest), &pb.LookupRouteResponse{ReasonCode: UnknownHashScheme})
 	if got := ConductorScheme(&prof, 16); got != scheme {
 		t.Fatalf("ConductorScheme = %q", got)
+	}
+}
+
+// TestTokenIdsPastInt32: ids past 2^31−1 cannot be hashed under a Conductor
+// profile (NO_HINT), whether the ids were decoded in full, served by the
+// token memo (a repeat), or partly served and partly decoded; the same
+// prompts with small ids are answered.
+func TestTokenIdsPastInt32(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.TokenMemoBytes = 1 << 20; o.MinMatchedTokens = -1 })
+	seed := "0"
+	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	a := tbl.AddEngineOwner("a", 0)
+	small := make([]int32, 640)
+	for i := range small {
+		small[i] = int32(100 + 3*i)
+	}
+	for _, k := range chainKeys(&prof, 16, small, "") {
+		tbl.Store(a, index.Device, k)
+	}
+	ids := func(big map[int]uint32) []uint32 {
+		out := make([]uint32, len(small))
+		for i, v := range small {
+			out[i] = uint32(v)
+		}
+		for i, v := range big {
+			out[i] = v
+		}
+		return out
+	}
+	scheme := "conductor/vllm_v1/sha256_cbor/0/16"
+	for _, c := range []struct {
+		name string
+		ids  []uint32
+		want string
+	}{
+		{"small", ids(nil), PrefixMatch},
+		{"small again (memo)", ids(nil), PrefixMatch},
+		{"big last", ids(map[int]uint32{639: 1 << 31}), NoHint},
+		{"big last again (memo)", ids(map[int]uint32{639: 1 << 31}), NoHint},
+		{"big in the middle, small prefix from the memo", ids(map[int]uint32{400: math.MaxUint32}), NoHint},
+		{"big first", ids(map[int]uint32{0: 1 << 31}), NoHint},
+		{"big first again (memo)", ids(map[int]uint32{0: 1 << 31}), NoHint},
+		{"four-byte id below 2^31", ids(map[int]uint32{639: 1 << 25}), PrefixMatch},
+	} {
+		resp := f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme, TokenIds: c.ids})
+		if resp.ReasonCode != c.want {
+			t.Errorf("%s: %v, want %s", c.name, resp, c.want)
+		}
 	}
 }

@@ -83,6 +83,8 @@ type lookupState struct {
 	// with, for the affinity seed of a lookup that found nothing.
 	seedProf *hashing.Profile
 	seedBS   int
+	// idsNarrow: the request's token ids are known to fit an int32.
+	idsNarrow bool
 }
 
 var lookupPool = sync.Pool{New: func() any { return new(lookupState) }}
@@ -172,15 +174,22 @@ func ConductorScheme(p *hashing.Profile, blockSize int) string {
 // returns an error status: bad or unanswerable input is an empty answer
 // with a reason code, and the index is only read.
 func (s *Server) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (*pb.LookupRouteResponse, error) {
+	return s.lookupRoute(ctx, req, false), nil
+}
+
+// lookupRoute is LookupRoute; narrow says the request's token ids are
+// known to fit an int32 (its decoder saw them), so they are not checked
+// again.
+func (s *Server) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, narrow bool) *pb.LookupRouteResponse {
 	start := time.Now()
-	resp := s.lookup(ctx, req, start)
+	resp := s.lookup(ctx, req, start, narrow)
 	el := time.Since(start)
 	if req.GetTenantId() != ProbeTenant {
 		resp.LookupLatencyUs = el.Microseconds()
 	}
 	s.m.lookup.Observe(el.Seconds())
 	s.m.reason(resp.ReasonCode)
-	return resp, nil
+	return resp
 }
 
 // expired reports whether the caller's deadline or the server's lookup
@@ -189,7 +198,7 @@ func (s *Server) expired(ctx context.Context, start time.Time) bool {
 	return ctx.Err() != nil || time.Since(start) > s.opts.LookupTimeout
 }
 
-func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start time.Time) *pb.LookupRouteResponse {
+func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start time.Time, narrow bool) *pb.LookupRouteResponse {
 	tenant, model, scheme, adapter := req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), req.GetAdapterId()
 	// Answers are made only where they are returned: a warm lookup that
 	// matches allocates no spare ones.
@@ -243,7 +252,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		st.toks, st.chain = nil, byteChain{}
 		lookupPool.Put(st)
 	}()
-	st.cands, st.pop, st.seedProf = st.cands[:0], st.pop[:0], nil
+	st.cands, st.pop, st.seedProf, st.idsNarrow = st.cands[:0], st.pop[:0], nil, narrow
 	var (
 		lv    producer.Level
 		isBad bool
@@ -460,7 +469,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		chain = &st.chain
 	case inTokens:
 		ids := req.GetTokenIds()
-		if !fitInt32(ids) {
+		if !st.idsNarrow && !fitInt32(ids) {
 			return lv, true, false
 		}
 		// Every id fits in int32, so the same memory read as int32 is the

@@ -51,6 +51,7 @@ type tmEntry struct {
 	raw  []byte   // the packed run
 	toks []uint32 // what it decodes to
 	ends []uint32 // ends[j]: offset in raw just past id (j+1)·tmChunk−1
+	fits bool     // every id is at most MaxInt32
 }
 
 func (e *tmEntry) Rec() *memostore.Record { return &e.Record }
@@ -111,11 +112,12 @@ func (e *tmEntry) usable(run []byte) (k, off int) {
 // protobuf does), copying a remembered prefix when the memo has one, and
 // remembers the run when it decoded a chunk or more itself. ok is false for
 // a malformed run, exactly when decoding it in full would fail. lent says
-// the result is the memo's own array (read-only, never to be reused).
-func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, ok bool) {
+// the result is the memo's own array (read-only, never to be reused);
+// narrow, that every id appended is known to fit an int32.
+func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, narrow, ok bool) {
 	if m == nil || len(run) < tmFirstBytes {
-		out, ok = appendPacked(dst, run)
-		return out, false, ok
+		out, narrow, ok = appendPacked(dst, run)
+		return out, false, narrow, ok
 	}
 	var fpBuf [24]uint64
 	fps := tmFingerprints(run, fpBuf[:0])
@@ -135,9 +137,9 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, ok 
 		if base == 0 {
 			// The entry is immutable and the request only reads its
 			// ids: share them (capped, so an append would copy).
-			return best.toks[:k:k], true, true
+			return best.toks[:k:k], true, best.fits, true
 		}
-		return append(dst, best.toks[:k]...), false, true
+		return append(dst, best.toks[:k]...), false, best.fits, true
 	}
 	rest := varintCount(run[off:]) // only the bytes not reused are counted
 	dst = growTo(dst, k+rest)
@@ -148,9 +150,11 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, ok 
 	}
 	// Decode the rest, then note where each chunk ends: the offsets just
 	// past every tmChunk-th varint, counted from the reused ones.
-	if dst, ok = appendPacked(dst, run[off:]); !ok {
-		return dst, false, false
+	var restNarrow bool
+	if dst, restNarrow, ok = appendPacked(dst, run[off:]); !ok {
+		return dst, false, false, false
 	}
+	narrow = restNarrow && (best == nil || best.fits)
 	seen := k
 	for i := off; i < len(run); i++ {
 		if run[i] < 0x80 {
@@ -163,14 +167,14 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, ok 
 	m.hits.Add(uint64(k))
 	m.misses.Add(uint64(total - k))
 	if total-k >= tmChunk {
-		m.remember(run, dst[base:], ends, fps)
+		m.remember(run, dst[base:], ends, fps, narrow)
 	}
-	return dst, false, true
+	return dst, false, narrow, true
 }
 
 // remember files a decoded run under the fingerprints of the spans it
 // covers and its whole-run fingerprint.
-func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uint64) {
+func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uint64, narrow bool) {
 	nf := 0
 	for l := tmFirstBytes; l <= len(run) && nf < len(fps)-1; l *= 2 {
 		nf++
@@ -180,6 +184,8 @@ func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uin
 		toks: append([]uint32(nil), toks...),
 		ends: append([]uint32(nil), ends...),
 	}
+	// Checked once here, so a lookup the entry serves need not.
+	e.fits = narrow || fitInt32(e.toks)
 	e.Fps = memostore.FiledUnder(fps, nf)
 	e.Size = tmOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
 	m.store.Insert(e, func(o *tmEntry) bool {
