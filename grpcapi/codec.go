@@ -78,6 +78,20 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 type lookupCall struct {
 	req  pb.LookupRouteRequest
 	bufs decodeBufs
+	// srv is the server answering the call; handle, made once per pooled
+	// call, is the handler the interceptors wrap (no closure per call).
+	srv    *Server
+	handle grpc.UnaryHandler
+}
+
+func newLookupCall() any {
+	c := new(lookupCall)
+	c.handle = func(ctx context.Context, req any) (any, error) {
+		r := req.(*pb.LookupRouteRequest)
+		// What the decode learnt of the ids holds only for its request.
+		return c.srv.lookupRoute(ctx, r, r == &c.req && c.bufs.idsNarrow), nil
+	}
+	return c
 }
 
 // decodeBufs is what decodeLookup may decode into instead of allocating:
@@ -101,7 +115,7 @@ type decodeBufs struct {
 // request (up to 2^20 token ids) does not pin its buffers in the pool.
 const maxPooledBytes = 256 << 10
 
-var lookupCalls = sync.Pool{New: func() any { return new(lookupCall) }}
+var lookupCalls = sync.Pool{New: newLookupCall}
 
 // release returns the call to the pool. Nothing may use its request, or
 // anything read from it, afterwards: the handler returns only copies
@@ -126,6 +140,7 @@ func (c *lookupCall) release() {
 		}
 	}
 	c.req.Reset()
+	c.srv = nil
 	lookupCalls.Put(c)
 }
 
@@ -153,16 +168,11 @@ func lookupRouteHandler(srv any, ctx context.Context, dec func(any) error, inter
 	if err := dec(c); err != nil {
 		return nil, err
 	}
-	s := srv.(*Server)
+	c.srv = srv.(*Server)
 	if interceptor == nil {
-		return s.lookupRoute(ctx, &c.req, c.bufs.idsNarrow), nil
+		return c.handle(ctx, &c.req)
 	}
-	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: pb.InferenceCache_LookupRoute_FullMethodName}
-	return interceptor(ctx, &c.req, info, func(ctx context.Context, req any) (any, error) {
-		r := req.(*pb.LookupRouteRequest)
-		// What the decode learnt of the ids holds only for its request.
-		return s.lookupRoute(ctx, r, r == &c.req && c.bufs.idsNarrow), nil
-	})
+	return interceptor(ctx, &c.req, c.srv.lookupInfo, c.handle)
 }
 
 var errBadLookup = errors.New("malformed LookupRouteRequest")

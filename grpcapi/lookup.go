@@ -275,8 +275,8 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	if short {
 		return echo()
 	}
-	if scores := s.rank(req, st); len(scores) > 0 {
-		return &pb.LookupRouteResponse{ReplicaScores: scores, ReasonCode: PrefixMatch, AdapterId: adapter}
+	if resp := s.rank(req, st); resp != nil {
+		return resp
 	}
 	miss := echo()
 	switch {
@@ -306,8 +306,10 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	return miss
 }
 
-// rank scores the candidates, filters and orders them (docs/grpc.md, LookupRoute: Score, Filters and order).
-func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.ReplicaScore {
+// rank scores the candidates, filters and orders them (docs/grpc.md,
+// LookupRoute: Score, Filters and order), and returns the PREFIX_MATCH
+// answer, or nil when nobody qualifies.
+func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) (resp *pb.LookupRouteResponse) {
 	total := len(st.pop)
 	out := st.scored[:0]
 	best := math.Inf(-1)
@@ -347,10 +349,21 @@ func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.Replica
 		}
 		return cmp.Compare(st.cands[a.c].replica, st.cands[b.c].replica)
 	})
-	// The scores go out with the response, after the call: one block of
-	// them rather than one allocation each.
-	block := make([]pb.ReplicaScore, len(out))
-	res := make([]*pb.ReplicaScore, len(out))
+	// The scores go out with the answer, after the call: with it in one
+	// allocation for the usual few replicas, else one block of them.
+	var block []pb.ReplicaScore
+	var res []*pb.ReplicaScore
+	switch n := len(out); {
+	case n <= 2:
+		a := new(answer2)
+		resp, block, res = &a.resp, a.block[:n], a.ptrs[:n:n]
+	case n <= 8:
+		a := new(answer8)
+		resp, block, res = &a.resp, a.block[:n], a.ptrs[:n:n]
+	default:
+		resp, block, res = new(pb.LookupRouteResponse), make([]pb.ReplicaScore, n), make([]*pb.ReplicaScore, n)
+	}
+	resp.ReplicaScores, resp.ReasonCode, resp.AdapterId = res, PrefixMatch, req.GetAdapterId()
 	for i, o := range out {
 		c := &st.cands[o.c]
 		r := &block[i]
@@ -358,8 +371,23 @@ func (s *Server) rank(req *pb.LookupRouteRequest, st *lookupState) []*pb.Replica
 		r.MatchedTokens, r.EstimatedCacheHitProb, r.Tier = int32(min(c.matched, math.MaxInt32)), float32(c.fresh), c.tier
 		res[i] = r
 	}
-	return res
+	return resp
 }
+
+// answer2 and answer8 are a matching answer with room for its scores, in
+// one allocation.
+type (
+	answer2 struct {
+		resp  pb.LookupRouteResponse
+		ptrs  [2]*pb.ReplicaScore
+		block [2]pb.ReplicaScore
+	}
+	answer8 struct {
+		resp  pb.LookupRouteResponse
+		ptrs  [8]*pb.ReplicaScore
+		block [8]pb.ReplicaScore
+	}
+)
 
 func clamp01(f float64) float64 { return min(1, max(0, f)) }
 

@@ -2,10 +2,14 @@ package grpcapi
 
 import (
 	"math"
+	"reflect"
 	"unicode/utf8"
+	"unsafe"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/runtime/protoimpl"
 
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
@@ -36,31 +40,48 @@ func marshalLookupResponse(r *pb.LookupRouteResponse) (mem.BufferSlice, bool) {
 		return nil, false
 	}
 	size := lookupResponseSize(r)
-	var buf *[]byte
-	var b []byte
-	pool := mem.DefaultBufferPool()
+	// As the generic codec does: a small answer in a slice of its own
+	// (gRPC pools nothing below its threshold), a large one pooled.
 	if mem.IsBelowBufferPoolingThreshold(size) {
-		b = make([]byte, 0, size)
-	} else {
-		buf = pool.Get(size)
-		b = (*buf)[:0]
+		return mem.BufferSlice{mem.SliceBuffer(appendLookupResponse(make([]byte, 0, size), r))}, true
 	}
-	b = appendLookupResponse(b, r)
-	if buf == nil {
-		return mem.BufferSlice{mem.SliceBuffer(b)}, true
-	}
-	*buf = b
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	*buf = appendLookupResponse((*buf)[:0], r)
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, true
+}
+
+// unknownAt is the offset of a generated message's unknown fields (a byte
+// slice), found once by reflection, so checking them costs a load instead
+// of ProtoReflect's bookkeeping; -1 when the generated code has no such
+// field, and ProtoReflect is asked.
+func unknownAt(t reflect.Type) uintptr {
+	if f, ok := t.FieldByName("unknownFields"); ok && f.Type == reflect.TypeFor[protoimpl.UnknownFields]() {
+		return f.Offset
+	}
+	return ^uintptr(0)
+}
+
+var (
+	respUnknownAt  = unknownAt(reflect.TypeFor[pb.LookupRouteResponse]())
+	scoreUnknownAt = unknownAt(reflect.TypeFor[pb.ReplicaScore]())
+)
+
+func hasUnknown[M interface{ ProtoReflect() protoreflect.Message }](m M, p unsafe.Pointer, at uintptr) bool {
+	if at == ^uintptr(0) {
+		return len(m.ProtoReflect().GetUnknown()) > 0
+	}
+	return len(*(*protoimpl.UnknownFields)(unsafe.Add(p, at))) > 0
 }
 
 // plainLookupResponse reports whether r holds only what
 // appendLookupResponse writes.
 func plainLookupResponse(r *pb.LookupRouteResponse) bool {
-	if len(r.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(r.ReasonCode) || !utf8.ValidString(r.AdapterId) {
+	if hasUnknown(r, unsafe.Pointer(r), respUnknownAt) || !utf8.ValidString(r.ReasonCode) || !utf8.ValidString(r.AdapterId) {
 		return false
 	}
 	for _, s := range r.ReplicaScores {
-		if s == nil || len(s.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(s.ReplicaId) {
+		if s == nil || hasUnknown(s, unsafe.Pointer(s), scoreUnknownAt) || !utf8.ValidString(s.ReplicaId) {
 			return false
 		}
 	}

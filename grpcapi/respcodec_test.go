@@ -55,14 +55,20 @@ func TestMarshalLookupResponse(t *testing.T) {
 		}
 	}
 
+	if respUnknownAt == ^uintptr(0) || scoreUnknownAt == ^uintptr(0) {
+		t.Fatal("the generated messages' unknown fields were not found")
+	}
+	scoreUnknown := &pb.ReplicaScore{ReplicaId: "r"}
+	scoreUnknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 77, protowire.VarintType), 1))
 	withUnknown := &pb.LookupRouteResponse{ReasonCode: NoHint}
 	withUnknown.ProtoReflect().SetUnknown(protowire.AppendTag(nil, 99, protowire.VarintType))
 	withUnknown.ProtoReflect().SetUnknown(append(withUnknown.ProtoReflect().GetUnknown(), 1))
 	for name, r := range map[string]*pb.LookupRouteResponse{
-		"unknown fields": withUnknown,
-		"nil score":      {ReplicaScores: []*pb.ReplicaScore{nil}},
-		"bad UTF-8":      {ReasonCode: "\xff"},
-		"bad replica id": {ReplicaScores: []*pb.ReplicaScore{{ReplicaId: "\xfe"}}},
+		"unknown fields":     withUnknown,
+		"nil score":          {ReplicaScores: []*pb.ReplicaScore{nil}},
+		"unknown in a score": {ReplicaScores: []*pb.ReplicaScore{{ReplicaId: "a"}, scoreUnknown}},
+		"bad UTF-8":          {ReasonCode: "\xff"},
+		"bad replica id":     {ReplicaScores: []*pb.ReplicaScore{{ReplicaId: "\xfe"}}},
 	} {
 		if _, ok := marshalLookupResponse(r); ok {
 			t.Errorf("%s: encoded by hand", name)

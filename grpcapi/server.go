@@ -121,6 +121,8 @@ type Server struct {
 	// /query uses.
 	query  *query.Engine
 	tokSum [32]byte
+	// lookupInfo is what interceptors are told of every LookupRoute call.
+	lookupInfo *grpc.UnaryServerInfo
 
 	stop     chan struct{}
 	done     sync.WaitGroup
@@ -170,6 +172,7 @@ func New(opts Options) (*Server, error) {
 		opts.Registerer = prometheus.NewRegistry()
 	}
 	s := &Server{opts: opts, stop: make(chan struct{})}
+	s.lookupInfo = &grpc.UnaryServerInfo{Server: s, FullMethod: pb.InferenceCache_LookupRoute_FullMethodName}
 	s.tokSum = sha256.Sum256([]byte(opts.AuthToken))
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
