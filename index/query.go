@@ -252,7 +252,7 @@ func (t *Table) walkKeys(w *smallWalk, chain Chain) {
 			s.mu.RUnlock()
 			break
 		}
-		dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, hm)
+		dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, hm, false)
 		s.mu.RUnlock()
 		// As in walkReady: a block held exactly like the one before it
 		// cuts nobody, so the cut runs only where the holders change.
@@ -340,7 +340,7 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 				r.held[i] = [4]uint64{}
 				continue
 			}
-			dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, hm)
+			dev, loc, dsk, shared := sc.holdersOf(s, si, &s.blocks[idx], bySlot, lo, un, hm, true)
 			r.held[i] = [4]uint64{dev, loc, dsk, uint64(shared) | readyFound}
 		}
 		s.mu.RUnlock()
@@ -395,13 +395,13 @@ func (sc *queryScratch) cutSmall(alive *[numTiers]uint64, dev, loc, dsk uint64, 
 // the walk never reads its overflow list; a lone holder is compared with
 // hm too. Only a block with more holders than are interned has its pairs
 // resolved one by one.
-func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, lo int, un uint, hm *holderMemo) (dev, loc, dsk uint64, shared uint8) {
+func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, lo int, un uint, hm *holderMemo, scan bool) (dev, loc, dsk uint64, shared uint8) {
 	id := b.holderID()
 	switch {
 	case id != 0:
 	case b.ext == 0:
 		one := [1]uint32{b.first.own}
-		return hm.resolve(bySlot, lo, un, one[:])
+		return hm.resolve(bySlot, lo, un, one[:], scan)
 	default:
 		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, b.first, 0, 0, 0, 0)
 		for _, p := range s.overflow(b) {
@@ -413,7 +413,7 @@ func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, 
 	if m.id == id && m.epoch == s.sets.epoch {
 		return m.dev, m.loc, m.dsk, m.shared
 	}
-	dev, loc, dsk, shared = hm.resolve(bySlot, lo, un, s.sets.wordsOf(id))
+	dev, loc, dsk, shared = hm.resolve(bySlot, lo, un, s.sets.wordsOf(id), scan)
 	// Field by field: a composite literal went through the stack and its
 	// 16-byte reload stalled on the narrow stores just made (a quarter of
 	// BenchmarkWalkMixed's time).
@@ -422,14 +422,25 @@ func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, 
 	return dev, loc, dsk, shared
 }
 
-// holderMemo remembers the holder words of the last block the walk
-// resolved through it and the sets they gave. The blocks of a cached
-// prompt are usually held by the same owners in the same tiers, and
-// comparing a block's words with the last ones costs less than resolving
+// holderMemo remembers the holder words of the last few distinct lists
+// the walk resolved through it and the sets they gave. The blocks of a
+// cached prompt are usually held by the same owners in the same tiers, and
+// comparing a block's words with remembered ones costs less than resolving
 // each owner again (a snapshot lookup and a generation check per word).
-// The sets depend only on those words, given the query's snapshot and
-// owner span.
+// Several lists, not one, because walkReady visits a batch stripe by
+// stripe: where owners hold the prompt to different depths, each stripe
+// runs through the same few lists in turn (all owners, then fewer), and a
+// single remembered list would miss at every change. The sets depend only
+// on the words, given the query's snapshot and owner span.
 type holderMemo struct {
+	last    int // the entry that answered last, tried first
+	next    int // the entry the next new list replaces
+	entries [holderMemoSize]holderMemoEntry
+}
+
+const holderMemoSize = 4
+
+type holderMemoEntry struct {
 	n      int // 0: nothing remembered; at most len(own)
 	own    [32]uint32
 	dev    uint64
@@ -440,17 +451,31 @@ type holderMemo struct {
 
 // resolve returns the holder sets of a block held by the owner-and-tier
 // words given (a lone holder's, or an interned list's), from the memo when
-// they are the last block's.
-func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32) (dev, loc, dsk uint64, shared uint8) {
-	if len(words) == m.n && slices.Equal(words, m.own[:len(words)]) {
-		return m.dev, m.loc, m.dsk, m.shared
+// it has them. Only with scan does it look past the list that answered
+// last: walkKeys goes in chain order, where a block is held like the one
+// before it or like none remembered, and scanning there measured a fifth
+// slower on walks whose every block has its own holder.
+func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32, scan bool) (dev, loc, dsk uint64, shared uint8) {
+	if e := &m.entries[m.last]; len(words) == e.n && slices.Equal(words, e.own[:len(words)]) {
+		return e.dev, e.loc, e.dsk, e.shared
+	}
+	if scan && len(words) > 0 {
+		for i := range m.entries {
+			// The length and the first word rule out most other lists
+			// before a full comparison.
+			if e := &m.entries[i]; i != m.last && len(words) == e.n && words[0] == e.own[0] && slices.Equal(words, e.own[:len(words)]) {
+				m.last = i
+				return e.dev, e.loc, e.dsk, e.shared
+			}
+		}
 	}
 	for _, w := range words {
 		dev, loc, dsk, shared = noteSmall(bySlot, lo, un, pair{own: w}, dev, loc, dsk, shared)
 	}
-	if len(words) <= len(m.own) {
-		m.n = copy(m.own[:], words)
-		m.dev, m.loc, m.dsk, m.shared = dev, loc, dsk, shared
+	if e := &m.entries[m.next]; len(words) <= len(e.own) {
+		e.n = copy(e.own[:], words)
+		e.dev, e.loc, e.dsk, e.shared = dev, loc, dsk, shared
+		m.last, m.next = m.next, (m.next+1)%holderMemoSize
 	}
 	return dev, loc, dsk, shared
 }
