@@ -201,16 +201,7 @@ func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
 			u.Prefixes[0].BlockHashes = append(u.Prefixes[0].BlockHashes, fingerprint.Wire(k))
 			u.Prefixes[0].BlockTokenCounts = append(u.Prefixes[0].BlockTokenCounts, fingerprint.DefaultBlockSize)
 		}
-		st, err := client.ReportCacheState(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Send(u); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.CloseAndRecv(); err != nil {
-			t.Fatal(err)
-		}
+		reportState(t, ctx, client, u)
 	}
 	clear := func(replica string) {
 		t.Helper()
@@ -325,4 +316,20 @@ func TestGRPCReplicaUpdatedOnSourceState(t *testing.T) {
 	}
 	until(pb.CacheEvent_REPLICA_UPDATED, "the restarted source")
 	eventually(t, "p0's blocks again", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
+}
+
+// reportState sends u as a one-message ReportCacheState stream and waits
+// for the door's acknowledgement.
+func reportState(t *testing.T, ctx context.Context, client pb.InferenceCacheClient, u *pb.CacheStateUpdate) {
+	t.Helper()
+	st, err := client.ReportCacheState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(u); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CloseAndRecv(); err != nil {
+		t.Fatal(err)
+	}
 }

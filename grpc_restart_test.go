@@ -75,16 +75,7 @@ func TestGracefulRestartKeepsProducerScopes(t *testing.T) {
 	}
 	report := func(u *pb.CacheStateUpdate) {
 		t.Helper()
-		st, err := client.ReportCacheState(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := st.Send(u); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := st.CloseAndRecv(); err != nil {
-			t.Fatal(err)
-		}
+		reportState(t, ctx, client, u)
 	}
 	h10, c10 := chain(10)
 	h6, c6 := chain(6)

@@ -66,6 +66,22 @@ func probeAll(t *testing.T, ps []*proc, e *engine, m model, n int) {
 	m[e.name][n] = true
 }
 
+// publishRange has every engine store prompts from to to-1, removing the
+// one two back every third prompt, and records the result in m.
+func publishRange(t *testing.T, engines []*engine, m model, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		for _, e := range engines {
+			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
+			m[e.name][i] = true
+			if i%3 == 0 {
+				e.send(removedEvent(t, prompt(engineIndex(e.name), i-2)))
+				m[e.name][i-2] = false
+			}
+		}
+	}
+}
+
 func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	ps := []*proc{startReplica(t, etcd), startReplica(t, etcd), startReplica(t, etcd)}
@@ -79,18 +95,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	for _, e := range engines {
 		probeAll(t, ps, e, m, 0)
 	}
-	publish := func(from, to int) {
-		for i := from; i < to; i++ {
-			for _, e := range engines {
-				e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
-				m[e.name][i] = true
-				if i%3 == 0 {
-					e.send(removedEvent(t, prompt(engineIndex(e.name), i-2)))
-					m[e.name][i-2] = false
-				}
-			}
-		}
-	}
+	publish := func(from, to int) { publishRange(t, engines, m, from, to) }
 	publish(1, 40)
 	for i, p := range ps {
 		checkAll(t, p, m, engines, 40, fmt.Sprintf("replica %d", i+1))
@@ -296,17 +301,7 @@ func TestReplicaBootstrapsFromPeerFoundInEtcd(t *testing.T) {
 	m := model{}
 	engines[0].register(peer)
 	probeAll(t, []*proc{peer, doomed}, engines[0], m, 0)
-	publish := func(from, to int) {
-		for i := from; i < to; i++ {
-			e := engines[0]
-			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
-			m[e.name][i] = true
-			if i%3 == 0 {
-				e.send(removedEvent(t, prompt(engineIndex(e.name), i-2)))
-				m[e.name][i-2] = false
-			}
-		}
-	}
+	publish := func(from, to int) { publishRange(t, engines[:1], m, from, to) }
 	publish(1, 40)
 	checkAll(t, peer, m, engines, 40, "peer")
 	awaitAdvertised(t, etcd, peer.base, doomed.base)

@@ -35,11 +35,7 @@ func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []b
 // again on an unchanged table skips hashing and the walk at both.
 func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server, *Server, []byte, []byte) {
 	b.Helper()
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		b.Fatal(err)
-	}
+	prof := vllmProfile(b)
 	ix := index.New(index.Options{})
 	tbl := ix.EnsureTable(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, prof)
 	tokens := make([]int32, n)

@@ -16,11 +16,7 @@ import (
 // other lengths.
 func TestConductorSchemeInputs(t *testing.T) {
 	f := newFixture(t, nil)
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := vllmProfile(t)
 	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
 	a := tbl.AddEngineOwner("a", 0)
 	a1 := tbl.AddEngineOwner("a", 1)
@@ -77,11 +73,7 @@ func TestConductorSchemeInputs(t *testing.T) {
 // prompts with small ids are answered.
 func TestTokenIdsPastInt32(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.TokenMemoBytes = 1 << 20; o.MinMatchedTokens = -1 })
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := vllmProfile(t)
 	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
 	a := tbl.AddEngineOwner("a", 0)
 	small := make([]int32, 640)
@@ -121,4 +113,16 @@ func TestTokenIdsPastInt32(t *testing.T) {
 			t.Errorf("%s: %v, want %s", c.name, resp, c.want)
 		}
 	}
+}
+
+// vllmProfile is vLLM's default block-hash profile (sha256_cbor, seed 0),
+// which the Conductor-scheme tests, benchmarks and fuzz target index with.
+func vllmProfile(tb testing.TB) hashing.Profile {
+	tb.Helper()
+	seed := "0"
+	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return prof
 }

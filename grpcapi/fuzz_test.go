@@ -41,11 +41,7 @@ func snapshot(ix *index.Index) indexState {
 // nothing panics, LookupRoute never answers with an error status, and a
 // lookup leaves the index as it found it.
 func FuzzHandlers(f *testing.F) {
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		f.Fatal(err)
-	}
+	prof := vllmProfile(f)
 	ix := index.New(index.Options{Stripes: 4})
 	prod := producer.New(producer.Options{Index: ix})
 	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Memo: hashing.NewMemo(1 << 20)})
