@@ -427,7 +427,10 @@ func bestRun(ih *index.InstanceHits) (int, pb.CacheTier) {
 func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs conductorScheme, parsed bool, st *lookupState) (lv producer.Level, bad, short bool) {
 	tenant, model, adapter := req.GetTenantId(), req.GetModelId(), req.GetAdapterId()
 	var tbl *index.Table
-	for _, t := range s.opts.Index.Tables() {
+	// Tables come in no order; the affinity seed's profile is that of the
+	// greatest matching context, so the pick does not depend on the order.
+	var seedCtx index.ContextKey
+	for t := range s.opts.Index.All() {
 		c := t.Context()
 		if c.Tenant != tenant || t.OwnerCount() == 0 {
 			continue
@@ -442,7 +445,9 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		}
 		lv = producer.HasScheme
 		st.pop = t.AppendInstances(st.pop)
-		st.seedProf, st.seedBS = t.Profile(), c.BlockSize
+		if st.seedProf == nil || c.Compare(seedCtx) > 0 {
+			st.seedProf, st.seedBS, seedCtx = t.Profile(), c.BlockSize, c
+		}
 		if c.Lora == adapter {
 			tbl = t
 		}
@@ -572,7 +577,7 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 	lv = ps.Holds(tenant, model, scheme)
 	if lv < producer.NoScheme {
 		// A Conductor context of the tenant (and model) counts too.
-		for _, t := range s.opts.Index.Tables() {
+		for t := range s.opts.Index.All() {
 			c := t.Context()
 			if c.Tenant != tenant || t.OwnerCount() == 0 {
 				continue

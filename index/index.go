@@ -1,6 +1,7 @@
 package index
 
 import (
+	"iter"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -114,6 +115,20 @@ func (ix *Index) DropTable(ctx ContextKey) {
 	ix.mu.Unlock()
 	if t != nil {
 		t.drop()
+	}
+}
+
+// All yields every table of a snapshot, in no particular order and
+// without allocating: for per-request scans, where Tables' sorted copy
+// would cost an allocation and a sort on every call.
+func (ix *Index) All() iter.Seq[*Table] {
+	m := *ix.tables.Load()
+	return func(yield func(*Table) bool) {
+		for _, t := range m {
+			if !yield(t) {
+				return
+			}
+		}
 	}
 }
 
