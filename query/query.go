@@ -2,9 +2,10 @@
 // optional instance filter, it hashes the prompt's blocks and walks them
 // against the index, and returns per-owner tier counts. It owns the whole
 // sequence (decoding through the token memo, remembering the body's array,
-// the pooled key chain with the prefix memo, the walk and the chain's
-// release), so the HTTP handler, and any other door such as a gRPC
-// lookup, calls one method instead of repeating it.
+// a remembered answer at the same index version, or the pooled key chain
+// with the prefix memo, the walk and the chain's release), so the HTTP
+// handler, and any other door such as a gRPC lookup, calls one method
+// instead of repeating it.
 package query
 
 import (
