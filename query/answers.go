@@ -13,7 +13,7 @@ import (
 )
 
 // MinAnswerTokens is the shortest prompt whose answer is remembered: below
-// it the walk costs about what remembering and comparing would.
+// it the walk costs about what hashing the ids and remembering would.
 const MinAnswerTokens = 512
 
 // Answers remembers recent lookup answers together with the table version
