@@ -41,8 +41,8 @@ func startApp(t *testing.T) *e2e {
 // adjust.
 func startAppWith(t *testing.T, adjust func(*config.Config)) *e2e {
 	t.Helper()
-	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, MemoBytes: config.DefaultMemoMiB << 20, TokenMemoBytes: config.DefaultTokenMemoMiB << 20,
-		HashCheckEvery: config.DefaultHashCheckEvery}
+	cfg := config.Defaults()
+	cfg.Addr, cfg.Port = "127.0.0.1", 0
 	adjust(cfg)
 	a, err := newApp(cfg, zerolog.New(io.Discard))
 	if err != nil {
@@ -410,9 +410,16 @@ func TestMetricsMove(t *testing.T) {
 	if got := metricValue(after, `conductor_token_memo_tokens_total{result="hit"}`); got < float64(len(long)) {
 		t.Errorf("token memo hits %v after a repeated %d-token prompt", got, len(long))
 	}
-	// The last context going empties both memos, so their budgets do not
-	// stay resident in an idle service.
-	for _, m := range []string{"conductor_hash_memo_bytes", "conductor_token_memo_bytes"} {
+	// It is also long enough to be remembered whole (512 ids): the index
+	// stood still between the two asks, so the second is a remembered
+	// answer.
+	if got := metricValue(after, `conductor_answer_cache_lookups_total{result="hit"}`); got < 1 {
+		t.Errorf("answer cache hits %v after a repeated %d-token prompt on a quiet index", got, len(long))
+	}
+	// The last context going empties both memos and the answer cache, so
+	// their budgets do not stay resident in an idle service.
+	memories := []string{"conductor_hash_memo_bytes", "conductor_token_memo_bytes", "conductor_answer_cache_bytes"}
+	for _, m := range memories {
 		if got := metricValue(after, m); got <= 0 {
 			t.Errorf("%s = %v with entries remembered", m, got)
 		}
@@ -421,7 +428,7 @@ func TestMetricsMove(t *testing.T) {
 		t.Fatalf("unregister: %d %v", status, out)
 	}
 	idle := e.scrape()
-	for _, m := range []string{"conductor_hash_memo_bytes", "conductor_token_memo_bytes"} {
+	for _, m := range memories {
 		if got := metricValue(idle, m); got != 0 {
 			t.Errorf("%s = %v after the last context went, want 0", m, got)
 		}

@@ -21,8 +21,8 @@ import (
 // and returns a client to it.
 func startAppWithDoor(t *testing.T) (*e2e, pb.InferenceCacheClient, *grpc.ClientConn) {
 	t.Helper()
-	cfg := &config.Config{Addr: "127.0.0.1", Port: 0, GRPCAddr: "127.0.0.1:0",
-		MemoBytes: config.DefaultMemoMiB << 20, TokenMemoBytes: config.DefaultTokenMemoMiB << 20}
+	cfg := config.Defaults()
+	cfg.Addr, cfg.Port, cfg.GRPCAddr, cfg.HashCheckEvery = "127.0.0.1", 0, "127.0.0.1:0", 0
 	a, err := newApp(cfg, zerolog.New(io.Discard))
 	if err != nil {
 		t.Fatal(err)

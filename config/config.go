@@ -224,6 +224,15 @@ func Usage() string {
 	return b.String()
 }
 
+// Defaults is the configuration with nothing set: every size, level and
+// interval at its default, memory-only state, no registrations. Load starts
+// from it; tests that build a service in process start from it too, so a
+// new default reaches them without being repeated.
+func Defaults() *Config {
+	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
+		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery}
+}
+
 // Load reads configuration. args are the command-line arguments without the
 // program name; getenv is os.Getenv in production. --help returns
 // flag.ErrHelp; --version returns a Config with only ShowVersion set,
@@ -240,8 +249,8 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if *f.version {
 		return &Config{ShowVersion: true}, nil
 	}
-	c := &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20, TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
-		StateReset: *f.reset}
+	c := Defaults()
+	c.StateReset = *f.reset
 	// An explicit --state-dir "" (memory only) wins over the environment.
 	c.StateDir = f.pick("state-dir", *f.stateDir, getenv("CONDUCTOR_STATE_DIR"))
 	if err := f.durationSetting(&c.SnapshotInterval, "snapshot-interval", *f.snapEvery, getenv("CONDUCTOR_SNAPSHOT_INTERVAL"), true); err != nil {

@@ -135,16 +135,25 @@ func BenchmarkLookupVsQuery(b *testing.B) {
 	}
 }
 
-// BenchmarkLookupChain512: a 512-block chain (8-byte hashes) against a
-// producer-fed scope where 4 replicas hold it to different depths.
-func BenchmarkLookupChain512(b *testing.B) {
+// producerDoor is a door over an empty index fed by producers only,
+// stopped when the test ends.
+func producerDoor(tb testing.TB) *Server {
+	tb.Helper()
 	ix := index.New(index.Options{})
-	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
+	s, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(s.Stop)
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// chain512 is the 512-block chain figure's setup: a producer-fed scope
+// where 4 replicas hold the chain to 128, 256, 384 and 512 blocks, and the
+// encoded LookupRoute request for the whole chain (8-byte hashes).
+func chain512(tb testing.TB) (*Server, []byte) {
+	tb.Helper()
+	s := producerDoor(tb)
 	keys := make([]uint64, 512)
 	for i := range keys {
 		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
@@ -154,8 +163,15 @@ func BenchmarkLookupChain512(b *testing.B) {
 	}
 	raw, err := proto.Marshal(chainReq("vllm", 16, keys...))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
+	return s, raw
+}
+
+// BenchmarkLookupChain512: a 512-block chain (8-byte hashes) against a
+// producer-fed scope where 4 replicas hold it to different depths.
+func BenchmarkLookupChain512(b *testing.B) {
+	s, raw := chain512(b)
 	var out []byte
 	for b.Loop() {
 		out = lookupOnce(b, s, raw, out)
@@ -165,13 +181,7 @@ func BenchmarkLookupChain512(b *testing.B) {
 // BenchmarkReportIngest: decoding and applying CacheStateUpdates of 1,024
 // chain blocks each, 64 replicas in turn; reports blocks/s.
 func BenchmarkReportIngest(b *testing.B) {
-	ix := index.New(index.Options{})
-	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(s.Stop)
+	s := producerDoor(b)
 	const perUpdate = 1024
 	var raws [][]byte
 	for r := range 64 {

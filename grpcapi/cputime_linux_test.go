@@ -1,22 +1,17 @@
 package grpcapi
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"os"
 	"runtime"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/producer"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
 
@@ -83,24 +78,7 @@ func TestDoorCPUTime(t *testing.T) {
 		t.Logf("8K tokens, %s: /query %v, LookupRoute %v per call: %.2fx", mode, q, l, float64(l)/float64(q))
 	}
 
-	ix := index.New(index.Options{})
-	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Stop()
-	keys := make([]uint64, 512)
-	for i := range keys {
-		keys[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
-	}
-	for r := range 4 {
-		s.applyUpdate(update(fmt.Sprintf("r%d", r), chainEntry(t1, 16, keys[:128*(r+1)]...)))
-	}
-	raw, err := proto.Marshal(chainReq("vllm", 16, keys...))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, raw := chain512(t)
 	var out []byte
 	t.Logf("512-block chain: LookupRoute %v per call", bestCPU(5, 2000, func() { out = lookupOnce(t, s, raw, out) }))
 
@@ -127,5 +105,4 @@ func TestDoorCPUTime(t *testing.T) {
 		i++
 	})
 	t.Logf("ReportCacheState ingest: %.2f M blocks per CPU second (%v per 1,024-block update)", float64(perUpdate)/per.Seconds()/1e6, per)
-	_ = context.Background
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,22 +17,10 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/producer"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
-
-// clock is a settable clock for freshness and expiry.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // fixture is a server on a real loopback TCP listener and a client to it.
 type fixture struct {
@@ -42,7 +29,7 @@ type fixture struct {
 	prod   *producer.Store
 	srv    *Server
 	reg    *prometheus.Registry
-	clock  *clock
+	clock  *fakeclock.Clock
 	addr   string
 	client pb.InferenceCacheClient
 	conn   *grpc.ClientConn
@@ -51,12 +38,12 @@ type fixture struct {
 func newFixture(t *testing.T, tune func(*Options)) *fixture {
 	t.Helper()
 	ix := index.New(index.Options{Stripes: 8})
-	c := &clock{t: time.Unix(1_700_000_000, 0)}
-	prod := producer.New(producer.Options{Index: ix, TTL: 30 * time.Minute, Now: c.now})
+	c := fakeclock.New(time.Unix(1_700_000_000, 0))
+	prod := producer.New(producer.Options{Index: ix, TTL: 30 * time.Minute, Now: c.Now})
 	reg := prometheus.NewRegistry()
 	// A minute for lookups: the default 100 ms would answer TIMEOUT
 	// whenever a busy CI machine keeps the handler off the CPU that long.
-	opts := Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Registerer: reg, Gatherer: reg, Now: c.now,
+	opts := Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Registerer: reg, Gatherer: reg, Now: c.Now,
 		LookupTimeout: time.Minute}
 	if tune != nil {
 		tune(&opts)

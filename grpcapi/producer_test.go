@@ -91,7 +91,7 @@ func TestDemotionFreshnessPressureSLO(t *testing.T) {
 	u := update("a")
 	u.Stats = &pb.ReplicaStats{Pressure: 0.25, HitRate: 0.5}
 	f.mustReport(u)
-	f.clock.add(15 * time.Minute) // freshness 0.5
+	f.clock.Add(15 * time.Minute) // freshness 0.5
 	check(t, "aged and pressed", f.lookup(req), &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{score("a", 96*0.5*0.75, 96, 0.5, t1)}})
 	req.Slo = &pb.SLO{TtftMs: 150}
 	check(t, "fast SLO", f.lookup(req), &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{score("a", 96*0.5*0.75*1.5, 96, 0.5, t1)}})
@@ -170,13 +170,13 @@ func TestEvictionClearAndExpiry(t *testing.T) {
 
 	// z is heard from by REPLICA_UPDATED at 20 min, then silent: it
 	// expires 30 min later, not before.
-	f.clock.add(20 * time.Minute)
+	f.clock.Add(20 * time.Minute)
 	publish(&pb.CacheEvent{Type: pb.CacheEvent_REPLICA_UPDATED, ReplicaId: "z", TenantId: "t", ModelId: "m"})
-	f.clock.add(29 * time.Minute)
+	f.clock.Add(29 * time.Minute)
 	if n := f.prod.Sweep(); n != 0 {
 		t.Fatalf("swept %d before the TTL", n)
 	}
-	f.clock.add(2 * time.Minute)
+	f.clock.Add(2 * time.Minute)
 	if n := f.prod.Sweep(); n != 1 {
 		t.Fatalf("swept %d at the TTL", n)
 	}

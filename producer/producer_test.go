@@ -2,31 +2,19 @@ package producer
 
 import (
 	"math"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 )
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func newStore() (*Store, *index.Index, *clock) {
+func newStore() (*Store, *index.Index, *fakeclock.Clock) {
 	ix := index.New(index.Options{Stripes: 4})
-	c := &clock{t: time.Unix(1000, 0)}
-	return New(Options{Index: ix, TTL: time.Minute, Now: c.now}), ix, c
+	c := fakeclock.New(time.Unix(1000, 0))
+	return New(Options{Index: ix, TTL: time.Minute, Now: c.Now}), ix, c
 }
 
 func TestWriteEvictClear(t *testing.T) {
@@ -93,12 +81,12 @@ func TestStatsAndExpiry(t *testing.T) {
 	if len(got) != 2 || got[0].Replica != "a" || got[0].HitRate != 0 || got[0].Pressure != 0 || got[1].HitRate != 0.5 {
 		t.Fatalf("stats %+v", got)
 	}
-	c.add(40 * time.Second)
+	c.Add(40 * time.Second)
 	s.Touch(rb)
 	if !s.Refresh(rb) || s.Refresh(ReplicaKey{"t", "m", "zzz"}) {
 		t.Fatal("Refresh wrong")
 	}
-	c.add(30 * time.Second) // a silent for 70 s, b for 30 s
+	c.Add(30 * time.Second) // a silent for 70 s, b for 30 s
 	if n := s.Sweep(); n != 1 {
 		t.Fatalf("swept %d", n)
 	}
@@ -132,9 +120,9 @@ func TestStartExpiresInTheBackground(t *testing.T) {
 // that dropped scopes, with how many remain, and of nothing else.
 func TestScopesDroppedHook(t *testing.T) {
 	ix := index.New(index.Options{Stripes: 4})
-	c := &clock{t: time.Unix(1000, 0)}
+	c := fakeclock.New(time.Unix(1000, 0))
 	var got []int
-	s := New(Options{Index: ix, TTL: time.Minute, Now: c.now, OnScopesDropped: func(remaining int) { got = append(got, remaining) }})
+	s := New(Options{Index: ix, TTL: time.Minute, Now: c.Now, OnScopesDropped: func(remaining int) { got = append(got, remaining) }})
 	k1 := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"}
 	k2 := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "sglang"}
 	k3 := index.ScopeKey{Tenant: "u", Model: "m", Scheme: "vllm"}
@@ -157,11 +145,11 @@ func TestScopesDroppedHook(t *testing.T) {
 		t.Fatalf("after clearing a: hook %v, scopes %v", got, ix.Scopes())
 	}
 	// c expires: the last scope goes.
-	c.add(30 * time.Second)
+	c.Add(30 * time.Second)
 	if n := s.Sweep(); n != 0 || len(got) != 1 {
 		t.Fatalf("sweep within the TTL cleared %d, hook %v", n, got)
 	}
-	c.add(time.Minute)
+	c.Add(time.Minute)
 	if n := s.Sweep(); n != 1 || !cmp.Equal(got, []int{1, 0}) || len(ix.Scopes()) != 0 {
 		t.Fatalf("sweep past the TTL cleared %d, hook %v, scopes %v", n, got, ix.Scopes())
 	}

@@ -19,11 +19,11 @@ func TestCutRestoreKeepsAges(t *testing.T) {
 	s.SetStats(ra, Stats{HitRate: 0.5, ClientVersion: "x"})
 	s.Writer(k, "a").Put(index.Device, 1, 16)
 	s.Writer(k, "a").Put(index.CPULocal, 2, 32)
-	c.add(20 * time.Second)
+	c.Add(20 * time.Second)
 	s.Touch(rb)
 	s.Writer(k, "b").Put(index.Device, 1, 16)
 	s.Writer(k, "b").Put(index.Device, 3, 48) // b's alone
-	c.add(10 * time.Second)
+	c.Add(10 * time.Second)
 
 	pc := s.BeginCut()
 	var tc index.TableCut
@@ -60,7 +60,7 @@ func TestCutRestoreKeepsAges(t *testing.T) {
 
 	// A new store, an hour later.
 	s2, _, c2 := newStore()
-	c2.add(time.Hour)
+	c2.Add(time.Hour)
 	for _, r := range pc.Replicas {
 		s2.RestoreReplica(r)
 	}
@@ -68,8 +68,8 @@ func TestCutRestoreKeepsAges(t *testing.T) {
 		t.Fatal(err)
 	}
 	last, st, hasStats, ok := s2.Replica(ra)
-	if !ok || !hasStats || c2.now().Sub(last) != 30*time.Second || c2.now().Sub(st.At) != 30*time.Second || st.ClientVersion != "x" {
-		t.Errorf("restored a: last %v stats %+v %v %v", c2.now().Sub(last), st, hasStats, ok)
+	if !ok || !hasStats || c2.Now().Sub(last) != 30*time.Second || c2.Now().Sub(st.At) != 30*time.Second || st.ClientVersion != "x" {
+		t.Errorf("restored a: last %v stats %+v %v %v", c2.Now().Sub(last), st, hasStats, ok)
 	}
 	if got := s2.Replicas("t", "m", "vllm"); !cmp.Equal(got, []string{"a", "b"}) {
 		t.Errorf("replicas %v", got)
@@ -82,7 +82,7 @@ func TestCutRestoreKeepsAges(t *testing.T) {
 	}
 	// Expiry continues from the restored silence: b (silent 10 s of a
 	// minute) outlives a (30 s) by 20 s.
-	c2.add(31 * time.Second)
+	c2.Add(31 * time.Second)
 	if n := s2.Sweep(); n != 1 {
 		t.Fatalf("swept %d, want a alone", n)
 	}

@@ -3,6 +3,7 @@ package query
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -117,10 +118,19 @@ func (e *answer) matches(tbl *index.Table, instance, salt string, id xxh3.Uint12
 // lookup copies into res the answer remembered for this prompt at the
 // table's current version, if there is one.
 func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, id xxh3.Uint128, res *Result) bool {
-	cur := tbl.Version()
 	var found *answer
+	var cur index.Version
+	read := false
 	a.store.Lookup(fp, func(e *answer) bool {
-		if e.ver == cur && e.matches(tbl, instance, salt, id) {
+		if !e.matches(tbl, instance, salt, id) {
+			return true
+		}
+		// The version costs a load per stripe: read it only once a
+		// remembered answer is for this very lookup.
+		if !read {
+			cur, read = tbl.Version(), true
+		}
+		if e.ver == cur {
 			found = e
 			return false
 		}
@@ -131,7 +141,8 @@ func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, id 
 		return false
 	}
 	a.hits.Add(1)
-	res.Instances = resize(res.Instances, len(found.hits))
+	// Grown from empty, so a reused result keeps its rank buffers.
+	res.Instances = slices.Grow(res.Instances[:0], len(found.hits))[:len(found.hits)]
 	for i, src := range found.hits {
 		dst := &res.Instances[i]
 		dst.Instance, dst.Max = src.Instance, src.Max
@@ -159,12 +170,3 @@ func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, insta
 // answerOverhead is what an answer costs besides its strings and hits: the
 // entry, its fingerprint slice and the store's references to it.
 const answerOverhead = 256
-
-// resize returns s with length n, reusing its backing array (and the
-// elements' own buffers beyond the old length) when large enough.
-func resize[T any](s []T, n int) []T {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return append(s[:cap(s)], make([]T, n-cap(s))...)
-}
