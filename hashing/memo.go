@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"encoding/binary"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -229,7 +230,12 @@ func (c *Chain) rememberPrefix() {
 		digests = append(digests, c.reuse.digests[:c.reuseK]...)
 	}
 	e := &prefixEntry{
-		kind: c.kind, bs: c.bs, root: c.root, lora: c.lora, salt: c.salt,
+		// The names are copied: /query decodes them as views of a body
+		// buffer that is reused once the request is answered, and an
+		// entry whose names changed under it would no longer match the
+		// queries it was made for; only its fingerprints, hashed from the
+		// old names, would keep it from matching another tenant's.
+		kind: c.kind, bs: c.bs, root: c.root, lora: strings.Clone(c.lora), salt: strings.Clone(c.salt),
 		tokens:  toks,
 		digests: append(digests, c.digs...),
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"pgregory.net/rapid"
 
@@ -256,6 +257,37 @@ func TestMemoReusesLongestPrefix(t *testing.T) {
 				if h3, _ := m.Stats(); h3 != h2 {
 					t.Errorf("lora=%q salt=%q reused %d blocks of another namespace", v.lora, v.salt, h3-h2)
 				}
+			}
+		})
+	}
+}
+
+// TestMemoKeepsItsOwnNames: /query hands lora and salt over as views of a
+// request body whose buffer is reused once the request is answered. A
+// remembered chain must keep the names it was hashed under: once those
+// bytes spell another tenant's names, the first tenant's prompt is still
+// recognised, and the other tenant still gets its own keys.
+func TestMemoKeepsItsOwnNames(t *testing.T) {
+	for name, p := range allProfiles(t, "0") {
+		t.Run(name, func(t *testing.T) {
+			m := NewMemo(8 << 20)
+			toks := seq(1, 96)
+			body := []byte("lora-1|tenant-1")
+			lora := unsafe.String(&body[0], 6)
+			salt := unsafe.String(&body[7], 8)
+			first := keysOf(&p, 16, toks, lora, salt, nil)
+			keysOf(&p, 16, toks, lora, salt, m)
+			copy(body, "lora-2|tenant-2") // the buffer serves the next request
+			want := keysOf(&p, 16, toks, "lora-2", "tenant-2", nil)
+			if got := keysOf(&p, 16, toks, "lora-2", "tenant-2", m); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("another tenant's query got keys hashed under the first one's names")
+			}
+			h0, _ := m.Stats()
+			if got := keysOf(&p, 16, toks, "lora-1", "tenant-1", m); fmt.Sprint(got) != fmt.Sprint(first) {
+				t.Fatalf("keys differ with the memo")
+			}
+			if h1, _ := m.Stats(); h1 == h0 {
+				t.Errorf("the first tenant's chain is no longer recognised once its request's buffer was reused")
 			}
 		})
 	}

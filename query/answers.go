@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -161,7 +162,11 @@ func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, insta
 			Ranks: append([]index.RankHits(nil), src.Ranks...)}
 		size += int(unsafe.Sizeof(src)) + len(src.Instance) + len(src.Ranks)*int(unsafe.Sizeof(index.RankHits{}))
 	}
-	e := &answer{tbl: tbl, ver: ver, instance: instance, salt: salt, id: id, hits: hits}
+	// instance and salt are copied: /query decodes them as views of the
+	// request body, whose buffer is reused once the request is answered,
+	// and an answer whose filters changed under it would never match its
+	// own prompt again.
+	e := &answer{tbl: tbl, ver: ver, instance: strings.Clone(instance), salt: strings.Clone(salt), id: id, hits: hits}
 	e.Fps = []uint64{fp}
 	e.Size = size
 	a.store.Insert(e, func(old *answer) bool { return old.matches(tbl, instance, salt, id) })

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -243,6 +244,43 @@ func TestAnswersKeyedByEverythingAsked(t *testing.T) {
 	w.cached.opts.Answers.Reset()
 	if b := w.cached.opts.Answers.Bytes(); b != 0 {
 		t.Errorf("after Reset the cache holds %d bytes", b)
+	}
+}
+
+// TestAnswersKeepTheirOwnFilters: /query hands instance_id and cache_salt
+// over as views of a request body whose buffer is reused once the request
+// is answered. A remembered answer must stay filed under the filter it was
+// computed for: when those bytes later spell another instance, that
+// instance's lookup walks, and the first one is still answered from
+// memory.
+func TestAnswersKeepTheirOwnFilters(t *testing.T) {
+	w := newAnswerWorld(t, 11)
+	pr := w.prompts[0]
+	for _, k := range w.keys[0] {
+		w.tbl.Store(w.owners[0], index.Device, k) // instance a only
+	}
+	body := []byte("a")
+	asked := Request{Context: testCtx, Tokens: pr, Instance: unsafe.String(&body[0], len(body))}
+	var first Result
+	if err := w.cached.Lookup(&asked, &first); err != nil {
+		t.Fatal(err)
+	}
+	body[0] = 'b' // the buffer now holds the next request
+	for _, instance := range []string{"b", "a"} {
+		req := Request{Context: testCtx, Tokens: pr, Instance: instance}
+		var got, want Result
+		if err := w.cached.Lookup(&req, &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.walking.Lookup(&req, &want); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want.Instances, got.Instances, cmpopts.EquateEmpty()); diff != "" {
+			t.Errorf("instance %s (-walk +remembered):\n%s", instance, diff)
+		}
+	}
+	if hits, _ := w.cached.opts.Answers.Stats(); hits != 1 {
+		t.Errorf("hits = %d, want 1 (instance a's second ask)", hits)
 	}
 }
 
