@@ -128,8 +128,8 @@ func (t *Table) Put(id OwnerID, tier Tier, key uint64) (added bool) {
 	}
 	s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
 	s.setMask(b, b.mask()|uint8(bit))
-	s.mu.Unlock()
 	t.notify(KeyAdded, id, key)
+	s.mu.Unlock()
 	return true
 }
 
@@ -149,8 +149,8 @@ func (t *Table) Evict(id OwnerID, key uint64) bool {
 	s.ownerRemoveAt(id, s.pairAt(b, k).aux)
 	s.removePair(b, k)
 	s.settle(idx, b)
-	s.mu.Unlock()
 	t.notify(KeyEvicted, id, key)
+	s.mu.Unlock()
 	return true
 }
 

@@ -331,19 +331,20 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 	t.changing(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
-	if k := s.findEngine(b, id); k != noPair {
+	k := s.findEngine(b, id)
+	if k != noPair {
 		if p := s.pairAt(b, k); p.own&bit == 0 {
 			p.own |= bit
 			s.reintern(b)
 		}
-		s.setMask(b, b.mask()|uint8(bit))
-		s.mu.Unlock()
-		return
+	} else {
+		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
 	}
-	s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
 	s.setMask(b, b.mask()|uint8(bit))
+	if k == noPair {
+		t.notify(KeyAdded, id, key)
+	}
 	s.mu.Unlock()
-	t.notify(KeyAdded, id, key)
 }
 
 // lockBlock write-locks key's stripe and returns it with the block's slab
@@ -392,7 +393,7 @@ func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
 	}
 	s.settle(idx, b)
 	if gone {
-		t.notify(KeyEvicted, id, key) // under the lock: watchers never block
+		t.notify(KeyEvicted, id, key)
 	}
 }
 
@@ -451,18 +452,19 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 	t.changing(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
-	if k := s.findShared(b, bit); k != noPair {
+	k := s.findShared(b, bit)
+	if k != noPair {
 		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
 			p.aux++
 		}
-		s.setMask(b, b.mask()|uint8(bit))
-		s.mu.Unlock()
-		return
+	} else {
+		s.addPair(b, pair{own: bit, aux: 1})
 	}
-	s.addPair(b, pair{own: bit, aux: 1})
 	s.setMask(b, b.mask()|uint8(bit))
+	if k == noPair {
+		t.notify(KeyAdded, 0, key)
+	}
 	s.mu.Unlock()
-	t.notify(KeyAdded, 0, key)
 }
 
 // ReleaseShared drops one reference taken by AcquireShared; the key leaves
@@ -486,7 +488,7 @@ func (t *Table) ReleaseShared(tier Tier, key uint64) {
 	if p.aux--; p.aux == 0 {
 		s.removePair(b, k)
 		s.settle(idx, b)
-		t.notify(KeyEvicted, 0, key) // under the lock: watchers never block
+		t.notify(KeyEvicted, 0, key)
 	}
 }
 

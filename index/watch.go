@@ -59,7 +59,12 @@ func (t *Table) watcher() Watcher {
 }
 
 // notify tells the watcher, if any, that owner id's holding of key
-// changed (id 0: a shared tier).
+// changed (id 0: a shared tier). Writers call it holding key's stripe
+// lock, so that a key's changes reach the watcher in the order they were
+// applied: told after unlocking, an add racing a removal of the same key
+// (two sources sharing a Mooncake object) could arrive after it, and a
+// stream would keep a key the index no longer has. Watchers never block,
+// so the lock is held no longer than a channel offer.
 func (t *Table) notify(kind ChangeKind, id OwnerID, key uint64) {
 	w := t.watcher()
 	if w == nil {
