@@ -333,14 +333,26 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, rt route, known bool, out []
 		ctx.Response.Header.Set("Allow", rt.method)
 		return nil, &httpError{errMethod, "method not allowed; use " + rt.method}
 	}
-	if rt.mutates && s.opts.AuthToken != "" && !s.authorized(ctx) {
-		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="conductor"`)
-		return nil, &httpError{errUnauthorized, "a valid bearer token is required"}
+	if rt.mutates {
+		if err := s.checkToken(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if rt.msgpack && !isMsgpack(ctx.Request.Header.ContentType()) {
 		return nil, codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack")
 	}
 	return rt.h(s, ctx, out)
+}
+
+// checkToken is the rule of every route that needs the bearer token: nil
+// when none is configured or the request carries it, otherwise the 401
+// with its challenge header.
+func (s *Server) checkToken(ctx *fasthttp.RequestCtx) error {
+	if s.opts.AuthToken == "" || s.authorized(ctx) {
+		return nil
+	}
+	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="conductor"`)
+	return &httpError{errUnauthorized, "a valid bearer token is required"}
 }
 
 // authorized compares the bearer token in constant time, so response timing

@@ -4,8 +4,6 @@ import (
 	"bufio"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/mooncake-conductor-go/conductor/codec"
 )
 
 // snapshotPath is the route peers fetch the index from.
@@ -16,11 +14,13 @@ const snapshotPath = "/snapshot"
 // other requests are not held; a failure midway cuts the stream short,
 // which the peer detects (every section carries a checksum).
 func (s *Server) serveSnapshot(ctx *fasthttp.RequestCtx) {
-	if s.opts.AuthToken != "" && !s.authorized(ctx) {
-		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="conductor"`)
-		ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+	// The body is streamed, so the route is served apart from the
+	// buffered ones, under the same token rule and error envelope.
+	if err := s.checkToken(ctx); err != nil {
+		status, body := errorBody(nil, err)
+		ctx.SetStatusCode(status)
 		ctx.SetContentType("application/msgpack")
-		ctx.SetBody(codec.AppendMessage(nil, "a valid bearer token is required"))
+		ctx.SetBody(body)
 		return
 	}
 	ctx.SetContentType("application/octet-stream")

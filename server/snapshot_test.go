@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // TestSnapshotRoute: GET /snapshot streams what Options.Snapshot writes,
@@ -45,6 +46,16 @@ func TestSnapshotRoute(t *testing.T) {
 			}
 			if tc.status == 200 && string(resp.Body()) != tc.body {
 				t.Fatalf("body %q, want %q", resp.Body(), tc.body)
+			}
+			if tc.status == 401 {
+				// The same challenge and envelope as every guarded route.
+				if got := string(resp.Header.Peek("WWW-Authenticate")); got != `Bearer realm="conductor"` {
+					t.Errorf("WWW-Authenticate %q", got)
+				}
+				var env map[string]any
+				if err := msgpack.Unmarshal(resp.Body(), &env); err != nil || env["error"] != "a valid bearer token is required" || len(env) != 1 {
+					t.Errorf("body %v (%v), want the {error} envelope", env, err)
+				}
 			}
 		})
 	}

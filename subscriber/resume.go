@@ -155,8 +155,7 @@ func (s *Subscriber) coldFromBuffered(why events.Reason) {
 	for _, m := range msgs {
 		switch {
 		case !s.started:
-			s.started, s.high = true, m.seq
-			s.applyBatch(m.seq, m.payload)
+			s.baseline(m.seq, m.payload)
 		case m.seq == s.applied+1:
 			s.high = m.seq
 			s.applyBatch(m.seq, m.payload)
