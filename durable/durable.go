@@ -119,9 +119,8 @@ func Open(opts Options) (*State, error) {
 	}
 	s := &State{opts: opts, log: opts.Logger}
 	s.stats.init()
-	fromPeer := s.bootstrap()
-	defer s.setOrigin(fromPeer)
 	if opts.Path == "" {
+		s.setOrigin(s.bootstrap())
 		s.log.Info().Msg("no state directory: registrations and the index are kept in memory only and are lost at restart")
 		return s, nil
 	}
@@ -129,6 +128,10 @@ func Open(opts Options) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Only once the directory is ours: a second process on it is refused
+	// before it downloads a peer's whole index.
+	fromPeer := s.bootstrap()
+	defer s.setOrigin(fromPeer)
 	s.dir = dir
 	if opts.Reset {
 		s.log.Warn().Str("state_dir", dir.Path()).Msg("state reset: previous contents moved aside")
@@ -365,21 +368,29 @@ func (s *State) cut() *snapshot.Snapshot {
 	var c *index.Cut
 	var pc *producer.Cut
 	s.reg.Freeze(func(fs []registry.Frozen) {
+		pos := make([]subscriber.Position, len(fs))
+		has := make([]bool, len(fs))
 		s.gate.Lock()
-		defer s.gate.Unlock()
 		c = s.ix.BeginCut()
 		if s.prod != nil {
 			pc = s.prod.BeginCut()
 		}
-		for _, f := range fs {
-			p, ok := f.Source.(positioner)
-			if !ok {
+		for i, f := range fs {
+			if p, ok := f.Source.(positioner); ok {
+				pos[i], has[i] = p.Position(), true
+			}
+		}
+		s.gate.Unlock()
+		// The rest comes from the registrations, which Freeze still holds:
+		// fingerprinting thousands of them (microseconds each) under the
+		// gate would hold every source's ingest for milliseconds.
+		for i, f := range fs {
+			if !has[i] {
 				continue
 			}
-			pos := p.Position()
 			snap.Sources = append(snap.Sources, snapshot.Source{
 				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
-				Seq: pos.Seq, HasSeq: pos.HasSeq, Stale: pos.Stale, Bindings: pos.Bindings,
+				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: pos[i].Bindings,
 			})
 		}
 	})

@@ -5,10 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -175,6 +178,28 @@ func TestSecondOpenRefused(t *testing.T) {
 	var le *statedir.LockedError
 	if !errors.As(err, &le) || le.PID != os.Getpid() {
 		t.Fatalf("second open: %v", err)
+	}
+}
+
+// TestSecondOpenAsksNoPeer: a process refused the directory (another holds
+// it) is refused before it fetches anything from a peer, not after
+// downloading a whole index.
+func TestSecondOpenAsksNoPeer(t *testing.T) {
+	dir := t.TempDir()
+	mustOpen(t, dir)
+	var asked atomic.Int32
+	peer := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		asked.Add(1)
+		rw.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer peer.Close()
+	_, err := openWith(t, Options{Path: dir, Peers: []string{peer.URL}})
+	var le *statedir.LockedError
+	if !errors.As(err, &le) {
+		t.Fatalf("second open: %v", err)
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the refused process asked the peer %d times", n)
 	}
 }
 

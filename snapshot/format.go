@@ -212,12 +212,10 @@ func Write(w io.Writer, s *Snapshot) error {
 		for j, o := range c.Owners {
 			m.Owners[j] = ownerRecord{Instance: o.Instance, Rank: o.Rank}
 		}
-		meta, err := marshal(&m)
+		head, err := metaHead(&m)
 		if err != nil {
 			return fmt.Errorf("encode context: %w", err)
 		}
-		head := binary.LittleEndian.AppendUint32(nil, uint32(len(meta)))
-		head = append(head, meta...)
 		if err := writeSection(bw, kindContext, head, c.Entries); err != nil {
 			return err
 		}
@@ -229,12 +227,10 @@ func Write(w io.Writer, s *Snapshot) error {
 		}
 		m := scopeMeta{Tenant: c.Scope.Tenant, Model: c.Scope.Model, Scheme: c.Scope.Scheme, Adapter: c.Scope.Adapter,
 			Owners: c.Owners, Blocks: c.Blocks, Pairs: c.Pairs, EntriesBytes: len(c.Entries)}
-		meta, err := marshal(&m)
+		head, err := metaHead(&m)
 		if err != nil {
 			return fmt.Errorf("encode scope: %w", err)
 		}
-		head := binary.LittleEndian.AppendUint32(nil, uint32(len(meta)))
-		head = append(head, meta...)
 		toks := make([]byte, 0, len(c.Tokens)*2)
 		for _, t := range c.Tokens {
 			toks = binary.AppendUvarint(toks, uint64(int64(max(t, -1))+1)) // 0: none
@@ -401,77 +397,107 @@ func Read(data []byte) (*Snapshot, error) {
 	return s, nil
 }
 
-func readContext(payload []byte) (Context, error) {
-	var c Context
+// metaHead is a table section's head: its metadata's length (4 bytes,
+// little endian), then the metadata.
+func metaHead(m any) ([]byte, error) {
+	meta, err := marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	return append(binary.LittleEndian.AppendUint32(nil, uint32(len(meta))), meta...), nil
+}
+
+// splitMeta reads a table section's head (metaHead) into m and returns
+// what follows it.
+func splitMeta(payload []byte, m any) ([]byte, error) {
 	if len(payload) < 4 {
-		return c, fmt.Errorf("cut short")
+		return nil, fmt.Errorf("cut short")
 	}
 	n := binary.LittleEndian.Uint32(payload)
 	if uint64(n) > uint64(len(payload)-4) {
-		return c, fmt.Errorf("metadata cut short")
+		return nil, fmt.Errorf("metadata cut short")
 	}
+	if err := msgpack.Unmarshal(payload[4:4+n], m); err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	return payload[4+n:], nil
+}
+
+// checkEntries walks a table's entries and compares their counts with the
+// metadata's, so that a section is refused whole before anything of it is
+// restored.
+func checkEntries(entries []byte, owners, blocks, pairs int) error {
+	gotBlocks, gotPairs, err := index.WalkEntries(entries, owners, nil)
+	if err != nil {
+		return err
+	}
+	if gotBlocks != blocks || gotPairs != pairs {
+		return fmt.Errorf("holds %d blocks and %d pairs, metadata says %d and %d", gotBlocks, gotPairs, blocks, pairs)
+	}
+	return nil
+}
+
+// checkOwners refuses an owner list with an empty or repeated owner:
+// entries refer to owners by position, and a restore would map two
+// positions to one owner and lose one's entries.
+func checkOwners[K comparable](owners []K, empty func(K) bool) error {
+	seen := make(map[K]bool, len(owners))
+	for _, o := range owners {
+		if empty(o) || seen[o] {
+			return fmt.Errorf("owner %v empty or listed twice", o)
+		}
+		seen[o] = true
+	}
+	return nil
+}
+
+func readContext(payload []byte) (Context, error) {
+	var c Context
 	var m contextMeta
-	if err := msgpack.Unmarshal(payload[4:4+n], &m); err != nil {
-		return c, fmt.Errorf("metadata: %w", err)
+	entries, err := splitMeta(payload, &m)
+	if err != nil {
+		return c, err
 	}
 	c = Context{
 		Context: index.ContextKey{Tenant: m.Tenant, Model: m.Model, Lora: m.Lora, BlockSize: m.BlockSize},
 		Profile: m.Profile, Blocks: m.Blocks, Pairs: m.Pairs,
 		Owners:  make([]index.Owner, len(m.Owners)),
-		Entries: payload[4+n:],
+		Entries: entries,
 	}
 	for i, o := range m.Owners {
 		c.Owners[i] = index.Owner{Instance: o.Instance, Rank: o.Rank}
 	}
-	blocks, pairs, err := index.WalkEntries(c.Entries, len(c.Owners), nil)
-	if err != nil {
+	if err := checkOwners(c.Owners, func(o index.Owner) bool { return o.Instance == "" }); err != nil {
 		return c, err
 	}
-	if blocks != c.Blocks || pairs != c.Pairs {
-		return c, fmt.Errorf("holds %d blocks and %d pairs, metadata says %d and %d", blocks, pairs, c.Blocks, c.Pairs)
-	}
-	return c, nil
+	return c, checkEntries(c.Entries, len(c.Owners), c.Blocks, c.Pairs)
 }
 
 func readScope(payload []byte) (Scope, error) {
 	var c Scope
-	if len(payload) < 4 {
-		return c, fmt.Errorf("cut short")
-	}
-	n := binary.LittleEndian.Uint32(payload)
-	if uint64(n) > uint64(len(payload)-4) {
-		return c, fmt.Errorf("metadata cut short")
-	}
 	var m scopeMeta
-	if err := msgpack.Unmarshal(payload[4:4+n], &m); err != nil {
-		return c, fmt.Errorf("metadata: %w", err)
+	rest, err := splitMeta(payload, &m)
+	if err != nil {
+		return c, err
 	}
-	rest := payload[4+n:]
 	if m.EntriesBytes < 0 || m.EntriesBytes > len(rest) {
 		return c, fmt.Errorf("entries cut short")
 	}
 	if m.Scheme == "" || m.Tenant == "" || m.Model == "" {
 		return c, fmt.Errorf("scope without tenant, model or scheme")
 	}
-	seen := make(map[string]bool, len(m.Owners))
-	for _, o := range m.Owners {
-		if o == "" || seen[o] {
-			return c, fmt.Errorf("owner %q empty or listed twice", o)
-		}
-		seen[o] = true
+	if err := checkOwners(m.Owners, func(o string) bool { return o == "" }); err != nil {
+		return c, err
 	}
 	c = Scope{
 		Scope:  index.ScopeKey{Tenant: m.Tenant, Model: m.Model, Scheme: m.Scheme, Adapter: m.Adapter},
 		Owners: m.Owners, Blocks: m.Blocks, Pairs: m.Pairs,
 		Entries: rest[:m.EntriesBytes],
 	}
-	blocks, pairs, err := index.WalkEntries(c.Entries, len(c.Owners), nil)
-	if err != nil {
+	if err := checkEntries(c.Entries, len(c.Owners), c.Blocks, c.Pairs); err != nil {
 		return c, err
 	}
-	if blocks != c.Blocks || pairs != c.Pairs {
-		return c, fmt.Errorf("holds %d blocks and %d pairs, metadata says %d and %d", blocks, pairs, c.Blocks, c.Pairs)
-	}
+	blocks := c.Blocks
 	toks := rest[m.EntriesBytes:]
 	c.Tokens = make([]int32, 0, blocks)
 	for len(toks) > 0 {

@@ -147,15 +147,6 @@ func TestEveryTruncationAndFlipIsRefused(t *testing.T) {
 
 func TestReasons(t *testing.T) {
 	good := encode(t, sample(t))
-	reseal := func(b []byte) []byte {
-		binary.LittleEndian.PutUint64(b[headerLen-8:], xxhash.Sum64(b[:headerLen-8]))
-		return b
-	}
-	withVersion := func(v uint32) []byte {
-		b := bytes.Clone(good)
-		binary.LittleEndian.PutUint32(b[8:], v)
-		return reseal(b)
-	}
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -165,8 +156,8 @@ func TestReasons(t *testing.T) {
 		{"header only", good[:headerLen], "truncated: section 1"},
 		{"cut in a section", good[:len(good)-10], "cut short"},
 		{"bad magic", append([]byte("NOTASNAP"), good[8:]...), "bad magic"},
-		{"future version", withVersion(Version + 1), fmt.Sprintf("format version %d; this release reads versions %d to %d", Version+1, MinVersion, Version)},
-		{"ancient version", withVersion(0), "older than this release reads"},
+		{"future version", withVersion(good, Version+1), fmt.Sprintf("format version %d; this release reads versions %d to %d", Version+1, MinVersion, Version)},
+		{"ancient version", withVersion(good, 0), "older than this release reads"},
 		{"payload damaged", func() []byte { b := bytes.Clone(good); b[len(b)-3] ^= 1; return b }(), "checksum mismatch in section"},
 		{"trailing bytes", append(bytes.Clone(good), 1, 2, 3), "3 bytes after the last section"},
 	} {
@@ -190,6 +181,18 @@ func TestMalformedEntriesRefused(t *testing.T) {
 	s.Contexts[1].Pairs++
 	if got := formatErr(t, encode(t, s)); !strings.Contains(got, "metadata says") {
 		t.Errorf("reason %q", got)
+	}
+	// Entries name owners by position: two positions for one owner would
+	// restore as one, and lose the other's entries.
+	for name, change := range map[string]func(*Snapshot){
+		"owner twice": func(s *Snapshot) { s.Contexts[0].Owners[1] = s.Contexts[0].Owners[0] },
+		"empty owner": func(s *Snapshot) { s.Contexts[0].Owners[0].Instance = "" },
+	} {
+		s = sample(t)
+		change(s)
+		if got := formatErr(t, encode(t, s)); !strings.Contains(got, "empty or listed twice") {
+			t.Errorf("%s: reason %q", name, got)
+		}
 	}
 }
 
