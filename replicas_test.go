@@ -237,12 +237,10 @@ func sumSeries(t *testing.T, p *proc, family string) float64 {
 // the URL can be given (the later --port overrides startConductor's).
 func startAdvertised(t *testing.T, etcd *etcdtest.Server, args ...string) *proc {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	_, port, err := net.SplitHostPort(freeAddr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
 	url := "http://127.0.0.1:" + port
 	p := startReplica(t, etcd, append([]string{"--port", port, "--advertise-url", url}, args...)...)
 	if p.base != url {

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +38,16 @@ var (
 	binPath string
 	binErr  error
 )
+
+// TestMain removes the binary conductorBinary built, which would otherwise
+// stay behind in the temporary directory after every run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
 
 // conductorBinary builds the binary once per test run.
 func conductorBinary(t *testing.T) string {
@@ -88,13 +97,10 @@ func startConductor(t *testing.T, stateDir string, args ...string) *proc {
 func tryStart(t *testing.T, stateDir string, args ...string) (*proc, error) {
 	t.Helper()
 	bin := conductorBinary(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	cmd := exec.Command(bin, append([]string{"--addr", "127.0.0.1", "--port", port, "--state-dir", stateDir, "--log-level", "INFO"}, args...)...)
+	// Port 0: the address is read back from the "conductor listening" log
+	// line, so no port is picked here that another process could take
+	// before the binary binds it.
+	cmd := exec.Command(bin, append([]string{"--addr", "127.0.0.1", "--port", "0", "--state-dir", stateDir, "--log-level", "INFO"}, args...)...)
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"))
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -755,13 +761,25 @@ type master struct {
 	id       int
 }
 
+// newMaster is a Mooncake master's publisher. It is an XPUB, which hands
+// the test every subscription as it arrives (awaitSubscription): a message
+// sent before a restarted conductor's SUB has joined would be dropped, and
+// the test could not tell a lost message from a resume that went wrong.
 func newMaster(t *testing.T) *master {
 	t.Helper()
-	pub, err := zmq.NewSocket(zmq.PUB)
+	pub, err := zmq.NewSocket(zmq.XPUB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = pub.SetLinger(0)
+	// Every subscription, not only a topic's first: a new conductor may
+	// subscribe before the stopped one's unsubscription is processed.
+	if err := pub.SetXpubVerbose(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.SetRcvtimeo(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
 	if err := pub.Bind("tcp://127.0.0.1:*"); err != nil {
 		t.Fatal(err)
 	}
@@ -781,6 +799,31 @@ func objects(t *testing.T, tokens []int32) []string {
 }
 
 // send publishes one batch of stored or removed events for keys in cpu.
+// forgetSubscriptions drops the subscription messages received so far, so
+// that awaitSubscription waits for a conductor started after this call.
+func (m *master) forgetSubscriptions() {
+	for {
+		if _, err := m.pub.RecvBytes(zmq.DONTWAIT); err != nil {
+			return
+		}
+	}
+}
+
+// awaitSubscription waits for a SUB to subscribe (a frame starting with 1;
+// 0 is an unsubscription): messages sent from then on reach it.
+func (m *master) awaitSubscription() {
+	m.t.Helper()
+	for {
+		b, err := m.pub.RecvBytes(0)
+		if err != nil {
+			m.t.Fatalf("no conductor subscribed to the master: %v", err)
+		}
+		if len(b) > 0 && b[0] == 1 {
+			return
+		}
+	}
+}
+
 func (m *master) send(kind string, keys []string) {
 	m.t.Helper()
 	typ := map[string]string{"stored": "BlockStored", "removed": "BlockRemoved"}[kind]
@@ -832,24 +875,28 @@ func TestMooncakeSourceAcrossRestarts(t *testing.T) {
 		_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tk})
 		return cpuShare(a, "e1")
 	}
-	eventually(t, "the master's objects indexed", func() bool {
-		m.send("stored", objects(t, old))
-		return query(p, old) == 64
-	})
+	// One message, sent once the conductor has subscribed: when it is
+	// visible, everything the master sent has been applied, and the
+	// snapshot at stop records exactly that position.
+	m.awaitSubscription()
+	m.send("stored", objects(t, old))
+	eventually(t, "the master's objects indexed", func() bool { return query(p, old) == 64 })
 	p.stop()
 
 	// Nothing missed: the bindings come back, and the next message is in
 	// order.
+	m.forgetSubscriptions()
 	p2 := startConductor(t, dir)
 	if got := query(p2, old); got != 64 {
 		t.Errorf("restored shared tier: cpu_share %d, want 64", got)
 	}
+	m.awaitSubscription()
+	m.send("stored", objects(t, fresh)[:1])
 	eventually(t, "master settled", func() bool {
-		m.send("stored", objects(t, fresh)[:1])
 		return p2.metric(`conductor_restore_sources{outcome="in_order"}`)+p2.metric(`conductor_restore_sources{outcome="cold"}`) == 1
 	})
 	if p2.metric(`conductor_restore_sources{outcome="in_order"}`) != 1 {
-		t.Skip("the first message after the restart was lost before the SUB joined; the in-order path is not exercised this run")
+		t.Fatal("the master's first message after the restart did not resume the source in order")
 	}
 	if got := query(p2, old); got != 64 {
 		t.Errorf("after resuming in order: cpu_share %d, want 64", got)

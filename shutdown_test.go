@@ -70,15 +70,7 @@ func TestShutdownUnderLoad(t *testing.T) {
 // TestSignalShutdown runs the real binary and sends SIGTERM: it must exit 0
 // within 5 seconds.
 func TestSignalShutdown(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bin := filepath.Join(t.TempDir(), "conductor")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatal(err)
-	}
+	bin := conductorBinary(t)
 	cmd := exec.Command(bin, "--addr", "127.0.0.1", "--port", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"), "CONDUCTOR_LOG_LEVEL=INFO")
 	stderr, err := cmd.StderrPipe()
