@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/config"
 	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -213,15 +214,10 @@ func msgpackInt(v any) (int64, bool) {
 // eventually retries publish-then-check until check holds: a SUB socket
 // joins a PUB asynchronously, so the first messages may be lost before the
 // subscription exists.
+// Steps often publish, so they run every 20 ms, not every millisecond.
 func eventually(t *testing.T, what string, step func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !step() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventtest.Poll(t, what, 10*time.Second, 20*time.Millisecond, step)
 }
 
 // fasthttpGlobals are fasthttp's process-wide housekeeping goroutines (the

@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
-	"io"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -21,23 +18,13 @@ import (
 // and returns a client to it.
 func startAppWithDoor(t *testing.T) (*e2e, pb.InferenceCacheClient, *grpc.ClientConn) {
 	t.Helper()
-	cfg := config.Defaults()
-	cfg.Addr, cfg.Port, cfg.GRPCAddr, cfg.HashCheckEvery = "127.0.0.1", 0, "127.0.0.1:0", 0
-	a, err := newApp(cfg, zerolog.New(io.Discard))
+	e := startAppWith(t, func(c *config.Config) { c.GRPCAddr, c.HashCheckEvery = "127.0.0.1:0", 0 })
+	conn, err := grpc.NewClient(e.app.doorLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &e2e{t: t, app: a, base: "http://" + a.ln.Addr().String(), done: make(chan error, 1)}
-	go func() { e.done <- a.serve() }()
-	conn, err := grpc.NewClient(a.doorLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		a.close()
-		<-e.done
-	})
+	// Cleanups run last first: the connection closes before the app.
+	t.Cleanup(func() { conn.Close() })
 	return e, pb.NewInferenceCacheClient(conn), conn
 }
 
@@ -84,7 +71,7 @@ func TestGRPCLookupMatchesQuery(t *testing.T) {
 	byTokens := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme, TokenIds: ids}
 	byHashes := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme}
 	for _, k := range keys {
-		byHashes.BlockHashes = append(byHashes.BlockHashes, binary.BigEndian.AppendUint64(nil, k))
+		byHashes.BlockHashes = append(byHashes.BlockHashes, fingerprint.Wire(k))
 		byHashes.BlockTokenCounts = append(byHashes.BlockTokenCounts, 16)
 	}
 	for name, req := range map[string]*pb.LookupRouteRequest{"token_ids": byTokens, "block_hashes": byHashes} {

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"net"
 	"os"
 	"path/filepath"
@@ -44,8 +43,6 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func be8(k uint64) []byte { return binary.BigEndian.AppendUint64(nil, k) }
-
 // TestGracefulRestartKeepsProducerScopes: producer-fed scopes (entries in
 // both tiers, token counts, several replicas and adapters, an eviction,
 // statistics) survive a graceful restart: every LookupRoute and
@@ -68,7 +65,7 @@ func TestGracefulRestartKeepsProducerScopes(t *testing.T) {
 		var hs [][]byte
 		var cs []int32
 		for i := range n {
-			hs = append(hs, be8(fps[i]))
+			hs = append(hs, fingerprint.Wire(fps[i]))
 			cs = append(cs, int32(fingerprint.DefaultBlockSize))
 		}
 		return hs, cs

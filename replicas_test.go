@@ -7,7 +7,6 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -192,7 +191,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	publish(n+10, n+20)
 	for i, p := range live {
 		checkAll(t, p, m, engines, n+20, fmt.Sprintf("replica %d after etcd restarted", i+1))
-		if got := sumSeries(t, p, "conductor_sequence_gaps_total"); p != fresh && got != 0 {
+		if got := metricSum(p.scrape(), "conductor_sequence_gaps_total{"); p != fresh && got != 0 {
 			t.Errorf("replica %d saw %v sequence gaps: a subscription was dropped", i+1, got)
 		}
 	}
@@ -212,24 +211,6 @@ func publishUntilReady(t *testing.T, p *proc, publish func(from, to int), next i
 		return status == 200
 	})
 	return next
-}
-
-// sumSeries adds every series of a counter family (absent: 0).
-func sumSeries(t *testing.T, p *proc, family string) float64 {
-	t.Helper()
-	_, text := p.do("GET", "/metrics", nil)
-	sum := 0.0
-	for _, line := range strings.Split(text.(string), "\n") {
-		if strings.HasPrefix(line, family+"{") || strings.HasPrefix(line, family+" ") {
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				t.Fatalf("metric line %q", line)
-			}
-			sum += v
-		}
-	}
-	return sum
 }
 
 // startAdvertised starts a replica that advertises its own URL in etcd,

@@ -189,9 +189,6 @@ func (p *proc) do(method, path string, body any) (int, any) {
 	if err := p.c.DoTimeout(req, resp, 10*time.Second); err != nil {
 		p.t.Fatalf("%s %s: %v", method, path, err)
 	}
-	if path == "/metrics" {
-		return resp.StatusCode(), string(resp.Body())
-	}
 	var out any
 	if err := msgpack.Unmarshal(resp.Body(), &out); err != nil {
 		p.t.Fatalf("%s %s: %v", method, path, err)
@@ -213,20 +210,33 @@ func (p *proc) answers(prompts [][]int32) []any {
 	return out
 }
 
-// device is the device count of one instance in a /query answer.
-func device(answer any, instance string) int64 {
+// tierCount is one tier's count for one instance in a /query answer (-1:
+// the instance is not in it).
+func tierCount(answer any, instance, tier string) int64 {
 	in, ok := answer.(map[string]any)["instances"].(map[string]any)[instance].(map[string]any)
 	if !ok {
 		return -1
 	}
-	v, _ := msgpackInt(in["device"])
+	v, _ := msgpackInt(in[tier])
 	return v
+}
+
+// device is the device count of one instance in a /query answer.
+func device(answer any, instance string) int64 { return tierCount(answer, instance, "device") }
+
+// scrape returns the exposition text of GET /metrics.
+func (p *proc) scrape() string {
+	p.t.Helper()
+	status, body, err := p.c.GetTimeout(nil, p.base+"/metrics", 10*time.Second)
+	if err != nil || status != 200 {
+		p.t.Fatalf("GET /metrics: %d %v", status, err)
+	}
+	return string(body)
 }
 
 func (p *proc) metric(series string) float64 {
 	p.t.Helper()
-	_, text := p.do("GET", "/metrics", nil)
-	return metricValue(text.(string), series)
+	return metricValue(p.scrape(), series)
 }
 
 // engine is a fake vLLM publisher with a replay ROUTER that keeps its last
@@ -382,16 +392,7 @@ func (m model) expect(instance string, i int) int64 {
 // joins asynchronously, and the first message it gets is its baseline.
 func probe(t *testing.T, p *proc, e *engine, m model, n int) {
 	t.Helper()
-	tk := prompt(engineIndex(e.name), n)
-	eventually(t, "subscription of "+e.name, func() bool {
-		e.send(storedEvent(t, tk))
-		_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tk})
-		return device(a, e.name) == 64
-	})
-	if m[e.name] == nil {
-		m[e.name] = map[int]bool{}
-	}
-	m[e.name][n] = true
+	probeAll(t, []*proc{p}, e, m, n)
 }
 
 func engineIndex(name string) int {
@@ -400,41 +401,29 @@ func engineIndex(name string) int {
 }
 
 // checkAll compares every prompt of every engine with the model, waiting
-// until they agree (the conductor applies asynchronously).
+// until they agree (the conductor applies asynchronously); a timeout names
+// the last disagreement.
 func checkAll(t *testing.T, p *proc, m model, engines []*engine, prompts int, what string) {
 	t.Helper()
-	var last string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		last = ""
+	mismatch := func() string {
 		for _, e := range engines {
 			for i := 0; i < prompts; i++ {
 				_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": prompt(engineIndex(e.name), i), "instance_id": e.name})
 				if got, want := device(a, e.name), m.expect(e.name, i); got != want {
-					last = fmt.Sprintf("%s prompt %d: device %d, want %d", e.name, i, got, want)
-					break
+					return fmt.Sprintf("%s prompt %d: device %d, want %d", e.name, i, got, want)
 				}
 			}
-			if last != "" {
-				break
-			}
 		}
-		if last == "" {
-			return
-		}
+		return ""
+	}
+	var last string
+	deadline := time.Now().Add(20 * time.Second)
+	for last = mismatch(); last != ""; last = mismatch() {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: %s", what, last)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func waitReady(t *testing.T, p *proc) {
-	t.Helper()
-	eventually(t, "/readyz 200", func() bool {
-		status, _ := p.do("GET", "/readyz", nil)
-		return status == 200
-	})
 }
 
 // A graceful restart answers every query, /services and /global_view
@@ -518,7 +507,6 @@ func TestCrashRecoversThroughReplay(t *testing.T) {
 		probe(t, p, e, m, 0)
 	}
 	const prompts = 120
-	var mu sync.Mutex // guards m while the publisher goroutine runs
 	stopQ := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -542,22 +530,7 @@ func TestCrashRecoversThroughReplay(t *testing.T) {
 			fasthttp.ReleaseResponse(resp)
 		}
 	}()
-	publish := func(from, to int) {
-		for i := from; i < to; i++ {
-			for _, e := range engines {
-				e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
-				mu.Lock()
-				m[e.name][i] = true
-				mu.Unlock()
-				if i%3 == 0 {
-					e.send(removedEvent(t, prompt(engineIndex(e.name), i-2)))
-					mu.Lock()
-					m[e.name][i-2] = false
-					mu.Unlock()
-				}
-			}
-		}
-	}
+	publish := func(from, to int) { publishRange(t, engines, m, from, to) }
 	registered := float64(time.Now().UnixNano()) / 1e9
 	publish(1, 40)
 	eventually(t, "a snapshot with both sources", func() bool {
@@ -847,14 +820,7 @@ func (m *master) send(kind string, keys []string) {
 	}
 }
 
-func cpuShare(answer any, instance string) int64 {
-	in, ok := answer.(map[string]any)["instances"].(map[string]any)[instance].(map[string]any)
-	if !ok {
-		return -1
-	}
-	v, _ := msgpackInt(in["cpu_share"])
-	return v
-}
+func cpuShare(answer any, instance string) int64 { return tierCount(answer, instance, "cpu_share") }
 
 // A Mooncake source keeps its restored bindings when nothing was missed,
 // and resumes cold (no phantom hit, its new events indexed) when its

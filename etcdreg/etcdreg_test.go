@@ -18,6 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/source"
 )
@@ -147,15 +148,11 @@ func svc(t *testing.T, instance string, port int) registry.Service {
 }
 
 // waitFor polls cond until it holds, failing after a generous deadline.
+// Some conditions write to etcd (a registration retried while it
+// restarts), so they run every 5 ms.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventtest.Poll(t, what, 30*time.Second, 5*time.Millisecond, cond)
 }
 
 func sameKeys(rs []*replica, want []string) func() bool {

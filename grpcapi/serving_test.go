@@ -28,19 +28,14 @@ import (
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
 
 // eventually polls cond until it holds or a generous deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventtest.Poll(t, what, 15*time.Second, 10*time.Millisecond, cond)
 }
 
 func TestHealthFollowsReadiness(t *testing.T) {

@@ -13,12 +13,20 @@ import (
 // generous bound for a busy machine, not a performance assertion.
 func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
+	Poll(t, what, timeout, time.Millisecond, cond)
+}
+
+// Poll is WaitFor checking cond every interval: a condition that itself
+// sends (an event published until it shows) or asks a server is polled
+// less often than one that reads memory.
+func Poll(t testing.TB, what string, timeout, interval time.Duration, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 
