@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -519,27 +520,52 @@ func TestReadinessFollowsStaticRegistrations(t *testing.T) {
 	eventually(t, "readiness after the publisher binds", func() bool { return readyz() == 200 })
 }
 
-// TestNewAppFailureLeavesNothingRunning: when the port is taken after a
-// static registration has started its subscriber, newApp fails with the
-// listen error and stops everything it started: the subscriber, the
-// index's reaper and the memory return the dropped context requested.
+// TestNewAppFailureLeavesNothingRunning: when a listener's address is
+// taken after a static registration has started its subscriber, newApp
+// fails with the listen error and stops everything it started: the
+// subscriber, the index's reaper, the memory return the dropped context
+// requested, the listeners opened before, and the state directory's lock
+// (a second start on it succeeds).
 func TestNewAppFailureLeavesNothingRunning(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	taken, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name string
+		take func(cfg *config.Config, taken string)
+		want string
+	}{
+		{"HTTP port", func(cfg *config.Config, taken string) {
+			_, port, _ := net.SplitHostPort(taken)
+			cfg.Port, _ = strconv.Atoi(port)
+		}, "listen on"},
+		{"gRPC address", func(cfg *config.Config, taken string) { cfg.GRPCAddr = taken }, "listen on"},
+		{"pprof address", func(cfg *config.Config, taken string) { cfg.PprofAddr = taken }, "address already in use"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ignore := goleak.IgnoreCurrent()
+			taken, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer taken.Close()
+			svc := decodeService(t, "static-0", "ipc://"+t.TempDir()+"/pub.sock")
+			cfg := config.Defaults()
+			cfg.Addr, cfg.Port, cfg.StateDir = "127.0.0.1", 0, filepath.Join(t.TempDir(), "state")
+			cfg.Static = []config.Static{{Name: "static-0", Service: svc}}
+			tc.take(cfg, taken.Addr().String())
+			if a, err := newApp(cfg, zerolog.New(io.Discard)); err == nil {
+				a.close()
+				t.Fatal("newApp listened on a taken address")
+			} else if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("newApp: %v, want %q", err, tc.want)
+			}
+			goleak.VerifyNone(t, append(fasthttpGlobals, ignore)...)
+			cfg.Port, cfg.GRPCAddr, cfg.PprofAddr = 0, "", ""
+			a, err := newApp(cfg, zerolog.New(io.Discard))
+			if err != nil {
+				t.Fatalf("a start on the same state directory after the failure: %v", err)
+			}
+			a.close()
+		})
 	}
-	defer taken.Close()
-	svc := decodeService(t, "static-0", "ipc://"+t.TempDir()+"/pub.sock")
-	cfg := &config.Config{Addr: "127.0.0.1", Port: taken.Addr().(*net.TCPAddr).Port,
-		Static: []config.Static{{Name: "static-0", Service: svc}}}
-	if a, err := newApp(cfg, zerolog.New(io.Discard)); err == nil {
-		a.close()
-		t.Fatal("newApp listened on a taken port")
-	} else if !strings.Contains(err.Error(), "listen on") {
-		t.Fatalf("newApp: %v, want the listen error", err)
-	}
-	goleak.VerifyNone(t, append(fasthttpGlobals, ignore)...)
 }
 
 // decodeService is a vLLM registration of instance at endpoint as the config

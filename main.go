@@ -179,30 +179,34 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 			memReturn.Request()
 		},
 	})
-	// undo stops what is running when newApp fails halfway.
-	undo := func() {
+	// started is what newApp has started, stopped newest first by fail
+	// when a later step fails; the first entry is app.close's tail.
+	started := []func(){func() {
 		state.Close()
 		reg.Close()
 		ix.Close()
 		memReturn.Wait()
+		zmqx.WaitTrims()
 		state.Release()
+	}}
+	fail := func(err error) (*app, error) {
+		for i := len(started) - 1; i >= 0; i-- {
+			started[i]()
+		}
+		return nil, err
 	}
 	if err := registerAtStart(cfg, state, reg, log); err != nil {
 		if etcd != nil {
-			etcd.Close()
+			etcd.Close() // openShared, which owns it from then on, has not run
 		}
-		undo()
-		return nil, err
+		return fail(err)
 	}
 	sh, err := openShared(cfg, etcd, reg, log)
 	if err != nil {
-		undo()
-		return nil, err
+		return fail(err)
 	}
-	fromFile := make([]registry.Service, len(cfg.Static))
-	for i, st := range cfg.Static {
-		fromFile[i] = st.Service
-	}
+	started = append(started, sh.close)
+	fromFile := cfg.StaticServices()
 	// The producer-fed side exists with the gRPC door; its scopes are
 	// restored from the snapshot before snapshots start.
 	var prod *producer.Store
@@ -229,26 +233,23 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		sh.close()
-		undo()
-		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+		return fail(fmt.Errorf("listen on %s: %w", addr, err))
 	}
+	started = append(started, func() { _ = ln.Close() })
 	var pp *pprofsrv.Server
 	if cfg.PprofAddr != "" {
 		if pp, err = pprofsrv.Start(cfg.PprofAddr); err != nil {
-			_ = ln.Close()
-			sh.close()
-			undo()
-			return nil, err
+			return fail(err)
 		}
+		started = append(started, func() { _ = pp.Close() })
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Answers: answers, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector()}, sh.collectors()...)})
-	static := make([]registry.ServiceKey, len(cfg.Static))
-	for i, st := range cfg.Static {
-		static[i] = st.Service.Key()
+	static := make([]registry.ServiceKey, len(fromFile))
+	for i, svc := range fromFile {
+		static[i] = svc.Key()
 	}
 	ready := func() (bool, string, int) {
 		if ok, why := state.Ready(); !ok {
@@ -270,11 +271,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
 		if err := a.openDoor(cfg, prod, m, memo, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
-			_ = pp.Close()
-			_ = ln.Close()
-			sh.close()
-			undo()
-			return nil, err
+			return fail(err)
 		}
 		door.Store(a.door)
 	}
@@ -310,10 +307,6 @@ func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metr
 // contexts bound), the file's before the record's. A recorded registration
 // that conflicts with the file loses to it, with a warning naming both.
 func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Registry, log zerolog.Logger) error {
-	static := map[registry.ServiceKey]string{}
-	for _, st := range cfg.Static {
-		static[st.Service.Key()] = st.Name
-	}
 	for _, engines := range []bool{true, false} {
 		for _, st := range cfg.Static {
 			if st.Service.IsEngine() != engines {
@@ -329,7 +322,7 @@ func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Reg
 			}
 			if _, err := reg.Register(svc); err != nil {
 				log.Warn().Err(err).Str("service", string(svc.Key())).Str("endpoint", svc.Endpoint).Str("config", cfg.Path).
-					Msg("recorded registration dropped: it conflicts with the config file's registrations, which win")
+					Msg("recorded registration not restored: it conflicts with the config file's registrations, which win, or its source could not start")
 			}
 		}
 	}

@@ -67,13 +67,9 @@ func openShared(cfg *config.Config, cli *clientv3.Client, reg *registry.Registry
 	if cli == nil {
 		return nil, nil
 	}
-	static := make([]registry.Service, len(cfg.Static))
-	for i, st := range cfg.Static {
-		static[i] = st.Service
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), etcdStartTimeout)
 	defer cancel()
-	store, err := etcdreg.Open(ctx, etcdreg.Options{Client: cli, Prefix: cfg.Etcd.Prefix, Registry: reg, Static: static, Logger: log})
+	store, err := etcdreg.Open(ctx, etcdreg.Options{Client: cli, Prefix: cfg.Etcd.Prefix, Registry: reg, Static: cfg.StaticServices(), Logger: log})
 	if err != nil {
 		cli.Close()
 		return nil, err

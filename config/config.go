@@ -107,6 +107,16 @@ type Static struct {
 	Service registry.Service
 }
 
+// StaticServices returns the file's registrations as services, in Static's
+// order.
+func (c *Config) StaticServices() []registry.Service {
+	out := make([]registry.Service, len(c.Static))
+	for i, st := range c.Static {
+		out[i] = st.Service
+	}
+	return out
+}
+
 // file is the JSON config file. kvevent_instance entries keep their raw
 // JSON so that each is decoded strictly on its own (decodeStatic).
 type file struct {

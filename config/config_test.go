@@ -68,6 +68,14 @@ func TestLoad(t *testing.T) {
 			if c.Port != tc.port || c.LogLevel != tc.level || len(c.Warnings) != tc.warnings || len(c.Static) != tc.static {
 				t.Errorf("got port=%d level=%v warnings=%v static=%d", c.Port, c.LogLevel, c.Warnings, len(c.Static))
 			}
+			for i, svc := range c.StaticServices() {
+				if svc.Key() != c.Static[i].Service.Key() {
+					t.Errorf("StaticServices()[%d] is %s, Static[%d] is %s", i, svc.Key(), i, c.Static[i].Service.Key())
+				}
+			}
+			if n := len(c.StaticServices()); n != len(c.Static) {
+				t.Errorf("StaticServices gave %d services for %d registrations", n, len(c.Static))
+			}
 		})
 	}
 }
