@@ -240,7 +240,8 @@ func Usage() string {
 // new default reaches them without being repeated.
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
-		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery}
+		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
+		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout}
 }
 
 // Load reads configuration. args are the command-line arguments without the

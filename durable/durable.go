@@ -29,11 +29,9 @@ import (
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
-// Defaults of the service's flags.
-const (
-	DefaultSnapshotInterval = 10 * time.Second
-	DefaultCatchUpTimeout   = 30 * time.Second
-)
+// DefaultCatchUpTimeout is Options.CatchUpTimeout when it is not set (the
+// service's flag has the same default).
+const DefaultCatchUpTimeout = 30 * time.Second
 
 // Options configure Open.
 type Options struct {

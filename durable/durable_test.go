@@ -23,6 +23,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/regstore"
 	"github.com/mooncake-conductor-go/conductor/snapshot"
@@ -429,10 +430,8 @@ func TestSnapshotWriteFailure(t *testing.T) {
 // A restored source that never settles holds readiness until the catch-up
 // timeout, then counts as lagging.
 func TestReadinessWaitsForRestoredSources(t *testing.T) {
-	now := time.Unix(1000, 0)
-	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	st, err := Open(Options{Path: t.TempDir(), Logger: zerolog.Nop(), CatchUpTimeout: 30 * time.Second, Now: clock})
+	clock := fakeclock.New(time.Unix(1000, 0))
+	st, err := Open(Options{Path: t.TempDir(), Logger: zerolog.Nop(), CatchUpTimeout: 30 * time.Second, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -450,9 +449,7 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	if ok, why := st.Ready(); ok || why != "1 restored sources are catching up" {
 		t.Errorf("catching up: %v %q", ok, why)
 	}
-	mu.Lock()
-	now = now.Add(31 * time.Second)
-	mu.Unlock()
+	clock.Add(31 * time.Second)
 	if ok, _ := st.Ready(); !ok {
 		t.Error("not ready after the catch-up timeout")
 	}

@@ -107,10 +107,24 @@ func TestBootstrapFromPeer(t *testing.T) {
 	if diff := cmp.Diff(map[string]float64{OriginPeer: 1, OriginStateDir: 0, OriginNone: 0}, origins(t, w.st)); diff != "" {
 		t.Errorf("conductor_restore_origin (-want +got):\n%s", diff)
 	}
-	for _, bad := range []string{"127.0.0.1:1", wrongToken.URL, corrupt.URL, dying.URL, slow.URL} {
-		if !strings.Contains(w.log.String(), bad) {
+	// Each bad peer is named by a warning, and the snapshot by the good
+	// one (a URL alone would also match the other's line).
+	lines := strings.Split(w.log.String(), "\n")
+	named := func(msg, peer string) bool {
+		for _, l := range lines {
+			if strings.Contains(l, msg) && strings.Contains(l, `"peer":"`+peer+`"`) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, bad := range []string{"http://127.0.0.1:1", wrongToken.URL, corrupt.URL, dying.URL, slow.URL} {
+		if !named("no usable snapshot from peer", bad) {
 			t.Errorf("no warning naming peer %s", bad)
 		}
+	}
+	if !named("index snapshot loaded from peer", good.URL) {
+		t.Errorf("the load is not credited to %s", good.URL)
 	}
 }
 

@@ -224,9 +224,9 @@ func (s *Store) Unregister(key registry.ServiceKey) error {
 		}
 		return fmt.Errorf("%w: %s", registry.ErrNotFound, key)
 	}
-	if err := s.waitApplied(ctx, resp.Header.Revision); err != nil {
-		return nil // deleted; the watch removes it shortly
-	}
+	// Deleted either way; should the wait time out, the watch removes it
+	// shortly.
+	_ = s.waitApplied(ctx, resp.Header.Revision)
 	return nil
 }
 
@@ -384,6 +384,12 @@ func (s *Store) put(key registry.ServiceKey, body string, rev int64) {
 	}
 	s.mu.Lock()
 	s.results[key] = applied{rev: rev, err: err}
+	if err != nil && s.known[key] == body {
+		// Not applied, so not known as applied: the next relist tries
+		// again instead of skipping an unchanged body, and this replica
+		// does not stay without a registration the others have.
+		delete(s.known, key)
+	}
 	s.mu.Unlock()
 }
 

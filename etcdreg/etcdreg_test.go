@@ -37,6 +37,7 @@ type starts struct {
 	mu      sync.Mutex
 	started map[registry.ServiceKey]int
 	stopped map[registry.ServiceKey]int
+	failing map[registry.ServiceKey]int // starts still to fail, per service
 }
 
 type src struct {
@@ -55,6 +56,10 @@ func (src) State() string { return "live" }
 func (s *starts) start(svc registry.Service, _ registry.Binding) (registry.Source, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.failing[svc.Key()] > 0 {
+		s.failing[svc.Key()]--
+		return nil, fmt.Errorf("source of %s cannot start", svc.Key())
+	}
 	s.started[svc.Key()]++
 	return src{s, svc.Key()}, nil
 }
@@ -345,6 +350,38 @@ func TestCompactedWatchRelists(t *testing.T) {
 	}
 	if got, want := testutil.ToFloat64(s.stats.revision), float64(writer.store.Revision()); got < want {
 		t.Errorf("applied revision %v, the writer's %v", got, want)
+	}
+}
+
+// TestFailedApplyRetriedOnRelist: a shared registration whose source could
+// not start on one replica is applied there by the next relist, although
+// its body did not change, instead of staying missing on that replica.
+func TestFailedApplyRetriedOnRelist(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	writer := newReplica(t, etcd.Endpoint())
+	other := newReplica(t, etcd.Endpoint())
+	x := svc(t, "x", 5003)
+	other.starts.mu.Lock()
+	other.starts.failing = map[registry.ServiceKey]int{x.Key(): 1}
+	other.starts.mu.Unlock()
+	if _, err := writer.reg.Register(x); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the failed apply recorded on the other replica", func() bool {
+		other.store.mu.Lock()
+		defer other.store.mu.Unlock()
+		return other.store.results[x.Key()].err != nil
+	})
+	if got := other.keys(); len(got) != 0 {
+		t.Fatalf("the other replica holds %v after its start failed", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := other.store.relist(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := other.keys(); !cmp.Equal(got, []string{"x|default|0"}) {
+		t.Errorf("after a relist the other replica holds %v", got)
 	}
 }
 

@@ -28,16 +28,6 @@ const LockName = "LOCK"
 // into; they are never moved again by a later reset.
 const resetPrefix = "reset-"
 
-// DefaultPath is where the state lives unless configured otherwise:
-// ~/.mooncake/conductor-state, beside the config file's default location.
-func DefaultPath() (string, error) {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", fmt.Errorf("locate the home directory for the default state directory: %w", err)
-	}
-	return filepath.Join(home, ".mooncake", "conductor-state"), nil
-}
-
 // Dir is an open, exclusively locked state directory. The lock lasts until
 // Close or the process's end (the kernel drops an flock with its last
 // descriptor, so a crashed holder never leaves the directory locked).
