@@ -190,7 +190,9 @@ func TestConfigsLoad(t *testing.T) {
 }
 
 // exportedMetrics collects the conductor_ metric names written as string
-// literals in the repository's non-test Go files.
+// literals in the service's non-test Go files. The load generator
+// (scripts) and this package read metrics and are left out: a name they
+// mention is not thereby exported.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	re := regexp.MustCompile(`"(conductor_[a-z0-9_]+)"`)
@@ -199,7 +201,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || path == filepath.Join("..", "scripts") || path == filepath.Join("..", "deploy")) {
 			return filepath.SkipDir
 		}
 		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {

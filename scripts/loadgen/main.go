@@ -278,6 +278,8 @@ func (o *options) validateReplicas() error {
 		return errors.New("--server-pids needs --targets")
 	case o.targets != nil && o.serverPID != 0:
 		return errors.New("with --targets, give process ids with --server-pids")
+	case o.restart && !o.spawn:
+		return errors.New("--restart needs --spawn: it stops and starts the server it spawned")
 	case o.servers() > 1 && o.restart:
 		return errors.New("--restart restarts one server; it does not combine with several")
 	case (o.serverReplicas > 1 || o.targets != nil) && o.soak.duration != 0:
@@ -349,8 +351,6 @@ func (o *options) serverOptions() serverOptions {
 type session struct {
 	o          *options
 	zctx       *zmq.Context // the run's own, so that runs in one process (tests) do not share one
-	api        *api         // apis[0]
-	server     *spawned
 	pubs       []*publisher
 	registered []bool
 	// apis are every server driven, servers every one spawned, spawnRoot
@@ -486,7 +486,6 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			}
 			s.servers = []*spawned{srv}
 		}
-		s.server = s.servers[0]
 		targets, pids = nil, nil
 		for _, srv := range s.servers {
 			targets, pids = append(targets, srv.base), append(pids, srv.pid())
@@ -500,7 +499,6 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			fl[i] = sampler{pid: pids[i]}
 		}
 	}
-	o.serverPID = fl[0].pid
 	m := fl[0]
 	for _, base := range targets {
 		a, err := newAPI(base, o.authToken, max(slices.Max(o.levels), o.unregConc, o.corpus.Publishers)+8)
@@ -512,7 +510,6 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			return nil, fmt.Errorf("%s/healthz does not answer 200", base)
 		}
 	}
-	s.api = s.apis[0]
 
 	genStart := time.Now()
 	c, err := newCorpus(o.corpus)
@@ -652,16 +649,13 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		}
 	}
 	d := &driver{targets: s.apis, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
-	if o.restart {
-		if s.server == nil {
-			return rep, errors.New("--restart needs --spawn")
-		}
+	if o.restart { // parseFlags made sure the server is spawned
 		r, err := s.restartServer(ctx, d, cfg.BlockSize)
 		rep.Restart = r
 		if err != nil {
 			return rep, err
 		}
-		m = sampler{pid: o.serverPID}
+		m = sampler{pid: s.servers[0].pid()}
 		fl = fleet{m}
 		rep.Checked += int64(r.Checked)
 	}
@@ -732,29 +726,30 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 func (s *session) restartServer(ctx context.Context, d *driver, blockSize int) (*restartResult, error) {
 	r := &restartResult{}
 	t0 := time.Now()
-	if err := s.server.stop(); err != nil {
+	old := s.servers[0]
+	if err := old.stop(); err != nil {
 		return r, fmt.Errorf("stop for restart: %w", err)
 	}
 	r.StopMS = ms(time.Since(t0))
 	t1 := time.Now()
-	ns, err := startServer(ctx, s.server.dir, s.server.bin, s.server.so, 10)
+	ns, err := startServer(ctx, old.dir, old.bin, old.so, 10)
 	if err != nil {
 		return r, fmt.Errorf("restart: %w", err)
 	}
-	s.server, s.servers[0] = ns, ns
-	s.o.serverPID = ns.pid()
+	s.servers[0] = ns
 	r.ToHealthyMS = ms(time.Since(t1))
-	s.api.close()
-	if s.api, err = newAPI(ns.base, s.o.authToken, max(slices.Max(s.o.levels), s.o.unregConc, len(s.pubs))+8); err != nil {
+	s.apis[0].close()
+	a, err := newAPI(ns.base, s.o.authToken, max(slices.Max(s.o.levels), s.o.unregConc, len(s.pubs))+8)
+	if err != nil {
 		return r, err
 	}
-	s.apis[0] = s.api
-	d.targets = []*api{s.api}
+	s.apis[0] = a
+	d.targets = []*api{a}
 	if err := parallel(s.pubs, func(p *publisher) error { return s.awaitProbe(ctx, p, blockSize) }); err != nil {
 		return r, err
 	}
 	for deadline := time.Now().Add(time.Minute); ; {
-		status, _, err := s.api.do("GET", "/readyz", nil, false)
+		status, _, err := a.do("GET", "/readyz", nil, false)
 		if err == nil && status == 200 {
 			break
 		}

@@ -90,6 +90,7 @@ func TestReplicaFlags(t *testing.T) {
 		{"--targets", "http://127.0.0.1:1", "--server-pid", "5"},
 		{"--targets", "http://127.0.0.1:1,http://127.0.0.1:2", "--server-pids", "5"},
 		{"--spawn", "--server-replicas", "2", "--restart"},
+		{"--restart"},
 		{"--spawn", "--server-replicas", "2", "--soak", "1m"},
 		{"--targets", "http://127.0.0.1:1", "--soak", "1m"},
 	} {
@@ -218,5 +219,30 @@ func TestServerReplicasShort(t *testing.T) {
 	}
 	if !strings.Contains(md, "2 servers, queries sent to them in turn") {
 		t.Error("the Markdown report lacks the per-server table")
+	}
+}
+
+// TestRestartShort: --restart stops the spawned server, starts it again on
+// its state directory, and checks every answer of the pool again.
+func TestRestartShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loadgen: spawns, loads and restarts a server")
+	}
+	o, ctx := spawnedRun(t, "--restart", "--publishers", "2", "--prompts", "40", "--prompt-tokens", "512",
+		"--system-tokens", "128", "--groups", "4", "--queries", "40", "--concurrency", "1", "--duration", "300ms")
+	rep, err := run(ctx, o)
+	if rep == nil {
+		t.Fatalf("load did not run: %v", err)
+	}
+	logMarkdown(t, rep)
+	if err != nil || rep.Failures != 0 {
+		t.Fatalf("load failed (%v): %d wrong answers or errors", err, rep.Failures)
+	}
+	r := rep.Restart
+	if r == nil {
+		t.Fatal("no restart in the report")
+	}
+	if r.Checked != 40 || r.Failures != 0 || r.ToReadyMS <= 0 || r.StopMS <= 0 {
+		t.Errorf("restart: %+v, want the pool of 40 checked again without failures", r)
 	}
 }
