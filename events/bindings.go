@@ -40,15 +40,15 @@ func (d *mooncakeDecoder) ExportBindings() []snapshot.Binding {
 // reference again; one whose context no engine registration binds any
 // more, or binds to another profile, is dropped, as a live store would be.
 func (d *mooncakeDecoder) ImportBindings(bs []snapshot.Binding) {
+	if d.lookup == nil {
+		return // no registrations to bind to
+	}
 	for _, sb := range bs {
 		tier := index.Tier(sb.Tier)
 		if tier != index.CPUShare && tier != index.Disk {
 			continue
 		}
 		ctx := index.ContextKey{Tenant: sb.Tenant, Model: sb.Model, Lora: sb.Lora, BlockSize: sb.BlockSize}
-		if d.lookup == nil {
-			return
-		}
 		sink, prof, ok := d.lookup(ctx)
 		if !ok || sink == nil || prof == nil || *prof != d.profile {
 			continue
