@@ -95,7 +95,13 @@ func FuzzHandlers(f *testing.F) {
 		if resp.ReasonCode == "" {
 			t.Fatal("no reason code")
 		}
-		if (resp.ReasonCode == PrefixMatch) != (len(resp.ReplicaScores) > 0 && resp.ReasonCode != AffinityHint) && resp.ReasonCode != AffinityHint {
+		// An affinity hint names exactly one replica; otherwise scores
+		// come with a prefix match and only with it.
+		if resp.ReasonCode == AffinityHint {
+			if len(resp.ReplicaScores) != 1 {
+				t.Fatalf("reason %s with %d scores", resp.ReasonCode, len(resp.ReplicaScores))
+			}
+		} else if (resp.ReasonCode == PrefixMatch) != (len(resp.ReplicaScores) > 0) {
 			t.Fatalf("reason %s with %d scores", resp.ReasonCode, len(resp.ReplicaScores))
 		}
 		if diff := cmp.Diff(before, snapshot(ix)); diff != "" {
