@@ -22,17 +22,13 @@ import (
 	"github.com/mooncake-conductor-go/conductor/server"
 )
 
-// benchServers builds one index with a vLLM context in which instance i of
-// 8 holds the first (i+1)/8 of an n-token prompt on device, and both front
-// doors over it: the HTTP server (for /query) and the gRPC one. memos
-// gives both the prefix memo (and /query its token memo).
-func benchServers(b testing.TB, n int, memos bool) (*server.Server, *Server, []byte, []byte) {
-	return benchServersWith(b, n, memos, false)
-}
-
-// benchServersWith is benchServers, where answers also gives both doors
-// one answer cache (as the service does by default): a prompt asked
-// again on an unchanged table skips hashing and the walk at both.
+// benchServersWith builds one index with a vLLM context in which instance
+// i of 8 holds the first (i+1)/8 of an n-token prompt on device, and both
+// front doors over it: the HTTP server (for /query) and the gRPC one. memos
+// gives both the prefix memo (and /query its token memo); answers also
+// gives both doors one answer cache (as the service does by default): a
+// prompt asked again on an unchanged table skips hashing and the walk at
+// both.
 func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server, *Server, []byte, []byte) {
 	b.Helper()
 	prof := vllmProfile(b)

@@ -28,7 +28,7 @@ func threadCPU() time.Duration {
 // bestCPU runs f in rounds of at least 250 ms of CPU (thread CPU time is
 // counted in scheduler ticks, so short rounds would read as zero or one
 // tick) and returns the best round's CPU time per call.
-func bestCPU(rounds, _ int, f func()) time.Duration {
+func bestCPU(rounds int, f func()) time.Duration {
 	best := time.Duration(1<<63 - 1)
 	for range rounds {
 		t0 := threadCPU()
@@ -55,8 +55,6 @@ func TestDoorCPUTime(t *testing.T) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	b := &testing.B{}
-	_ = b
 	for _, mode := range []string{"answers", "memos", "no-memos"} {
 		hs, gs, body, req := benchServersWith(t, 8192, mode != "no-memos", mode == "answers")
 		var ctx fasthttp.RequestCtx
@@ -72,15 +70,15 @@ func TestDoorCPUTime(t *testing.T) {
 		lookup := func() { out = lookupOnce(t, gs, req, out) }
 		var q, l time.Duration = 1 << 62, 1 << 62
 		for range 5 {
-			q = min(q, bestCPU(1, 300, query))
-			l = min(l, bestCPU(1, 300, lookup))
+			q = min(q, bestCPU(1, query))
+			l = min(l, bestCPU(1, lookup))
 		}
 		t.Logf("8K tokens, %s: /query %v, LookupRoute %v per call: %.2fx", mode, q, l, float64(l)/float64(q))
 	}
 
 	s, raw := chain512(t)
 	var out []byte
-	t.Logf("512-block chain: LookupRoute %v per call", bestCPU(5, 2000, func() { out = lookupOnce(t, s, raw, out) }))
+	t.Logf("512-block chain: LookupRoute %v per call", bestCPU(5, func() { out = lookupOnce(t, s, raw, out) }))
 
 	const perUpdate = 1024
 	var raws [][]byte
@@ -96,7 +94,7 @@ func TestDoorCPUTime(t *testing.T) {
 		raws = append(raws, b)
 	}
 	i := 0
-	per := bestCPU(3, len(raws), func() {
+	per := bestCPU(3, func() {
 		var u pb.CacheStateUpdate
 		if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raws[i%len(raws)])}, &u); err != nil {
 			t.Fatal(err)
