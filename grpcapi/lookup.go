@@ -619,6 +619,13 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 	now := s.opts.Now()
 	if ok {
 		sc.Table.Query(chain, "", &st.res)
+		// An exact prefix_hash matches the same recorded prefix for
+		// every replica: its token count is looked up once.
+		exactRun := 0
+		if exactTokens {
+			n, _ := sc.Tokens(st.keys[0])
+			exactRun = int(n)
+		}
 		for i := range st.res.Instances {
 			ih := &st.res.Instances[i]
 			run, tier := bestRun(ih)
@@ -626,8 +633,7 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 				continue
 			}
 			if exactTokens {
-				n, _ := sc.Tokens(st.keys[0])
-				run = int(n)
+				run = exactRun
 			}
 			c := candidate{replica: ih.Instance, matched: run, tier: tier}
 			last, rs, hasStats, known := ps.Replica(producer.ReplicaKey{Tenant: tenant, Model: model, Replica: ih.Instance})
