@@ -258,7 +258,12 @@ func (w Writer) Put(tier index.Tier, key uint64, tokens int32) {
 	if w.sc.t.Put(w.o.id, tier, key) {
 		w.o.entries.Add(1)
 	}
-	sh := &w.sc.tokens[key%tokenShards]
+	w.sc.setTokens(key, tokens)
+}
+
+// setTokens records how many tokens key covers, replacing any count before.
+func (sc *scope) setTokens(key uint64, tokens int32) {
+	sh := &sc.tokens[key%tokenShards]
 	sh.mu.Lock()
 	if sh.m == nil {
 		sh.m = map[uint64]int32{}

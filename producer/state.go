@@ -123,13 +123,7 @@ func (s *Store) RestoreScope(k index.ScopeKey, owners []string, entries []byte, 
 			held[h.Owner]++
 		}
 		if block < len(tokens) && tokens[block] >= 0 {
-			sh := &sc.tokens[key%tokenShards]
-			sh.mu.Lock()
-			if sh.m == nil {
-				sh.m = map[uint64]int32{}
-			}
-			sh.m[key] = tokens[block]
-			sh.mu.Unlock()
+			sc.setTokens(key, tokens[block])
 		}
 		block++
 	})
