@@ -11,11 +11,13 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/memostore"
 	"github.com/mooncake-conductor-go/conductor/producer"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 	"github.com/mooncake-conductor-go/conductor/query"
@@ -201,4 +203,44 @@ func BenchmarkReportIngest(b *testing.B) {
 		i++
 	}
 	b.ReportMetric(float64(b.N*perUpdate)/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// BenchmarkTokenMemoDecode: the token memo decoding an 8K-id packed run
+// (every id three bytes) it has never seen (miss: the run differs in its
+// first fingerprinted window, so nothing is found), one sharing its first
+// half with a remembered run (half), and one it holds whole (hit). A miss
+// and a half are remembered, as the server does for a known context.
+func BenchmarkTokenMemoDecode(b *testing.B) {
+	const n = 8192
+	run := make([]byte, 0, 3*n)
+	for i := range n {
+		run = protowire.AppendVarint(run, uint64(1<<14+(i*7919)%(1<<20)))
+	}
+	// patch writes v (below 2^20) as the three-byte varint of id j.
+	patch := func(j, v int) {
+		v += 1 << 14
+		run[3*j], run[3*j+1], run[3*j+2] = byte(v)|0x80, byte(v>>7)|0x80, byte(v>>14)
+	}
+	for _, mode := range []string{"miss", "half", "hit"} {
+		b.Run(mode, func(b *testing.B) {
+			m := newTokenMemo(memostore.MinBytes)
+			dst := make([]uint32, 0, n)
+			i := 0
+			for b.Loop() {
+				switch mode {
+				case "miss": // ids 0 and 70 (bytes 210-212, inside the first window)
+					patch(0, i&(1<<20-1))
+					patch(70, i>>20)
+				case "half":
+					patch(n/2, i&(1<<20-1))
+					patch(n/2+1, i>>20)
+				}
+				i++
+				if _, _, _, ok := m.decodeRun(dst[:0], run); !ok {
+					b.Fatal("decode failed")
+				}
+			}
+			b.ReportMetric(float64(m.hits.Load())/float64(b.N), "reused/op")
+		})
+	}
 }
