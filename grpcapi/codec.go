@@ -395,7 +395,13 @@ func consumeRepeated[T int32 | uint32](dst []T, b []byte, typ protowire.Type) (o
 // three bytes, so is below 2^21: token ids known to fit an int32 without
 // another look.
 func appendPacked[T int32 | uint32](dst []T, run []byte) (out []T, narrow, ok bool) {
-	dst = growTo(dst, varintCount(run))
+	return appendCounted(dst, run, varintCount(run))
+}
+
+// appendCounted is appendPacked for a run already counted: n is
+// varintCount(run).
+func appendCounted[T int32 | uint32](dst []T, run []byte, n int) (out []T, narrow, ok bool) {
+	dst = growTo(dst, n)
 	base := len(dst)
 	out = dst[base:cap(dst)]
 	narrow = true

@@ -1,9 +1,11 @@
 package grpcapi
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -195,6 +197,31 @@ func TestParseConductorScheme(t *testing.T) {
 		got, family, ok := parseConductorScheme(c.in)
 		if family != c.family || ok != c.ok || (ok && got != c.want) {
 			t.Errorf("%q: %+v family %v ok %v, want %+v %v %v", c.in, got, family, ok, c.want, c.family, c.ok)
+		}
+	}
+}
+
+// TestAppendChunkEnds: the word-at-a-time chunk ends are those a byte loop
+// finds, for any starting offset and count of varints already seen.
+func TestAppendChunkEnds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		run := make([]byte, rng.IntN(2000))
+		for i := range run {
+			run[i] = byte(rng.IntN(256))
+		}
+		off := rng.IntN(len(run) + 1)
+		seen := rng.IntN(300)
+		var want []uint32
+		for i, n := off, seen; i < len(run); i++ {
+			if run[i] < 0x80 {
+				if n++; n%tmChunk == 0 {
+					want = append(want, uint32(i+1))
+				}
+			}
+		}
+		if got := appendChunkEnds(nil, run, off, seen); !cmp.Equal(got, want, cmpopts.EquateEmpty()) {
+			t.Fatalf("len %d off %d seen %d: got %v, want %v", len(run), off, seen, got, want)
 		}
 	}
 }

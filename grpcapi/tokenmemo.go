@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"sort"
 	"sync/atomic"
 
@@ -143,37 +144,63 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, nar
 	}
 	rest := varintCount(run[off:]) // only the bytes not reused are counted
 	dst = growTo(dst, k+rest)
-	ends := make([]uint32, 0, (k+rest)/tmChunk+1)
 	if best != nil {
 		dst = append(dst, best.toks[:k]...)
-		ends = append(ends, best.ends[:k/tmChunk]...)
 	}
-	// Decode the rest, then note where each chunk ends: the offsets just
-	// past every tmChunk-th varint, counted from the reused ones.
 	var restNarrow bool
-	if dst, restNarrow, ok = appendPacked(dst, run[off:]); !ok {
+	if dst, restNarrow, ok = appendCounted(dst, run[off:], rest); !ok {
 		return dst, false, false, false
 	}
 	narrow = restNarrow && (best == nil || best.fits)
-	seen := k
-	for i := off; i < len(run); i++ {
-		if run[i] < 0x80 {
-			if seen++; seen%tmChunk == 0 {
-				ends = append(ends, uint32(i+1))
-			}
-		}
-	}
-	total := len(dst) - base
 	m.hits.Add(uint64(k))
-	m.misses.Add(uint64(total - k))
-	if total-k >= tmChunk {
+	m.misses.Add(uint64(rest))
+	if rest >= tmChunk {
+		// Worth remembering: note where each chunk ends, those of the
+		// reused ids from the entry, the rest from the bytes.
+		ends := make([]uint32, 0, (k+rest)/tmChunk)
+		if best != nil {
+			ends = append(ends, best.ends[:k/tmChunk]...)
+		}
+		ends = appendChunkEnds(ends, run, off, k)
 		m.remember(run, dst[base:], ends, fps, narrow)
 	}
 	return dst, false, narrow, true
 }
 
+// appendChunkEnds appends to ends the offset just past every tmChunk-th
+// varint of run, counting seen varints before offset i. It steps eight
+// bytes at a time, counting their final bytes at once, and looks at single
+// bytes only in the words where a chunk ends: a byte at a time this was
+// nearly half the cost of decoding a run the memo lacked.
+func appendChunkEnds(ends []uint32, run []byte, i, seen int) []uint32 {
+	next := (seen/tmChunk + 1) * tmChunk // the count at which the next chunk ends
+	for {
+		stop := len(run)
+		if i+8 <= len(run) {
+			c := 8 - bits.OnesCount64(binary.LittleEndian.Uint64(run[i:])&0x8080808080808080)
+			if seen+c < next {
+				seen, i = seen+c, i+8
+				continue
+			}
+			stop = i + 8
+		}
+		for ; i < stop; i++ {
+			if run[i] < 0x80 {
+				if seen++; seen == next {
+					ends = append(ends, uint32(i+1))
+					next += tmChunk
+				}
+			}
+		}
+		if i >= len(run) {
+			return ends
+		}
+	}
+}
+
 // remember files a decoded run under the fingerprints of the spans it
-// covers and its whole-run fingerprint.
+// covers and its whole-run fingerprint. It copies run and toks, and keeps
+// ends itself.
 func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uint64, narrow bool) {
 	nf := 0
 	for l := tmFirstBytes; l <= len(run) && nf < len(fps)-1; l *= 2 {
@@ -182,7 +209,7 @@ func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uin
 	e := &tmEntry{
 		raw:  append([]byte(nil), run...),
 		toks: append([]uint32(nil), toks...),
-		ends: append([]uint32(nil), ends...),
+		ends: ends, // the caller's own, made for the entry
 	}
 	// Checked once here, so a lookup the entry serves need not.
 	e.fits = narrow || fitInt32(e.toks)
