@@ -225,6 +225,7 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			m := newTokenMemo(memostore.MinBytes)
 			dst := make([]uint32, 0, n)
+			var learn tmLearn
 			i := 0
 			for b.Loop() {
 				switch mode {
@@ -236,9 +237,10 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 					patch(n/2+1, i>>20)
 				}
 				i++
-				if _, _, _, ok := m.decodeRun(dst[:0], run); !ok {
+				if _, _, _, ok := m.decodeRun(dst[:0], run, &learn); !ok {
 					b.Fatal("decode failed")
 				}
+				m.learn(&learn)
 			}
 			b.ReportMetric(float64(m.hits.Load())/float64(b.N), "reused/op")
 		})

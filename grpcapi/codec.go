@@ -50,8 +50,9 @@ func (c lookupCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	var (
-		m    *pb.LookupRouteRequest
-		bufs *decodeBufs
+		m     *pb.LookupRouteRequest
+		bufs  *decodeBufs
+		learn tmLearn
 	)
 	switch x := v.(type) {
 	case *lookupCall:
@@ -66,7 +67,18 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	// returns, so decodeLookup copies what the request keeps.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return decodeLookup(buf.ReadOnlyData(), m, bufs, c.memo)
+	l := &learn
+	if bufs != nil {
+		// The server's handler: the memo learns the run only once the
+		// lookup proved to have a context (Server.lookup).
+		l = &bufs.learn
+	}
+	err := decodeLookup(buf.ReadOnlyData(), m, bufs, c.memo, l)
+	if err == nil && bufs == nil {
+		// A request decoded on its own has no lookup to wait for.
+		c.memo.learn(l)
+	}
+	return err
 }
 
 // lookupCall is one LookupRoute call as the server receives it: the
@@ -89,7 +101,11 @@ func newLookupCall() any {
 	c.handle = func(ctx context.Context, req any) (any, error) {
 		r := req.(*pb.LookupRouteRequest)
 		// What the decode learnt of the ids holds only for its request.
-		return c.srv.lookupRoute(ctx, r, r == &c.req && c.bufs.idsNarrow), nil
+		var bufs *decodeBufs
+		if r == &c.req {
+			bufs = &c.bufs
+		}
+		return c.srv.lookupRoute(ctx, r, bufs), nil
 	}
 	return c
 }
@@ -109,6 +125,8 @@ type decodeBufs struct {
 	// string fields up to adapter_id (11); strings are immutable, so a
 	// later request may share one.
 	strs [12]string
+	// learn is the token_ids run the memo may learn from this request.
+	learn tmLearn
 }
 
 // maxPooledBytes bounds each array a pooled lookupCall keeps: a rare huge
@@ -134,6 +152,7 @@ func (c *lookupCall) release() {
 	if 4*cap(b.ids) > maxPooledBytes {
 		b.ids = nil
 	}
+	b.learn.forget()
 	for i := range b.strs {
 		if len(b.strs[i]) > 256 {
 			b.strs[i] = "" // a prompt text, say: not worth keeping
@@ -185,9 +204,11 @@ var blockHashTag = byte(protowire.EncodeTag(7, protowire.BytesType))
 // rather than kept. m keeps nothing of b: bytes fields are copied into one
 // arena. bufs, when not nil, supplies the arena and the repeated fields'
 // arrays (and gets back any it had to grow). memo, when not nil, supplies
-// remembered token_ids prefixes.
-func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *tokenMemo) error {
+// remembered token_ids prefixes, and l is given what the memo may learn
+// from the request (tokenMemo.learn).
+func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *tokenMemo, l *tmLearn) error {
 	m.Reset()
+	l.forget()
 	var arena []byte
 	// borrowed is the array of ids the memo lent (never to be reused).
 	var borrowed *uint32
@@ -333,7 +354,7 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 			}
 			b = b[n:]
 			var ok, lent, nar bool
-			if m.TokenIds, lent, nar, ok = memo.decodeRun(m.TokenIds, run); !ok {
+			if m.TokenIds, lent, nar, ok = memo.decodeRun(m.TokenIds, run, l); !ok {
 				return errBadLookup
 			}
 			narrow = narrow && nar

@@ -71,6 +71,10 @@ func FuzzDecodeLookup(f *testing.F) {
 				if pooled {
 					gerr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, calls[i])
 					got = &calls[i].req
+					if gerr == nil {
+						// As the server does for a lookup with a context.
+						c.memo.learn(&calls[i].bufs.learn)
+					}
 				} else {
 					got = new(pb.LookupRouteRequest)
 					gerr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, got)

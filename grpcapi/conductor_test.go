@@ -126,3 +126,35 @@ func vllmProfile(tb testing.TB) hashing.Profile {
 	}
 	return prof
 }
+
+// TestTokenMemoLearnsOnlyForAContext: token_ids lookups naming no known
+// scope (tenant, model or scheme) leave the token memo empty, as /query's
+// does for queries without a context; one for a known context fills it.
+func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.TokenMemoBytes = 1 << 20 })
+	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, vllmProfile(t))
+	tbl.AddEngineOwner("a", 0)
+	ids := make([]uint32, 1000)
+	for i := range ids {
+		ids[i] = uint32(i*7919)%150000 + 1
+	}
+	scheme := "conductor/vllm_v1/sha256_cbor/0/16"
+	for _, c := range []struct{ tenant, model, scheme, want string }{
+		{"u", "m", scheme, UnknownTenant},
+		{"t", "x", scheme, UnknownModel},
+		{"t", "m", "conductor/vllm_v1/sha256_cbor/0/32", UnknownHashScheme},
+		{"u", "m", "vllm", UnknownTenant},
+	} {
+		resp := f.lookup(&pb.LookupRouteRequest{TenantId: c.tenant, ModelId: c.model, HashScheme: c.scheme, TokenIds: ids})
+		if resp.ReasonCode != c.want {
+			t.Fatalf("%s/%s/%s: %v, want %s", c.tenant, c.model, c.scheme, resp, c.want)
+		}
+		if n := f.srv.MemoBytes(); n != 0 {
+			t.Fatalf("a lookup for %s/%s/%s left %d bytes in the token memo", c.tenant, c.model, c.scheme, n)
+		}
+	}
+	f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme, TokenIds: ids})
+	if f.srv.MemoBytes() == 0 {
+		t.Fatal("a lookup for a known context taught the token memo nothing")
+	}
+}

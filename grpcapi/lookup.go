@@ -174,15 +174,15 @@ func ConductorScheme(p *hashing.Profile, blockSize int) string {
 // returns an error status: bad or unanswerable input is an empty answer
 // with a reason code, and the index is only read.
 func (s *Server) LookupRoute(ctx context.Context, req *pb.LookupRouteRequest) (*pb.LookupRouteResponse, error) {
-	return s.lookupRoute(ctx, req, false), nil
+	return s.lookupRoute(ctx, req, nil), nil
 }
 
-// lookupRoute is LookupRoute; narrow says the request's token ids are
-// known to fit an int32 (its decoder saw them), so they are not checked
-// again.
-func (s *Server) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, narrow bool) *pb.LookupRouteResponse {
+// lookupRoute is LookupRoute; bufs, when not nil, are those the server's
+// codec decoded req into: what they say of its token ids (known to fit an
+// int32, so not checked again; a run the token memo may learn) holds.
+func (s *Server) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, bufs *decodeBufs) *pb.LookupRouteResponse {
 	start := time.Now()
-	resp := s.lookup(ctx, req, start, narrow)
+	resp := s.lookup(ctx, req, start, bufs)
 	el := time.Since(start)
 	if req.GetTenantId() != ProbeTenant {
 		resp.LookupLatencyUs = el.Microseconds()
@@ -198,7 +198,7 @@ func (s *Server) expired(ctx context.Context, start time.Time) bool {
 	return ctx.Err() != nil || time.Since(start) > s.opts.LookupTimeout
 }
 
-func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start time.Time, narrow bool) *pb.LookupRouteResponse {
+func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start time.Time, bufs *decodeBufs) *pb.LookupRouteResponse {
 	tenant, model, scheme, adapter := req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), req.GetAdapterId()
 	// Answers are made only where they are returned: a warm lookup that
 	// matches allocates no spare ones.
@@ -252,7 +252,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		st.toks, st.chain = nil, byteChain{}
 		lookupPool.Put(st)
 	}()
-	st.cands, st.pop, st.seedProf, st.idsNarrow = st.cands[:0], st.pop[:0], nil, narrow
+	st.cands, st.pop, st.seedProf, st.idsNarrow = st.cands[:0], st.pop[:0], nil, bufs != nil && bufs.idsNarrow
 	var (
 		lv    producer.Level
 		isBad bool
@@ -265,6 +265,11 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		lv, isBad, short = s.matchConductor(req, kind, csch, ok, st)
 	} else {
 		lv, isBad, short, hot = s.matchProducer(req, kind, st)
+	}
+	if lv == producer.HasScheme && bufs != nil {
+		// The request names a scope that exists: the token memo may
+		// learn its ids now (as /query's learns only for a context).
+		s.codec.memo.learn(&bufs.learn)
 	}
 	if s.expired(ctx, start) {
 		return &pb.LookupRouteResponse{ReasonCode: Timeout}

@@ -110,12 +110,14 @@ func (e *tmEntry) usable(run []byte) (k, off int) {
 }
 
 // decodeRun appends the ids packed in run to dst (as uint32, truncating as
-// protobuf does), copying a remembered prefix when the memo has one, and
-// remembers the run when it decoded a chunk or more itself. ok is false for
-// a malformed run, exactly when decoding it in full would fail. lent says
-// the result is the memo's own array (read-only, never to be reused);
-// narrow, that every id appended is known to fit an int32.
-func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, narrow, ok bool) {
+// protobuf does), copying a remembered prefix when the memo has one. When
+// it decoded a chunk or more itself, it notes in l what remembering the run
+// takes (the first such run of a request only), for learn once the lookup
+// proved to have a context. ok is false for a malformed run, exactly when
+// decoding it in full would fail. lent says the result is the memo's own
+// array (read-only, never to be reused); narrow, that every id appended is
+// known to fit an int32.
+func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint32, lent, narrow, ok bool) {
 	if m == nil || len(run) < tmFirstBytes {
 		out, narrow, ok = appendPacked(dst, run)
 		return out, false, narrow, ok
@@ -154,17 +156,57 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte) (out []uint32, lent, nar
 	narrow = restNarrow && (best == nil || best.fits)
 	m.hits.Add(uint64(k))
 	m.misses.Add(uint64(rest))
-	if rest >= tmChunk {
-		// Worth remembering: note where each chunk ends, those of the
-		// reused ids from the entry, the rest from the bytes.
-		ends := make([]uint32, 0, (k+rest)/tmChunk)
+	if rest >= tmChunk && !l.pending {
+		// Worth remembering. The run is copied: the transport reuses
+		// its buffer once the decode returns. The ids stay in dst,
+		// which the request keeps.
+		l.pending, l.narrow, l.off, l.k = true, narrow, off, k
+		l.raw = append(l.raw[:0], run...)
+		l.toks = dst[base:len(dst):len(dst)]
+		l.fps = append(l.fps[:0], fps...)
+		l.reused = nil
 		if best != nil {
-			ends = append(ends, best.ends[:k/tmChunk]...)
+			l.reused = best.ends[:k/tmChunk]
 		}
-		ends = appendChunkEnds(ends, run, off, k)
-		m.remember(run, dst[base:], ends, fps, narrow)
 	}
 	return dst, false, narrow, true
+}
+
+// tmLearn is what remembering a decoded run takes, kept from the decode
+// (decodeRun) until the server knows the lookup has a context to answer
+// from (learn): lookups for unknown tenants, models or schemes must not
+// fill the memo. A pooled lookup call holds one, reused by its lookups.
+type tmLearn struct {
+	pending bool
+	narrow  bool
+	raw     []byte   // a copy of the run
+	toks    []uint32 // its ids, in the request's array
+	fps     []uint64 // its fingerprints (tmFingerprints)
+	reused  []uint32 // chunk ends of the ids copied from an entry (the entry's)
+	off, k  int      // the packed length and number of those ids
+}
+
+// forget drops the pending run, and the views into a request and an entry
+// it holds; raw is kept for the next decode unless it grew too large.
+func (l *tmLearn) forget() {
+	l.pending, l.toks, l.reused = false, nil, nil
+	if cap(l.raw) > maxPooledBytes {
+		l.raw = nil
+	}
+}
+
+// learn remembers the run l notes, if any: with the chunk ends of its ids,
+// those it reused taken from the entry they came from, the rest found in
+// its bytes. The request l's ids lie in must still be intact.
+func (m *tokenMemo) learn(l *tmLearn) {
+	if m == nil || !l.pending {
+		return
+	}
+	ends := make([]uint32, 0, len(l.toks)/tmChunk)
+	ends = append(ends, l.reused...)
+	ends = appendChunkEnds(ends, l.raw, l.off, l.k)
+	m.remember(l.raw, l.toks, ends, l.fps, l.narrow)
+	l.forget()
 }
 
 // appendChunkEnds appends to ends the offset just past every tmChunk-th
