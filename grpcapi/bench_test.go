@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server,
 		tokens[i] = int32((i*7919)%150000 + 1)
 		ids[i] = uint32(tokens[i])
 	}
-	keys := chainKeys(&prof, 16, tokens, "")
+	keys := slices.Collect(chainKeys(&prof, 16, tokens, "", nil))
 	for i := range 8 {
 		id := tbl.AddEngineOwner(fmt.Sprintf("inst-%d", i), 0)
 		for _, k := range keys[:len(keys)*(i+1)/8] {
@@ -245,4 +246,42 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 			b.ReportMetric(float64(m.hits.Load())/float64(b.N), "reused/op")
 		})
 	}
+}
+
+// BenchmarkLookupColdAffinity: a Conductor token_ids lookup of a prompt
+// nobody holds (so it is answered with an affinity hint), new every time:
+// a 6K-token system prompt shared by every call, then a 2K-token tail of
+// its own. Memos as the service has them, no answer cache.
+func BenchmarkLookupColdAffinity(b *testing.B) {
+	const n, shared = 8192, 6144
+	_, gs, _, _ := benchServersWith(b, n, true, false)
+	var run []byte
+	for i := range n {
+		// Three-byte ids, none of the indexed prompt's (all below 2^20).
+		run = protowire.AppendVarint(run, uint64(1<<20+(i*7919)%(1<<20)))
+	}
+	req, err := proto.Marshal(&pb.LookupRouteRequest{TenantId: "default", ModelId: "m", HashScheme: "conductor/vllm_v1/sha256_cbor/0/16"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req = protowire.AppendTag(req, 9, protowire.BytesType)
+	req = protowire.AppendBytes(req, run)
+	// The tail's first and last ids tell one call's prompt from another's.
+	first, last := len(req)-len(run)+3*shared, len(req)-3
+	i := 0
+	for b.Loop() {
+		v := 1<<20 + i
+		for _, at := range []int{first, last} {
+			req[at], req[at+1], req[at+2] = byte(v)|0x80, byte(v>>7)|0x80, byte(v>>14)
+		}
+		i++
+		in := mem.BufferSlice{mem.SliceBuffer(req)}
+		r, err := lookupRouteHandler(gs, context.Background(), func(v any) error { return gs.codec.Unmarshal(in, v) }, gs.unaryInterceptor)
+		if resp, _ := r.(*pb.LookupRouteResponse); err != nil || resp.GetReasonCode() != AffinityHint {
+			b.Fatalf("%v %v", resp, err)
+		}
+	}
+	hits, misses := gs.opts.Memo.Stats()
+	b.ReportMetric(float64(hits)/float64(b.N), "memo-hits/op")
+	b.ReportMetric(float64(misses)/float64(b.N), "hashed/op")
 }

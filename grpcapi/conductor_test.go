@@ -80,7 +80,7 @@ func TestTokenIdsPastInt32(t *testing.T) {
 	for i := range small {
 		small[i] = int32(100 + 3*i)
 	}
-	for _, k := range chainKeys(&prof, 16, small, "") {
+	for k := range chainKeys(&prof, 16, small, "", nil) {
 		tbl.Store(a, index.Device, k)
 	}
 	ids := func(big map[int]uint32) []uint32 {
@@ -156,5 +156,50 @@ func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
 	f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme, TokenIds: ids})
 	if f.srv.MemoBytes() == 0 {
 		t.Fatal("a lookup for a known context taught the token memo nothing")
+	}
+}
+
+// TestConductorAffinityForTokenIDs: a Conductor token_ids lookup nobody
+// matches picks by the chain the profile derives from the ids, the same
+// whether its blocks were hashed or, for a system prompt seen before,
+// taken from the prefix memo (which it then is).
+func TestConductorAffinityForTokenIDs(t *testing.T) {
+	memo := hashing.NewMemo(1 << 20)
+	f := newFixture(t, func(o *Options) { o.Memo = memo; o.MinMatchedTokens = -1 })
+	prof := vllmProfile(t)
+	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	for i, r := range []string{"a", "b", "c"} {
+		tbl.Store(tbl.AddEngineOwner(r, 0), index.Device, uint64(i+1))
+	}
+	prompt := func(tail uint32) []uint32 {
+		ids := make([]uint32, 1024+48) // a 64-block system prompt, 3 blocks of its own
+		for i := range ids {
+			ids[i] = uint32(i*31) % 50000
+		}
+		for i := 1024; i < len(ids); i++ {
+			ids[i] += tail
+		}
+		return ids
+	}
+	for i, ids := range [][]uint32{prompt(1), prompt(2), prompt(1)} {
+		toks := make([]int32, len(ids))
+		for j, v := range ids {
+			toks[j] = int32(v)
+		}
+		var hashes [][]byte
+		for k := range chainKeys(&prof, 16, toks, "", nil) {
+			hashes = append(hashes, key8(k))
+		}
+		want := wantPick(chainSeed(hashes), []string{"a", "b", "c"})
+		got := f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: "conductor/vllm_v1/sha256_cbor/0/16", TokenIds: ids})
+		if got.ReasonCode != AffinityHint || len(got.ReplicaScores) != 1 || got.ReplicaScores[0].ReplicaId != want {
+			t.Fatalf("prompt %d: got %v, want affinity for %s", i, got, want)
+		}
+	}
+	// The second prompt's 64 shared blocks, the third's 67, came from the
+	// memo (the query engine's walk, stopped at the first block, took one
+	// of each).
+	if hits, _ := memo.Stats(); hits < 64+67 {
+		t.Fatalf("%d blocks taken from the prefix memo, want at least %d", hits, 64+67)
 	}
 }

@@ -55,7 +55,7 @@ func FuzzHandlers(f *testing.F) {
 	for i := range ids {
 		ids[i] = int32(i)
 	}
-	for _, k := range chainKeys(&prof, 16, ids, "") {
+	for k := range chainKeys(&prof, 16, ids, "", nil) {
 		tbl.Store(owner, index.Device, k)
 	}
 

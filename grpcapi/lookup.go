@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"iter"
 	"math"
 	"slices"
 	"strconv"
@@ -294,13 +295,13 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	case hot && kind != inChain:
 		miss.ReasonCode = TenantHot
 	case !s.opts.NoAffinity && len(st.pop) > 0:
-		var derived []uint64 // the token_ids path's chain
+		var derived iter.Seq[uint64] // the token_ids path's chain
 		if kind == inTokens {
-			derived = st.keys
+			derived = slices.Values(st.keys)
 			if conductor {
 				derived = nil
 				if st.seedProf != nil {
-					derived = chainKeys(st.seedProf, st.seedBS, st.toks, adapter)
+					derived = chainKeys(st.seedProf, st.seedBS, st.toks, adapter, s.opts.Memo)
 				}
 			}
 		}
@@ -563,16 +564,23 @@ func fitInt32(ids []uint32) bool {
 	return or&0x8000_0000_8000_0000 == 0
 }
 
-// chainKeys hashes every full block of ids.
-func chainKeys(p *hashing.Profile, bs int, ids []int32, adapter string) []uint64 {
-	ch := hashing.AcquireChain()
-	defer hashing.ReleaseChain(ch)
-	ch.Reset(p, bs, ids, adapter, "")
-	var out []uint64
-	for k, _, ok := ch.Next(); ok; k, _, ok = ch.Next() {
-		out = append(out, k)
+// chainKeys yields the key of every block of ids under p, as the query
+// engine hashes them. memo (nil: none) is the server's prefix memo: a
+// prompt opening with a system prompt seen before reuses its digests
+// instead of hashing every block with SHA-256, and the keys are the same.
+// The memo learns the chain once it is hashed, as a query's.
+func chainKeys(p *hashing.Profile, bs int, ids []int32, adapter string, memo *hashing.Memo) iter.Seq[uint64] {
+	return func(yield func(uint64) bool) {
+		ch := hashing.AcquireChain()
+		defer hashing.ReleaseChain(ch)
+		ch.Reset(p, bs, ids, adapter, "")
+		ch.UseMemo(memo)
+		for k, _, ok := ch.Next(); ok; k, _, ok = ch.Next() {
+			if !yield(k) {
+				return
+			}
+		}
 	}
-	return out
 }
 
 // matchProducer matches the request against a producer-fed scope.
@@ -666,7 +674,7 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 // affinityPick is docs/grpc.md, LookupRoute: Affinity pick — SHA-256 of the request's chain (each hash with a
 // 4-byte big-endian length before it) or prefix_hash, first 8 bytes as a
 // big-endian integer, modulo the number of replicas.
-func affinityPick(req *pb.LookupRouteRequest, kind inputKind, derived []uint64, n int) int {
+func affinityPick(req *pb.LookupRouteRequest, kind inputKind, derived iter.Seq[uint64], n int) int {
 	h := sha256.New()
 	var lenBuf [4]byte
 	switch kind {
@@ -679,9 +687,12 @@ func affinityPick(req *pb.LookupRouteRequest, kind inputKind, derived []uint64, 
 	case inExact:
 		h.Write(req.GetPrefixHash())
 	case inTokens:
+		if derived == nil {
+			break // no profile to hash the ids with: an empty chain
+		}
 		var kb [8]byte
 		binary.BigEndian.PutUint32(lenBuf[:], 8)
-		for _, k := range derived {
+		for k := range derived {
 			binary.BigEndian.PutUint64(kb[:], k)
 			h.Write(lenBuf[:])
 			h.Write(kb[:])
