@@ -1,11 +1,7 @@
 package codec
 
 import (
-	"encoding/binary"
-	"sort"
 	"sync/atomic"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/mooncake-conductor-go/conductor/memostore"
 )
@@ -45,17 +41,11 @@ type TokenMemo struct {
 }
 
 const (
-	// memoChunk is the number of tokens between the byte offsets an entry
-	// records: the granularity at which a partly shared prefix is reused.
-	memoChunk = 64
 	// memoMinTokens: shorter arrays decode in less time than a lookup.
 	memoMinTokens = 256
-	// memoFirstBytes is the packed length of the shallowest fingerprint;
-	// each further one covers twice as much.
-	memoFirstBytes = 256
-	// memoWindow is how many bytes at the end of each span its fingerprint
-	// reads.
-	memoWindow     = 64
+	// memoChunk is the number of tokens between the byte offsets an entry
+	// records (memostore.Chunk).
+	memoChunk      = memostore.Chunk
 	packedOverhead = 160
 )
 
@@ -157,39 +147,12 @@ type memoLearn struct {
 	fps        int // fingerprints computed (0: the memo was not consulted)
 }
 
-// fingerprints appends the fingerprints of rest's first 256, 512, … bytes
-// that an array of n elements could span (at most 9 bytes each), then, if
-// there were any, the body's locator: a fingerprint of all of rest, so of
-// the whole array and the body after it. An entry is filed under the
-// locator of the body it was learned from, so that the same body sent
-// again finds it even when every span that fits in its array is shared
-// with many other prompts (a long system prompt before a short question):
-// those spans' buckets keep only their newest entries, and the prompt
-// would otherwise have its tail decoded and be remembered anew each time.
-//
-// A fingerprint reads only the last memoWindow bytes of its span, chained
-// to the fingerprint before it, so computing them costs the same for an 8K
-// array as for a 256-token one. Spans that differ only between windows
-// share a fingerprint; that costs a wasted comparison, never a wrong
-// token, since candidates are verified byte for byte.
+// fingerprints appends the fingerprints of rest's spans that an array of
+// n elements could span (at most 9 bytes each), then, if there were any,
+// the body's locator: a fingerprint of all of rest, so of the whole array
+// and the body after it (memostore.SpanFingerprints).
 func fingerprints(rest []byte, n int, dst []uint64) []uint64 {
-	limit := min(len(rest), 9*n)
-	var fp uint64
-	var buf [8 + memoWindow]byte
-	spans := 0
-	for l := memoFirstBytes; l <= limit; l *= 2 {
-		binary.LittleEndian.PutUint64(buf[:8], fp)
-		copy(buf[8:], rest[l-memoWindow:l])
-		fp = xxhash.Sum64(buf[:])
-		dst = append(dst, fp)
-		spans++
-	}
-	if spans > 0 {
-		binary.LittleEndian.PutUint64(buf[:8], fp)
-		copy(buf[8:], rest[len(rest)-memoWindow:])
-		dst = append(dst, xxhash.Sum64(buf[:]))
-	}
-	return dst
+	return memostore.SpanFingerprints(rest, 9*n, dst)
 }
 
 // match finds the remembered array sharing the most leading tokens with the
@@ -216,8 +179,7 @@ func (e *packedEntry) usable(rest []byte, n int) (k, off int) {
 	}
 	// Chunks whose bytes all lie in the common prefix, and within the
 	// query's own array (the bytes after it may happen to match too).
-	c := sort.Search(len(e.ends), func(j int) bool { return int(e.ends[j]) > common })
-	c = min(c, n/memoChunk)
+	c := min(memostore.ChunksWithin(e.ends, common), n/memoChunk)
 	if c == 0 {
 		return 0, 0
 	}
@@ -231,10 +193,7 @@ func (e *packedEntry) usable(rest []byte, n int) (k, off int) {
 // capacity, and reports whether it did: the caller must then never write
 // to toks again.
 func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint64) (took bool) {
-	nf := 0
-	for l := memoFirstBytes; l <= len(raw) && nf < len(fps)-1; l *= 2 {
-		nf++
-	}
+	nf := memostore.SpansWithin(len(raw), len(fps))
 	if nf == 0 {
 		return false
 	}
@@ -256,5 +215,5 @@ func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint
 // extends reports whether e holds o's whole array as its own prefix, so a
 // query finds at least as much in e (up to the last partial chunk).
 func (e *packedEntry) extends(o *packedEntry) bool {
-	return len(o.raw) <= len(e.raw) && len(o.toks) <= len(e.toks) && string(e.raw[:len(o.raw)]) == string(o.raw)
+	return len(o.toks) <= len(e.toks) && memostore.Extends(e.raw, o.raw)
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/mooncake-conductor-go/conductor/memostore"
 	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
 )
 
@@ -219,7 +220,7 @@ func TestAppendChunkEnds(t *testing.T) {
 		var want []uint32
 		for i, n := off, seen; i < len(run); i++ {
 			if run[i] < 0x80 {
-				if n++; n%tmChunk == 0 {
+				if n++; n%memostore.Chunk == 0 {
 					want = append(want, uint32(i+1))
 				}
 			}

@@ -3,10 +3,7 @@ package grpcapi
 import (
 	"encoding/binary"
 	"math/bits"
-	"sort"
 	"sync/atomic"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/mooncake-conductor-go/conductor/memostore"
 )
@@ -21,7 +18,7 @@ import (
 // A varint ends at its first byte below 0x80, so equal packed bytes are
 // equal ids: a remembered entry is checked against the request byte for
 // byte (memcmp), and only ids whose bytes lie inside the common prefix are
-// reused, in chunks of tmChunk ids (or the whole entry). The rest is
+// reused, in chunks of memostore.Chunk ids (or the whole entry). The rest is
 // decoded as usual. Entries are filed under fingerprints of the run's first
 // 256, 512, 1024, … bytes and of the whole run (memostore), found without
 // decoding anything. Memory is bounded by the store's byte budget.
@@ -31,27 +28,15 @@ type tokenMemo struct {
 	misses atomic.Uint64
 }
 
-const (
-	// tmChunk is how many ids lie between the recorded byte offsets: the
-	// granularity at which a partly shared prefix is reused.
-	tmChunk = 64
-	// tmFirstBytes is the shallowest fingerprinted span; shorter runs
-	// decode faster than a memo lookup.
-	tmFirstBytes = 256
-	// tmWindow is how many bytes at the end of each span its fingerprint
-	// reads (chained to the span before), so fingerprinting costs the same
-	// for any length; spans differing elsewhere cost a wasted comparison,
-	// never a wrong id.
-	tmWindow   = 64
-	tmOverhead = 160
-)
+// tmOverhead is the memory an entry accounts for besides its slices.
+const tmOverhead = 160
 
 // tmEntry is one remembered run; immutable once inserted.
 type tmEntry struct {
 	memostore.Record
 	raw  []byte   // the packed run
 	toks []uint32 // what it decodes to
-	ends []uint32 // ends[j]: offset in raw just past id (j+1)·tmChunk−1
+	ends []uint32 // ends[j]: offset in raw just past id (j+1)·memostore.Chunk−1
 	fits bool     // every id is at most MaxInt32
 }
 
@@ -80,33 +65,17 @@ func (m *tokenMemo) bytes() int {
 	return m.store.Bytes()
 }
 
-// fingerprints appends the fingerprints of run's first 256, 512, … bytes,
-// then that of the whole run.
-func tmFingerprints(run []byte, dst []uint64) []uint64 {
-	var fp uint64
-	var buf [8 + tmWindow]byte
-	for l := tmFirstBytes; l <= len(run); l *= 2 {
-		binary.LittleEndian.PutUint64(buf[:8], fp)
-		copy(buf[8:], run[l-tmWindow:l])
-		fp = xxhash.Sum64(buf[:])
-		dst = append(dst, fp)
-	}
-	binary.LittleEndian.PutUint64(buf[:8], fp)
-	copy(buf[8:], run[len(run)-tmWindow:])
-	return append(dst, xxhash.Sum64(buf[:]))
-}
-
 // usable is how many leading ids of e run shares, and their packed length.
 func (e *tmEntry) usable(run []byte) (k, off int) {
 	common := memostore.CommonPrefix(run, e.raw)
 	if common == len(e.raw) {
 		return len(e.toks), len(e.raw)
 	}
-	c := sort.Search(len(e.ends), func(j int) bool { return int(e.ends[j]) > common })
+	c := memostore.ChunksWithin(e.ends, common)
 	if c == 0 {
 		return 0, 0
 	}
-	return c * tmChunk, int(e.ends[c-1])
+	return c * memostore.Chunk, int(e.ends[c-1])
 }
 
 // decodeRun appends the ids packed in run to dst (as uint32, truncating as
@@ -118,12 +87,12 @@ func (e *tmEntry) usable(run []byte) (k, off int) {
 // array (read-only, never to be reused); narrow, that every id appended is
 // known to fit an int32.
 func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint32, lent, narrow, ok bool) {
-	if m == nil || len(run) < tmFirstBytes {
+	if m == nil || len(run) < memostore.FirstSpan {
 		out, narrow, ok = appendPacked(dst, run)
 		return out, false, narrow, ok
 	}
 	var fpBuf [24]uint64
-	fps := tmFingerprints(run, fpBuf[:0])
+	fps := memostore.SpanFingerprints(run, len(run), fpBuf[:0])
 	var best *tmEntry
 	k, off := 0, 0
 	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
@@ -156,7 +125,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 	narrow = restNarrow && (best == nil || best.fits)
 	m.hits.Add(uint64(k))
 	m.misses.Add(uint64(rest))
-	if rest >= tmChunk && !l.pending {
+	if rest >= memostore.Chunk && !l.pending {
 		// Worth remembering. The run is copied: the transport reuses
 		// its buffer once the decode returns. The ids stay in dst,
 		// which the request keeps.
@@ -166,7 +135,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 		l.fps = append(l.fps[:0], fps...)
 		l.reused = nil
 		if best != nil {
-			l.reused = best.ends[:k/tmChunk]
+			l.reused = best.ends[:k/memostore.Chunk]
 		}
 	}
 	return dst, false, narrow, true
@@ -181,7 +150,7 @@ type tmLearn struct {
 	narrow  bool
 	raw     []byte   // a copy of the run
 	toks    []uint32 // its ids, in the request's array
-	fps     []uint64 // its fingerprints (tmFingerprints)
+	fps     []uint64 // its fingerprints (memostore.SpanFingerprints)
 	reused  []uint32 // chunk ends of the ids copied from an entry (the entry's)
 	off, k  int      // the packed length and number of those ids
 }
@@ -202,20 +171,20 @@ func (m *tokenMemo) learn(l *tmLearn) {
 	if m == nil || !l.pending {
 		return
 	}
-	ends := make([]uint32, 0, len(l.toks)/tmChunk)
+	ends := make([]uint32, 0, len(l.toks)/memostore.Chunk)
 	ends = append(ends, l.reused...)
 	ends = appendChunkEnds(ends, l.raw, l.off, l.k)
 	m.remember(l.raw, l.toks, ends, l.fps, l.narrow)
 	l.forget()
 }
 
-// appendChunkEnds appends to ends the offset just past every tmChunk-th
+// appendChunkEnds appends to ends the offset just past every memostore.Chunk-th
 // varint of run, counting seen varints before offset i. It steps eight
 // bytes at a time, counting their final bytes at once, and looks at single
 // bytes only in the words where a chunk ends: a byte at a time this was
 // nearly half the cost of decoding a run the memo lacked.
 func appendChunkEnds(ends []uint32, run []byte, i, seen int) []uint32 {
-	next := (seen/tmChunk + 1) * tmChunk // the count at which the next chunk ends
+	next := (seen/memostore.Chunk + 1) * memostore.Chunk // the count at which the next chunk ends
 	for {
 		stop := len(run)
 		if i+8 <= len(run) {
@@ -230,7 +199,7 @@ func appendChunkEnds(ends []uint32, run []byte, i, seen int) []uint32 {
 			if run[i] < 0x80 {
 				if seen++; seen == next {
 					ends = append(ends, uint32(i+1))
-					next += tmChunk
+					next += memostore.Chunk
 				}
 			}
 		}
@@ -244,10 +213,6 @@ func appendChunkEnds(ends []uint32, run []byte, i, seen int) []uint32 {
 // covers and its whole-run fingerprint. It copies run and toks, and keeps
 // ends itself.
 func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uint64, narrow bool) {
-	nf := 0
-	for l := tmFirstBytes; l <= len(run) && nf < len(fps)-1; l *= 2 {
-		nf++
-	}
 	e := &tmEntry{
 		raw:  append([]byte(nil), run...),
 		toks: append([]uint32(nil), toks...),
@@ -255,9 +220,7 @@ func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uin
 	}
 	// Checked once here, so a lookup the entry serves need not.
 	e.fits = narrow || fitInt32(e.toks)
-	e.Fps = memostore.FiledUnder(fps, nf)
+	e.Fps = memostore.FiledUnder(fps, memostore.SpansWithin(len(run), len(fps)))
 	e.Size = tmOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
-	m.store.Insert(e, func(o *tmEntry) bool {
-		return len(o.raw) <= len(e.raw) && string(e.raw[:len(o.raw)]) == string(o.raw)
-	})
+	m.store.Insert(e, func(o *tmEntry) bool { return memostore.Extends(e.raw, o.raw) })
 }
