@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/internal/config"
 )
 
 // TestConsoleLogColoursOnlyOnTerminal: the console format writes escape
@@ -71,7 +71,7 @@ func TestCommandLine(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	bin := filepath.Join(t.TempDir(), "conductor")
-	const pkg = "github.com/mooncake-conductor-go/conductor/buildinfo"
+	const pkg = "github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	build := exec.Command("go", "build", "-ldflags", "-X "+pkg+".version=v9.8.7 -X "+pkg+".commit=0123abc", "-o", bin, ".")
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {

@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/mooncake-conductor-go/conductor/config"
-	"github.com/mooncake-conductor-go/conductor/fingerprint"
-	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
+	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 )
 
 // startAppWithDoor runs the wired service with the gRPC door on loopback

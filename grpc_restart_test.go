@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/mooncake-conductor-go/conductor/fingerprint"
-	pb "github.com/mooncake-conductor-go/conductor/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
+	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 )
 
 // startWithDoor runs the binary with the gRPC door on a free loopback

@@ -8,8 +8,8 @@ import (
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/mooncake-conductor-go/conductor/config"
-	"github.com/mooncake-conductor-go/conductor/etcdreg"
+	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/etcdreg"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/mooncake-conductor-go/conductor/etcdreg"
+	"github.com/mooncake-conductor-go/conductor/internal/etcdreg"
 	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
 )
 

@@ -23,10 +23,10 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/config"
+	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/registry"
-	"github.com/mooncake-conductor-go/conductor/regstore"
-	"github.com/mooncake-conductor-go/conductor/statedir"
+	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
+	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
 )
 
 // These tests run the real binary against real ZMQ publishers on loopback

@@ -3,7 +3,7 @@ package codec
 import (
 	"sync/atomic"
 
-	"github.com/mooncake-conductor-go/conductor/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 )
 
 // TokenMemo remembers the token arrays of recent /query bodies under their

@@ -12,7 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"pgregory.net/rapid"
 
-	"github.com/mooncake-conductor-go/conductor/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 )
 
 // checkSameQuery asserts that two decodes of one body agree: the same error,

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // benchKey spreads sequential ids like real projected hashes.

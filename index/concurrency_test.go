@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"go.uber.org/goleak"
 )
 

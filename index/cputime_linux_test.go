@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // threadCPU is this OS thread's CPU time: unlike a benchmark's wall clock

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // own packs an engine holder word for tests.

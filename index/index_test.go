@@ -9,7 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 var testCtx = ContextKey{Tenant: "default", Model: "m", BlockSize: 16}

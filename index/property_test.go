@@ -9,7 +9,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"pgregory.net/rapid"
 )
 

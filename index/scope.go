@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // ScopeKey names a producer-fed scope: blocks that gRPC producers reported

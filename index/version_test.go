@@ -3,7 +3,7 @@ package index
 import (
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // TestVersionMovesWithEveryChange: each way of changing what a query can

@@ -15,9 +15,9 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/source"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
 
 // ServiceKey identifies a registration: instance_id|tenant_id|dp_rank.

@@ -5,9 +5,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/source"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
 
 type fakeSource struct {

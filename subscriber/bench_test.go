@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/source"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 )

@@ -3,9 +3,9 @@ package subscriber
 import (
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/source"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
 
 // direct builds an offline subscriber for a manifest registration.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/source"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 	zmq "github.com/pebbe/zmq4"
 )
 

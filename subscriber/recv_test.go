@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/events"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
-	"github.com/mooncake-conductor-go/conductor/source"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 	zmq "github.com/pebbe/zmq4"
 )
 

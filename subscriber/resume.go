@@ -3,8 +3,8 @@ package subscriber
 import (
 	"slices"
 
-	"github.com/mooncake-conductor-go/conductor/events"
-	"github.com/mooncake-conductor-go/conductor/snapshot"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
 // Resume is where a source restored from a snapshot picks its stream up.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/snapshot"
+	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
 // resumeEnv is a vLLM source restored at seq 10, with its outcome recorded.

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/vmihailenco/msgpack/v5"
 )

@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/bgjob"
+	"github.com/mooncake-conductor-go/conductor/internal/bgjob"
 )
 
 // TrimAfterBytes is the backlog a source must have drained before its

@@ -9,7 +9,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // engine is the kind of inference engine the fake publishers imitate. It

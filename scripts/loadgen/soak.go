@@ -44,7 +44,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // soakConfig holds the soak's own flags.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // testSoakRun is a soak without server or sockets, enough to plan steps

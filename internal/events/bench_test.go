@@ -1,0 +1,58 @@
+package events
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+type nopReporter struct{}
+
+func (nopReporter) Report(int, Result, Reason) {}
+
+// BenchmarkMooncakeStoreRemove measures a master batch of 32 stored and 32
+// removed objects (vLLM keys): binding-table upkeep dominates, one shared
+// reference per object.
+func BenchmarkMooncakeStoreRemove(b *testing.B) {
+	x := newTester(b, eventtest.LoadManifest(b), "pool-a-sub", "vllm-a")
+	d := x.dec.(*mooncakeDecoder)
+	sink := nopShared{}
+	lookup := d.lookup
+	d.lookup = func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
+		_, p, ok := lookup(ctx)
+		return sink, p, ok
+	}
+	var rep nopReporter
+	var stored, removed []any
+	for i := range 32 {
+		key := fmt.Sprintf("deploy@test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%064x", i+1)
+		stored = append(stored, mcEventMap("stored", "cpu", key, nil))
+		removed = append(removed, mcEventMap("removed", "cpu", key, nil))
+	}
+	p1, _ := msgpack.Marshal([]any{uint64(1000), stored, 0})
+	p2, _ := msgpack.Marshal([]any{uint64(1000), removed, 0})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for _, p := range [][]byte{p1, p2} {
+			if rej := d.Decode(p); rej != ReasonNone {
+				b.Fatal(rej)
+			}
+			d.Apply(rep)
+		}
+	}
+	b.StopTimer()
+	if len(d.bindings) != 0 {
+		b.Fatalf("%d bindings left", len(d.bindings))
+	}
+	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "events/s")
+}
+
+type nopShared struct{}
+
+func (nopShared) AcquireShared(index.Tier, uint64) {}
+func (nopShared) ReleaseShared(index.Tier, uint64) {}

@@ -1,0 +1,144 @@
+package events
+
+import (
+	"fmt"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/rs/zerolog"
+)
+
+// Decoder is the one contract every wire decoder implements, whatever the
+// publisher: decode a batch payload, then apply its events against the
+// sinks the decoder was built with, reporting each event as applied,
+// ignored, rejected or no-op. Decoding and applying are two steps because
+// a batch's dp_rank follows its events on the wire and a malformed tail
+// rejects the whole envelope: nothing is applied until the whole payload
+// decoded, and the caller may still reject the batch in between.
+//
+// A Decoder belongs to one source and is used by one goroutine; its
+// buffers are reused from batch to batch so that steady-state decoding does
+// not allocate.
+type Decoder interface {
+	// Decode reads one payload into the decoder's buffers and returns
+	// ReasonNone, or why the envelope was rejected (then nothing of it is
+	// applied). Views into payload are kept until Forget.
+	Decode(payload []byte) Reason
+	// DPRank is the decoded batch's dp_rank, when it carried one.
+	DPRank() (dp uint64, ok bool)
+	// Apply applies the decoded batch's events in order, then reports
+	// every event's outcome to r in order.
+	Apply(r Reporter)
+	// Retract removes everything the source contributed to the index.
+	Retract()
+	// Forget drops every view into the last payload, which the caller is
+	// about to release.
+	Forget()
+}
+
+// Reporter is told the outcome of every event a Decoder applies.
+type Reporter interface {
+	Report(i int, res Result, why Reason)
+}
+
+// Config is what a decoder needs of one registration.
+type Config struct {
+	Type    source.Type
+	Profile hashing.Profile  // the registration's resolved hash profile
+	Context index.ContextKey // the registration's own context
+	Engine  EngineSink       // engine types: the registration's table
+	Owner   index.OwnerID    // engine types: the owner in that table
+	Lookup  LookupFunc       // Mooncake: event context -> table
+	Logger  zerolog.Logger
+	// Check, for engine types, is the service's hash checker: applied
+	// BlockStored events are sampled (Checker.Sample) and the sampled
+	// blocks hashed again under Profile. nil checks nothing. The checker
+	// is used from the decoder's goroutine only, like the decoder.
+	Check *hashcheck.Checker
+}
+
+// New returns the decoder of cfg.Type.
+func New(cfg Config) (Decoder, error) {
+	switch cfg.Type {
+	case source.VLLM:
+		return newEngine(&vllmRules, cfg), nil
+	case source.SGLang:
+		return newEngine(&sglangRules, cfg), nil
+	case source.Mooncake:
+		return newMooncake(cfg), nil
+	}
+	return nil, fmt.Errorf("no decoder for publisher type %v", cfg.Type)
+}
+
+// batch is the state every decoder shares: the reader and the envelope of
+// the batch under decoding.
+type batch struct {
+	r   msgp.Reader
+	env envelope
+}
+
+// DPRank implements Decoder.
+func (b *batch) DPRank() (uint64, bool) { return b.env.dp, b.env.dpPresent }
+
+// EngineSink is the part of an index table an engine (vLLM/SGLang) source
+// writes to. *index.Table satisfies it; tests substitute a recorder so fixture
+// effects can be asserted exactly.
+type EngineSink interface {
+	Store(id index.OwnerID, tier index.Tier, key uint64)
+	Remove(id index.OwnerID, tier index.Tier, key uint64)
+	ClearOwner(id index.OwnerID, tiers index.TierMask)
+}
+
+// SharedSink is the part of an index table a Mooncake source writes to:
+// shared-tier presence is reference counted, one reference per object
+// binding, because several objects (TP ranks, K/V parts) can carry one block.
+type SharedSink interface {
+	AcquireShared(tier index.Tier, key uint64)
+	ReleaseShared(tier index.Tier, key uint64)
+}
+
+// LookupFunc resolves a Mooncake event's context to the table that holds it
+// and the hash profile it was registered with; ok=false when no engine
+// registered the context. Mooncake events pick their context per event, so
+// the subscriber cannot be handed a single table.
+type LookupFunc func(index.ContextKey) (sink SharedSink, profile *hashing.Profile, ok bool)
+
+// Outcome is what happened to one event of a batch.
+type Outcome struct {
+	Index  int
+	Result Result
+	Reason Reason
+}
+
+// Result classifies an event outcome.
+type Result uint8
+
+// Event results (docs/events.md#event-outcomes): applied changed or confirmed
+// index state; ignored is well-formed but deliberately not indexed; rejected
+// failed validation; noop had nothing to act on (e.g. removing an unknown
+// object).
+const (
+	Applied Result = iota
+	Ignored
+	Rejected
+	NoOp
+)
+
+// String returns the result as fixture expectations spell it ("applied",
+// "ignored", "rejected", "no-op").
+func (r Result) String() string {
+	switch r {
+	case Applied:
+		return "applied"
+	case Ignored:
+		return "ignored"
+	case Rejected:
+		return "rejected"
+	case NoOp:
+		return "no-op"
+	}
+	return "unknown"
+}

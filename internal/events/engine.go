@@ -1,0 +1,451 @@
+package events
+
+import (
+	"math"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
+)
+
+// evKind is the tagged kind of an engine event.
+type evKind uint8
+
+const (
+	evUnknown evKind = iota
+	evStored
+	evRemoved
+	evCleared
+	numEvKinds
+)
+
+// Engine event keys (docs/events.md#vllm-events,
+// docs/events.md#sglang-events), the field ids of both engine families.
+// A key is recognized only by the family whose table names it (vllm.go,
+// sglang.go); for the other it is an unknown key and ignored.
+const (
+	fType uint8 = iota
+	fBlockHashes
+	fParent
+	fTokenIDs
+	fBlockSize
+	fLoraID
+	fMedium
+	fLoraName
+	fExtraKeys
+	fGroupIdx
+	fSpecKind
+	fSlidingWindow
+	fCacheSalt
+	fSessionID
+	numEngineFields
+)
+
+// Slots of the engine values an event keeps (fieldSpec.slot).
+const (
+	sTag = iota // strs
+	sMedium
+	sLoraName
+	sSpecKind
+)
+
+const (
+	iBlockSize = iota // ints
+	iLoraID
+	iGroupIdx
+)
+
+// engineFieldSpecs returns the spec of every engine key both families
+// share; each family adds its own.
+func engineFieldSpecs() []fieldSpec {
+	f := make([]fieldSpec, numEngineFields)
+	f[fType] = fieldSpec{"type", shapeStr, sTag}
+	f[fBlockHashes] = fieldSpec{"block_hashes", shapeOwn, noSlot}
+	f[fParent] = fieldSpec{"parent_block_hash", shapeOwn, noSlot}
+	f[fTokenIDs] = fieldSpec{"token_ids", shapeTokens, noSlot}
+	f[fBlockSize] = fieldSpec{"block_size", shapeInt, iBlockSize}
+	f[fLoraID] = fieldSpec{"lora_id", shapeOptInt, iLoraID}
+	f[fMedium] = fieldSpec{"medium", shapeOptStr, sMedium}
+	return f
+}
+
+// engineRules is what sets one engine family apart: the keys it defines,
+// which of them each event kind allows and requires, the hash forms it
+// publishes, the tiers its clear resets, and its kind-specific checks.
+type engineRules struct {
+	typ    source.Type
+	fields *fieldTable
+	keys   [numEvKinds]keyRule
+	// tokenPairs accepts [a, b] pairs among token ids (SGLang EAGLE).
+	tokenPairs bool
+	// negHashes accepts negative integer hashes (signed int64 publishers);
+	// bigHashes accepts unsigned ones above MaxInt64; binHashes accepts
+	// byte-string hashes.
+	negHashes, bigHashes, binHashes bool
+	// clearTiers is what AllBlocksCleared resets.
+	clearTiers index.TierMask
+	// check applies the family's rules to a stored or removed event whose
+	// keys passed keys; it sets ev.result (and reason) and ev.tier.
+	check func(d *engineDecoder, ev *engineEvent, f *engineFields)
+}
+
+// keyRule is, for one event kind, the recognized keys an event may carry
+// (others reject it as foreign, docs/events.md#event-rules) and the ones it
+// must carry.
+type keyRule struct{ allowed, required uint32 }
+
+func bit(f uint8) uint32 { return 1 << f }
+
+// engineEvent is one decoded vLLM/SGLang event waiting to be applied; its
+// keys are keys[off:off+n] of the decoder's arena.
+type engineEvent struct {
+	kind   evKind
+	result Result
+	reason Reason
+	tier   index.Tier
+	off, n int32
+	// bs is the event's block_size and spans locate the values a hash
+	// check reads again (hashcheck.go), for stored events only.
+	bs    int32
+	spans [numSpans]span
+}
+
+// engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
+// batch to batch so steady-state decoding does not allocate.
+type engineDecoder struct {
+	batch
+	rules     *engineRules
+	sink      EngineSink
+	owner     index.OwnerID
+	proj      hashing.Projection
+	blockSize int64
+	lora      []byte
+	events    []engineEvent
+	keys      []uint64
+	// fields and mapEv are the event under decoding; kept here so that
+	// walking its map allocates nothing.
+	fields engineFields
+	mapEv  engineMapEvent
+	// check samples applied BlockStored events (hashcheck.go); payload is
+	// the batch they are read from again, until Forget.
+	check   *hashcheck.Checker
+	payload []byte
+	hc      hcScratch
+}
+
+func newEngine(rules *engineRules, cfg Config) *engineDecoder {
+	return &engineDecoder{
+		rules:     rules,
+		sink:      cfg.Engine,
+		owner:     cfg.Owner,
+		proj:      cfg.Profile.Projection(),
+		blockSize: int64(cfg.Context.BlockSize),
+		lora:      []byte(cfg.Context.Lora),
+		check:     cfg.Check,
+		events:    make([]engineEvent, 0, 64),
+		keys:      make([]uint64, 0, 1024),
+	}
+}
+
+func (d *engineDecoder) beginBatch() {
+	d.events = d.events[:0]
+	d.keys = d.keys[:0]
+}
+
+// Decode implements Decoder.
+func (d *engineDecoder) Decode(payload []byte) Reason {
+	if d.check != nil {
+		d.payload = payload
+	}
+	return d.decode(d.rules.typ, payload, d)
+}
+
+// Forget implements Decoder.
+func (d *engineDecoder) Forget() {
+	d.r.Reset(nil)
+	d.fields = engineFields{}
+	d.payload = nil
+}
+
+// Retract implements Decoder: the owner's entries in every engine tier go.
+func (d *engineDecoder) Retract() { d.sink.ClearOwner(d.owner, index.AllEngineTiers) }
+
+// engineFields collects one event's keys before kind-specific validation;
+// key order on the wire is free, so nothing can be checked until the map ends.
+type engineFields struct {
+	seen         uint32
+	nonNil       uint32
+	reject       Reason
+	extraKeysLen int
+	v            values
+	spans        [numSpans]span
+}
+
+func (f *engineFields) fail(r Reason) {
+	if f.reject == ReasonNone {
+		f.reject = r
+	}
+}
+
+// engineMapEvent adapts an engine event under decoding to walkEventMap.
+type engineMapEvent struct {
+	d *engineDecoder
+	f *engineFields
+}
+
+func (e *engineMapEvent) fieldID(key []byte) (uint8, bool) {
+	return e.d.rules.fields.lookup(key)
+}
+func (e *engineMapEvent) seenMask() *uint32 { return &e.f.seen }
+func (e *engineMapEvent) failed() bool      { return e.f.reject != ReasonNone }
+func (e *engineMapEvent) fail(r Reason)     { e.f.fail(r) }
+func (e *engineMapEvent) readField(r *msgp.Reader, id uint8) error {
+	return e.d.readField(r, id, e.f)
+}
+
+func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
+	d.events = append(d.events, engineEvent{})
+	ev := &d.events[len(d.events)-1]
+	d.fields = engineFields{}
+	f := &d.fields
+	d.mapEv = engineMapEvent{d: d, f: f}
+	off := len(d.keys)
+	if err := readEventMap(r, &d.mapEv); err != nil {
+		return err
+	}
+	if f.reject != ReasonNone {
+		d.keys = d.keys[:off]
+		ev.result, ev.reason = Rejected, f.reject
+		return nil
+	}
+	ev.off, ev.n = int32(off), int32(len(d.keys)-off)
+	d.validate(ev, f)
+	if ev.kind == evStored && ev.result == Applied && d.check != nil {
+		ev.bs, ev.spans = int32(f.v.ints[iBlockSize]), f.spans
+	}
+	if ev.result == Rejected {
+		d.keys = d.keys[:off]
+		ev.n = 0
+	}
+	return nil
+}
+
+// readField reads one recognized value and type-checks it, and notes where
+// the values a hash check reads again lie.
+func (d *engineDecoder) readField(r *msgp.Reader, id uint8, f *engineFields) error {
+	sp := spanOf[id]
+	if sp == noSpan || d.check == nil {
+		return d.readValue(r, id, f)
+	}
+	start := r.Pos()
+	err := d.readValue(r, id, f)
+	f.spans[sp] = span{int32(start), int32(r.Pos())}
+	return err
+}
+
+// readValue reads and type-checks the value of field id.
+func (d *engineDecoder) readValue(r *msgp.Reader, id uint8, f *engineFields) error {
+	k, err := r.Peek()
+	if err != nil {
+		return err
+	}
+	if k != msgp.Nil {
+		f.nonNil |= bit(id)
+	}
+	if spec := &d.rules.fields.specs[id]; spec.shape != shapeOwn {
+		return readShaped(r, spec, &f.v, f, d.rules.tokenPairs)
+	}
+	switch id {
+	case fBlockHashes:
+		if k != msgp.Array {
+			f.fail(EvWrongType)
+			return r.Skip()
+		}
+		return d.readHashes(r, f)
+	case fParent:
+		return d.readParent(r, k, f)
+	case fExtraKeys:
+		if k == msgp.Nil {
+			return r.Nil()
+		}
+		if k != msgp.Array {
+			f.fail(EvExtraKeys)
+			return r.Skip()
+		}
+		n, err := r.ArrayLen()
+		if err != nil {
+			return err
+		}
+		f.extraKeysLen = n
+		for i := 0; i < n; i++ {
+			ek, err := r.Peek()
+			if err != nil {
+				return err
+			}
+			if ek != msgp.Nil && ek != msgp.Array {
+				f.fail(EvExtraKeys)
+			}
+			// entries are not interpreted (docs/events.md#vllm-events)
+			if err := r.Skip(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return r.Skip()
+}
+
+// readHashes projects every block hash to its index key
+// (docs/events.md#block-hash-forms) and appends it to the arena.
+func (d *engineDecoder) readHashes(r *msgp.Reader, f *engineFields) error {
+	n, err := r.ArrayLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		k, err := r.Peek()
+		if err != nil {
+			return err
+		}
+		if f.reject != ReasonNone {
+			if err := r.Skip(); err != nil {
+				return err
+			}
+			continue
+		}
+		var key uint64
+		var herr error
+		switch {
+		case k == msgp.Int:
+			u, neg, err := r.Integer()
+			if err != nil {
+				return err
+			}
+			switch {
+			case neg && !d.rules.negHashes:
+				f.fail(EvHash)
+				continue
+			case neg:
+				key, herr = hashing.KeyFromInt(d.proj, int64(u))
+			case u > math.MaxInt64 && !d.rules.bigHashes:
+				f.fail(EvHash)
+				continue
+			default:
+				key, herr = hashing.KeyFromUint(d.proj, u)
+			}
+		case k == msgp.Bin && d.rules.binHashes:
+			b, err := r.Str()
+			if err != nil {
+				return err
+			}
+			if len(b) < 8 {
+				f.fail(EvHash)
+				continue
+			}
+			key, herr = hashing.KeyFromBytes(d.proj, b)
+		default:
+			f.fail(EvHash)
+			if err := r.Skip(); err != nil {
+				return err
+			}
+			continue
+		}
+		if herr != nil {
+			f.fail(EvHash)
+			continue
+		}
+		d.keys = append(d.keys, key)
+	}
+	return nil
+}
+
+// readParent type-checks parent_block_hash; the chain link itself is not
+// needed because hashes are prefix hashes (docs/events.md#parent-hashes).
+func (d *engineDecoder) readParent(r *msgp.Reader, k msgp.Kind, f *engineFields) error {
+	switch {
+	case k == msgp.Nil:
+		return r.Nil()
+	case k == msgp.Int:
+		u, neg, err := r.Integer()
+		if err != nil {
+			return err
+		}
+		if (neg && !d.rules.negHashes) || (!neg && u > math.MaxInt64 && !d.rules.bigHashes) {
+			f.fail(EvHash)
+		}
+		return nil
+	case k == msgp.Bin && d.rules.binHashes:
+		_, err := r.Str()
+		return err
+	}
+	f.fail(EvWrongType)
+	return r.Skip()
+}
+
+// validate applies the kind-specific rules (docs/events.md#vllm-events,
+// docs/events.md#sglang-events) and picks the tier.
+func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
+	reject := func(r Reason) { ev.result, ev.reason = Rejected, r }
+	if f.seen&bit(fType) == 0 || f.nonNil&bit(fType) == 0 {
+		reject(EvMissingKey)
+		return
+	}
+	switch string(f.v.strs[sTag]) {
+	case "BlockStored":
+		ev.kind = evStored
+	case "BlockRemoved":
+		ev.kind = evRemoved
+	case "AllBlocksCleared":
+		ev.kind = evCleared
+	default:
+		reject(EvUnknownTag)
+		return
+	}
+	rule := d.rules.keys[ev.kind]
+	switch {
+	case f.seen&^rule.allowed != 0:
+		reject(EvForeignKey)
+		return
+	case f.seen&rule.required != rule.required:
+		reject(EvMissingKey)
+		return
+	case ev.kind == evCleared:
+		ev.result = Applied
+		return
+	}
+	d.rules.check(d, ev, f)
+}
+
+// Apply implements Decoder: the decoded events go in order to the engine
+// owner.
+func (d *engineDecoder) Apply(rep Reporter) {
+	sink, owner := d.sink, d.owner
+	for i := range d.events {
+		ev := &d.events[i]
+		if ev.result != Applied {
+			continue
+		}
+		switch ev.kind {
+		case evStored:
+			for _, k := range d.keys[ev.off : ev.off+ev.n] {
+				sink.Store(owner, ev.tier, k)
+			}
+			if d.check != nil {
+				if n := d.check.Sample(int(ev.n)); n > 0 {
+					d.checkStored(ev, n)
+				}
+			}
+		case evRemoved:
+			for _, k := range d.keys[ev.off : ev.off+ev.n] {
+				sink.Remove(owner, ev.tier, k)
+			}
+		case evCleared:
+			sink.ClearOwner(owner, d.rules.clearTiers)
+		}
+	}
+	for i := range d.events {
+		rep.Report(i, d.events[i].result, d.events[i].reason)
+	}
+}

@@ -1,0 +1,598 @@
+package events
+
+import (
+	"bytes"
+	"math"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/rs/zerolog"
+)
+
+// Mooncake master event keys (docs/events.md#mooncake-fields,
+// docs/events.md#mooncake-hash-fields).
+const (
+	mEventID uint8 = iota
+	mTimestamp
+	mEventType
+	mType
+	mModelName
+	mBlockSize
+	mAdditionalSalt
+	mLoraName
+	mTenantID
+	mBackendID
+	mMedium
+	mDPRank
+	mGroupID
+	mObjectKey
+	mSeqHashes
+	mBlockHashes
+	mBaseBlockIdx
+	mParentHash
+	mTokenIDs
+	mParentBlockHash
+	mConnectorBlockHash
+	mCachePrefix
+	mTPRank
+	mHeadOrTPRank
+	mPCPRank
+	mDCPRank
+	mPPRank
+	mLayerID
+)
+
+const (
+	mcCommonRequired = 1<<mEventID | 1<<mTimestamp | 1<<mEventType | 1<<mModelName |
+		1<<mBlockSize | 1<<mAdditionalSalt | 1<<mLoraName | 1<<mTenantID |
+		1<<mBackendID | 1<<mMedium | 1<<mDPRank
+	mcObjectRequired = 1<<mGroupID | 1<<mSeqHashes | 1<<mBaseBlockIdx
+	mcStoredRequired = mcCommonRequired | mcObjectRequired | 1<<mParentHash | 1<<mTokenIDs
+	mcStoredOnly     = 1<<mParentHash | 1<<mTokenIDs | 1<<mParentBlockHash
+	mcObjectFields   = 1<<mGroupID | 1<<mObjectKey | 1<<mConnectorBlockHash | 1<<mCachePrefix |
+		1<<mTPRank | 1<<mHeadOrTPRank | 1<<mPCPRank | 1<<mDCPRank | 1<<mPPRank | 1<<mLayerID |
+		1<<mSeqHashes | 1<<mBlockHashes | 1<<mBaseBlockIdx | mcStoredOnly
+)
+
+// Slots of the values a master event keeps (fieldSpec.slot).
+const (
+	mcEventType = iota // strs
+	mcTenant
+	mcBackend
+	mcObjectKey
+	mcConnector
+	mcTag
+	mcModel
+	mcLora
+	mcMedium
+	mcGroup
+)
+
+const (
+	mcTimestamp = iota // uints
+	mcParent
+	mcParentBlk
+)
+
+const mcBlockSize = 0 // ints
+
+// mooncakeFields is the master's key table (docs/events.md#mooncake-fields,
+// docs/events.md#mooncake-hash-fields).
+var mooncakeFields = newFieldTable(func() []fieldSpec {
+	f := make([]fieldSpec, mLayerID+1)
+	f[mEventID] = fieldSpec{"event_id", shapeUint, noSlot}
+	f[mTimestamp] = fieldSpec{"timestamp", shapeUint, mcTimestamp}
+	f[mEventType] = fieldSpec{"event_type", shapeStr, mcEventType}
+	f[mType] = fieldSpec{"type", shapeOptStr, mcTag}
+	f[mModelName] = fieldSpec{"model_name", shapeOptStr, mcModel}
+	f[mBlockSize] = fieldSpec{"block_size", shapeOptInt, mcBlockSize}
+	f[mAdditionalSalt] = fieldSpec{"additional_salt", shapeOptStr, noSlot}
+	f[mLoraName] = fieldSpec{"lora_name", shapeOptStr, mcLora}
+	f[mTenantID] = fieldSpec{"tenant_id", shapeStr, mcTenant}
+	f[mBackendID] = fieldSpec{"backend_id", shapeStr, mcBackend}
+	f[mMedium] = fieldSpec{"medium", shapeOptStr, mcMedium}
+	f[mDPRank] = fieldSpec{"dp_rank", shapeOwn, noSlot}
+	f[mGroupID] = fieldSpec{"group_id", shapeOptStr, mcGroup}
+	f[mObjectKey] = fieldSpec{"object_key", shapeStr, mcObjectKey}
+	f[mSeqHashes] = fieldSpec{"seq_hashes", shapeOwn, noSlot}
+	f[mBlockHashes] = fieldSpec{"block_hashes", shapeOwn, noSlot}
+	f[mBaseBlockIdx] = fieldSpec{"base_block_idx", shapeOptInt, noSlot}
+	f[mParentHash] = fieldSpec{"parent_hash", shapeOptUint, mcParent}
+	f[mTokenIDs] = fieldSpec{"token_ids", shapeTokens, noSlot}
+	f[mParentBlockHash] = fieldSpec{"parent_block_hash", shapeOptUint, mcParentBlk}
+	f[mConnectorBlockHash] = fieldSpec{"connector_block_hash", shapeStr, mcConnector}
+	f[mCachePrefix] = fieldSpec{"cache_prefix", shapeStr, noSlot}
+	for _, id := range []uint8{mTPRank, mHeadOrTPRank, mPCPRank, mDCPRank, mPPRank, mLayerID} {
+		f[id].shape, f[id].slot = shapeOptInt, noSlot
+	}
+	f[mTPRank].name = "tp_rank"
+	f[mHeadOrTPRank].name = "head_or_tp_rank"
+	f[mPCPRank].name = "pcp_rank"
+	f[mDCPRank].name = "dcp_rank"
+	f[mPPRank].name = "pp_rank"
+	f[mLayerID].name = "layer_id"
+	return f
+}())
+
+// mcEvent is one decoded master event waiting to be applied. Its byte
+// slices alias the payload, which outlives the apply step.
+type mcEvent struct {
+	kind   evKind
+	result Result
+	reason Reason
+	seen   uint32
+	nonNil uint32
+
+	v          values
+	seqN, blkN int
+	seq0, blk0 uint64
+}
+
+func (e *mcEvent) fail(r Reason) {
+	if e.result != Rejected {
+		e.result, e.reason = Rejected, r
+	}
+}
+
+func (e *mcEvent) has(f uint8) bool    { return e.seen&(1<<f) != 0 }
+func (e *mcEvent) hasVal(f uint8) bool { return e.nonNil&(1<<f) != 0 }
+func (e *mcEvent) tenantID() string {
+	// The master normalizes an empty tenant to "default"; so does the
+	// contract ("Empty or omitted means default").
+	if len(e.v.strs[mcTenant]) == 0 {
+		return "default"
+	}
+	return string(e.v.strs[mcTenant])
+}
+
+// bindingKey identifies one shared owner (docs/events.md#bindings): the
+// endpoint is implicit (one table per source).
+type bindingKey struct {
+	backend  string
+	tenant   string
+	identity string // full object_key (vLLM) or logical key (SGLang)
+	tier     index.Tier
+}
+
+// binding is one object (or SGLang logical page) the master reported in a
+// tier; it holds exactly one shared reference on its prefix.
+type binding struct {
+	sink       SharedSink
+	ctx        index.ContextKey
+	prefix     uint64
+	fullHash   string
+	group      string
+	components map[string]struct{} // SGLang: component suffixes present
+}
+
+// mooncakeDecoder decodes master batches and keeps the source's bindings.
+type mooncakeDecoder struct {
+	batch
+	profile  hashing.Profile
+	proj     hashing.Projection
+	sglang   bool
+	ownCtx   index.ContextKey
+	lookup   LookupFunc
+	log      zerolog.Logger
+	events   []mcEvent
+	bindings map[bindingKey]*binding
+	mapEv    mooncakeMapEvent // the event under decoding, reused
+}
+
+func newMooncake(cfg Config) *mooncakeDecoder {
+	p := cfg.Profile
+	return &mooncakeDecoder{
+		profile:  p,
+		proj:     p.Projection(),
+		sglang:   p.Strategy != hashing.StrategyVLLMV1,
+		ownCtx:   cfg.Context,
+		lookup:   cfg.Lookup,
+		log:      cfg.Logger,
+		events:   make([]mcEvent, 0, 64),
+		bindings: make(map[bindingKey]*binding),
+	}
+}
+
+func (d *mooncakeDecoder) beginBatch() { d.events = d.events[:0] }
+
+// Decode implements Decoder.
+func (d *mooncakeDecoder) Decode(payload []byte) Reason {
+	return d.decode(source.Mooncake, payload, d)
+}
+
+// Forget implements Decoder.
+func (d *mooncakeDecoder) Forget() {
+	d.r.Reset(nil)
+	clear(d.events[:cap(d.events)])
+	d.events = d.events[:0]
+}
+
+// mooncakeMapEvent adapts a master event under decoding to walkEventMap.
+type mooncakeMapEvent struct {
+	d *mooncakeDecoder
+	e *mcEvent
+}
+
+func (m *mooncakeMapEvent) fieldID(key []byte) (uint8, bool) {
+	return mooncakeFields.lookup(key)
+}
+func (m *mooncakeMapEvent) seenMask() *uint32 { return &m.e.seen }
+func (m *mooncakeMapEvent) failed() bool      { return m.e.result == Rejected }
+func (m *mooncakeMapEvent) fail(r Reason)     { m.e.fail(r) }
+func (m *mooncakeMapEvent) readField(r *msgp.Reader, id uint8) error {
+	return m.d.readField(r, id, m.e)
+}
+
+func (d *mooncakeDecoder) readEvent(r *msgp.Reader, env *envelope, _ int) error {
+	d.events = append(d.events, mcEvent{})
+	e := &d.events[len(d.events)-1]
+	d.mapEv = mooncakeMapEvent{d: d, e: e}
+	if err := readEventMap(r, &d.mapEv); err != nil {
+		return err
+	}
+	if e.result != Rejected {
+		d.validate(e, env)
+	}
+	return nil
+}
+
+func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error {
+	k, err := r.Peek()
+	if err != nil {
+		return err
+	}
+	if k != msgp.Nil {
+		e.nonNil |= 1 << id
+	}
+	if spec := &mooncakeFields.specs[id]; spec.shape != shapeOwn {
+		return readShaped(r, spec, &e.v, e, false)
+	}
+	switch id {
+	case mDPRank:
+		v, present, ok, err := optInt(r)
+		if err != nil {
+			return err
+		}
+		if !ok || !present || v < 0 {
+			// the v0.3.12 master sent nil here; unsupported
+			// (docs/events.md#older-master-shapes)
+			e.fail(EvDPRank)
+		}
+		return nil
+	case mSeqHashes, mBlockHashes:
+		if k != msgp.Array {
+			e.fail(EvWrongType)
+			return r.Skip()
+		}
+		n, err := r.ArrayLen()
+		if err != nil {
+			return err
+		}
+		var first uint64
+		for i := 0; i < n; i++ {
+			k, err := r.Peek()
+			if err != nil {
+				return err
+			}
+			if k != msgp.Int {
+				e.fail(EvWrongType)
+				if err := r.Skip(); err != nil {
+					return err
+				}
+				continue
+			}
+			u, neg, err := r.Integer()
+			if err != nil {
+				return err
+			}
+			if neg {
+				e.fail(EvSeqHashes)
+			}
+			if i == 0 {
+				first = u
+			}
+		}
+		if id == mSeqHashes {
+			e.seqN, e.seq0 = n, first
+		} else {
+			e.blkN, e.blk0 = n, first
+		}
+		return nil
+	}
+	return r.Skip()
+}
+
+// validate applies the structural rules that need no index state.
+func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
+	if !e.has(mEventType) {
+		e.fail(EvMissingKey)
+		return
+	}
+	switch string(e.v.strs[mcEventType]) {
+	case "stored":
+		e.kind = evStored
+	case "removed":
+		e.kind = evRemoved
+	case "cleared":
+		e.kind = evCleared
+	default:
+		e.fail(EvUnknownTag)
+		return
+	}
+	if e.hasVal(mType) {
+		want := [...]string{evStored: "BlockStored", evRemoved: "BlockRemoved", evCleared: "AllBlocksCleared"}[e.kind]
+		if string(e.v.strs[mcTag]) != want {
+			e.fail(EvTypeConflict)
+			return
+		}
+	}
+	required := uint32(mcCommonRequired)
+	switch e.kind {
+	case evStored:
+		required = mcStoredRequired
+	case evRemoved:
+		required |= mcObjectRequired
+		if e.seen&mcStoredOnly != 0 {
+			e.fail(EvForeignKey)
+			return
+		}
+	case evCleared:
+		if e.seen&mcObjectFields != 0 {
+			e.fail(EvForeignKey)
+			return
+		}
+	}
+	if e.seen&required != required {
+		e.fail(EvMissingKey)
+		return
+	}
+	if e.v.uints[mcTimestamp] != env.tsInt {
+		e.fail(EvTimestamp)
+		return
+	}
+	// Legacy aliases must agree with the RFC fields they duplicate.
+	if e.has(mBlockHashes) && (e.blkN != e.seqN || e.blk0 != e.seq0) {
+		e.fail(EvSeqHashes)
+		return
+	}
+	if e.has(mParentBlockHash) && (e.hasVal(mParentBlockHash) != e.hasVal(mParentHash) || e.v.uints[mcParentBlk] != e.v.uints[mcParent]) {
+		e.fail(EvSeqHashes)
+		return
+	}
+	if e.seqN > 1 {
+		e.fail(EvSeqHashes)
+		return
+	}
+	e.result = Applied
+}
+
+// sharedTier runs the checks a store and a removal share: the medium names
+// a shared tier (else the event is ignored), and the backend and object key
+// are present (else it is rejected). ok is false when the event is settled.
+func (e *mcEvent) sharedTier() (index.Tier, bool) {
+	tier, ok := mooncakeTier(e.v.strs[mcMedium])
+	switch {
+	case !ok:
+		e.result, e.reason = Ignored, IgnMedium
+	case len(e.v.strs[mcBackend]) == 0:
+		e.fail(EvBackend)
+	case !e.has(mObjectKey):
+		e.fail(EvObjectKey)
+	default:
+		return tier, true
+	}
+	return 0, false
+}
+
+// mooncakeTier maps a master medium to its shared tier
+// (docs/events.md#medium-to-tier): host memory is the shared CPU tier, disk
+// the disk tier; any other medium is not one the index keeps.
+func mooncakeTier(m []byte) (index.Tier, bool) {
+	switch {
+	case bytes.EqualFold(m, []byte("cpu")), bytes.EqualFold(m, []byte("cpu_pinned")):
+		return index.CPUShare, true
+	case bytes.EqualFold(m, []byte("disk")):
+		return index.Disk, true
+	}
+	return 0, false
+}
+
+// Apply implements Decoder: the batch's events go in order against the
+// binding table.
+func (d *mooncakeDecoder) Apply(rep Reporter) {
+	for i := range d.events {
+		e := &d.events[i]
+		if e.result != Applied {
+			continue
+		}
+		switch e.kind {
+		case evStored:
+			d.applyStored(e)
+		case evRemoved:
+			d.applyRemoved(e)
+		case evCleared:
+			d.applyCleared(e)
+		}
+	}
+	for i := range d.events {
+		rep.Report(i, d.events[i].result, d.events[i].reason)
+	}
+}
+
+// objectIdentity resolves the key's identity, component and block hash under
+// the registered profile (docs/events.md#object-keys, docs/events.md#bindings).
+func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullHash string, prefix uint64, ok bool) {
+	key := string(e.v.strs[mcObjectKey])
+	if d.sglang {
+		logical, comp, h, ok := parseSGLangKey(key)
+		if !ok {
+			return "", "", "", 0, false
+		}
+		fullHash = normalizeHex(h)
+		if e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != fullHash {
+			return "", "", "", 0, false
+		}
+		p, err := hashing.KeyFromHex(d.proj, fullHash)
+		if err != nil {
+			return "", "", "", 0, false
+		}
+		return logical, comp, fullHash, p, true
+	}
+	var h string
+	if e.has(mConnectorBlockHash) {
+		// the dev/conductor publisher parsed the key itself
+		// (docs/events.md#mooncake-hash-fields)
+		h = string(e.v.strs[mcConnector])
+		if !isHashHex(h) {
+			return "", "", "", 0, false
+		}
+	} else {
+		var ok bool
+		if h, ok = parseVLLMKey(key); !ok {
+			return "", "", "", 0, false
+		}
+	}
+	fullHash = normalizeHex(h)
+	p, err := hashing.KeyFromHex(d.proj, fullHash)
+	if err != nil {
+		return "", "", "", 0, false
+	}
+	return key, "", fullHash, p, true
+}
+
+func (d *mooncakeDecoder) applyStored(e *mcEvent) {
+	tier, ok := e.sharedTier()
+	if !ok {
+		return
+	}
+	if e.v.ints[mcBlockSize] <= 0 || e.v.ints[mcBlockSize] > math.MaxInt32 {
+		e.fail(EvBlockSize)
+		return
+	}
+	if len(e.v.strs[mcModel]) == 0 {
+		e.fail(EvContext)
+		return
+	}
+	ctx := index.ContextKey{Tenant: e.tenantID(), Model: string(e.v.strs[mcModel]), Lora: string(e.v.strs[mcLora]), BlockSize: int(e.v.ints[mcBlockSize])}
+	if d.sglang && ctx != d.ownCtx {
+		e.fail(EvContext)
+		return
+	}
+	if d.lookup == nil {
+		e.fail(EvContext)
+		return
+	}
+	sink, prof, ok := d.lookup(ctx)
+	if !ok || sink == nil || prof == nil || *prof != d.profile {
+		e.fail(EvContext)
+		return
+	}
+	identity, component, fullHash, prefix, ok := d.objectIdentity(e)
+	if !ok {
+		e.fail(EvObjectKey)
+		return
+	}
+	group := string(e.v.strs[mcGroup])
+	if !d.sglang {
+		// vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
+		if group != "" && group != "0" {
+			e.fail(EvGroup)
+			return
+		}
+		group = ""
+	}
+	if e.seqN == 1 && e.seq0 != prefix {
+		e.fail(EvSeqHashes)
+		return
+	}
+	bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: ctx.Tenant, identity: identity, tier: tier}
+	if b, exists := d.bindings[bk]; exists {
+		if b.ctx != ctx || b.prefix != prefix || b.fullHash != fullHash || b.group != group {
+			e.fail(EvConflict)
+			return
+		}
+		if d.sglang {
+			b.components[component] = struct{}{}
+		}
+		return // idempotent re-store
+	}
+	b := &binding{sink: sink, ctx: ctx, prefix: prefix, fullHash: fullHash, group: group}
+	if d.sglang {
+		b.components = map[string]struct{}{component: {}}
+	}
+	d.bindings[bk] = b
+	sink.AcquireShared(tier, prefix)
+}
+
+func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
+	tier, ok := e.sharedTier()
+	if !ok {
+		return
+	}
+	if !d.sglang && len(e.v.strs[mcGroup]) != 0 && string(e.v.strs[mcGroup]) != "0" {
+		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
+		return
+	}
+	identity, component := string(e.v.strs[mcObjectKey]), ""
+	if d.sglang {
+		logical, comp, _, ok := parseSGLangKey(identity)
+		if !ok {
+			e.fail(EvObjectKey)
+			return
+		}
+		identity, component = logical, comp
+	}
+	bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: e.tenantID(), identity: identity, tier: tier}
+	b, exists := d.bindings[bk]
+	if !exists {
+		e.result, e.reason = NoOp, NoBinding
+		return
+	}
+	// The event's own context fields are assertions about the binding.
+	if (e.hasVal(mModelName) && string(e.v.strs[mcModel]) != b.ctx.Model) ||
+		string(e.v.strs[mcLora]) != b.ctx.Lora ||
+		(e.hasVal(mBlockSize) && e.v.ints[mcBlockSize] != int64(b.ctx.BlockSize)) ||
+		(d.sglang && string(e.v.strs[mcGroup]) != b.group) ||
+		(e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != b.fullHash) ||
+		(e.seqN == 1 && e.seq0 != b.prefix) {
+		e.fail(EvAssertion)
+		return
+	}
+	if d.sglang {
+		if _, ok := b.components[component]; !ok {
+			e.result, e.reason = NoOp, NoBinding
+			return
+		}
+		delete(b.components, component)
+		if len(b.components) > 0 {
+			return // other parts of the block are still stored
+		}
+	}
+	delete(d.bindings, bk)
+	b.sink.ReleaseShared(tier, b.prefix)
+}
+
+func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
+	if len(e.v.strs[mcBackend]) == 0 {
+		e.fail(EvBackend)
+		return
+	}
+	backend, tenant := string(e.v.strs[mcBackend]), e.tenantID()
+	for k, b := range d.bindings {
+		if k.backend == backend && k.tenant == tenant {
+			delete(d.bindings, k)
+			b.sink.ReleaseShared(k.tier, b.prefix)
+		}
+	}
+}
+
+// Retract implements Decoder: every binding of the source is released
+// (stale or stopped, docs/events.md#retraction).
+func (d *mooncakeDecoder) Retract() {
+	for k, b := range d.bindings {
+		b.sink.ReleaseShared(k.tier, b.prefix)
+	}
+	clear(d.bindings)
+}

@@ -1,0 +1,284 @@
+// Package metrics exports the service's state and traffic in the Prometheus
+// text format, reading the index, registry and ingestion counters at scrape
+// time so that the hot paths pay nothing for what is only read on scrape.
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
+)
+
+// Options name what is exported; any may be nil.
+type Options struct {
+	Index    *index.Index
+	Registry *registry.Registry
+	Counters *subscriber.Counters
+	Memo     *hashing.Memo
+	// TokenMemo, when set, is reported as conductor_token_memo_*.
+	TokenMemo *codec.TokenMemo
+	// Answers, when set, is reported as conductor_answer_cache_*.
+	Answers *query.Answers
+	// Build, when set, is exported as conductor_build_info.
+	Build *buildinfo.Info
+	// HashChecks, when set, is exported as conductor_hash_check_total.
+	HashChecks *hashcheck.Set
+	// Extra are further collectors (the durable state's).
+	Extra []prometheus.Collector
+}
+
+// Metrics owns one Prometheus registry (not the global one, so tests and
+// several instances in one process never collide).
+type Metrics struct {
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	query    prometheus.Histogram
+	handler  fasthttp.RequestHandler
+}
+
+// New builds the metric set.
+func New(opts Options) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conductor_http_requests_total",
+		Help: "HTTP requests by endpoint and status code.",
+	}, []string{"endpoint", "status"})
+	m.query = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "conductor_query_duration_seconds",
+		Help: "Server time per /query request, decoding to encoding.",
+		// 10 µs to ~100 ms.
+		Buckets: prometheus.ExponentialBuckets(10e-6, 2.5, 11),
+	})
+	m.reg.MustRegister(m.requests, m.query,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{opts: opts})
+	if b := opts.Build; b != nil {
+		// The usual info-metric shape: constant 1, the facts in labels,
+		// so a query can join them onto any other series.
+		build := prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "conductor_build_info",
+			Help: "1, labelled with the running build's version, commit, Go version and libzmq version.",
+			ConstLabels: prometheus.Labels{
+				"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion, "libzmq": b.LibZMQ,
+			},
+		})
+		build.Set(1)
+		m.reg.MustRegister(build)
+	}
+	m.reg.MustRegister(opts.Extra...)
+	m.handler = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	return m
+}
+
+// ObserveRequest counts one HTTP request; /query latencies also feed the
+// histogram.
+func (m *Metrics) ObserveRequest(endpoint string, status int, elapsed time.Duration) {
+	m.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+	if endpoint == "/query" {
+		m.query.Observe(elapsed.Seconds())
+	}
+}
+
+// Serve answers a scrape.
+func (m *Metrics) Serve(ctx *fasthttp.RequestCtx) { m.handler(ctx) }
+
+// Gatherer exposes the registry to tests and to the gRPC door's
+// StreamMetrics.
+func (m *Metrics) Gatherer() prometheus.Gatherer { return m.reg }
+
+// Registerer lets other front doors (the gRPC one) add their own series to
+// the same export.
+func (m *Metrics) Registerer() prometheus.Registerer { return m.reg }
+
+var (
+	descBlocks = prometheus.NewDesc("conductor_index_blocks",
+		"Blocks held in a tier, per context.", []string{"tenant", "model", "lora", "block_size", "tier"}, nil)
+	descPrefixes = prometheus.NewDesc("conductor_index_prefixes",
+		"Distinct block keys held in any tier, per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descOwners = prometheus.NewDesc("conductor_index_engine_owners",
+		"Registered engine owners (instance, dp rank), per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descContexts    = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
+	descScopeBlocks = prometheus.NewDesc("conductor_scope_blocks",
+		"Blocks held in a tier, per producer-fed scope (gRPC ReportCacheState).", []string{"tenant", "model", "scheme", "adapter", "tier"}, nil)
+	descScopePrefixes = prometheus.NewDesc("conductor_scope_prefixes",
+		"Distinct keys held in any tier, per producer-fed scope.", []string{"tenant", "model", "scheme", "adapter"}, nil)
+	descScopeReplicas = prometheus.NewDesc("conductor_scope_replicas",
+		"Replicas registered in a producer-fed scope.", []string{"tenant", "model", "scheme", "adapter"}, nil)
+	descServices = prometheus.NewDesc("conductor_services", "Registered services by type.", []string{"type"}, nil)
+	descState    = prometheus.NewDesc("conductor_subscriber_state",
+		"1 for the current state of each service's subscriber, 0 for the others.", []string{"service", "type", "state"}, nil)
+	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
+		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
+	descTokenMemo = prometheus.NewDesc("conductor_token_memo_tokens_total",
+		"Token ids of accepted /query bodies copied from the token memo (hit) or decoded while it was consulted (miss).", []string{"result"}, nil)
+	descTokenMemoBytes = prometheus.NewDesc("conductor_token_memo_bytes",
+		"Memory held by the token memo's remembered arrays (bounded by --token-memo-mib; emptied when the last context goes).", nil, nil)
+	descAnswers = prometheus.NewDesc("conductor_answer_cache_lookups_total",
+		"Lookups of prompts long enough to be remembered answered from the answer cache at their context's current version (hit) or walked (miss).", []string{"result"}, nil)
+	descAnswersBytes = prometheus.NewDesc("conductor_answer_cache_bytes",
+		"Memory held by the answer cache's remembered prompts and answers (bounded by --answer-cache-mib; emptied when the last context goes).", nil, nil)
+	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
+		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
+	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
+		"Sampled event blocks re-hashed under the service's registered profile: match, or mismatch (queries will not find that engine's blocks).", []string{"service", "result"}, nil)
+	descIngest = map[string]*prometheus.Desc{}
+)
+
+var tierNames = [...]string{"device", "cpu_local", "cpu_share", "disk"}
+
+// scopeTierNames are the producer tiers, as InferenceCache names them.
+var scopeTierNames = [...]string{"T1", "T2", "T3"}
+
+// ingestFamilies maps subscriber counter families to exported names.
+var ingestFamilies = map[string]string{
+	"messages_received":  "conductor_messages_received_total",
+	"messages_dropped":   "conductor_messages_dropped_total",
+	"envelopes_rejected": "conductor_envelopes_rejected_total",
+	"batches_rejected":   "conductor_batches_rejected_total",
+	"events_applied":     "conductor_events_applied_total",
+	"events_ignored":     "conductor_events_ignored_total",
+	"events_rejected":    "conductor_events_rejected_total",
+	"sequence_gaps":      "conductor_sequence_gaps_total",
+	"replays":            "conductor_replays_total",
+	"stale_transitions":  "conductor_stale_transitions_total",
+}
+
+func init() {
+	for fam, name := range ingestFamilies {
+		descIngest[fam] = prometheus.NewDesc(name, "Ingestion counter "+fam+" by source type and reason.", []string{"source_type", "reason"}, nil)
+	}
+}
+
+// maxLabel bounds label values taken from client input (LoRA names may be
+// 256 KiB) so one registration cannot bloat every scrape.
+const maxLabel = 128
+
+func clip(s string) string {
+	if len(s) > maxLabel {
+		return s[:maxLabel] + "…"
+	}
+	return s
+}
+
+type stateCollector struct{ opts Options }
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
+		ch <- d
+	}
+	for _, d := range descIngest {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if ix := c.opts.Index; ix != nil {
+		tables := ix.Tables()
+		ch <- prometheus.MustNewConstMetric(descContexts, prometheus.GaugeValue, float64(len(tables)))
+		for _, t := range tables {
+			k := t.Context()
+			bs := strconv.Itoa(k.BlockSize)
+			lbl := []string{clip(k.Tenant), clip(k.Model), clip(k.Lora), bs}
+			for i, n := range t.TierBlocks() {
+				ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.GaugeValue, float64(n), append(lbl[:4:4], tierNames[i])...)
+			}
+			ch <- prometheus.MustNewConstMetric(descPrefixes, prometheus.GaugeValue, float64(t.PrefixCount()), lbl...)
+			owners := 0
+			for _, ranks := range t.Instances() {
+				owners += len(ranks)
+			}
+			ch <- prometheus.MustNewConstMetric(descOwners, prometheus.GaugeValue, float64(owners), lbl...)
+		}
+		for _, t := range ix.Scopes() {
+			k := t.ScopeKey()
+			lbl := []string{clip(k.Tenant), clip(k.Model), clip(k.Scheme), clip(k.Adapter)}
+			// Producer tiers: T1 is kept as device, T2 as the owner's
+			// host tier (cpu_local), T3 as disk; scopes have no shared tier.
+			tb := t.TierBlocks()
+			for i, n := range [3]int{tb[index.Device], tb[index.CPULocal], tb[index.Disk]} {
+				ch <- prometheus.MustNewConstMetric(descScopeBlocks, prometheus.GaugeValue, float64(n), append(lbl[:4:4], scopeTierNames[i])...)
+			}
+			ch <- prometheus.MustNewConstMetric(descScopePrefixes, prometheus.GaugeValue, float64(t.PrefixCount()), lbl...)
+			ch <- prometheus.MustNewConstMetric(descScopeReplicas, prometheus.GaugeValue, float64(t.OwnerCount()), lbl...)
+		}
+	}
+	if r := c.opts.Registry; r != nil {
+		var byType [source.NumTypes]int
+		stale := 0
+		for _, s := range r.Services() {
+			byType[s.Type]++
+			if s.Stale {
+				stale++
+			}
+			// Every state, 1 for the current one, so that a transition
+			// shows as a change of value rather than a series appearing.
+			known := false
+			for _, st := range subscriber.States {
+				v := 0.0
+				if st.String() == s.State {
+					v, known = 1, true
+				}
+				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, clip(string(s.Key())), s.Type.String(), st.String())
+			}
+			if !known && s.State != "" {
+				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
+			}
+		}
+		for typ, n := range byType {
+			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())
+		}
+		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(stale))
+	}
+	if c.opts.Memo != nil {
+		collectMemo(ch, descMemo, descMemoBytes, c.opts.Memo)
+	}
+	if c.opts.TokenMemo != nil {
+		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
+	}
+	if c.opts.Answers != nil {
+		collectMemo(ch, descAnswers, descAnswersBytes, c.opts.Answers)
+	}
+	for _, hc := range c.opts.HashChecks.Snapshot() {
+		svc := clip(hc.Service)
+		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Matches), svc, "match")
+		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Mismatches), svc, "mismatch")
+	}
+	for _, s := range c.opts.Counters.All() {
+		d, ok := descIngest[s.Metric]
+		if !ok {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(s.Value), s.Source, s.Reason)
+	}
+}
+
+// memo is what both memos report: lookups by result and the memory held.
+type memo interface {
+	Stats() (hits, misses uint64)
+	Bytes() int
+}
+
+// collectMemo sends a memo's lookups (by result) and memory.
+func collectMemo(ch chan<- prometheus.Metric, lookups, bytes *prometheus.Desc, m memo) {
+	hits, misses := m.Stats()
+	ch <- prometheus.MustNewConstMetric(lookups, prometheus.CounterValue, float64(hits), "hit")
+	ch <- prometheus.MustNewConstMetric(lookups, prometheus.CounterValue, float64(misses), "miss")
+	ch <- prometheus.MustNewConstMetric(bytes, prometheus.GaugeValue, float64(m.Bytes()))
+}

@@ -1,0 +1,98 @@
+package metrics
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
+)
+
+// readmeMetrics returns the metric names the README's metrics paragraph
+// lists, with the conductor_ prefix it states once.
+func readmeMetrics(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "Metrics (all prefixed `conductor_`):")
+	if start < 0 {
+		t.Fatal("README has no metrics paragraph")
+	}
+	end := strings.Index(doc[start:], "plus Go runtime")
+	if end < 0 {
+		t.Fatal("README's metrics paragraph has no end")
+	}
+	// The paragraph also puts label names and values in backticks.
+	notMetrics := map[string]bool{"conductor_": true, "hit": true, "miss": true, "source_type": true, "reason": true, "match": true, "mismatch": true}
+	var names []string
+	for _, m := range regexp.MustCompile("`([a-z_]+)(\\{[^`]*\\})?`").FindAllStringSubmatch(doc[start:start+end], -1) {
+		if !notMetrics[m[1]] {
+			names = append(names, "conductor_"+m[1])
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// TestFamiliesMatchREADME gathers the real registry, with every source of
+// state present so that every family is collected, and compares the
+// conductor_ family names with the README's list; it also checks that the
+// family table names every counter family the subscriber keeps (one
+// missing there would silently not be exported).
+func TestFamiliesMatchREADME(t *testing.T) {
+	ix := index.New(index.Options{})
+	reg := registry.New(registry.Options{Index: ix})
+	seed := "0"
+	svc, err := registry.NewService(registry.Registration{
+		Endpoint: "tcp://127.0.0.1:5557", Type: "vLLM", ModelName: "m", InstanceID: "i", BlockSize: 16,
+		HashProfile: hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Register(svc); err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	checks := hashcheck.NewSet(hashcheck.Options{})
+	checks.Add(string(svc.Key()), &svc.Profile, svc.BlockSize, "")
+	m := New(Options{
+		Index: ix, Registry: reg, Counters: subscriber.NewCounters(),
+		Memo: hashing.NewMemo(1 << 20), TokenMemo: codec.NewTokenMemo(1 << 20), Answers: query.NewAnswers(1 << 20),
+		Build: &buildinfo.Info{Version: "v", Commit: "c", GoVersion: "go", LibZMQ: "4"}, HashChecks: checks,
+	})
+	m.ObserveRequest("/query", 200, 0)
+	fams, err := m.Gatherer().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "conductor_") {
+			got = append(got, f.GetName())
+		}
+	}
+	for m := subscriber.Metric(0); !strings.HasPrefix(m.String(), "Metric("); m++ {
+		if _, ok := ingestFamilies[m.String()]; !ok {
+			t.Errorf("subscriber counter family %q is not exported", m.String())
+		}
+	}
+	slices.Sort(got)
+	if diff := cmp.Diff(readmeMetrics(t), got); diff != "" {
+		t.Errorf("metric families (-README +registered):\n%s", diff)
+	}
+}

@@ -1,0 +1,109 @@
+package durable
+
+import (
+	"sort"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
+)
+
+// plan is a loaded snapshot waiting to be handed to the services that are
+// registered at start-up.
+type plan struct {
+	sources  map[string]*snapshot.Source
+	used     map[string]bool
+	contexts map[index.ContextKey]*planContext
+	// scopes and replicas are the producer-fed side, for AttachProducer.
+	scopes   []snapshot.Scope
+	replicas []snapshot.Replica
+}
+
+// planContext is one context's entries, split by owner so each restored
+// engine source takes only its own.
+type planContext struct {
+	profile snapshot.Profile
+	owners  map[index.Owner]*heldBlocks
+}
+
+type heldBlocks struct {
+	keys  []uint64
+	tiers []index.TierMask
+}
+
+func newPlan(snap *snapshot.Snapshot) *plan {
+	p := &plan{sources: map[string]*snapshot.Source{}, used: map[string]bool{}, contexts: map[index.ContextKey]*planContext{},
+		scopes: snap.Scopes, replicas: snap.Replicas}
+	for i := range snap.Sources {
+		src := &snap.Sources[i]
+		p.sources[src.Key] = src
+	}
+	for i := range snap.Contexts {
+		c := &snap.Contexts[i]
+		pc := &planContext{profile: c.Profile, owners: make(map[index.Owner]*heldBlocks, len(c.Owners))}
+		byPos := make([]*heldBlocks, len(c.Owners))
+		for i, o := range c.Owners {
+			byPos[i] = &heldBlocks{}
+			pc.owners[o] = byPos[i]
+		}
+		// Read validated every entry already; this walk cannot fail.
+		_, _, _ = index.WalkEntries(c.Entries, len(c.Owners), func(key uint64, hs []index.EntryHolder) {
+			for _, h := range hs {
+				hb := byPos[h.Owner]
+				hb.keys = append(hb.keys, key)
+				hb.tiers = append(hb.tiers, h.Tiers)
+			}
+		})
+		c.Entries = nil
+		p.contexts[c.Context] = pc
+	}
+	return p
+}
+
+// take returns svc's recorded position, once, when the snapshot has one it
+// can resume from: the same registration (key and configuration), a
+// position or a stale state, and for engines a context recorded under the
+// same hash profile.
+func (p *plan) take(svc registry.Service) (*snapshot.Source, bool) {
+	key := string(svc.Key())
+	src, ok := p.sources[key]
+	if !ok || p.used[key] || src.Type != svc.Type.String() || src.Registration != fingerprint(&svc) || (!src.HasSeq && !src.Stale) {
+		return nil, false
+	}
+	if svc.IsEngine() {
+		if pc, ok := p.contexts[svc.Context()]; ok && pc.profile != profileOf(&svc.Profile) {
+			return nil, false
+		}
+	}
+	p.used[key] = true
+	return src, true
+}
+
+// restoreOwner stores svc's recorded entries into t under id and returns
+// how many (block, owner) pairs it restored.
+func (p *plan) restoreOwner(svc registry.Service, t *index.Table, id index.OwnerID) int {
+	pc, ok := p.contexts[svc.Context()]
+	if !ok {
+		return 0
+	}
+	o := index.Owner{Instance: svc.InstanceID, Rank: svc.DPRank}
+	hb, ok := pc.owners[o]
+	if !ok {
+		return 0
+	}
+	t.StoreBatch(id, hb.keys, hb.tiers)
+	delete(pc.owners, o)
+	return len(hb.keys)
+}
+
+// unused lists recorded sources no registration took, sorted.
+func (p *plan) unused() []string {
+	var out []string
+	for k, src := range p.sources {
+		if !p.used[k] && (src.HasSeq || src.Stale) {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,254 @@
+package snapshot
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/index"
+)
+
+var (
+	ctxA = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}
+	ctxB = index.ContextKey{Tenant: "t", Model: "m2", Lora: "l", BlockSize: 32}
+)
+
+// sample builds a snapshot from a real index cut.
+func sample(t testing.TB) *Snapshot {
+	t.Helper()
+	ix := index.New(index.Options{Stripes: 4})
+	ta := ix.EnsureTable(ctxA, hashing.Profile{})
+	tb := ix.EnsureTable(ctxB, hashing.Profile{})
+	a0, a1 := ta.AddEngineOwner("a", 0), ta.AddEngineOwner("a", 1)
+	b0 := tb.AddEngineOwner("b", 0)
+	for k := uint64(0); k < 500; k++ {
+		ta.Store(a0, index.Device, k)
+		if k%2 == 0 {
+			ta.Store(a1, index.CPULocal, k)
+		}
+		tb.Store(b0, index.Disk, k*7)
+	}
+	scope := index.ScopeKey{Tenant: "acme", Model: "m", Scheme: "vllm", Adapter: "ad"}
+	ts := ix.EnsureScope(scope)
+	r0, r1 := ts.AddEngineOwner("r0", 0), ts.AddEngineOwner("r1", 0)
+	for k := uint64(0); k < 300; k++ {
+		ts.Put(r0, index.Device, 1000+k)
+		if k%3 == 0 {
+			ts.Put(r1, index.CPULocal, 1000+k)
+		}
+	}
+	s := &Snapshot{
+		Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
+		Sources: []Source{
+			{Key: "a|default|0", Type: "vLLM", Seq: 41, HasSeq: true},
+			{Key: "a|default|1", Type: "vLLM", Seq: 7, HasSeq: true, Stale: true},
+			{Key: "b|t|0", Type: "SGLang"},
+			{Key: "master|default|0", Type: "Mooncake", Seq: 9, HasSeq: true, Bindings: []Binding{
+				{Backend: "be", Tenant: "default", Identity: "obj-1", Tier: uint8(index.CPUShare), Model: "m", BlockSize: 16, Prefix: 3, FullHash: "00ff", Group: ""},
+				{Backend: "be", Tenant: "t", Identity: "page", Tier: uint8(index.Disk), Model: "m2", Lora: "l", BlockSize: 32, Prefix: 14, FullHash: "abcd", Group: "g", Components: []string{"k", "v"}},
+			}},
+		},
+	}
+	profiles := map[index.ContextKey]Profile{
+		ctxA: {Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: "0"},
+		ctxB: {Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", PythonHashSeed: "0"},
+	}
+	for _, tc := range ix.BeginCut().Finish() {
+		if tc.IsScope {
+			sc := Scope{Scope: tc.Scope, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs}
+			for _, o := range tc.Owners {
+				sc.Owners = append(sc.Owners, o.Instance)
+			}
+			for i := range tc.Blocks {
+				sc.Tokens = append(sc.Tokens, int32(16*i-1)) // the first has none
+			}
+			s.Scopes = append(s.Scopes, sc)
+			continue
+		}
+		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
+	}
+	s.Replicas = []Replica{
+		{Tenant: "acme", Model: "m", Replica: "r0", SilentNanos: int64(3 * time.Second), HasStats: true, StatsAgeNanos: int64(time.Minute),
+			CacheMemoryBytes: 1 << 30, HitRate: 0.5, Pressure: 0.25, ClientVersion: "v1", T2HitTokens: 7, T2QueryTokens: 9},
+		{Tenant: "acme", Model: "m", Replica: "r1", SilentNanos: int64(time.Hour)},
+	}
+	return s
+}
+
+func encode(t testing.TB, s *Snapshot) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Write(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestRoundTrip(t *testing.T) {
+	want := sample(t)
+	got, err := Read(encode(t, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if want.Contexts[0].Pairs != 750 || want.Contexts[1].Pairs != 500 || want.Scopes[0].Pairs != 400 {
+		t.Errorf("sample pairs %d, %d, %d", want.Contexts[0].Pairs, want.Contexts[1].Pairs, want.Scopes[0].Pairs)
+	}
+}
+
+func TestEmptyRoundTrip(t *testing.T) {
+	want := &Snapshot{Created: time.Unix(5, 0).UTC()}
+	got, err := Read(encode(t, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func formatErr(t *testing.T, data []byte) string {
+	t.Helper()
+	_, err := Read(data)
+	var fe *FormatError
+	if !errors.As(err, &fe) {
+		t.Fatalf("Read: %v, want a FormatError", err)
+	}
+	return fe.Reason
+}
+
+// Every truncation and every single-byte change is refused, never read
+// as a smaller or different snapshot.
+func TestEveryTruncationAndFlipIsRefused(t *testing.T) {
+	good := encode(t, sample(t))
+	step := max(1, len(good)/2000)
+	for n := 0; n < len(good); n += step {
+		formatErr(t, good[:n])
+	}
+	formatErr(t, good[:len(good)-1])
+	for i := 0; i < len(good); i += step {
+		b := bytes.Clone(good)
+		b[i] ^= 0x40
+		formatErr(t, b)
+	}
+	formatErr(t, append(bytes.Clone(good), 0))
+}
+
+func TestReasons(t *testing.T) {
+	good := encode(t, sample(t))
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"empty", nil, "truncated"},
+		{"header only", good[:headerLen], "truncated: section 1"},
+		{"cut in a section", good[:len(good)-10], "cut short"},
+		{"bad magic", append([]byte("NOTASNAP"), good[8:]...), "bad magic"},
+		{"future version", withVersion(good, Version+1), fmt.Sprintf("format version %d; this release reads versions %d to %d", Version+1, MinVersion, Version)},
+		{"ancient version", withVersion(good, 0), "older than this release reads"},
+		{"payload damaged", func() []byte { b := bytes.Clone(good); b[len(b)-3] ^= 1; return b }(), "checksum mismatch in section"},
+		{"trailing bytes", append(bytes.Clone(good), 1, 2, 3), "3 bytes after the last section"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := formatErr(t, tc.data); !strings.Contains(got, tc.want) {
+				t.Errorf("reason %q, want it to contain %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A section whose checksum matches but whose entries are malformed (a
+// writer bug, not disk damage) is refused too: nothing is half-loaded.
+func TestMalformedEntriesRefused(t *testing.T) {
+	s := sample(t)
+	s.Contexts[0].Entries = s.Contexts[0].Entries[:len(s.Contexts[0].Entries)-1]
+	if got := formatErr(t, encode(t, s)); !strings.Contains(got, "malformed index entries") {
+		t.Errorf("reason %q", got)
+	}
+	s = sample(t)
+	s.Contexts[1].Pairs++
+	if got := formatErr(t, encode(t, s)); !strings.Contains(got, "metadata says") {
+		t.Errorf("reason %q", got)
+	}
+	// Entries name owners by position: two positions for one owner would
+	// restore as one, and lose the other's entries.
+	for name, change := range map[string]func(*Snapshot){
+		"owner twice": func(s *Snapshot) { s.Contexts[0].Owners[1] = s.Contexts[0].Owners[0] },
+		"empty owner": func(s *Snapshot) { s.Contexts[0].Owners[0].Instance = "" },
+	} {
+		s = sample(t)
+		change(s)
+		if got := formatErr(t, encode(t, s)); !strings.Contains(got, "empty or listed twice") {
+			t.Errorf("%s: reason %q", name, got)
+		}
+	}
+}
+
+// withVersion rewrites data's format version and reseals its header.
+func withVersion(data []byte, v uint32) []byte {
+	b := bytes.Clone(data)
+	binary.LittleEndian.PutUint32(b[8:], v)
+	binary.LittleEndian.PutUint64(b[headerLen-8:], xxhash.Sum64(b[:headerLen-8]))
+	return b
+}
+
+// A version 1 file (no producer-fed sections) is still read; one that
+// claims version 1 but holds version 2 sections is refused.
+func TestVersion1StillRead(t *testing.T) {
+	want := sample(t)
+	want.Scopes, want.Replicas = nil, nil
+	got, err := Read(withVersion(encode(t, want), 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if got := formatErr(t, withVersion(encode(t, sample(t)), 1)); !strings.Contains(got, "section kind 3 in a version 1 file") {
+		t.Errorf("reason %q", got)
+	}
+}
+
+// A scope section whose checksum matches but whose content is wrong is
+// refused, and with it the whole file.
+func TestMalformedScopeRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*Snapshot)
+		want   string
+	}{
+		{"entries cut", func(s *Snapshot) { s.Scopes[0].Entries = s.Scopes[0].Entries[:len(s.Scopes[0].Entries)-1] }, "malformed index entries"},
+		{"pairs", func(s *Snapshot) { s.Scopes[0].Pairs++ }, "metadata says"},
+		{"owner twice", func(s *Snapshot) { s.Scopes[0].Owners[1] = s.Scopes[0].Owners[0] }, "listed twice"},
+		{"no scheme", func(s *Snapshot) { s.Scopes[0].Scope.Scheme = "" }, "without tenant, model or scheme"},
+		{"negative age", func(s *Snapshot) { s.Replicas[0].SilentNanos = -1 }, "negative age"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sample(t)
+			tc.change(s)
+			if got := formatErr(t, encode(t, s)); !strings.Contains(got, tc.want) {
+				t.Errorf("reason %q, want %q", got, tc.want)
+			}
+		})
+	}
+	// Token counts that do not match the blocks are refused on write
+	// too; forge them past the writer by editing the encoded section.
+	s := sample(t)
+	s.Scopes[0].Tokens = s.Scopes[0].Tokens[:len(s.Scopes[0].Tokens)-1]
+	var buf bytes.Buffer
+	if err := Write(&buf, s); err == nil {
+		t.Error("Write took fewer token counts than blocks")
+	}
+}
