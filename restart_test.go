@@ -24,9 +24,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
-	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // These tests run the real binary against real ZMQ publishers on loopback

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 

@@ -18,8 +18,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )

@@ -4,12 +4,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/replay"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/replay"
 	"github.com/rs/zerolog"
 )
 

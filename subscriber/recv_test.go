@@ -11,8 +11,8 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
 )
 

@@ -13,11 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/replay"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 )

@@ -28,8 +28,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // DefaultPrefix is where registrations live unless configured otherwise.

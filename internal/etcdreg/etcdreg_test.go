@@ -15,12 +15,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 func TestMain(m *testing.M) {

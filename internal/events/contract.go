@@ -3,9 +3,9 @@ package events
 import (
 	"fmt"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/rs/zerolog"

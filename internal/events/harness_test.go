@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/rs/zerolog"
 )

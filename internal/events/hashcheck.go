@@ -3,8 +3,8 @@ package events
 import (
 	"slices"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 )

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"math"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/rs/zerolog"

@@ -2,8 +2,8 @@ package query
 
 import (
 	"github.com/mooncake-conductor-go/conductor/codec"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // Explanation is, for one prompt, the block keys computed and, per owner,

@@ -14,8 +14,8 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // Options configure an Engine.

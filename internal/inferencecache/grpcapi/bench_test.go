@@ -16,11 +16,11 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/server"
 )

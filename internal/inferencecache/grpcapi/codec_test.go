@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 )
 
 // FuzzDecodeLookup: the server's LookupRouteRequest decoder accepts and

@@ -14,9 +14,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 	"github.com/mooncake-conductor-go/conductor/internal/query"

@@ -4,8 +4,8 @@ import (
 	"sort"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // plan is a loaded snapshot waiting to be handed to the services that are

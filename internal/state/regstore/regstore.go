@@ -27,8 +27,8 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
-	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // FileName is the record's name inside the state directory.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // service builds a registration the way /register does, from a request map.

@@ -1,0 +1,418 @@
+// The app: what newApp starts, in order, and the one stop order that
+// undoes it.
+package main
+
+import (
+	"fmt"
+	"net"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/bgjob"
+	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/grpcapi"
+	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
+	"github.com/mooncake-conductor-go/conductor/internal/metrics"
+	"github.com/mooncake-conductor-go/conductor/internal/pprofsrv"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/state/durable"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
+	"github.com/mooncake-conductor-go/conductor/registry"
+	"github.com/mooncake-conductor-go/conductor/server"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
+)
+
+// app is the wired service: one index, one registry, one HTTP server.
+type app struct {
+	log zerolog.Logger
+	reg *registry.Registry
+	ix  *index.Index
+	srv *server.Server
+	ln  net.Listener
+	// memReturn runs returnMemory after a context is dropped.
+	memReturn *bgjob.Job
+	// state keeps registrations and the index across restarts.
+	state *durable.State
+	// door is the InferenceCache gRPC door when --grpc-addr is set, with
+	// its listener and the producer-fed side of the index.
+	door   *grpcapi.Server
+	doorLn net.Listener
+	prod   *producer.Store
+	// pprof serves runtime profiles with --pprof-addr (nil: off).
+	pprof *pprofsrv.Server
+	// shared links the replica to etcd (nil for a single node).
+	shared *shared
+}
+
+// removalPause spaces the background reclaiming of an unregistered engine's
+// index entries (index.Options.RemovalPause): ~100 µs of clearing in
+// 256-block stripe holds, then this pause, which in practice sleeps ~0.5 ms,
+// so the reclaim takes about a tenth of a core (1.9 M blocks in ~2 s).
+// Queries stop reporting the engine at once either way.
+const removalPause = 200 * time.Microsecond
+
+func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
+	for _, w := range cfg.Warnings {
+		log.Warn().Msg(w)
+	}
+	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
+		return nil, err
+	}
+	etcd, err := connectEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
+	state, err := durable.Open(durable.Options{
+		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
+		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: etcd != nil,
+		Peers: bootstrapPeers(cfg, etcd, log), PeerToken: cfg.AuthToken,
+	})
+	if err != nil {
+		if etcd != nil {
+			etcd.Close()
+		}
+		return nil, err
+	}
+	ix := index.New(index.Options{RemovalPause: removalPause})
+	counters := subscriber.NewCounters()
+	memo := hashing.NewMemo(cfg.MemoBytes)
+	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
+	answers := query.NewAnswers(cfg.AnswerCacheBytes)
+	memReturn := bgjob.New(returnMemory, nil)
+	// door is set once the gRPC door is open; OnContextDropped may run
+	// from registry goroutines before that.
+	var door atomic.Pointer[grpcapi.Server]
+	// A nil set (the check turned off) gives services no checker.
+	var checks *hashcheck.Set
+	if cfg.HashCheckEvery > 0 {
+		checks = hashcheck.NewSet(hashcheck.Options{Logger: log, Every: cfg.HashCheckEvery})
+	}
+	reg := registry.New(registry.Options{
+		Index:  ix,
+		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door)),
+		Logger: log,
+		OnContextDropped: func(_ index.ContextKey, remaining int) {
+			if remaining == 0 {
+				// Nothing left to query: remembered chains and token
+				// arrays would only keep the memos' budgets resident.
+				memo.Reset()
+				tokenMemo.Reset()
+				answers.Reset()
+				if d := door.Load(); d != nil && len(ix.Scopes()) == 0 {
+					// Producer-fed scopes still answer token_ids
+					// lookups; with none left the door's memo goes too.
+					d.ResetMemo()
+				}
+			}
+			memReturn.Request()
+		},
+	})
+	// started is what newApp has started, stopped newest first by fail
+	// when a later step fails; the first entry is app.close's tail.
+	started := []func(){func() {
+		state.Close()
+		reg.Close()
+		ix.Close()
+		memReturn.Wait()
+		zmqx.WaitTrims()
+		state.Release()
+	}}
+	fail := func(err error) (*app, error) {
+		for i := len(started) - 1; i >= 0; i-- {
+			started[i]()
+		}
+		return nil, err
+	}
+	if err := registerAtStart(cfg, state, reg, log); err != nil {
+		if etcd != nil {
+			etcd.Close() // openShared, which owns it from then on, has not run
+		}
+		return fail(err)
+	}
+	sh, err := openShared(cfg, etcd, reg, log)
+	if err != nil {
+		return fail(err)
+	}
+	started = append(started, sh.close)
+	fromFile := cfg.StaticServices()
+	// The producer-fed side exists with the gRPC door; its scopes are
+	// restored from the snapshot before snapshots start.
+	var prod *producer.Store
+	if cfg.GRPCAddr != "" {
+		prod = producer.New(producer.Options{Index: ix, Gate: state.Gate(),
+			OnScopesDropped: func(remaining int) {
+				if remaining > 0 {
+					return
+				}
+				// The last producer-fed scope went (cleared or
+				// expired): with no context left either, the
+				// door's token memo only keeps its budget resident.
+				if d := door.Load(); d != nil && len(ix.Tables()) == 0 {
+					d.ResetMemo()
+				}
+				memReturn.Request()
+			}})
+		state.AttachProducer(prod)
+	}
+	state.Start(reg, ix, fromFile)
+	// Restoring a snapshot read it whole and split it by owner; that
+	// memory is garbage now, and RSS is what operators read.
+	memReturn.Request()
+	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fail(fmt.Errorf("listen on %s: %w", addr, err))
+	}
+	started = append(started, func() { _ = ln.Close() })
+	var pp *pprofsrv.Server
+	if cfg.PprofAddr != "" {
+		if pp, err = pprofsrv.Start(cfg.PprofAddr); err != nil {
+			return fail(err)
+		}
+		started = append(started, func() { _ = pp.Close() })
+		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
+	}
+	build := buildinfo.Get()
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Answers: answers, Build: &build, HashChecks: checks,
+		Extra: append([]prometheus.Collector{state.Collector()}, sh.collectors()...)})
+	static := make([]registry.ServiceKey, len(fromFile))
+	for i, svc := range fromFile {
+		static[i] = svc.Key()
+	}
+	ready := func() (bool, string, int) {
+		if ok, why := state.Ready(); !ok {
+			return false, why, 0
+		}
+		if !reg.Connected(static...) {
+			return false, "static registrations are not connected yet", 0
+		}
+		return true, "", reg.StaleCount()
+	}
+	srv := server.New(server.Options{
+		Registry: reg, Index: ix, Logger: log,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo, Answers: answers,
+		Ready:       ready,
+		DebugRoutes: cfg.DebugRoutes,
+		Snapshot:    state.WriteSnapshot,
+	})
+	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp, shared: sh}
+	if cfg.GRPCAddr != "" {
+		// Health follows /readyz exactly.
+		if err := a.openDoor(cfg, prod, m, memo, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+			return fail(err)
+		}
+		door.Store(a.door)
+	}
+	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
+	sh.advertise(cfg.Etcd.AdvertiseURL)
+	return a, nil
+}
+
+// openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
+func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, answers *query.Answers, ready func() bool) error {
+	door, err := grpcapi.New(grpcapi.Options{
+		Index: a.ix, Producer: prod, Memo: memo, Answers: answers, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
+		AuthToken: cfg.AuthToken, Ready: ready,
+		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
+		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
+	})
+	if err != nil {
+		return fmt.Errorf("grpc: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		door.Stop()
+		return fmt.Errorf("listen on %s: %w", cfg.GRPCAddr, err)
+	}
+	prod.Start()
+	a.door, a.doorLn, a.prod = door, ln, prod
+	a.log.Info().Str("addr", ln.Addr().String()).Bool("tls", cfg.GRPCTLSCert != "").Msg("InferenceCache gRPC door listening")
+	return nil
+}
+
+// registerAtStart registers the config file's services and the recorded
+// ones: engines before Mooncake streams (whose restored bindings need their
+// contexts bound), the file's before the record's. A recorded registration
+// that conflicts with the file loses to it, with a warning naming both.
+func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Registry, log zerolog.Logger) error {
+	for _, engines := range []bool{true, false} {
+		for _, st := range cfg.Static {
+			if st.Service.IsEngine() != engines {
+				continue
+			}
+			if _, err := reg.Register(st.Service); err != nil {
+				return fmt.Errorf("static registration %q: %w", st.Name, err)
+			}
+		}
+		for _, svc := range state.Recorded() {
+			if svc.IsEngine() != engines {
+				continue
+			}
+			if _, err := reg.Register(svc); err != nil {
+				log.Warn().Err(err).Str("service", string(svc.Key())).Str("endpoint", svc.Endpoint).Str("config", cfg.Path).
+					Msg("recorded registration not restored: it conflicts with the config file's registrations, which win, or its source could not start")
+			}
+		}
+	}
+	return nil
+}
+
+// serve runs the HTTP server and, when on, the gRPC door; it returns when
+// either stops.
+func (a *app) serve() error {
+	if a.door == nil {
+		return a.srv.Serve(a.ln)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- a.door.Serve(a.doorLn) }()
+	go func() { errc <- a.srv.Serve(a.ln) }()
+	return <-errc
+}
+
+// close stops accepting, lets in-flight requests finish, then stops every
+// subscriber and closes its sockets.
+func (a *app) close() {
+	_ = a.pprof.Close()
+	if a.door != nil {
+		a.door.Stop() // ends its streams and detaches from the index
+		a.prod.Close()
+	}
+	_ = a.srv.Shutdown()
+	a.shared.close() // no shared change applies while shutting down
+	// The last snapshot is taken while every source still runs; stopping
+	// them retracts their entries.
+	a.state.Close()
+	a.reg.Close()
+	a.ix.Close() // after the registry, whose removals feed it
+	// No goroutine outlives the service: the memory return the last
+	// drops requested, and the subscribers' C-heap trims.
+	a.memReturn.Wait()
+	zmqx.WaitTrims()
+	a.state.Release()
+}
+
+// sourceFactory connects the registry to the ZMQ subscribers. Each engine
+// service also gets a hash checker, whose counts live as long as its source.
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State,
+	stateChanged func(registry.Service, subscriber.State)) registry.SourceFactory {
+	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
+		key := string(svc.Key())
+		// A source the snapshot knows gets its entries back before it
+		// subscribes, and resumes its stream where the snapshot left it.
+		resume := state.Resume(svc, b)
+		var chk *hashcheck.Checker
+		if svc.IsEngine() && checks != nil {
+			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
+		}
+		scfg := subscriber.Config{
+			Key:            key,
+			Type:           svc.Type,
+			Endpoint:       svc.Endpoint,
+			ReplayEndpoint: svc.ReplayEndpoint,
+			DPRank:         svc.DPRank,
+			Context:        svc.Context(),
+			Profile:        svc.Profile,
+			Engine:         b.Table,
+			Owner:          b.Owner,
+			Lookup: func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
+				t, ok := b.Lookup(ctx)
+				if !ok {
+					return nil, nil, false
+				}
+				return t, t.Profile(), true
+			},
+			Logger:          log, // the subscriber adds the service key itself
+			WatchConnection: watch[svc.Key()],
+			Counters:        counters,
+			HashCheck:       chk,
+			// The registry removes the owner after Stop, and the index
+			// then reclaims its entries in the background.
+			OwnerRemovedAfterStop: true,
+			Gate:                  state.Gate(),
+			Resume:                resume,
+			OnResume:              state.OnResume,
+		}
+		if stateChanged != nil {
+			scfg.OnState = func(st subscriber.State) { stateChanged(svc, st) }
+		}
+		sub, err := subscriber.Start(scfg)
+		if err != nil {
+			checks.Remove(chk)
+			return nil, err
+		}
+		if resume != nil && !resume.Stale {
+			state.Track(sub)
+		}
+		return source{Subscriber: sub, stopped: func() { checks.Remove(chk) }}, nil
+	}
+}
+
+// sourceStateTeller tells the gRPC door, once it is open, that a source
+// changed state, for StreamCacheEvents' REPLICA_UPDATED. A source stopping
+// is left out: it stops when it is unregistered, which ALL_CLEARED tells,
+// or when a re-registration replaces it, whose new source tells its own
+// states.
+func sourceStateTeller(door *atomic.Pointer[grpcapi.Server]) func(registry.Service, subscriber.State) {
+	return func(svc registry.Service, st subscriber.State) {
+		if st == subscriber.Stopped {
+			return
+		}
+		if d := door.Load(); d != nil {
+			d.SourceChanged(svc.Context(), svc.InstanceID)
+		}
+	}
+}
+
+// returnMemory hands memory freed by a dropped context back to the OS (two
+// forced GCs plus a scavenge, then a trim of the C heap that held libzmq's
+// buffers): otherwise it would come back over minutes or never, and
+// operators read RSS. One collection is not enough: what it takes out of
+// sync.Pools (query state, fasthttp's contexts) waits in the pools' victim
+// caches until the next one, and each collection only halves an idle
+// goroutine's grown stack. The app runs it in the background (app.memReturn:
+// drops during a run get one more run after it); it takes milliseconds.
+func returnMemory() {
+	runtime.GC()
+	debug.FreeOSMemory() // the second collection, then the scavenge
+	zmqx.TrimCHeap()     // libzmq's receive buffers live in the C heap
+}
+
+// staticKeys are the config file's registrations: readiness waits for
+// their connections, so their subscribers always watch for one (others do
+// within subscriber.MaxOptionalMonitors, to report their state).
+func staticKeys(cfg *config.Config) map[registry.ServiceKey]bool {
+	keys := make(map[registry.ServiceKey]bool, len(cfg.Static))
+	for _, st := range cfg.Static {
+		keys[st.Service.Key()] = true
+	}
+	return keys
+}
+
+// source adapts a subscriber to the registry's view of a source.
+type source struct {
+	*subscriber.Subscriber
+	stopped func() // drops what lives as long as the source (its hash checker)
+}
+
+// Stop stops the subscription, then drops the service's hash-check series.
+func (s source) Stop() {
+	s.Subscriber.Stop()
+	s.stopped()
+}
+
+func (s source) State() string { return s.Subscriber.State().String() }
+
+// Connected reports whether the subscription has reached its publisher.
+func (s source) Connected() bool { return s.Subscriber.Connected() }
