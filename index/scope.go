@@ -39,6 +39,7 @@ func (ix *Index) EnsureScope(k ScopeKey) *Table {
 	}
 	t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, hashing.Profile{}, ix.stripes)
 	t.scope, t.scheme, t.ix = true, k.Scheme, ix
+	ix.attach(t, EvictedScope)
 	m := make(map[ScopeKey]*Table, len(old)+1)
 	for k, v := range old {
 		m[k] = v
@@ -108,6 +109,7 @@ func (t *Table) Put(id OwnerID, tier Tier, key uint64) (added bool) {
 	if bit == 0 {
 		return false
 	}
+	t.admit()
 	h := mix(key)
 	s := t.stripeFor(h)
 	s.mu.Lock()
