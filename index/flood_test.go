@@ -127,7 +127,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 func TestFloodStaysWithinBudget(t *testing.T) {
 	per := 1_500_000
 	if testing.Short() || raceEnabled {
-		per = 300_000 // still ~1.6 times what 32 MiB holds
+		per = 600_000 // still ~1.4 times what 32 MiB holds
 	}
 	const limit = 32 << 20
 	r := flood(t, per, limit)
