@@ -85,7 +85,10 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		}
 		return nil, err
 	}
-	ix := index.New(index.Options{RemovalPause: removalPause})
+	if cfg.IndexMemoryNote != "" {
+		log.Info().Int64("index_memory_bytes", cfg.IndexMemoryBytes).Msg(cfg.IndexMemoryNote)
+	}
+	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)

@@ -114,6 +114,12 @@ var (
 	descOwners = prometheus.NewDesc("conductor_index_engine_owners",
 		"Registered engine owners (instance, dp rank), per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descContexts    = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
+	descIndexMemory = prometheus.NewDesc("conductor_index_memory_bytes",
+		"Accounted memory of the index: blocks, holders, reverse lists, holder sets and tables of every context and producer scope (docs/index-memory.md).", nil, nil)
+	descIndexMemoryLimit = prometheus.NewDesc("conductor_index_memory_limit_bytes",
+		"The index's memory budget (--index-memory-mib); 0 when unbounded.", nil, nil)
+	descIndexEvictions = prometheus.NewDesc("conductor_index_evictions_total",
+		"Blocks evicted, least recently stored first, to keep the index within its budget, by kind of table (context or scope).", []string{"kind"}, nil)
 	descScopeBlocks = prometheus.NewDesc("conductor_scope_blocks",
 		"Blocks held in a tier, per producer-fed scope (gRPC ReportCacheState).", []string{"tenant", "model", "scheme", "adapter", "tier"}, nil)
 	descScopePrefixes = prometheus.NewDesc("conductor_scope_prefixes",
@@ -180,7 +186,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -192,6 +198,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if ix := c.opts.Index; ix != nil {
 		tables := ix.Tables()
 		ch <- prometheus.MustNewConstMetric(descContexts, prometheus.GaugeValue, float64(len(tables)))
+		ch <- prometheus.MustNewConstMetric(descIndexMemory, prometheus.GaugeValue, float64(ix.MemoryBytes()))
+		ch <- prometheus.MustNewConstMetric(descIndexMemoryLimit, prometheus.GaugeValue, float64(ix.MemoryLimit()))
+		for _, k := range index.EvictionKinds {
+			ch <- prometheus.MustNewConstMetric(descIndexEvictions, prometheus.CounterValue, float64(ix.Evictions(k)), k.String())
+		}
 		for _, t := range tables {
 			k := t.Context()
 			bs := strconv.Itoa(k.BlockSize)
