@@ -77,7 +77,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	state, err := durable.Open(durable.Options{
 		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
 		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: etcd != nil,
-		Peers: bootstrapPeers(cfg, etcd, log), PeerToken: cfg.AuthToken,
+		Peers: bootstrapPeers(cfg, etcd, log), PeerToken: cfg.AuthToken, IndexMemoryLimit: cfg.IndexMemoryBytes,
 	})
 	if err != nil {
 		if etcd != nil {

@@ -306,3 +306,11 @@ func (t *Table) admit() {
 		t.ix.bud.admit()
 	}
 }
+
+// EstimateBytes is the least a table of blocks distinct keys and pairs
+// (block, owner) pairs accounts for once stored: a snapshot's size against
+// the budget (docs/index-memory.md#snapshots-and-peers). Shared tiers and
+// holder sets add to it, so a snapshot within it may still evict a little.
+func EstimateBytes(blocks, pairs int64) int64 {
+	return blocks*blockBytes + pairs*ownedBytes + max(pairs-blocks, 0)*pairBytes
+}
