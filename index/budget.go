@@ -284,7 +284,7 @@ func (s *stripe) releaseAll() {
 
 // MemoryBytes is the index's accounted memory: every context's and
 // producer scope's stripes, blocks, holders, reverse lists and holder
-// sets, plus what other tables charged with Charge. Stripes
+// sets. Stripes
 // pass on their changes in batches, so it may lag the exact sum by up to
 // flushBytes per stripe.
 func (ix *Index) MemoryBytes() int64 { return ix.bud.used.Load() }

@@ -36,16 +36,6 @@ func (ix *Index) detach(t *Table) {
 	ix.bud.add(-int64(len(t.stripes)) * stripeBytes)
 }
 
-// Charge adds n bytes (negative: gives them back) to the accounted memory,
-// for tables kept outside the index whose entries live and die with index
-// entries (the Mooncake object bindings). Charged bytes count towards the
-// budget but are not evicted by it.
-func (ix *Index) Charge(n int64) {
-	if n != 0 {
-		ix.bud.add(n)
-	}
-}
-
 // runEvictor is the evictor goroutine; budget.close stops it.
 func (ix *Index) runEvictor() {
 	b := ix.bud
