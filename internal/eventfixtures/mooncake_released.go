@@ -114,17 +114,17 @@ func releasedMasterFixtures() []F {
 			store("cpu_share", obj(ownR, kVLLM2), v2)), "applied", "applied (second owner of the same prefix)", "applied"),
 		Producer: pRel + "; vLLM MooncakeStoreConnector keys, TP 2", Seq: 0})
 	add(F{ID: "mooncake_released_removed_tp0",
-		Payload: rBatch(rEvent("removed", ro{key: kVLLM1, medium: "cpu", eventID: 4})),
-		Expect:  ok(effects(remove("cpu_share", obj(ownR, kVLLM1), v1)), "applied"),
+		Payload:  rBatch(rEvent("removed", ro{key: kVLLM1, medium: "cpu", eventID: 4})),
+		Expect:   ok(effects(remove("cpu_share", obj(ownR, kVLLM1), v1)), "applied"),
 		Producer: pRel, Seq: 1,
 		Note: "prefix V1 stays present in cpu_share while the tp_rank:1 object is still stored"})
 	add(F{ID: "mooncake_released_stored_no_legacy",
-		Payload: rBatch(rEvent("stored", ro{key: kAsc, medium: "disk", noLegacy: true, eventID: 1})),
-		Expect:  ok(effects(store("disk", obj(ownR, kAsc), v2)), "applied"),
+		Payload:  rBatch(rEvent("stored", ro{key: kAsc, medium: "disk", noLegacy: true, eventID: 1})),
+		Expect:   ok(effects(store("disk", obj(ownR, kAsc), v2)), "applied"),
 		Producer: pRel + " --kv_events_emit_legacy_compat=false; vLLM-Ascend key", Seq: 0})
 	add(F{ID: "mooncake_released_removed_no_legacy",
-		Payload: rBatch(rEvent("removed", ro{key: kAsc, medium: "disk", noLegacy: true, eventID: 2})),
-		Expect:  ok(effects(remove("disk", obj(ownR, kAsc), v2)), "applied"),
+		Payload:  rBatch(rEvent("removed", ro{key: kAsc, medium: "disk", noLegacy: true, eventID: 2})),
+		Expect:   ok(effects(remove("disk", obj(ownR, kAsc), v2)), "applied"),
 		Producer: pRel + " --kv_events_emit_legacy_compat=false", Seq: 1})
 	add(F{ID: "mooncake_released_stored_tenants",
 		Payload: rBatch(rEvent("stored", ro{key: kVLLM1, medium: "cpu", tenant: "t1", eventID: 1}),
