@@ -98,13 +98,13 @@ func releasedMasterFixtures() []F {
 			rEvent("stored", ro{key: kVLLM1, medium: "disk", eventID: 2})),
 		Expect: ok(effects(store("cpu_share", obj(ownR, kVLLM1), v1), store("disk", obj(ownR, kVLLM1), v1)),
 			"applied: context (default, test-model, '', 4) from the registration", "applied"),
-		Producer: pRel, Seq: 0,
-		Note: "a MEMORY and a DISK PutEnd of one object: one stored event each; the first batch of a master is seq 0"})
+		Producer: pRel, Seq: 1,
+		Note: "a MEMORY and a DISK PutEnd of one object: one stored event each; a master numbers its batches from 1"})
 	add(F{ID: "mooncake_released_removed_cpu_disk",
 		Payload: rBatch(rEvent("removed", ro{key: kVLLM1, medium: "cpu", eventID: 3})),
 		Expect: ok(effects(remove("cpu_share", obj(ownR, kVLLM1), v1), remove("disk", obj(ownR, kVLLM1), v1)),
 			"applied: the object's last replica is gone, both tiers released"),
-		Producer: pRel, Seq: 1,
+		Producer: pRel, Seq: 2,
 		Note: "the released master publishes removed once per object, when no replica is left, under the medium it derives from the replicas it is removing (cpu whenever one was in memory)"})
 	add(F{ID: "mooncake_released_stored_tp_ranks",
 		Payload: rBatch(rEvent("stored", ro{key: kVLLM1, medium: "cpu", eventID: 1}),
@@ -112,20 +112,20 @@ func releasedMasterFixtures() []F {
 			rEvent("stored", ro{key: kVLLM2, medium: "cpu", eventID: 3})),
 		Expect: ok(effects(store("cpu_share", obj(ownR, kVLLM1), v1), store("cpu_share", obj(ownR, kVLLM1TP1), v1),
 			store("cpu_share", obj(ownR, kVLLM2), v2)), "applied", "applied (second owner of the same prefix)", "applied"),
-		Producer: pRel + "; vLLM MooncakeStoreConnector keys, TP 2", Seq: 0})
+		Producer: pRel + "; vLLM MooncakeStoreConnector keys, TP 2", Seq: 1})
 	add(F{ID: "mooncake_released_removed_tp0",
 		Payload:  rBatch(rEvent("removed", ro{key: kVLLM1, medium: "cpu", eventID: 4})),
 		Expect:   ok(effects(remove("cpu_share", obj(ownR, kVLLM1), v1)), "applied"),
-		Producer: pRel, Seq: 1,
+		Producer: pRel, Seq: 2,
 		Note: "prefix V1 stays present in cpu_share while the tp_rank:1 object is still stored"})
 	add(F{ID: "mooncake_released_stored_no_legacy",
 		Payload:  rBatch(rEvent("stored", ro{key: kAsc, medium: "disk", noLegacy: true, eventID: 1})),
 		Expect:   ok(effects(store("disk", obj(ownR, kAsc), v2)), "applied"),
-		Producer: pRel + " --kv_events_emit_legacy_compat=false; vLLM-Ascend key", Seq: 0})
+		Producer: pRel + " --kv_events_emit_legacy_compat=false; vLLM-Ascend key", Seq: 1})
 	add(F{ID: "mooncake_released_removed_no_legacy",
 		Payload:  rBatch(rEvent("removed", ro{key: kAsc, medium: "disk", noLegacy: true, eventID: 2})),
 		Expect:   ok(effects(remove("disk", obj(ownR, kAsc), v2)), "applied"),
-		Producer: pRel + " --kv_events_emit_legacy_compat=false", Seq: 1})
+		Producer: pRel + " --kv_events_emit_legacy_compat=false", Seq: 2})
 	add(F{ID: "mooncake_released_stored_tenants",
 		Payload: rBatch(rEvent("stored", ro{key: kVLLM1, medium: "cpu", tenant: "t1", eventID: 1}),
 			rEvent("stored", ro{key: kVLLM1, medium: "cpu", tenant: "t2", eventID: 2}),
@@ -134,13 +134,13 @@ func releasedMasterFixtures() []F {
 			"applied: the writer's tenant t1 kept, (t1, test-model, '', 4) bound by vllm-t1",
 			"rejected: context (t2, test-model, '', 4) not registered by an engine with this profile",
 			"applied"),
-		Producer: pRel + "; objects written by tenants", Seq: 0})
+		Producer: pRel + "; objects written by tenants", Seq: 1})
 	add(F{ID: "mooncake_released_removed_tenant",
 		Payload: rBatch(rEvent("removed", ro{key: kVLLM1, medium: "cpu", eventID: 4}),
 			rEvent("removed", ro{key: kVLLM1, medium: "cpu", tenant: "t1", eventID: 5})),
 		Expect: ok(effects(remove("cpu_share", obj(ownRT, kVLLM1), v1)),
 			"no-op: no binding for object/tier (same key, default tenant)", "applied"),
-		Producer: pRel, Seq: 1})
+		Producer: pRel, Seq: 2})
 	add(F{ID: "mooncake_released_bad_keys",
 		Payload: rBatch(rEvent("stored", ro{key: "plain-user-key-42", medium: "cpu", eventID: 1}),
 			rEvent("stored", ro{key: kAscPartial, medium: "cpu", eventID: 2}),
@@ -155,13 +155,13 @@ func releasedMasterFixtures() []F {
 			"rejected: object_key (legacy block_hashes is the int64 of seq_hashes, accepted; the key is still a bare number)",
 			"no-op: no binding (a key that never parsed was never bound)",
 			"applied: the batch and the source go on"),
-		Producer: pRel, Seq: 0})
+		Producer: pRel, Seq: 1})
 	add(F{ID: "mooncake_released_no_object_key",
 		Payload: rBatch(rEvent("stored", ro{medium: "cpu", noObjectKey: true, seqHash: u64p(v1), eventID: 1}),
 			rEvent("removed", ro{medium: "cpu", noObjectKey: true, seqHash: u64p(v1), eventID: 2})),
 		Expect: ok(nil, "rejected: object_key missing (the master sent only the number it parsed from the key)",
 			"rejected: object_key missing"),
-		Producer: pRel + " --kv_events_emit_object_key=false", Seq: 0,
+		Producer: pRel + " --kv_events_emit_object_key=false", Seq: 1,
 		Note: "with object keys off the master drops every event whose key is not a bare number (every connector key) and sends the rest without object_key"})
 	add(F{ID: "mooncake_released_stated_fields", Reg: "pool-r-sub",
 		Payload: rBatch(rEvent("stored", ro{key: kVLLM1, medium: "cpu", eventID: 1}).with("model_name", "other-model"),
@@ -175,19 +175,19 @@ func releasedMasterFixtures() []F {
 			"rejected: group_id must be nil, empty or 0 (vllm_v1)",
 			"rejected: dp_rank must be a non-negative integer or nil",
 			"ignored: medium gpu not a shared tier"),
-		Producer: pRel + ", fields altered to show what is still checked", Seq: 0})
+		Producer: pRel + ", fields altered to show what is still checked", Seq: 1})
 	add(F{ID: "mooncake_released_lora", Reg: "pool-r-lora-sub",
 		Payload: rBatch(rEvent("stored", ro{key: kVLLM1, medium: "cpu", eventID: 1})),
 		Expect: ok(effects(store("cpu_share", obj(ownRL, kVLLM1), v1)),
 			"applied: lora_name sql-adapter from the registration, (default, test-model, sql-adapter, 4) bound by vllm-lora"),
-		Producer: pRel + "; a master in front of one adapter's engines", Seq: 0})
+		Producer: pRel + "; a master in front of one adapter's engines", Seq: 1})
 	add(F{ID: "mooncake_released_sglang_stored_k_v", Reg: "pool-s-sub",
 		Payload: rBatch(rEvent("stored", ro{key: kSGK, medium: "cpu", group: sgGroup, backend: "pool-s", eventID: 1}),
 			rEvent("stored", ro{key: kSGV, medium: "cpu", group: sgGroup, backend: "pool-s", eventID: 2}),
 			rEvent("stored", ro{key: kSGMLA, medium: "disk", backend: "pool-s", eventID: 3})),
 		Expect: ok(effects(store("cpu_share", logical(sgPrefix+sg1), sU[0]), store("disk", logical(sg2), sU[1])),
 			"applied (component _0_k)", "applied (component _0_v, same logical block)", "applied (MLA key)"),
-		Producer: pRel + "; SGLang HiCache MooncakeStore keys", Seq: 0})
+		Producer: pRel + "; SGLang HiCache MooncakeStore keys", Seq: 1})
 	add(F{ID: "mooncake_released_sglang_removed_k_v", Reg: "pool-s-sub",
 		Payload: rBatch(rEvent("removed", ro{key: kSGK, medium: "cpu", group: sgGroup, backend: "pool-s", eventID: 4}),
 			rEvent("removed", ro{key: kSGV, medium: "cpu", group: sgGroup, backend: "pool-s", eventID: 5}),
@@ -195,6 +195,6 @@ func releasedMasterFixtures() []F {
 		Expect: ok(effects(remove("cpu_share", logical(sgPrefix+sg1), sU[0]), remove("disk", logical(sg2), sU[1])),
 			"applied: component _0_k dropped, block still present", "applied: last component removed",
 			"applied: a removal says cpu, the object was on disk"),
-		Producer: pRel, Seq: 1})
+		Producer: pRel, Seq: 2})
 	return fs
 }
