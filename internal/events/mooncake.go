@@ -605,8 +605,9 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 	var keys [2]bindingKey
 	var found [2]*binding
 	n := 0
+	backend, tenant := string(e.v.strs[mcBackend]), d.tenantID(e)
 	for _, t := range tiers[:nt] {
-		bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: d.tenantID(e), identity: identity, tier: t}
+		bk := bindingKey{backend: backend, tenant: tenant, identity: identity, tier: t}
 		b, exists := d.bindings[bk]
 		if !exists {
 			continue
