@@ -19,6 +19,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/bgjob"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/etcdreg"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
@@ -53,7 +54,7 @@ type app struct {
 	// pprof serves runtime profiles with --pprof-addr (nil: off).
 	pprof *pprofsrv.Server
 	// shared links the replica to etcd (nil for a single node).
-	shared *shared
+	shared *etcdreg.Replica
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -70,19 +71,20 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
-	etcd, err := connectEtcd(cfg)
+	sh, err := etcdreg.Connect(etcdreg.ClientConfig{
+		Endpoints: cfg.Etcd.Endpoints, CAFile: cfg.Etcd.CAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile,
+		Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
+	})
 	if err != nil {
 		return nil, err
 	}
 	state, err := durable.Open(durable.Options{
 		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
-		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: etcd != nil,
-		Peers: bootstrapPeers(cfg, etcd, log), PeerToken: cfg.AuthToken,
+		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: sh != nil,
+		Peers: sh.BootstrapPeers(cfg.BootstrapFrom, cfg.Etcd.Prefix, cfg.Etcd.AdvertiseURL, log), PeerToken: cfg.AuthToken,
 	})
 	if err != nil {
-		if etcd != nil {
-			etcd.Close()
-		}
+		sh.Close()
 		return nil, err
 	}
 	ix := index.New(index.Options{RemovalPause: removalPause})
@@ -136,16 +138,14 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		return nil, err
 	}
 	if err := registerAtStart(cfg, state, reg, log); err != nil {
-		if etcd != nil {
-			etcd.Close() // openShared, which owns it from then on, has not run
-		}
+		sh.Close() // not on started yet: Join has not run
 		return fail(err)
 	}
-	sh, err := openShared(cfg, etcd, reg, log)
-	if err != nil {
+	if err := sh.Join(etcdreg.Options{Prefix: cfg.Etcd.Prefix, Registry: reg, Static: cfg.StaticServices(), Logger: log}, cfg.Etcd.Endpoints); err != nil {
+		sh.Close()
 		return fail(err)
 	}
-	started = append(started, sh.close)
+	started = append(started, sh.Close)
 	fromFile := cfg.StaticServices()
 	// The producer-fed side exists with the gRPC door; its scopes are
 	// restored from the snapshot before snapshots start.
@@ -186,7 +186,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	build := buildinfo.Get()
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Answers: answers, Build: &build, HashChecks: checks,
-		Extra: append([]prometheus.Collector{state.Collector()}, sh.collectors()...)})
+		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
 		static[i] = svc.Key()
@@ -216,7 +216,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		door.Store(a.door)
 	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
-	sh.advertise(cfg.Etcd.AdvertiseURL)
+	sh.Advertise(cfg.Etcd.AdvertiseURL)
 	return a, nil
 }
 
@@ -290,7 +290,7 @@ func (a *app) close() {
 		a.prod.Close()
 	}
 	_ = a.srv.Shutdown()
-	a.shared.close() // no shared change applies while shutting down
+	a.shared.Close() // no shared change applies while shutting down
 	// The last snapshot is taken while every source still runs; stopping
 	// them retracts their entries.
 	a.state.Close()
