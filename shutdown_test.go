@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 )
 
 // TestShutdownUnderLoad closes the app while queries are in flight: every
@@ -56,19 +58,37 @@ func TestShutdownUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-	for ok.Load() < 20 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	e.app.close()
+	eventtest.WaitFor(t, "20 answered queries", 30*time.Second, func() bool { return ok.Load() >= 20 })
+	// Every wait below is bounded, so a shutdown that hangs fails here
+	// instead of running into the suite's timeout.
+	within(t, "app.close with queries in flight", shutdownBound, e.app.close)
 	close(stop)
-	wg.Wait()
+	within(t, "the query workers to return", 30*time.Second, wg.Wait)
 	if ok.Load() == 0 {
 		t.Fatal("no query succeeded")
 	}
 }
 
+// shutdownBound is how long a test lets a shutdown take: generous for a
+// loaded machine, and far below the suite's timeout.
+const shutdownBound = 30 * time.Second
+
+// within runs f and fails the test if it has not returned after d (f's
+// goroutine is then left behind: the test has failed anyway).
+func within(t *testing.T, what string, d time.Duration, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %v", what, d)
+	}
+}
+
 // TestSignalShutdown runs the real binary and sends SIGTERM: it must exit 0
-// within 5 seconds.
+// within 5 seconds, through the graceful path (the watchdog that ends a
+// hung shutdown logs, and that log line fails the test).
 func TestSignalShutdown(t *testing.T) {
 	bin := conductorBinary(t)
 	cmd := exec.Command(bin, "--addr", "127.0.0.1", "--port", "0", "--state-dir", filepath.Join(t.TempDir(), "state"))
@@ -93,8 +113,13 @@ func TestSignalShutdown(t *testing.T) {
 	if !listening {
 		t.Fatal("never logged that it listens")
 	}
+	// The lines after SIGTERM: a hung shutdown shows in them.
+	var after []string
+	tail := make(chan struct{})
 	go func() {
+		defer close(tail)
 		for sc.Scan() {
+			after = append(after, sc.Text())
 		}
 	}()
 	start := time.Now()
@@ -102,7 +127,9 @@ func TestSignalShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	// Wait closes the pipe, so it waits for the reader to reach the end
+	// the process's exit gives it.
+	go func() { <-tail; done <- cmd.Wait() }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -110,6 +137,15 @@ func TestSignalShutdown(t *testing.T) {
 		}
 	case <-time.After(6 * time.Second):
 		t.Fatal("did not exit within 5 s of SIGTERM")
+	}
+	for _, l := range after {
+		var line map[string]any
+		if err := json.Unmarshal([]byte(l), &line); err != nil {
+			t.Fatalf("log line is not JSON: %q", l)
+		}
+		if lv := line["level"]; lv == "warn" || lv == "error" {
+			t.Errorf("shutdown logged at %v: %v", lv, line["message"])
+		}
 	}
 	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
 }
