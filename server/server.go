@@ -6,6 +6,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
@@ -144,9 +145,10 @@ func New(opts Options) *Server {
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.fs.Serve(ln) }
 
-// Shutdown stops accepting, waits for in-flight requests and closes idle
-// connections.
-func (s *Server) Shutdown() error { return s.fs.Shutdown() }
+// Shutdown stops accepting, waits for in-flight requests until ctx ends
+// (then it returns ctx's error, and the requests still running go on
+// until the process exits) and closes idle connections.
+func (s *Server) Shutdown(ctx context.Context) error { return s.fs.ShutdownWithContext(ctx) }
 
 // A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers

@@ -234,9 +234,21 @@ func (s *Server) ResetMemo() { s.codec.memo.reset() }
 // MemoBytes is the memory the token memo's remembered runs account for.
 func (s *Server) MemoBytes() int { return s.codec.memo.bytes() }
 
-// Stop ends every stream, waits briefly for unary calls in flight, and
-// stops the server's goroutines; it detaches the index watcher.
+// stopGrace is how long Stop lets unary calls in flight finish.
+const stopGrace = 3 * time.Second
+
+// Stop ends every stream, waits briefly (stopGrace) for unary calls in
+// flight, and stops the server's goroutines; it detaches the index watcher.
 func (s *Server) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	defer cancel()
+	s.Shutdown(ctx)
+}
+
+// Shutdown is Stop with the wait for unary calls in flight bounded by ctx:
+// when ctx ends first, the calls still running are cut. Either way it
+// returns once the server's goroutines are gone.
+func (s *Server) Shutdown(ctx context.Context) {
 	s.stopOnce.Do(func() {
 		s.opts.Index.SetWatcher(nil)
 		close(s.stop)
@@ -246,7 +258,7 @@ func (s *Server) Stop() {
 		go func() { s.gs.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
-		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
 			s.gs.Stop()
 			<-stopped
 		}
