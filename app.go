@@ -334,26 +334,31 @@ func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metr
 // contexts bound), the file's before the record's. A recorded registration
 // that conflicts with the file loses to it, with a warning naming both.
 func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Registry, log zerolog.Logger) error {
-	for _, engines := range []bool{true, false} {
-		for _, st := range cfg.Static {
-			if st.Service.IsEngine() != engines {
-				continue
-			}
-			if _, err := reg.Register(st.Service); err != nil {
-				return fmt.Errorf("static registration %q: %w", st.Name, err)
-			}
-		}
-		for _, svc := range state.Recorded() {
-			if svc.IsEngine() != engines {
-				continue
-			}
-			if _, err := reg.Register(svc); err != nil {
-				log.Warn().Err(err).Str("service", string(svc.Key())).Str("endpoint", svc.Endpoint).Str("config", cfg.Path).
-					Msg("recorded registration not restored: it conflicts with the config file's registrations, which win, or its source could not start")
-			}
-		}
+	// The file's first, then the record's: within each kind of source,
+	// EnginesFirst keeps this order.
+	type atStart struct {
+		svc  registry.Service
+		name string // the file's name for it; "" for a recorded one
 	}
-	return nil
+	var all []atStart
+	for _, st := range cfg.Static {
+		all = append(all, atStart{st.Service, st.Name})
+	}
+	for _, svc := range state.Recorded() {
+		all = append(all, atStart{svc: svc})
+	}
+	return registry.EnginesFirst(all, func(a atStart) bool { return a.svc.IsEngine() }, func(a atStart) error {
+		_, err := reg.Register(a.svc)
+		switch {
+		case err == nil:
+		case a.name != "":
+			return fmt.Errorf("static registration %q: %w", a.name, err)
+		default:
+			log.Warn().Err(err).Str("service", string(a.svc.Key())).Str("endpoint", a.svc.Endpoint).Str("config", cfg.Path).
+				Msg("recorded registration not restored: it conflicts with the config file's registrations, which win, or its source could not start")
+		}
+		return nil
+	})
 }
 
 // serve runs the HTTP server and, when on, the gRPC door; it returns when
