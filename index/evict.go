@@ -129,7 +129,7 @@ func (ix *Index) allTables() []*Table {
 	for t := range ix.All() {
 		out = append(out, t)
 	}
-	for _, t := range *ix.scopes.Load() {
+	for _, t := range ix.scopes.load() {
 		out = append(out, t)
 	}
 	return out
