@@ -31,6 +31,7 @@ type env struct {
 	mu       sync.Mutex
 	outcomes map[uint64][]events.Outcome
 	applied  []uint64
+	epoch    int // where the current epoch starts in applied
 	counters *Counters
 	check    *hashcheck.Checker // engine registrations: the service's hash checker
 }
@@ -45,6 +46,13 @@ func (e *env) appliedOrder() []uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.applied)
+}
+
+// epochOrder is appliedOrder since the last publisher restart detected.
+func (e *env) epochOrder() []uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.applied[e.epoch:])
 }
 
 // newEnv builds the Config of a manifest registration with recording sinks.
@@ -78,6 +86,11 @@ func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, 
 		onApply: func(seq uint64) {
 			e.mu.Lock()
 			e.applied = append(e.applied, seq)
+			e.mu.Unlock()
+		},
+		onEpoch: func() {
+			e.mu.Lock()
+			e.epoch = len(e.applied)
 			e.mu.Unlock()
 		},
 	}

@@ -590,8 +590,8 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 // TestStateConnectedBeforeFirstBatch: a source reports connected once its
 // connection is up, before any batch, as readiness does, whether readiness
 // waits for it (a config-file service) or not (one registered at run
-// time); the first batch makes it live. Its monitor is retired with the
-// connection.
+// time); the first batch makes it live. Its monitor stays, to see
+// reconnections, and its slot is given back by Stop.
 func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 	for _, watch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("WatchConnection=%v", watch), func(t *testing.T) {
@@ -605,12 +605,22 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 			if st := s.State(); st != Connected || st.String() != "connected" {
 				t.Fatalf("state %v after the connection came up, want connected", st)
 			}
-			eventtest.WaitFor(t, "monitor slot returned", 10*time.Second, func() bool { return optionalMonitors.Load() == base })
+			held := base
+			if !watch {
+				held++
+			}
+			if got := optionalMonitors.Load(); got != held {
+				t.Errorf("%d optional monitors while connected, want %d", got, held)
+			}
 			pub.waitSubscribed()
 			pub.send(1, storedBatch([]uint64{11}, 4, 0))
 			waitSeq(t, s, 1)
 			if st := s.State(); st != Live {
 				t.Fatalf("state %v after the first batch, want live", st)
+			}
+			s.Stop()
+			if got := optionalMonitors.Load(); got != base {
+				t.Errorf("%d optional monitors after Stop, want %d", got, base)
 			}
 		})
 	}

@@ -192,9 +192,16 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 				return true
 			})
 			if st.Expect.AppliedOrder != nil {
-				if got := e.appliedOrder(); !slices.Equal(got, st.Expect.AppliedOrder) {
+				// The order of the current epoch: a restart starts over.
+				if got := e.epochOrder(); !slices.Equal(got, st.Expect.AppliedOrder) {
 					t.Errorf("step %d: applied order %v, want %v", i, got, st.Expect.AppliedOrder)
 				}
+			}
+			if strings.Contains(st.Expect.Reason, "new publisher process") {
+				if s.Restarts() != 1 {
+					t.Errorf("step %d: %d restarts detected, want 1", i, s.Restarts())
+				}
+				assertDroppedThenIndexed(t, e)
 			}
 			if r, ok := staleReasonFor(st.Expect.Reason); ok && want == Stale {
 				typ, _ := source.Parse(reg.Type)
@@ -208,6 +215,18 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 		default:
 			t.Fatalf("step %d: unhandled step %+v", i, st)
 		}
+	}
+}
+
+// assertDroppedThenIndexed checks an engine source's old entries were
+// cleared (every tier) and the new stream stored after that.
+func assertDroppedThenIndexed(t *testing.T, e *env) {
+	t.Helper()
+	ops := e.engine.Snapshot()
+	clear := slices.IndexFunc(ops, func(o eventtest.Op) bool { return o.Kind == "clear" && o.Mask == index.AllEngineTiers })
+	if clear < 1 || !slices.ContainsFunc(ops[:clear], func(o eventtest.Op) bool { return o.Kind == "store" }) ||
+		!slices.ContainsFunc(ops[clear:], func(o eventtest.Op) bool { return o.Kind == "store" }) {
+		t.Errorf("want stores, a clear of every tier, then stores; got %v", ops)
 	}
 }
 
