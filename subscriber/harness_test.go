@@ -130,7 +130,7 @@ func newPublisher(t testing.TB, endpoint string) *publisher {
 	}
 	_ = s.SetLinger(0)
 	_ = s.SetSndhwm(0)
-	if err := s.Bind(endpoint); err != nil {
+	if err := bindWhenFree(s, endpoint); err != nil {
 		t.Fatalf("bind XPUB %s: %v", endpoint, err)
 	}
 	ep, _ := s.GetLastEndpoint()
@@ -221,6 +221,21 @@ func (p *publisher) sendFrames(frames ...[]byte) {
 func (p *publisher) send(seq uint64, payload []byte) {
 	p.t.Helper()
 	p.sendFrames([]byte("kv-events"), seqFrame(seq), payload)
+}
+
+// bindWhenFree binds s to endpoint, waiting (up to 10 s) for a socket that
+// was just closed there to let it go: libzmq closes listeners in its I/O
+// thread, after zmq_close returned. A publisher restarted in place rebinds
+// its predecessor's endpoint.
+func bindWhenFree(s *zmq.Socket, endpoint string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.Bind(endpoint)
+		if err == nil || zmq.AsErrno(err) != zmq.Errno(syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Millisecond) // polling for the I/O thread; nothing else to wait on
+	}
 }
 
 // replayServer is an in-process ROUTER standing in for a replay endpoint.

@@ -55,6 +55,14 @@ type replayService struct {
 
 func startReplayService(t *testing.T) *replayService {
 	t.Helper()
+	return startReplayServiceAt(t, "tcp://127.0.0.1:*", map[uint64][]byte{})
+}
+
+// startReplayServiceAt binds a replay service to endpoint, answering from
+// store (which it then owns); a restarted publisher's comes back on the
+// same endpoint with a store of its own.
+func startReplayServiceAt(t *testing.T, endpoint string, store map[uint64][]byte) *replayService {
+	t.Helper()
 	sock, err := zmq.NewSocket(zmq.ROUTER)
 	if err != nil {
 		t.Fatal(err)
@@ -63,11 +71,11 @@ func startReplayService(t *testing.T) *replayService {
 	// No send limit: a ROUTER drops what exceeds it, and a reply stream
 	// that loses messages would fail the recovery for the test's sake.
 	_ = sock.SetSndhwm(0)
-	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
+	if err := bindWhenFree(sock, endpoint); err != nil {
 		t.Fatal(err)
 	}
 	ep, _ := sock.GetLastEndpoint()
-	rs := &replayService{endpoint: ep, store: map[uint64][]byte{}, stop: make(chan struct{}), done: make(chan struct{})}
+	rs := &replayService{endpoint: ep, store: store, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(rs.done)
 		defer sock.Close()
