@@ -44,21 +44,22 @@ var stopEndpointSeq atomic.Uint64
 // SocketsPerSource is the most ZMQ sockets one subscription holds at once:
 // the SUB, the stop pair's receiving end (its sending end exists only
 // while Stop runs), the replay DEALER (during recovery), and the connection
-// monitor and libzmq's end of it (until the first connection). An idle,
-// connected source holds two sockets, i.e. two descriptors plus its TCP
+// monitor and libzmq's end of it. An idle, connected source holds two
+// sockets, four with a monitor, i.e. that many descriptors plus its TCP
 // connection.
 const SocketsPerSource = 6
 
 // MaxOptionalMonitors bounds the connection monitors held at once by
 // sources that watch their connection only to report it (the registry's
 // state, sources registered at run time) rather than for readiness
-// (Config.WatchConnection, the config file's). A monitor lives only until
-// its source's first connection, so the bound matters only when many
-// publishers stay unreachable: without it, 4,096 such sources would hold
+// (Config.WatchConnection, the config file's). A monitor lives as long as
+// its source, because reconnections are evidence of publisher restarts
+// (docs/events.md#restarts): without the bound, 4,096 sources would hold
 // five descriptors each instead of three, beyond the budget the README's
-// limits give. 1,024 monitors are 2,048 descriptors, a half of that
-// budget's headroom; a source started beyond the bound reports connected
-// with its first batch instead.
+// limits give. 1,024 monitors are 2,048 descriptors, within that budget's
+// headroom; a source started beyond the bound reports connected with its
+// first batch instead, sees no reconnections, and so checks every gap
+// against its replay endpoint.
 const MaxOptionalMonitors = 1024
 
 // optionalMonitors counts the monitors held under MaxOptionalMonitors.
