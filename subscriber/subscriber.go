@@ -346,8 +346,8 @@ func (s *Subscriber) State() State {
 // anything, which is what readiness waits for.
 func (s *Subscriber) Connected() bool { return s.connected.Load() || s.hasSeq.Load() }
 
-// Stale reports whether the source was marked stale (its entries retracted,
-// later messages ignored until it is registered again).
+// Stale reports whether the source is stale (its entries retracted, later
+// messages ignored until it recovers by itself or is registered again).
 func (s *Subscriber) Stale() bool { return s.State() == Stale }
 
 // LastSeq returns the last applied sequence number; ok is false before the
