@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -200,13 +201,26 @@ func TestPublisherRestartIsNewEpoch(t *testing.T) {
 
 // TestGapsInOneProcessAreNotRestarts is the false-positive measurement:
 // hundreds of gaps in one publisher process, some right after a
-// reconnection (the case where the last applied batch is checked against
-// the replay endpoint), must all be recovered by replay with nothing
-// dropped and no restart counted.
+// reconnection, must all be recovered by replay with nothing dropped and
+// no restart counted. With a connection monitor the last applied batch is
+// checked against the replay endpoint after each reconnection; without
+// one (a source beyond MaxOptionalMonitors) at every gap.
 func TestGapsInOneProcessAreNotRestarts(t *testing.T) {
+	for _, monitored := range []bool{true, false} {
+		t.Run(fmt.Sprintf("monitor=%v", monitored), func(t *testing.T) { gapsInOneProcess(t, monitored) })
+	}
+}
+
+func gapsInOneProcess(t *testing.T, monitored bool) {
 	p := startProcess(t, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 0)
 	e := vllmEnv(t, p.pub.endpoint, p.replayEndpoint())
-	e.cfg.WatchConnection = true
+	e.cfg.WatchConnection = monitored
+	if !monitored {
+		// Every optional monitor taken, as by unreachable publishers.
+		base := optionalMonitors.Load()
+		optionalMonitors.Add(MaxOptionalMonitors - base)
+		defer optionalMonitors.Add(base - MaxOptionalMonitors)
+	}
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	p.pub.waitSubscribed()
@@ -234,6 +248,12 @@ func TestGapsInOneProcessAreNotRestarts(t *testing.T) {
 			p.miss(key) // lost on the way
 		default:
 			lastSent = p.publish(key)
+			if seq%3 == 0 {
+				// Each gap is recovered on its own, so every one
+				// is a recovery (and, without a monitor, a check of
+				// the batch at A) of its own.
+				waitSeq(t, s, seq)
+			}
 		}
 	}
 	waitSeq(t, s, n-1)
@@ -251,11 +271,29 @@ func TestGapsInOneProcessAreNotRestarts(t *testing.T) {
 		t.Errorf("stored keys (-want +got):\n%s", diff)
 	}
 	gaps := e.counters.Total(MetricGaps, source.VLLM)
-	if s.Restarts() != 0 || gaps < 250 || reconnections < 5 {
-		t.Errorf("restarts %d over %d gaps and %d reconnections", s.Restarts(), gaps, reconnections)
+	rounds := e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered)
+	if s.Restarts() != 0 || gaps < 250 || rounds < 250 || reconnections < 5 {
+		t.Errorf("restarts %d over %d gaps (%d replay rounds) and %d reconnections", s.Restarts(), gaps, rounds, reconnections)
 	}
-	t.Logf("false positives: %d restarts over %d gaps (%d reconnections); %d recovered through replay",
-		s.Restarts(), gaps, reconnections, e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered))
+	// A lost batch has seq%3 == 2, so a request from A+1 asks for such a
+	// seq, one anchored on A for the seq before it.
+	p.rs.mu.Lock()
+	anchored := 0
+	for _, from := range p.rs.requests {
+		if from%3 == 1 {
+			anchored++
+		}
+	}
+	requests := len(p.rs.requests)
+	p.rs.mu.Unlock()
+	if monitored && anchored > reconnections || !monitored && anchored < 250 {
+		t.Errorf("monitor=%v: %d of %d replay requests anchored on the last applied batch", monitored, anchored, requests)
+	}
+	if (s.mon != nil) != monitored {
+		t.Errorf("monitor %v, want %v", s.mon != nil, monitored)
+	}
+	t.Logf("monitor=%v: false positives: %d restarts over %d gaps (%d reconnections), %d recovered by replay rounds of their own, %d of %d requests anchored",
+		monitored, s.Restarts(), gaps, reconnections, rounds, anchored, requests)
 }
 
 // TestMooncakeMasterRestart: the master restarting (its sequence starts

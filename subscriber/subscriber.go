@@ -771,7 +771,9 @@ func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 			s.markStale(events.StaleReplay, 0)
 			return nil
 		}
-		epoch = false
+		// The batch at A was checked (or the stream started over): a
+		// further round of this recovery continues the same stream.
+		epoch, s.anchor = false, false
 		for _, rec := range recs {
 			s.budget.Give(len(rec.Payload))
 			if s.State() == Stale {
