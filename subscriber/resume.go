@@ -145,19 +145,24 @@ func (s *Subscriber) settleResume(outcome string) {
 		return
 	}
 	s.resuming = false
-	s.resumePending.Store(false)
 	s.log.Info().Str("outcome", outcome).Uint64("last_applied", s.applied).Msg("restored source resumed")
 	if s.cfg.OnResume != nil {
 		s.cfg.OnResume(outcome)
 	}
+	// Last: whoever sees Resumed also sees the outcome counted.
+	s.resumePending.Store(false)
 }
 
 // resumeCold drops what the snapshot restored and makes the source a fresh
 // one: the next message applied is its baseline.
 func (s *Subscriber) resumeCold(why events.Reason) {
-	s.resetStream()
 	s.log.Warn().Str("reason", why.String()).Msg("restored source cannot catch up; its restored entries are dropped and it starts over")
+	// One gate section: no cut sees the entries gone but the restored
+	// position still claimed.
+	s.gate()
+	s.resetStream()
 	s.settleResume(ResumedCold)
+	s.ungate()
 }
 
 // coldFromBuffered resumes cold in the middle of a recovery: the messages
