@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -52,5 +53,63 @@ func TestPublisherRestartedWhileConductorDownNoPhantom(t *testing.T) {
 	}
 	if got := p2.metric(`conductor_publisher_restarts_total{service="e1|default|0",type="vLLM"}`); got != 1 {
 		t.Errorf("publisher restarts: %v\n%s", got, p2.logText())
+	}
+}
+
+// skip consumes a sequence number without delivering it: a lost batch.
+func (e *engine) skip() {
+	e.mu.Lock()
+	e.seq++
+	e.mu.Unlock()
+}
+
+// --stale-recovery end to end, on an engine registered without a replay
+// endpoint: a lost batch makes the source stale and drops its entries;
+// under auto it is indexed again by itself, under off only once it is
+// registered again.
+func TestStaleRecoveryModes(t *testing.T) {
+	for _, mode := range []string{"auto", "off"} {
+		t.Run(mode, func(t *testing.T) {
+			p := startConductor(t, filepath.Join(t.TempDir(), "state"), "--stale-recovery", mode)
+			e := newEngine(t, "e1", 10)
+			register := func() {
+				if status, out := p.do("POST", "/register", vllmRegistration(e.name, e.endpoint)); status != 200 {
+					t.Fatalf("register: %d %v", status, out)
+				}
+			}
+			register()
+			m := model{}
+			probe(t, p, e, m, 0)
+			e.send(storedEvent(t, prompt(1, 1)))
+			m["e1"][1] = true
+			checkAll(t, p, m, []*engine{e}, 2, "before the gap")
+
+			e.skip()
+			e.send(storedEvent(t, prompt(1, 2))) // reveals the gap: stale
+			eventually(t, "stale", func() bool { return p.metric("conductor_stale_sources") == 1 })
+			checkAll(t, p, model{"e1": {}}, []*engine{e}, 3, "stale: entries dropped")
+
+			if mode == "off" {
+				if !strings.Contains(p.logText(), "its entries are retracted until it is registered again") {
+					t.Fatalf("off: no stale line naming re-registration:\n%s", p.logText())
+				}
+				register() // identical: restarts the stale source
+			}
+			eventually(t, "indexed again", func() bool {
+				e.send(storedEvent(t, prompt(1, 3)))
+				_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": prompt(1, 3), "instance_id": "e1"})
+				return device(a, "e1") == 64
+			})
+			want := 0.0
+			if mode == "auto" {
+				want = 1
+			}
+			if got := p.metric(`conductor_stale_recoveries_total{service="e1|default|0",type="vLLM"}`); got != want {
+				t.Errorf("stale recoveries %v, want %v", got, want)
+			}
+			if got := p.metric("conductor_stale_sources"); got != 0 {
+				t.Errorf("stale sources %v", got)
+			}
+		})
 	}
 }
