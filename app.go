@@ -70,8 +70,16 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
+	// The HTTP port is taken before the state directory is opened, so a
+	// second process refused the port leaves the directory as it was.
+	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
 	etcd, err := connectEtcd(cfg)
 	if err != nil {
+		_ = ln.Close()
 		return nil, err
 	}
 	state, err := durable.Open(durable.Options{
@@ -83,6 +91,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		if etcd != nil {
 			etcd.Close()
 		}
+		_ = ln.Close()
 		return nil, err
 	}
 	ix := index.New(index.Options{RemovalPause: removalPause})
@@ -121,14 +130,16 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	})
 	// started is what newApp has started, stopped newest first by fail
 	// when a later step fails; the first entry is app.close's tail.
+	// A failed start writes no snapshot (state.Discard): it must leave the
+	// state directory as it found it.
 	started := []func(){func() {
-		state.Close()
+		state.Discard()
 		reg.Close()
 		ix.Close()
 		memReturn.Wait()
 		zmqx.WaitTrims()
 		state.Release()
-	}}
+	}, func() { _ = ln.Close() }}
 	fail := func(err error) (*app, error) {
 		for i := len(started) - 1; i >= 0; i-- {
 			started[i]()
@@ -170,12 +181,6 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// Restoring a snapshot read it whole and split it by owner; that
 	// memory is garbage now, and RSS is what operators read.
 	memReturn.Request()
-	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fail(fmt.Errorf("listen on %s: %w", addr, err))
-	}
-	started = append(started, func() { _ = ln.Close() })
 	var pp *pprofsrv.Server
 	if cfg.PprofAddr != "" {
 		if pp, err = pprofsrv.Start(cfg.PprofAddr); err != nil {

@@ -514,7 +514,14 @@ func (s *State) Ready() (bool, string) {
 
 // Close stops periodic snapshots and writes a last one; the caller then
 // stops the sources. Release gives the directory up afterwards.
-func (s *State) Close() {
+func (s *State) Close() { s.stopLoop(true) }
+
+// Discard stops like Close but writes no snapshot: for a start that failed,
+// which must leave the directory as it found it (the snapshot file there is
+// still the one it restored from, if any).
+func (s *State) Discard() { s.stopLoop(false) }
+
+func (s *State) stopLoop(snapshot bool) {
 	s.readyMu.Lock()
 	if s.lagTimer != nil {
 		s.lagTimer.Stop()
@@ -526,6 +533,9 @@ func (s *State) Close() {
 	close(s.stop)
 	<-s.done
 	s.stop = nil
+	if !snapshot {
+		return
+	}
 	if err := s.Snapshot(); err == nil {
 		s.log.Info().Msg("index snapshot written at shutdown")
 	}
