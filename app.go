@@ -221,6 +221,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		door.Store(a.door)
 	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
+	warnOpenRoutes(log, ln.Addr(), cfg)
 	sh.advertise(cfg.Etcd.AdvertiseURL)
 	return a, nil
 }
