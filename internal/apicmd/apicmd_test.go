@@ -2,6 +2,7 @@ package apicmd
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"net"
@@ -31,7 +32,7 @@ func startServer(t *testing.T, opts server.Options) string {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
 	t.Cleanup(func() {
-		_ = srv.Shutdown()
+		_ = srv.Shutdown(context.Background())
 		<-done
 		reg.Close()
 	})
