@@ -4,9 +4,9 @@ import (
 	"os"
 	"reflect"
 	"regexp"
-	"strings"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
