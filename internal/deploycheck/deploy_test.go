@@ -159,6 +159,19 @@ func TestConfigsLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The chart's example of a static registration (check-deploy.sh
+	// renders it) must be one conductor itself accepts.
+	var staticValues values
+	if err := yaml.Unmarshal(readFile(t, "helm/conductor/ci/static-registration-values.yaml"), &staticValues); err != nil {
+		t.Fatal(err)
+	}
+	staticConfig, err := json.Marshal(staticValues.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(staticConfig), `"prefill-0"`) {
+		t.Fatalf("static registration example lost its registration: %s", staticConfig)
+	}
 	var compose struct {
 		Services map[string]struct {
 			Command []string `json:"command"`
@@ -173,6 +186,7 @@ func TestConfigsLoad(t *testing.T) {
 		args   []string
 	}{
 		{"chart defaults", chartConfig, []string{"--etcd-endpoints=http://etcd:2379", "--advertise-url=http://10.0.0.1:13333"}},
+		{"chart static registration example", staticConfig, []string{"--log-level=INFO"}},
 		{"compose conductor-a", readFile(t, "compose/conductor_config.json"), compose.Services["conductor-a"].Command},
 		{"compose conductor-b", readFile(t, "compose/conductor_config.json"), compose.Services["conductor-b"].Command},
 	} {
