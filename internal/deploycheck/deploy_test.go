@@ -318,3 +318,73 @@ func TestMetricsExist(t *testing.T) {
 		}
 	}
 }
+
+// TestComposeGrafana: compose's Grafana mounts files that exist, its
+// provisioned data source is the compose Prometheus, and the dashboard
+// provider reads the directory the dashboard is mounted in.
+func TestComposeGrafana(t *testing.T) {
+	var compose struct {
+		Services map[string]struct {
+			Image   string   `json:"image"`
+			Volumes []string `json:"volumes"`
+			Ports   []string `json:"ports"`
+		} `json:"services"`
+	}
+	if err := yaml.Unmarshal(readFile(t, "compose/docker-compose.yml"), &compose); err != nil {
+		t.Fatal(err)
+	}
+	g, ok := compose.Services["grafana"]
+	if !ok {
+		t.Fatal("compose has no grafana service")
+	}
+	mounts := map[string]string{}
+	for _, v := range g.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 {
+			t.Fatalf("volume %q", v)
+		}
+		host := filepath.Join("compose", parts[0])
+		if _, err := os.Stat(host); err != nil {
+			t.Errorf("grafana mounts %s, which does not exist: %v", parts[0], err)
+		}
+		mounts[parts[1]] = host
+	}
+	dash, ok := mounts["/var/lib/grafana/dashboards/conductor.json"]
+	if !ok || filepath.Clean(dash) != filepath.Join("grafana", "conductor.json") {
+		t.Errorf("the dashboard is not mounted from deploy/grafana/conductor.json: %v", mounts)
+	}
+	prov, ok := mounts["/etc/grafana/provisioning"]
+	if !ok {
+		t.Fatalf("no provisioning directory mounted: %v", mounts)
+	}
+	var ds struct {
+		Datasources []struct {
+			Type, URL string
+			IsDefault bool `json:"isDefault"`
+		} `json:"datasources"`
+	}
+	if err := yaml.Unmarshal(readFile(t, filepath.Join(prov, "datasources", "prometheus.yml")), &ds); err != nil {
+		t.Fatal(err)
+	}
+	promPort := ""
+	for _, p := range compose.Services["prometheus"].Ports {
+		promPort = p[strings.LastIndex(p, ":")+1:]
+	}
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "prometheus" || !ds.Datasources[0].IsDefault ||
+		ds.Datasources[0].URL != "http://prometheus:"+strings.Trim(promPort, `"`) {
+		t.Errorf("data source %+v, want the default prometheus at http://prometheus:%s", ds.Datasources, promPort)
+	}
+	var dp struct {
+		Providers []struct {
+			Options struct {
+				Path string `json:"path"`
+			} `json:"options"`
+		} `json:"providers"`
+	}
+	if err := yaml.Unmarshal(readFile(t, filepath.Join(prov, "dashboards", "conductor.yml")), &dp); err != nil {
+		t.Fatal(err)
+	}
+	if len(dp.Providers) != 1 || dp.Providers[0].Options.Path != filepath.Dir("/var/lib/grafana/dashboards/conductor.json") {
+		t.Errorf("dashboard providers %+v do not read /var/lib/grafana/dashboards", dp.Providers)
+	}
+}
