@@ -59,3 +59,39 @@ func TestPythonExample(t *testing.T) {
 	}
 	p.stop()
 }
+
+// TestSubcommandsThroughTheBinary: main dispatches the client
+// subcommands, which reach a running conductor and exit with its answer's
+// class.
+func TestSubcommandsThroughTheBinary(t *testing.T) {
+	bin := conductorBinary(t)
+	p := startConductor(t, filepath.Join(t.TempDir(), "state"))
+	run := func(stdin string, args ...string) (int, string, string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Stdin = strings.NewReader(stdin)
+		cmd.Env = append(os.Environ(), "CONDUCTOR_SERVER="+p.base)
+		var out, errb strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, out.String(), errb.String()
+	}
+	if code, _, errs := run("", "global-view", "--help"); code != 0 || !strings.Contains(errs, "Usage: conductor global-view") {
+		t.Errorf("global-view --help: exit %d, %q", code, errs)
+	}
+	if code, out, errs := run("", "services"); code != 0 || !strings.Contains(out, `"count": 0`) {
+		t.Errorf("services: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if code, out, _ := run(`{"model":"m"}`, "query"); code != 1 || !strings.Contains(out, `"reason": "missing"`) {
+		t.Errorf("query without token_ids: exit %d, stdout %q", code, out)
+	}
+	if code, out, errs := run("", "services", "--server", "http://127.0.0.1:1"); code != 2 || out != "" || strings.Count(errs, "\n") != 1 {
+		t.Errorf("unreachable: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	p.stop()
+}
