@@ -233,7 +233,9 @@ func defaultConfigPath() string {
 // Usage is the --help text: a synopsis, then every flag with its default.
 func Usage() string {
 	var b strings.Builder
-	b.WriteString("Usage: conductor [flags]\n       conductor hash --help   (hash a prompt's token ids as an engine does)\n\n" +
+	b.WriteString("Usage: conductor [flags]\n       conductor hash --help   (hash a prompt's token ids as an engine does)\n" +
+		"       conductor register|unregister|query|services|global-view|explain --help\n" +
+		"                               (call a running conductor with JSON, docs/api.md)\n\n" +
 		"Precedence: flags, then environment, then the config file.\n\nFlags:\n")
 	f := newFlags()
 	f.fs.SetOutput(&b)

@@ -141,7 +141,9 @@ var (
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
 	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
-		"Sampled event blocks re-hashed under the service's registered profile: match, or mismatch (queries will not find that engine's blocks).", []string{"service", "result"}, nil)
+		"Sampled event blocks re-hashed under the service's registered profile: match, mismatch (queries will not find that engine's blocks), or skipped (the event did not carry what re-hashing needs; see conductor_hash_check_skipped_total).", []string{"service", "result"}, nil)
+	descHashSkipped = prometheus.NewDesc("conductor_hash_check_skipped_total",
+		"Sampled event blocks the hash check could not re-hash, by what the event lacked (docs/events.md, \"The hash check\").", []string{"service", "reason"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
 )
 
@@ -184,7 +186,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -265,6 +267,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		svc := clip(hc.Service)
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Matches), svc, "match")
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Mismatches), svc, "mismatch")
+		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.SkippedTotal()), svc, "skipped")
+		for _, r := range hashcheck.SkipReasons() {
+			ch <- prometheus.MustNewConstMetric(descHashSkipped, prometheus.CounterValue, float64(hc.Skipped[r]), svc, r.String())
+		}
 	}
 	for _, s := range c.opts.Counters.All() {
 		d, ok := descIngest[s.Metric]

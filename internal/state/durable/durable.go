@@ -516,7 +516,14 @@ func (s *State) Ready() (bool, string) {
 // Close stops periodic snapshots and writes a last one, whose failure it
 // returns (the previous snapshot is kept; the app exits non-zero); the
 // caller then stops the sources. Release gives the directory up afterwards.
-func (s *State) Close() error {
+func (s *State) Close() error { return s.stopLoop(true) }
+
+// Discard stops like Close but writes no snapshot: for a start that failed,
+// which must leave the directory as it found it (the snapshot file there is
+// still the one it restored from, if any).
+func (s *State) Discard() { _ = s.stopLoop(false) }
+
+func (s *State) stopLoop(snapshot bool) error {
 	s.readyMu.Lock()
 	if s.lagTimer != nil {
 		s.lagTimer.Stop()
@@ -528,6 +535,9 @@ func (s *State) Close() error {
 	close(s.stop)
 	<-s.done
 	s.stop = nil
+	if !snapshot {
+		return nil
+	}
 	if err := s.Snapshot(); err != nil {
 		return fmt.Errorf("last index snapshot: %w", err)
 	}
