@@ -79,7 +79,8 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 	h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
 	h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
 	h.extras, okE = d.extrasOf(ev, h.extras[:0], n)
-	if okT && okD && okE {
+	switch {
+	case okT && okD && okE:
 		e.Tokens = h.tokens
 		if len(h.digests) > 0 {
 			e.Digests = h.digests
@@ -88,12 +89,26 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 			e.Extras = h.extras
 		}
 		d.check.CheckEvent(e, n)
+	case !okT && d.isNil(ev.spans[spTokens]):
+		d.check.Skip(hashcheck.SkipNoTokenIDs, n)
+	default:
+		d.check.Skip(hashcheck.SkipUnreadable, n)
 	}
 	// The digests are views into the payload, which is about to be
 	// released; the salts need not outlive the check either.
 	clear(h.digests)
 	clear(h.extras)
 	*e = hashcheck.Event{}
+}
+
+// isNil says whether the value at sp is absent or nil.
+func (d *engineDecoder) isNil(sp span) bool {
+	r, ok := d.reader(sp)
+	if !ok {
+		return true
+	}
+	k, err := r.Peek()
+	return err == nil && k == msgp.Nil
 }
 
 // parentOf reads parent_block_hash: nil starts a chain, an integer is a key
