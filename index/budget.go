@@ -3,6 +3,7 @@ package index
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // The index's memory budget (docs/index-memory.md). Every stripe counts
@@ -89,6 +90,9 @@ type budget struct {
 	epoch           atomic.Uint32
 	sinceEpoch      atomic.Int64
 	evictions       [numEvictionKinds]atomic.Uint64
+	// longestHold is the longest write-lock hold of an eviction chunk, in
+	// nanoseconds: the most a query waited for eviction.
+	longestHold atomic.Int64
 
 	kick chan struct{} // wakes the evictor; capacity 1
 	stop chan struct{}
@@ -291,6 +295,12 @@ func (ix *Index) MemoryBytes() int64 { return ix.bud.used.Load() }
 
 // PeakMemoryBytes is the highest MemoryBytes seen while bounded.
 func (ix *Index) PeakMemoryBytes() int64 { return ix.bud.peak.Load() }
+
+// LongestEvictionHold is the longest a stripe's write lock was held by
+// one eviction chunk, which bounds how long a query waited for eviction.
+func (ix *Index) LongestEvictionHold() time.Duration {
+	return time.Duration(ix.bud.longestHold.Load())
+}
 
 // MemoryLimit is the budget in bytes, 0 when unbounded.
 func (ix *Index) MemoryLimit() int64 { return ix.bud.limit }

@@ -1,6 +1,9 @@
 package index
 
-import "runtime"
+import (
+	"runtime"
+	"time"
+)
 
 // The evictor (docs/index-memory.md#eviction): one goroutine per bounded
 // index, woken when the accounted total reaches the high watermark. A round
@@ -16,6 +19,7 @@ import "runtime"
 const (
 	evictChunk = 256
 	scanChunk  = 4096
+	histChunk  = 16384 // stamps read per read-lock hold (~10 µs)
 )
 
 // maxAge is the histogram's last bucket; older entries share it.
@@ -77,17 +81,25 @@ func (ix *Index) evictRound() int {
 	for _, t := range tables {
 		for i := range t.stripes {
 			s := &t.stripes[i]
-			s.mu.RLock()
-			if !s.dead {
-				for idx, st := range s.acct.stamps[:min(len(s.acct.stamps), len(s.blocks))] {
-					if s.blocks[idx].first.own == 0 || st > now {
-						continue
+			// In holds of histChunk entries: a writer waiting for the
+			// stripe holds up the readers behind it (RWMutex), so no hold
+			// may be long, however large the stripe.
+			for from, done := 0, false; !done; from += histChunk {
+				s.mu.RLock()
+				n := min(len(s.acct.stamps), len(s.blocks))
+				if s.dead || from >= n {
+					done = true
+				} else {
+					for idx, st := range s.acct.stamps[from:min(from+histChunk, n)] {
+						if s.blocks[from+idx].first.own == 0 || st > now {
+							continue
+						}
+						hist[min(now-st, maxAge)]++
+						total++
 					}
-					hist[min(now-st, maxAge)]++
-					total++
 				}
+				s.mu.RUnlock()
 			}
-			s.mu.RUnlock()
 		}
 	}
 	if total == 0 {
@@ -141,6 +153,7 @@ func (t *Table) evictStripe(s *stripe, limit uint32) int {
 	evicted := 0
 	for from := 0; ; {
 		s.mu.Lock()
+		held := time.Now()
 		if s.dead || from >= len(s.blocks) {
 			s.mu.Unlock()
 			return evicted
@@ -167,6 +180,9 @@ func (t *Table) evictStripe(s *stripe, limit uint32) int {
 		}
 		s.flush()
 		s.mu.Unlock()
+		if d := int64(time.Since(held)); d > t.ix.bud.longestHold.Load() {
+			t.ix.bud.longestHold.Store(d) // the evictor is the only writer
+		}
 		evicted += n
 		if n > 0 {
 			t.ix.bud.evictions[s.acct.kind].Add(uint64(n))

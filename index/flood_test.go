@@ -19,8 +19,9 @@ type floodResult struct {
 	peak, limit int64
 	evictions   uint64
 	queries     int
-	p99         time.Duration
-	rssGrowth   int64 // bytes; 0 when unknown
+	p99, worst  time.Duration
+	hold        time.Duration // the longest eviction lock hold
+	rssGrowth   int64         // bytes; 0 when unknown
 }
 
 // flood has two publishers announce perPublisher distinct blocks each,
@@ -57,6 +58,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 	// everything slower), not a slice that would itself grow the heap.
 	var lat [10001]int
 	queries := 0
+	var worst time.Duration
 	var peakRSS int64
 	readerDone := make(chan struct{})
 	go func() {
@@ -72,7 +74,9 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 			}
 			start := time.Now()
 			t.Query(c, "", &res)
-			lat[min(int(time.Since(start)/time.Microsecond), len(lat)-1)]++
+			d := time.Since(start)
+			lat[min(int(d/time.Microsecond), len(lat)-1)]++
+			worst = max(worst, d)
 			queries++
 			if n%1024 == 0 {
 				peakRSS = max(peakRSS, residentBytes())
@@ -105,7 +109,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 	if err := invariantErr(t); err != nil {
 		tb.Fatal(err)
 	}
-	r := floodResult{peak: ix.PeakMemoryBytes(), limit: limit, evictions: ix.Evictions(EvictedContext), queries: queries}
+	r := floodResult{peak: ix.PeakMemoryBytes(), limit: limit, evictions: ix.Evictions(EvictedContext), queries: queries, worst: worst, hold: ix.LongestEvictionHold()}
 	for us, seen := 0, 0; us < len(lat); us++ {
 		if seen += lat[us]; seen*100 >= queries*99 {
 			r.p99 = time.Duration(us+1) * time.Microsecond
@@ -149,8 +153,8 @@ func TestFloodStaysWithinBudget(t *testing.T) {
 	if !raceEnabled && r.rssGrowth > 2*r.limit+8<<20 {
 		t.Fatalf("resident size grew by %d MiB under a %d MiB budget", r.rssGrowth>>20, r.limit>>20)
 	}
-	t.Logf("%d blocks stored, %d evicted, peak %d of %d bytes accounted, %d queries, p99 %v, RSS growth %d MiB",
-		2*per, r.evictions, r.peak, r.limit, r.queries, r.p99, r.rssGrowth>>20)
+	t.Logf("%d blocks stored, %d evicted, peak %d of %d bytes accounted, %d queries, p99 %v, slowest %v, longest eviction hold %v, RSS growth %d MiB",
+		2*per, r.evictions, r.peak, r.limit, r.queries, r.p99, r.worst, r.hold, r.rssGrowth>>20)
 }
 
 // BenchmarkFlood reports the flood's figures: eviction throughput,
@@ -163,6 +167,8 @@ func BenchmarkFlood(b *testing.B) {
 		b.ReportMetric(float64(3_000_000)/el.Seconds(), "stores/s")
 		b.ReportMetric(float64(r.evictions)/el.Seconds(), "evictions/s")
 		b.ReportMetric(float64(r.p99.Microseconds()), "p99-µs")
+		b.ReportMetric(float64(r.worst.Microseconds()), "max-µs")
+		b.ReportMetric(float64(r.hold.Microseconds()), "evict-hold-µs")
 		b.ReportMetric(float64(r.rssGrowth>>20), "rss-growth-MiB")
 		b.ReportMetric(float64(r.peak>>20), "peak-accounted-MiB")
 	}
