@@ -29,9 +29,11 @@ type eventReader interface {
 // MaxBatchEvents bounds the events of one batch: an event can take one
 // byte on the wire (an empty map) and a hundred or more decoded, so a
 // batch of millions of them, inside the message size limit, would cost
-// gigabytes before a single one is applied. The largest real batches (a
-// vLLM step, a master flush) have a few thousand; a longer one is rejected
-// whole as too_many_events (docs/index-memory.md#other-limits).
+// gigabytes before a single one is applied. Real batches are far shorter
+// (a vLLM or SGLang step has an event per request that changed the cache;
+// the Mooncake master sends at most max_batch_size, 50 by default); a
+// longer one is rejected whole as too_many_events
+// (docs/index-memory.md#other-limits).
 const MaxBatchEvents = 65536
 
 // decode walks one payload, handing each event to er. Nothing is applied
