@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"pgregory.net/rapid"
@@ -285,5 +286,35 @@ func TestEvictedRemovalIsNoOp(t *testing.T) {
 	}
 	if err := invariantErr(tb); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBudgetBelowFixedCosts: a budget smaller than the tables' fixed cost
+// leaves nothing evictable beyond the entries; writers must still get
+// through (the evictor says it is stuck) rather than wait forever.
+func TestBudgetBelowFixedCosts(t *testing.T) {
+	ix := New(Options{Stripes: 64, MemoryLimit: 64 << 10})
+	defer ix.Close()
+	var tbs []*Table
+	for i := range 8 { // 8 × 64 stripes × 320 B: 160 KiB of fixed cost
+		tbs = append(tbs, ix.EnsureTable(ContextKey{Model: fmt.Sprint("m", i), BlockSize: 16}, hashing.Profile{}))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i, tb := range tbs {
+			id := tb.AddEngineOwner("a", 0)
+			for k := range uint64(5000) {
+				tb.Store(id, Device, uint64(i)<<32|k)
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("writers still waiting for an evictor with nothing to evict")
+	}
+	if ix.Evictions(EvictedContext) == 0 {
+		t.Error("nothing was evicted")
 	}
 }
