@@ -184,7 +184,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door)),
+		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -401,7 +401,7 @@ func (a *app) close() error {
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
 func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State,
-	stateChanged func(registry.Service, subscriber.State)) registry.SourceFactory {
+	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
 		// A source the snapshot knows gets its entries back before it
@@ -438,6 +438,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Gate:                  state.Gate(),
 			Resume:                resume,
 			OnResume:              state.OnResume,
+			StaleRecovery:         staleMode,
 		}
 		if stateChanged != nil {
 			scfg.OnState = func(st subscriber.State) { stateChanged(svc, st) }
@@ -482,6 +483,13 @@ func returnMemory() {
 	runtime.GC()
 	debug.FreeOSMemory() // the second collection, then the scavenge
 	zmqx.TrimCHeap()     // libzmq's receive buffers live in the C heap
+}
+
+// staleRecovery is --stale-recovery as the subscribers take it (config
+// has checked the value).
+func staleRecovery(cfg *config.Config) subscriber.StaleRecovery {
+	m, _ := subscriber.ParseStaleRecovery(cfg.StaleRecovery)
+	return m
 }
 
 // staticKeys are the config file's registrations: readiness waits for

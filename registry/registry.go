@@ -439,6 +439,17 @@ type ServiceStatus struct {
 	Stale bool
 	// State is the source's state name ("none" when no source runs).
 	State string
+	// Restarts and StaleRecoveries count, since the source started, the
+	// publisher restarts it detected and the stale states it left by
+	// itself (sources that report them; zero otherwise).
+	Restarts, StaleRecoveries uint64
+}
+
+// epochReporter is a source that counts publisher restarts and stale
+// recoveries (the ZMQ subscriber does).
+type epochReporter interface {
+	Restarts() uint64
+	StaleRecoveries() uint64
 }
 
 // Services lists registrations ordered by service key.
@@ -449,6 +460,9 @@ func (r *Registry) Services() []ServiceStatus {
 		st := ServiceStatus{Service: e.svc, State: "none"}
 		if e.source != nil {
 			st.Stale, st.State = e.source.Stale(), e.source.State()
+			if ep, ok := e.source.(epochReporter); ok {
+				st.Restarts, st.StaleRecoveries = ep.Restarts(), ep.StaleRecoveries()
+			}
 		}
 		out = append(out, st)
 	}

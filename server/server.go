@@ -480,8 +480,10 @@ func (s *Server) explain(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendExplain(out, x.ContextKnown, x.Blocks, x.Owners), nil
 }
 
-func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
-	return codec.AppendServices(out, s.opts.Registry.Services()), nil
+func (s *Server) services(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
+	// The JSON form, for people, also says how each source is doing.
+	withSource := wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept))
+	return codec.AppendServices(out, s.opts.Registry.Services(), withSource), nil
 }
 
 func (s *Server) globalView(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {

@@ -124,6 +124,10 @@ var (
 	descState    = prometheus.NewDesc("conductor_subscriber_state",
 		"1 for the current state of each service's subscriber, 0 for the others.", []string{"service", "type", "state"}, nil)
 	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descRestarts = prometheus.NewDesc("conductor_publisher_restarts_total",
+		"Publisher restarts detected per service (each a new epoch: the old process's entries dropped, the new stream indexed), since its source started.", []string{"service", "type"}, nil)
+	descRecoveries = prometheus.NewDesc("conductor_stale_recoveries_total",
+		"Stale states a service's source left by itself (--stale-recovery auto), since it started.", []string{"service", "type"}, nil)
 	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
 	descTokenMemo = prometheus.NewDesc("conductor_token_memo_tokens_total",
@@ -182,7 +186,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -242,6 +246,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if !known && s.State != "" {
 				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
 			}
+			ch <- prometheus.MustNewConstMetric(descRestarts, prometheus.CounterValue, float64(s.Restarts), clip(string(s.Key())), s.Type.String())
+			ch <- prometheus.MustNewConstMetric(descRecoveries, prometheus.CounterValue, float64(s.StaleRecoveries), clip(string(s.Key())), s.Type.String())
 		}
 		for typ, n := range byType {
 			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())

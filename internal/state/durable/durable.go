@@ -227,7 +227,7 @@ func (s *State) Resume(svc registry.Service, b registry.Binding) *subscriber.Res
 	if !ok {
 		return nil
 	}
-	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: src.Bindings}
+	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: src.Bindings, Digest: src.Digest, HasDigest: src.HasDigest}
 	if svc.IsEngine() && !src.Stale && b.Table != nil {
 		n := s.plan.restoreOwner(svc, b.Table, b.Owner)
 		s.stats.restoredPairs.Add(int64(n))
@@ -389,6 +389,7 @@ func (s *State) cut() *snapshot.Snapshot {
 			snap.Sources = append(snap.Sources, snapshot.Source{
 				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
 				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: pos[i].Bindings,
+				Digest: pos[i].Digest, HasDigest: pos[i].HasDigest,
 			})
 		}
 	})
