@@ -76,10 +76,22 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 		words *= 2 // at most: a page of pairs, flattened
 	}
 	var okT, okD, okE bool
-	h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
-	h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
+	// What the event lacks is known before its token ids are decoded: a
+	// service that never sends them, or never sends vLLM's extra_keys, is
+	// sampled on every event (nothing of it gets checked), so it must not
+	// pay for decoding them.
 	h.extras, okE = d.extrasOf(ev, h.extras[:0], n)
+	noTokens := d.isNil(ev.spans[spTokens])
+	noExtras := okE && len(h.extras) == 0 && d.rules.typ != source.SGLang
+	if !noTokens && !noExtras {
+		h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
+		h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
+	}
 	switch {
+	case noTokens:
+		d.check.Skip(hashcheck.SkipNoTokenIDs, n)
+	case noExtras:
+		d.check.Skip(hashcheck.SkipNoExtraKeys, n)
 	case okT && okD && okE:
 		e.Tokens = h.tokens
 		if len(h.digests) > 0 {
@@ -89,8 +101,6 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 			e.Extras = h.extras
 		}
 		d.check.CheckEvent(e, n)
-	case !okT && d.isNil(ev.spans[spTokens]):
-		d.check.Skip(hashcheck.SkipNoTokenIDs, n)
 	default:
 		d.check.Skip(hashcheck.SkipUnreadable, n)
 	}
