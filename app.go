@@ -500,3 +500,5 @@ func (s source) State() string { return s.Subscriber.State().String() }
 
 // Connected reports whether the subscription has reached its publisher.
 func (s source) Connected() bool { return s.Subscriber.Connected() }
+
+var _ registry.ConnectionReporter = source{}

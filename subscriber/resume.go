@@ -4,7 +4,6 @@ import (
 	"slices"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
 // Resume is where a source restored from a snapshot picks its stream up.
@@ -15,7 +14,7 @@ type Resume struct {
 	Stale bool
 	// Bindings are a Mooncake source's restored object bindings; each
 	// takes its shared reference again at Start.
-	Bindings []snapshot.Binding
+	Bindings []events.Binding
 }
 
 // Resume outcomes, reported once per restored source through
@@ -36,7 +35,7 @@ type Position struct {
 	Seq      uint64
 	HasSeq   bool
 	Stale    bool
-	Bindings []snapshot.Binding
+	Bindings []events.Binding
 }
 
 // Position reports the last applied sequence, the state and (Mooncake) the
