@@ -19,7 +19,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bearer"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -45,15 +44,13 @@ type Options struct {
 	Observer Observer
 	// Metrics, when set, serves GET /metrics.
 	Metrics fasthttp.RequestHandler
-	// Memo, when set, lets warm queries skip SHA-256 for blocks seen
-	// before; answers are identical either way.
-	Memo *hashing.Memo
+	// Engine answers /query and /debug/explain (the one engine both doors
+	// share, with its caches); nil builds one over Index without caches.
+	Engine *query.Engine
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
-	// prefix seen before instead of decoding them.
+	// prefix seen before instead of decoding them. It is this door's
+	// cache; the service attaches it to the Engine, which forgets it.
 	TokenMemo *codec.TokenMemo
-	// Answers, when set, lets a prompt asked again while its context is
-	// unchanged skip hashing and the walk.
-	Answers *query.Answers
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
@@ -115,10 +112,10 @@ func New(opts Options) *Server {
 	case opts.MaxConnsPerIP < 0:
 		opts.MaxConnsPerIP = 0
 	}
-	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: query.New(query.Options{
-		Index: opts.Index, Limits: opts.Limits, Memo: opts.Memo, TokenMemo: opts.TokenMemo,
-		Answers: opts.Answers,
-	})}
+	if opts.Engine == nil {
+		opts.Engine = query.New(query.Options{Index: opts.Index, MaxTokens: opts.Limits.MaxTokens})
+	}
+	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: opts.Engine}
 	s.fs = &fasthttp.Server{
 		Handler:                      s.Handle,
 		ErrorHandler:                 s.transportError,
@@ -152,8 +149,8 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.fs.ShutdownWithC
 
 // A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers
-// return are a closed set: validation errors (*codec.Error, also inside a
-// *query.Error), the registry's typed errors, and *httpError for what the
+// return are a closed set: validation errors (*codec.Error from decoding,
+// *query.Error from the engine's own rules), the registry's typed errors, and *httpError for what the
 // server itself refuses. Anything else is a 500.
 type handler func(s *Server, ctx *fasthttp.RequestCtx, out []byte) ([]byte, error)
 
@@ -177,6 +174,13 @@ var kindStatus = [...]int{
 	errInternal:     fasthttp.StatusInternalServerError,
 }
 
+// queryReasons are the contract's names of the query engine's refusals.
+var queryReasons = [...]codec.Reason{
+	query.Missing:      codec.Missing,
+	query.InvalidValue: codec.InvalidValue,
+	query.OutOfRange:   codec.OutOfRange,
+}
+
 // httpError is rendered as the {error} envelope with its kind's status.
 type httpError struct {
 	kind errorKind
@@ -192,6 +196,7 @@ func (e *httpError) Error() string { return e.msg }
 func errorBody(out []byte, err error) (status int, body []byte) {
 	var (
 		ve *codec.Error
+		qe *query.Error
 		re *registry.RuleError
 		ce *registry.ConflictError
 		se *registry.SourceError
@@ -200,6 +205,8 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 	switch {
 	case errors.As(err, &ve):
 		return fasthttp.StatusBadRequest, codec.AppendError(out, ve)
+	case errors.As(err, &qe):
+		return fasthttp.StatusBadRequest, codec.AppendError(out, &codec.Error{Reason: queryReasons[qe.Reason], Field: qe.Field, Index: codec.NoIndex, Msg: qe.Msg})
 	case errors.As(err, &re):
 		reason := codec.InvalidValue
 		if re.Missing {
@@ -465,16 +472,51 @@ var resultPool = sync.Pool{New: func() any { return new(query.Result) }}
 func (s *Server) lookup(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	res := resultPool.Get().(*query.Result)
 	defer resultPool.Put(res)
-	if err := s.query.LookupBody(ctx.PostBody(), res); err != nil {
+	if err := s.lookupBody(ctx.PostBody(), res); err != nil {
 		return nil, err
 	}
 	return codec.AppendQuery(out, res), nil
 }
 
+// bodyPool holds the decoded form of a body, so a /query allocates
+// nothing once its buffers have grown.
+var bodyPool = sync.Pool{New: func() any { return new(codec.QueryRequest) }}
+
+// lookupBody decodes a /query body (through the token memo) and answers it
+// into res. A body whose token array was decoded and whose context exists
+// teaches the token memo that array, before the lookup, so the prefix memo
+// may keep the remembered array; a query for a context nobody registered
+// leaves both memos as they were.
+func (s *Server) lookupBody(body []byte, res *query.Result) error {
+	q := bodyPool.Get().(*codec.QueryRequest)
+	defer bodyPool.Put(q)
+	if d := s.opts.TokenMemo.DecodeQuery(body, s.opts.Limits, q); d != nil {
+		return d
+	}
+	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt}
+	if s.query.Knows(req.Context) {
+		s.opts.TokenMemo.Remember(q)
+	}
+	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
+	_, err := s.query.Lookup(&req, res)
+	return err
+}
+
+// queryContext is the context a decoded /query names.
+func queryContext(q *codec.QueryRequest) index.ContextKey {
+	return index.ContextKey{Tenant: q.TenantID, Model: q.Model, Lora: q.LoraName, BlockSize: q.BlockSize}
+}
+
 // explain answers POST /debug/explain: for the /query body given, the
-// block keys computed and, per owner, where its run stopped and why.
+// block keys computed and, per owner, where its run stopped and why. The
+// body is decoded in full, without the token memo, which it does not
+// teach.
 func (s *Server) explain(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
-	x, err := s.query.ExplainBody(ctx.PostBody())
+	var q codec.QueryRequest
+	if d := codec.DecodeQuery(ctx.PostBody(), s.opts.Limits, &q); d != nil {
+		return nil, d
+	}
+	x, err := s.query.Explain(&query.Request{Context: queryContext(&q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens})
 	if err != nil {
 		return nil, err
 	}
