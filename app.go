@@ -88,6 +88,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	ix := index.New(index.Options{RemovalPause: removalPause})
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
+	links := hashing.NewLinks(cfg.LinkMemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
 	answers := query.NewAnswers(cfg.AnswerCacheBytes)
 	memReturn := bgjob.New(returnMemory, nil)
@@ -101,13 +102,14 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door)),
+		Start:  sourceFactory(log, counters, checks, links, staticKeys(cfg), state, sourceStateTeller(&door)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
 				// Nothing left to query: remembered chains and token
 				// arrays would only keep the memos' budgets resident.
 				memo.Reset()
+				links.Reset()
 				tokenMemo.Reset()
 				answers.Reset()
 				if d := door.Load(); d != nil && len(ix.Scopes()) == 0 {
@@ -202,7 +204,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
-		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo, Answers: answers,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, Links: links, TokenMemo: tokenMemo, Answers: answers,
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
 		Snapshot:    state.WriteSnapshot,
@@ -210,7 +212,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp, shared: sh}
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
-		if err := a.openDoor(cfg, prod, m, memo, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+		if err := a.openDoor(cfg, prod, m, memo, links, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
 			return fail(err)
 		}
 		door.Store(a.door)
@@ -221,9 +223,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 }
 
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
-func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, answers *query.Answers, ready func() bool) error {
+func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, links *hashing.Links, answers *query.Answers, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Memo: memo, Answers: answers, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
+		Index: a.ix, Producer: prod, Memo: memo, Links: links, Answers: answers, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
@@ -305,7 +307,7 @@ func (a *app) close() {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State,
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, watch map[registry.ServiceKey]bool, state *durable.State,
 	stateChanged func(registry.Service, subscriber.State)) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
@@ -337,6 +339,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			WatchConnection: watch[svc.Key()],
 			Counters:        counters,
 			HashCheck:       chk,
+			Links:           links,
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,

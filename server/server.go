@@ -48,6 +48,9 @@ type Options struct {
 	// Memo, when set, lets warm queries skip SHA-256 for blocks seen
 	// before; answers are identical either way.
 	Memo *hashing.Memo
+	// Links, when set, are the verified links /query follows instead of
+	// hashing (query.Options.Links).
+	Links *hashing.Links
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
 	// prefix seen before instead of decoding them.
 	TokenMemo *codec.TokenMemo
@@ -116,7 +119,7 @@ func New(opts Options) *Server {
 	}
 	s := &Server{opts: opts, query: query.New(query.Options{
 		Index: opts.Index, Limits: opts.Limits, Memo: opts.Memo, TokenMemo: opts.TokenMemo,
-		Answers: opts.Answers,
+		Answers: opts.Answers, Links: opts.Links,
 	})}
 	s.fs = &fasthttp.Server{
 		Handler:                      s.Handle,

@@ -26,6 +26,9 @@ type Options struct {
 	// Memo, when set, lets warm lookups skip SHA-256 for blocks seen
 	// before; answers are identical either way.
 	Memo *hashing.Memo
+	// Links, when set, lets lookups follow the links ingest verified
+	// instead of computing SHA-256; answers are identical either way.
+	Links *hashing.Links
 	// TokenMemo, when set, lets warm bodies copy the token ids of a
 	// prefix seen before instead of decoding them.
 	TokenMemo *codec.TokenMemo
@@ -162,6 +165,7 @@ func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt,
 		ch.KeepTokens()
 	}
 	ch.UseMemo(e.opts.Memo)
+	ch.UseLinks(e.opts.Links)
 	if ans == nil {
 		tbl.Query(ch, instance, res)
 	} else if ver, exact := tbl.QueryVersioned(ch, instance, res); exact {

@@ -68,6 +68,9 @@ type Options struct {
 	// Memo, when set, lets token_ids lookups on Conductor contexts reuse
 	// remembered digest chains, as /query does.
 	Memo *hashing.Memo
+	// Links, when set, are the verified links token_ids lookups on
+	// Conductor contexts follow instead of hashing.
+	Links *hashing.Links
 	// Answers, when set, lets a token_ids lookup on a Conductor context
 	// asked again while the context is unchanged skip hashing and the
 	// walk, as /query does (the service shares one cache between them).
@@ -181,7 +184,7 @@ func New(opts Options) (*Server, error) {
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
 	s.codec = newLookupCodec(newTokenMemo(opts.TokenMemoBytes))
-	s.query = query.New(query.Options{Index: opts.Index, Memo: opts.Memo, Answers: opts.Answers})
+	s.query = query.New(query.Options{Index: opts.Index, Memo: opts.Memo, Links: opts.Links, Answers: opts.Answers})
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),

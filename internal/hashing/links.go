@@ -1,0 +1,326 @@
+package hashing
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Links remembers the digests of blocks ingest verified, so that a query
+// can take them instead of computing SHA-256
+// (docs/architecture.md#verified-links).
+//
+// A vLLM block's digest is a function of its parent's digest, its token
+// ids and the extras a query carries (the encoding, the LoRA name, and
+// the salt, which enters a chain's first block only); so block i's digest
+// is a function of (encoding, LoRA, salt, the first i+1 blocks' tokens).
+// Links files it under a 128-bit prefix id of exactly those, chained
+// block by block (LinkScope.Next), which a query computes from its tokens
+// alone.
+//
+// Ingest fills it: for each block of a vLLM BlockStored event it hashes
+// the block from its parent's digest, its tokens and the extras the event
+// states, and keeps the digest only when its key is the one the engine
+// published. An entry is therefore a remembered SHA-256 result, never
+// something an engine asserted, and a query taking one gets exactly the
+// digest hashing would give; verification only decides which results are
+// worth keeping (a multimodal block's published key includes image hashes
+// a query cannot know, so its recomputed digest does not match and is not
+// kept). Engines name a parent by its key, so Links also maps a verified
+// block's key to its prefix id.
+//
+// The blocks an event verifies are kept as a run, their ids and digests
+// side by side in arrays, and indexed by id. A query looks its first block
+// up and then walks the run, comparing each next block's id with the
+// run's: one random memory access per run instead of one per block, which
+// on a table larger than the caches is what a per-block lookup would cost
+// (more than the SHA-256 it saves).
+//
+// The ids are xxh3-128 under a seed drawn at start-up, as the answer cache
+// identifies prompts: two different prefixes share an id with probability
+// 2^-128, far below the 2^-64 of two blocks sharing the index keys
+// everything already rests on, and nobody outside the process can aim for
+// a collision without the seed.
+//
+// Memory is bounded by a byte budget: the links live in two generations,
+// and when the current one has used half the budget the older one is
+// dropped whole (a block stored again is refreshed into the current one,
+// so what engines keep storing stays). Safe for concurrent use.
+type Links struct {
+	seed     uint64
+	maxBytes int
+
+	mu        sync.RWMutex
+	cur, prev *linkGen
+	bytes     atomic.Int64 // cur's and prev's
+
+	hits, misses, recorded atomic.Uint64
+}
+
+// LinkID identifies a chain prefix within a scope (see Links).
+type LinkID = xxh3.Uint128
+
+// What a verified block costs: its id and digest in a run, its entries in
+// the id index and the key index (Go maps at their average load), counted
+// by linkGen.bytes; BenchmarkLinksMemory measures the heap it really takes.
+const (
+	runEntryBytes   = int(unsafe.Sizeof(LinkID{})) + 32
+	indexEntryBytes = 56
+	backEntryBytes  = 56
+	// LinkBytes is what one verified block accounts for.
+	LinkBytes = runEntryBytes + indexEntryBytes + backEntryBytes
+)
+
+// runChunk holds runs: ids[i] and digs[i] are one block's. A run never
+// crosses chunks, so a walk along one stays inside its arrays.
+type runChunk struct {
+	ids  [chunkBlocks]LinkID
+	digs [chunkBlocks][32]byte
+	n    int
+}
+
+const chunkBlocks = 2048
+
+// runPos is where a block lies: chunk index << 16 | offset.
+type runPos uint32
+
+// linkGen is one generation: runs, the id index and the key index.
+type linkGen struct {
+	chunks []*runChunk
+	index  map[LinkID]runPos
+	back   map[uint64]LinkID
+	bytes  int
+}
+
+func newGen() *linkGen {
+	return &linkGen{index: map[LinkID]runPos{}, back: map[uint64]LinkID{}}
+}
+
+func (g *linkGen) at(p runPos) (*runChunk, int) {
+	return g.chunks[p>>16], int(p & 0xffff)
+}
+
+// NewLinks returns a table that holds at most about maxBytes of links; a
+// budget too small for a generation of one chunk returns nil, which
+// disables links.
+func NewLinks(maxBytes int) *Links {
+	if maxBytes/2 < chunkBlocks*LinkBytes {
+		return nil
+	}
+	// A generation addresses at most 2^16 chunks (runPos).
+	maxBytes = min(maxBytes, 2*(1<<16-1)*chunkBlocks*LinkBytes)
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return &Links{seed: binary.LittleEndian.Uint64(b[:]), maxBytes: maxBytes}
+}
+
+// Reset forgets every link. The service calls it when the last context is
+// unregistered, with the memos, so that memory returns to its idle size.
+func (l *Links) Reset() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	l.cur, l.prev = nil, nil
+	l.bytes.Store(0)
+	l.mu.Unlock()
+}
+
+// Bytes is the memory the links account for: at most about the budget
+// given to NewLinks.
+func (l *Links) Bytes() int {
+	if l == nil {
+		return 0
+	}
+	return int(l.bytes.Load())
+}
+
+// Len is the number of verified blocks held.
+func (l *Links) Len() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := 0
+	for _, g := range []*linkGen{l.cur, l.prev} {
+		if g != nil {
+			n += len(g.index)
+		}
+	}
+	return n
+}
+
+// Stats returns how many query blocks took a verified digest (hits), how
+// many queries looked for one and found none, hashing on from there
+// (misses), and how many blocks ingest verified and recorded.
+func (l *Links) Stats() (hits, misses, recorded uint64) {
+	if l == nil {
+		return 0, 0, 0
+	}
+	return l.hits.Load(), l.misses.Load(), l.recorded.Load()
+}
+
+// LinkScope is Links for one encoding (a vLLM profile). The zero LinkScope
+// (from a nil Links, or a profile links do not serve) holds nothing.
+type LinkScope struct {
+	l    *Links
+	kind kind
+}
+
+// Scope returns the scope of profile p. Only vLLM profiles have links:
+// SGLang engines publish no extras to verify a page against, and the last
+// page of an SGLang prompt may be partial.
+func (l *Links) Scope(p *Profile) LinkScope {
+	if l == nil || p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) {
+		return LinkScope{}
+	}
+	return LinkScope{l: l, kind: p.kind}
+}
+
+// Enabled says whether the scope can hold links.
+func (s LinkScope) Enabled() bool { return s.l != nil }
+
+// Root is the prefix id of an empty chain under this scope's encoding,
+// LoRA name lora and salt salt ("" for none): what every block id of a
+// chain is built on.
+func (s LinkScope) Root(lora, salt string) LinkID {
+	var hdr [17]byte
+	hdr[0] = byte(s.kind)
+	binary.LittleEndian.PutUint64(hdr[1:], uint64(len(lora)))
+	binary.LittleEndian.PutUint64(hdr[9:], uint64(len(salt)))
+	h := xxh3.NewSeed(s.l.seed)
+	_, _ = h.Write(hdr[:])
+	_, _ = h.WriteString(lora)
+	_, _ = h.WriteString(salt)
+	return h.Sum128()
+}
+
+// Next is the prefix id of the chain prefix extended by one block of
+// tokens. buf is scratch, returned grown.
+func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []byte) {
+	buf = binary.LittleEndian.AppendUint64(buf[:0], prefix.Lo)
+	buf = binary.LittleEndian.AppendUint64(buf, prefix.Hi)
+	buf = append(buf, int32Bytes(tokens)...)
+	return xxh3.Hash128Seed(buf, s.l.seed), buf
+}
+
+// Resolve appends to out the verified digests of the blocks ids name, in
+// order, up to the first one not held, and reports whether every one
+// appended is in the current generation (ingest refreshes them otherwise).
+func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
+	l := s.l
+	fresh := true
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var ch *runChunk
+	off := 0
+	for _, id := range ids {
+		if ch != nil && off < ch.n && ch.ids[off] == id {
+			out = append(out, ch.digs[off]) // the run goes on
+			off++
+			continue
+		}
+		// The start of a run: look the block up.
+		ch = nil
+		if g := l.cur; g != nil {
+			if p, ok := g.index[id]; ok {
+				ch, off = g.at(p)
+			}
+		}
+		if ch == nil && l.prev != nil {
+			if p, ok := l.prev.index[id]; ok {
+				ch, off = l.prev.at(p)
+				fresh = false
+			}
+		}
+		if ch == nil {
+			break
+		}
+		out = append(out, ch.digs[off])
+		off++
+	}
+	return out, fresh
+}
+
+// ByKey returns the prefix id and digest of a verified block from the key
+// an engine names it by (as a parent), if it is still held.
+func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {
+	l := s.l
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, g := range []*linkGen{l.cur, l.prev} {
+		if g == nil {
+			continue
+		}
+		id, ok := g.back[key]
+		if !ok {
+			continue
+		}
+		for _, h := range []*linkGen{l.cur, l.prev} {
+			if h == nil {
+				continue
+			}
+			if p, ok := h.index[id]; ok {
+				ch, off := h.at(p)
+				return id, ch.digs[off], true
+			}
+		}
+	}
+	return LinkID{}, [32]byte{}, false
+}
+
+// Record files consecutive verified blocks of one chain: their prefix ids,
+// their keys as published and their digests. Blocks already in the
+// current generation are skipped; the others become runs there.
+func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte) {
+	l := s.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.cur
+	if g == nil {
+		g = newGen()
+		l.cur = g
+	}
+	var ch *runChunk
+	added := 0
+	defer func() {
+		l.bytes.Add(int64(added * LinkBytes))
+		l.recorded.Add(uint64(added))
+	}()
+	for i, id := range ids {
+		if _, ok := g.index[id]; ok {
+			ch = nil // a run ends where a held block lies
+			continue
+		}
+		if g.bytes+LinkBytes > l.maxBytes/2 {
+			// The current generation is full: it becomes the old
+			// one, and the one before it goes.
+			if l.prev != nil {
+				l.bytes.Add(-int64(l.prev.bytes))
+			}
+			l.bytes.Add(int64(added * LinkBytes))
+			l.recorded.Add(uint64(added))
+			added = 0
+			l.prev, g = g, newGen()
+			l.cur, ch = g, nil
+		}
+		if ch == nil || ch.n == chunkBlocks {
+			if len(g.chunks) == 0 || g.chunks[len(g.chunks)-1].n == chunkBlocks {
+				g.chunks = append(g.chunks, new(runChunk))
+			}
+			ch = g.chunks[len(g.chunks)-1]
+		}
+		off := ch.n
+		ch.ids[off], ch.digs[off] = id, digs[i]
+		ch.n++
+		g.index[id] = runPos(len(g.chunks)-1)<<16 | runPos(off)
+		g.back[keys[i]] = id
+		g.bytes += LinkBytes
+		added++
+	}
+}
