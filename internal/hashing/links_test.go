@@ -1,9 +1,11 @@
 package hashing
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 )
 
@@ -240,4 +242,62 @@ func BenchmarkLinksMemory(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
 	b.ReportMetric(heap, "heapB/block")
 	b.ReportMetric(acct, "accountedB/block")
+}
+
+// TestLinksConcurrent: queries resolving while ingest records and the
+// generations turn over (a small budget) only ever get the digest filed
+// under an id, never another's; run it with -race.
+func TestLinksConcurrent(t *testing.T) {
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	l := NewLinks(4 * chunkBlocks * LinkBytes)
+	sc := l.Scope(p)
+	digestOf := func(id LinkID) (d [32]byte) {
+		binary.LittleEndian.PutUint64(d[:], id.Lo)
+		binary.LittleEndian.PutUint64(d[8:], id.Hi^0x55)
+		return d
+	}
+	const runs, runLen = 4000, 16
+	idsOf := func(r int) []LinkID {
+		ids := make([]LinkID, runLen)
+		for i := range ids {
+			ids[i] = LinkID{Lo: uint64(r), Hi: uint64(i + 1)}
+		}
+		return ids
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := w; r < runs; r += 2 {
+				ids := idsOf(r)
+				digs := make([][32]byte, len(ids))
+				keys := make([]uint64, len(ids))
+				for i, id := range ids {
+					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
+				}
+				sc.Record(ids, keys, digs)
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(done) }()
+	var out [][32]byte
+	for r := 0; ; r = (r + 7) % runs {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		ids := idsOf(r)
+		out, _ = sc.Resolve(ids, out[:0])
+		for i, d := range out {
+			if d != digestOf(ids[i]) {
+				t.Fatalf("run %d block %d: a digest filed under another id", r, i)
+			}
+		}
+		if id, d, ok := sc.ByKey(uint64(r*runLen + 1)); ok && (id != ids[0] || d != digestOf(ids[0])) {
+			t.Fatalf("run %d: key names another block", r)
+		}
+	}
 }
