@@ -158,7 +158,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 		ls.digs = append(ls.digs, dg)
 	}
 	if m > 0 && (m > held || !fresh) {
-		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m])
+		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], held)
 	}
 }
 

@@ -46,7 +46,7 @@ func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64
 	}
 	for i := 0; i < n; i += 3 {
 		j := min(i+3, n)
-		sc.Record(ids[i:j], keys[i:j], digs[i:j])
+		sc.Record(ids[i:j], keys[i:j], digs[i:j], j-i)
 	}
 }
 
@@ -135,7 +135,7 @@ func TestLinksNotForSGLang(t *testing.T) {
 // them.
 func TestLinksBudget(t *testing.T) {
 	p := testProfile(t, AlgorithmSHA256CBOR)
-	budget := 4 * chunkBlocks * LinkBytes
+	budget := 8 << 20
 	l := NewLinks(budget)
 	sc := l.Scope(p)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -143,15 +143,15 @@ func TestLinksBudget(t *testing.T) {
 	ids := make([]LinkID, 5)
 	keys := make([]uint64, 5)
 	digs := make([][32]byte, 5)
-	for i := range 10_000 {
+	for i := range 100_000 {
 		for j := range ids {
 			ids[j] = LinkID{Lo: rng.Uint64(), Hi: rng.Uint64()}
 			keys[j] = rng.Uint64()
 			digs[j][0], digs[j][1], digs[j][2] = byte(i), byte(i>>8), byte(j)
 		}
-		sc.Record(ids, keys, digs)
-		if i%100 == 0 {
-			sc.Record(hot, []uint64{77}, [][32]byte{{7}}) // stored again and again
+		sc.Record(ids, keys, digs, len(ids))
+		if i%1000 == 0 {
+			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, 1) // stored again and again
 		}
 		if l.Bytes() > budget {
 			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
@@ -167,7 +167,7 @@ func TestLinksBudget(t *testing.T) {
 	if got, _ := sc.Resolve(hot, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
 		t.Error("a link stored again and again aged out")
 	}
-	if k := l.Len(); k < budget/LinkBytes/2 || k > budget/LinkBytes {
+	if k := l.Len(); k < budget/LinkBytes/4 || k > budget/48 {
 		t.Errorf("%d links held in a budget of %d bytes", k, budget)
 	}
 	l.Reset()
@@ -181,7 +181,7 @@ func TestLinksBudget(t *testing.T) {
 		t.Error("a key survived Reset")
 	}
 	if NewLinks(chunkBlocks*LinkBytes) != nil {
-		t.Error("a budget below two chunks enables links")
+		t.Error("a budget below a few chunks enables links")
 	}
 }
 
@@ -215,7 +215,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		ids[i%run], keys[i%run] = id, uint64(i)+1
 		digs[i%run][24], digs[i%run][25], digs[i%run][26] = byte(i), byte(i>>8), byte(i>>16)
 		if i%run == run-1 {
-			sc.Record(ids, keys, digs)
+			sc.Record(ids, keys, digs, 0)
 		}
 	}
 	runtime.GC()
@@ -249,7 +249,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 // under an id, never another's; run it with -race.
 func TestLinksConcurrent(t *testing.T) {
 	p := testProfile(t, AlgorithmSHA256CBOR)
-	l := NewLinks(4 * chunkBlocks * LinkBytes)
+	l := NewLinks(2 << 20)
 	sc := l.Scope(p)
 	digestOf := func(id LinkID) (d [32]byte) {
 		binary.LittleEndian.PutUint64(d[:], id.Lo)
@@ -277,7 +277,7 @@ func TestLinksConcurrent(t *testing.T) {
 				for i, id := range ids {
 					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
 				}
-				sc.Record(ids, keys, digs)
+				sc.Record(ids, keys, digs, len(ids))
 			}
 		}()
 	}

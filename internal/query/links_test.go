@@ -53,12 +53,19 @@ type failer interface {
 }
 
 func newLinkRig(t failer, algo, lora string, owners int) *linkRig {
+	return newRig(t, algo, lora, owners, 4, true)
+}
+
+func newRig(t failer, algo, lora string, owners, bs int, links bool) *linkRig {
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: hashing.StrategyVLLMV1, Algorithm: algo, IndexProjection: hashing.ProjectionLow64BE, PythonHashSeed: &seed})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &linkRig{t: t, p: p, ctx: index.ContextKey{Tenant: "default", Model: "m", Lora: lora, BlockSize: 4}, links: hashing.NewLinks(64 << 20)}
+	r := &linkRig{t: t, p: p, ctx: index.ContextKey{Tenant: "default", Model: "m", Lora: lora, BlockSize: bs}}
+	if links {
+		r.links = hashing.NewLinks(256 << 20)
+	}
 	ix := index.New(index.Options{})
 	tbl := ix.EnsureTable(r.ctx, p)
 	for i := range owners {
@@ -89,7 +96,20 @@ type store struct {
 	omitTokens bool
 }
 
-func (r *linkRig) apply(s store) {
+func (r *linkRig) apply(s store) { r.applyPayload(s.owner, r.encode(s)) }
+
+// applyPayload decodes and applies one batch as the subscriber does.
+func (r *linkRig) applyPayload(owner int, payload []byte) {
+	dec := r.decs[owner]
+	if why := dec.Decode(payload); why != events.ReasonNone {
+		r.t.Fatalf("envelope rejected: %v", why)
+	}
+	dec.Apply(&r.rep)
+	dec.Forget()
+}
+
+// encode packs s as a vLLM batch of one event, as Python's msgpack does.
+func (r *linkRig) encode(s store) []byte {
 	lora := any(nil)
 	loraID := any(nil)
 	if r.ctx.Lora != "" {
@@ -123,12 +143,7 @@ func (r *linkRig) apply(s store) {
 	if err := r.enc.Encode([]any{1.5, []any{ev}, 0}); err != nil {
 		r.t.Fatal(err)
 	}
-	dec := r.decs[s.owner]
-	if why := dec.Decode(r.buf.Bytes()); why != events.ReasonNone {
-		r.t.Fatalf("envelope rejected: %v", why)
-	}
-	dec.Apply(&r.rep)
-	dec.Forget()
+	return bytes.Clone(r.buf.Bytes())
 }
 
 // chain is the engine's view of a prompt: every full block's key and
