@@ -3,8 +3,8 @@ package hashing
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"sync"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 

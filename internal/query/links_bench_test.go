@@ -68,7 +68,7 @@ func BenchmarkColdLookup(b *testing.B) {
 			p := c.r.p
 			b.ResetTimer()
 			c0 := processCPU()
-			defer func() { b.ReportMetric(float64((processCPU() - c0).Nanoseconds())/float64(b.N), "cpu-ns/op") }()
+			defer func() { b.ReportMetric(float64((processCPU()-c0).Nanoseconds())/float64(b.N), "cpu-ns/op") }()
 			for i := range b.N {
 				toks := c.prompts[i%len(c.prompts)]
 				if mode == "chain" {
