@@ -215,7 +215,7 @@ func (c *Chain) resolve() int {
 		return 0
 	}
 	if c.linkSc.l == nil {
-		c.linkSc = c.links.Scope(&Profile{kind: c.kind})
+		c.linkSc = c.links.Scope(&Profile{kind: c.kind, RootDigest: c.root})
 		c.linkID, c.linkPos = c.linkSc.Root(c.lora, c.salt), 0
 	}
 	for c.linkPos < c.block { // blocks the memo served

@@ -244,11 +244,13 @@ func (l *Links) Stats() (hits, misses, recorded uint64) {
 	return l.hits.Load(), l.misses.Load(), l.recorded.Load()
 }
 
-// LinkScope is Links for one encoding (a vLLM profile). The zero LinkScope
+// LinkScope is Links for one vLLM profile: its encoding and its root
+// digest. The zero LinkScope
 // (from a nil Links, or a profile links do not serve) holds nothing.
 type LinkScope struct {
 	l    *Links
 	kind kind
+	root [32]byte // the profile's root digest: PYTHONHASHSEED enters it
 }
 
 // Scope returns the scope of profile p. Only vLLM profiles have links:
@@ -258,20 +260,21 @@ func (l *Links) Scope(p *Profile) LinkScope {
 	if l == nil || p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) {
 		return LinkScope{}
 	}
-	return LinkScope{l: l, kind: p.kind}
+	return LinkScope{l: l, kind: p.kind, root: p.RootDigest}
 }
 
 // Enabled says whether the scope can hold links.
 func (s LinkScope) Enabled() bool { return s.l != nil }
 
-// Root is the prefix id of an empty chain under this scope's encoding,
-// LoRA name lora and salt salt ("" for none): what every block id of a
-// chain is built on.
+// Root is the prefix id of an empty chain under this scope's encoding and
+// root digest, LoRA name lora and salt salt ("" for none): what every
+// block id of a chain is built on.
 func (s LinkScope) Root(lora, salt string) LinkID {
-	var hdr [17]byte
+	var hdr [17 + 32]byte
 	hdr[0] = byte(s.kind)
 	binary.LittleEndian.PutUint64(hdr[1:], uint64(len(lora)))
 	binary.LittleEndian.PutUint64(hdr[9:], uint64(len(salt)))
+	copy(hdr[17:], s.root[:])
 	h := xxh3.NewSeed(s.l.seed)
 	_, _ = h.Write(hdr[:])
 	_, _ = h.WriteString(lora)

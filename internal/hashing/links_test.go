@@ -78,6 +78,13 @@ func TestLinksServeChains(t *testing.T) {
 								other = testProfile(t, AlgorithmSHA256CBOR)
 							}
 							record(l.Scope(other), bs, toks, lora, salt, keys, digs, 10)
+							// Nor another PYTHONHASHSEED's (root digest).
+							seed := "1"
+							reseeded, err := Resolve(Spec{Strategy: StrategyVLLMV1, Algorithm: algo, IndexProjection: "low64_be", PythonHashSeed: &seed})
+							if err != nil {
+								t.Fatal(err)
+							}
+							record(l.Scope(&reseeded), bs, toks, lora, salt, keys, digs, 10)
 							var m *Memo
 							if memo {
 								m = NewMemo(1 << 20)

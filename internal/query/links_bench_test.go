@@ -20,21 +20,21 @@ type coldCorpus struct {
 	events  int
 }
 
-func newColdCorpus(b *testing.B, prompts, blocks, shared int) *coldCorpus {
+func newColdCorpus(b *testing.B, prompts, blocks, shared, groups int) *coldCorpus {
 	const bs = 16
 	r := newRig(b, hashing.AlgorithmSHA256CBOR, "", 4, bs, true)
 	rng := rand.New(rand.NewPCG(1, 2))
-	groups := make([][]int32, 16)
-	for g := range groups {
-		groups[g] = make([]int32, shared*bs)
-		for i := range groups[g] {
-			groups[g][i] = rng.Int32N(32000)
+	opening := make([][]int32, groups)
+	for g := range opening {
+		opening[g] = make([]int32, shared*bs)
+		for i := range opening[g] {
+			opening[g][i] = rng.Int32N(32000)
 		}
 	}
 	c := &coldCorpus{r: r}
 	for p := range prompts {
 		toks := make([]int32, blocks*bs)
-		copy(toks, groups[p%16])
+		copy(toks, opening[p%groups])
 		for i := shared * bs; i < len(toks); i++ {
 			toks[i] = rng.Int32N(32000)
 		}
@@ -53,11 +53,21 @@ func newColdCorpus(b *testing.B, prompts, blocks, shared int) *coldCorpus {
 	return c
 }
 
-// BenchmarkColdLookup is a cold 8K-token lookup (every prompt asked once,
+// BenchmarkColdLookup is a cold 8K- or 64K-token lookup (every prompt asked once,
 // the prefix memo on as in the service) on that index, following links
 // or hashing, against the bare chain of the same prompts.
 func BenchmarkColdLookup(b *testing.B) {
-	c := newColdCorpus(b, 1000, 512, 64)
+	for _, size := range []struct {
+		name                            string
+		prompts, blocks, shared, groups int
+	}{{"8k", 1000, 512, 64, 16}, {"64k", 96, 4096, 256, 4}} {
+		b.Run(size.name, func(b *testing.B) {
+			coldLookups(b, newColdCorpus(b, size.prompts, size.blocks, size.shared, size.groups))
+		})
+	}
+}
+
+func coldLookups(b *testing.B, c *coldCorpus) {
 	for _, mode := range []string{"chain", "links", "hashing"} {
 		b.Run(mode, func(b *testing.B) {
 			e := New(Options{Index: c.r.on.opts.Index, Memo: hashing.NewMemo(64 << 20), Links: c.r.links})
