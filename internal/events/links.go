@@ -124,38 +124,41 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 		ls.ids = append(ls.ids, id)
 	}
 	// Blocks verified before (stored by this or another engine) cost no
-	// SHA-256; the rest are hashed from their parents and compared.
+	// SHA-256; the rest are hashed from their parents in one run and
+	// compared.
 	var fresh bool
 	ls.digs, fresh = d.links.Resolve(ls.ids, ls.digs[:0])
 	held := len(ls.digs)
-	for i := range m {
-		var pub []byte
+	pub := func(i int) []byte {
 		if len(ls.digests) == n {
-			pub = ls.digests[i]
+			return ls.digests[i]
 		}
-		if i < held {
-			if !d.published(&ls.digs[i], keys[i], pub) {
-				m = i // the engine's block differs from the one held
-				break
-			}
-			continue
+		return nil
+	}
+	for i := range held {
+		if !d.published(&ls.digs[i], keys[i], pub(i)) {
+			m, held = i, i // the engine's block differs from the one held
+			break
 		}
+	}
+	if held < m {
 		var pp *[32]byte
 		bsalt := ""
 		switch {
-		case i > 0:
-			pp = &ls.digs[i-1]
+		case held > 0:
+			pp = &ls.digs[held-1]
 		case !root:
 			pp = &parent
 		default:
 			bsalt = salt // a chain's first block
 		}
-		dg, ok := ls.h.Digest(&d.profile, pp, ls.tokens[i*bs:(i+1)*bs], d.loraName, bsalt)
-		if !ok || !d.published(&dg, keys[i], pub) {
-			m = i
-			break
+		ls.digs = ls.h.Digests(&d.profile, bs, pp, ls.tokens[held*bs:m*bs], d.loraName, bsalt, ls.digs[:held])
+		for i := held; i < m; i++ {
+			if i >= len(ls.digs) || !d.published(&ls.digs[i], keys[i], pub(i)) {
+				m = i
+				break
+			}
 		}
-		ls.digs = append(ls.digs, dg)
 	}
 	if m > 0 && (m > held || !fresh) {
 		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], held)

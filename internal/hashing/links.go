@@ -60,6 +60,7 @@ type Links struct {
 	bytes     atomic.Int64 // cur's and prev's
 
 	hits, misses, recorded atomic.Uint64
+	sink                   uint32 // keeps touch's loads (under mu)
 }
 
 // LinkID identifies a chain prefix within a scope (see Links).
@@ -366,6 +367,10 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 		}
 		l.bytes.Store(int64(b))
 	}()
+	// The new blocks' slots lie at random in tables larger than the
+	// caches: load them all first, so their misses overlap instead of
+	// each insert waiting for its own.
+	l.sink ^= g.touch(ids[min(known, len(ids)):], keys[min(known, len(keys)):])
 	var ch *runChunk
 	for i, id := range ids {
 		if i < known {
@@ -399,6 +404,22 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 			added++
 		} // else another ingest filed it meanwhile: this copy is spare
 	}
+}
+
+// touch loads the home slots of the ids and keys about to be filed.
+func (g *linkGen) touch(ids []LinkID, keys []uint64) uint32 {
+	var acc uint32
+	if g.index.n > 0 {
+		for _, id := range ids {
+			acc ^= g.index.slots[g.index.home(id.Hi)].pos
+		}
+	}
+	if g.back.n > 0 {
+		for _, k := range keys {
+			acc ^= g.back.slots[g.back.home(k)].pos
+		}
+	}
+	return acc
 }
 
 // growth is how many bytes g grows by if one more block is filed: a new

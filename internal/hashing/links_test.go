@@ -308,3 +308,23 @@ func TestLinksConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockHasherDigests: a run of blocks hashed from a parent gives the
+// chain's digests, salted at a chain's start only.
+func TestBlockHasherDigests(t *testing.T) {
+	toks := make([]int32, 6*4+2)
+	for i := range toks {
+		toks[i] = int32(i*13 + 1)
+	}
+	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256} {
+		p := testProfile(t, algo)
+		_, digs := referenceChain(p, 4, toks, "l", "s")
+		var h BlockHasher
+		if got := h.Digests(p, 4, nil, toks, "l", "s", nil); len(got) != 6 || got[0] != digs[0] || got[5] != digs[5] {
+			t.Errorf("%s from the root: %d digests, want the chain's 6", algo, len(got))
+		}
+		if got := h.Digests(p, 4, &digs[1], toks[8:], "l", "s", nil); len(got) != 4 || got[0] != digs[2] || got[3] != digs[5] {
+			t.Errorf("%s from block 1: %d digests, want the chain's last 4", algo, len(got))
+		}
+	}
+}
