@@ -39,8 +39,8 @@ const DefaultAnswerCacheMiB = 16
 
 // DefaultLinkMemoMiB sizes the verified links (hashing.Links) that let
 // queries skip SHA-256 for blocks ingest verified: at 115–125 B per
-// block, two generations of about 500 K blocks each, more than the 449 K of a 4-instance index of 1,000
-// 8K-token prompts.
+// block, two generations of about 500 K blocks each, more than the 449 K
+// of a 4-instance index of 1,000 8K-token prompts.
 const DefaultLinkMemoMiB = 128
 
 // DefaultHashCheckEvery samples the ingest hash check at about one block in
