@@ -76,7 +76,9 @@ func newRig(t failer, algo, lora string, owners, bs int, links bool) *linkRig {
 		}
 		r.decs = append(r.decs, dec)
 	}
-	r.on = New(Options{Index: ix, Links: r.links})
+	// The links with the prefix memo, as the service runs them, against
+	// hashing every block.
+	r.on = New(Options{Index: ix, Links: r.links, Memo: hashing.NewMemo(1 << 20)})
 	r.off = New(Options{Index: ix})
 	r.enc = msgpack.NewEncoder(&r.buf)
 	r.enc.UseCompactInts(true)
