@@ -320,6 +320,7 @@ func (t *Table) StoreBatch(id OwnerID, keys []uint64, tiers []TierMask) {
 		if start[si] == start[si+1] {
 			continue
 		}
+		t.admit()
 		s := &t.stripes[si]
 		s.mu.Lock()
 		if s.dead || !t.registered(id) {

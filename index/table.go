@@ -321,6 +321,7 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 	if bit == 0 {
 		return
 	}
+	t.admit()
 	h := mix(key)
 	s := t.stripeFor(h)
 	s.mu.Lock()
@@ -442,6 +443,7 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 	if bit == 0 {
 		return
 	}
+	t.admit()
 	h := mix(key)
 	s := t.stripeFor(h)
 	s.mu.Lock()
@@ -509,7 +511,11 @@ func (t *Table) drop() {
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
 		s.publishSlots()
 		s.sets = holderSets{}
+		s.releaseAll()
 		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}
 		s.mu.Unlock()
+	}
+	if t.ix != nil {
+		t.ix.detach(t)
 	}
 }
