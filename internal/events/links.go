@@ -44,7 +44,8 @@ func (d *engineDecoder) linkParent(sp span, salt string) (id hashing.LinkID, dg 
 	}
 	switch k {
 	case msgp.Nil:
-		return d.links.Root(d.loraName, salt), d.profile.RootDigest, true, true
+		id, d.ls.buf = d.links.Root(d.loraName, salt, d.ls.buf)
+		return id, d.profile.RootDigest, true, true
 	case msgp.Int:
 		u, neg, err := r.Integer()
 		if err != nil {

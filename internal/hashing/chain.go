@@ -216,7 +216,8 @@ func (c *Chain) resolve() int {
 	}
 	if c.linkSc.l == nil {
 		c.linkSc = c.links.Scope(&Profile{kind: c.kind, RootDigest: c.root})
-		c.linkID, c.linkPos = c.linkSc.Root(c.lora, c.salt), 0
+		c.linkID, c.buf = c.linkSc.Root(c.lora, c.salt, c.buf)
+		c.linkPos = 0
 	}
 	for c.linkPos < c.block { // blocks the memo served
 		c.linkID, c.buf = c.linkSc.Next(c.linkID, c.tokens[c.linkPos*c.bs:(c.linkPos+1)*c.bs], c.buf)

@@ -269,18 +269,14 @@ func (s LinkScope) Enabled() bool { return s.l != nil }
 
 // Root is the prefix id of an empty chain under this scope's encoding and
 // root digest, LoRA name lora and salt salt ("" for none): what every
-// block id of a chain is built on.
-func (s LinkScope) Root(lora, salt string) LinkID {
-	var hdr [17 + 32]byte
-	hdr[0] = byte(s.kind)
-	binary.LittleEndian.PutUint64(hdr[1:], uint64(len(lora)))
-	binary.LittleEndian.PutUint64(hdr[9:], uint64(len(salt)))
-	copy(hdr[17:], s.root[:])
-	h := xxh3.NewSeed(s.l.seed)
-	_, _ = h.Write(hdr[:])
-	_, _ = h.WriteString(lora)
-	_, _ = h.WriteString(salt)
-	return h.Sum128()
+// block id of a chain is built on. buf is scratch, returned grown.
+func (s LinkScope) Root(lora, salt string, buf []byte) (LinkID, []byte) {
+	buf = append(buf[:0], byte(s.kind))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(lora)))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(salt)))
+	buf = append(buf, s.root[:]...)
+	buf = append(append(buf, lora...), salt...)
+	return xxh3.Hash128Seed(buf, s.l.seed), buf
 }
 
 // Next is the prefix id of the chain prefix extended by one block of

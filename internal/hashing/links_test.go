@@ -37,8 +37,7 @@ func referenceChain(p *Profile, bs int, toks []int32, lora, salt string) (keys [
 // record files the first n blocks of a chain as ingest does, in runs of
 // three.
 func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64, digs [][32]byte, n int) {
-	var buf []byte
-	id := sc.Root(lora, salt)
+	id, buf := sc.Root(lora, salt, nil)
 	ids := make([]LinkID, n)
 	for i := range n {
 		id, buf = sc.Next(id, toks[i*bs:(i+1)*bs], buf)
@@ -216,7 +215,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 	digs := make([][32]byte, run)
 	for i := range n {
 		if i%512 == 0 {
-			id = sc.Root("", "") // each prompt of 512 blocks starts a chain
+			id, buf = sc.Root("", "", buf) // each prompt of 512 blocks starts a chain
 		}
 		id, buf = sc.Next(id, toks[i*bs:(i+1)*bs], buf)
 		ids[i%run], keys[i%run] = id, uint64(i)+1

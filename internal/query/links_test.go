@@ -363,3 +363,43 @@ func TestLinksFromIngest(t *testing.T) {
 		})
 	}
 }
+
+// TestLinkedLookupAllocations: a lookup whose every block comes from the
+// links allocates nothing once the pooled chain's buffers have grown.
+func TestLinkedLookupAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts need a normal build")
+	}
+	r := newRig(t, hashing.AlgorithmSHA256CBOR, "", 1, 16, true)
+	toks := make([]int32, 64*16)
+	for i := range toks {
+		toks[i] = int32(i*7 + 1)
+	}
+	keys, digs := r.chain(toks, "", -1)
+	for from := 0; from < 64; from += 16 {
+		s := store{keys: keys[from : from+16], digests: digs[from : from+16], tokens: toks[from*16 : (from+16)*16]}
+		if from > 0 {
+			s.parent = &keys[from-1]
+		}
+		r.apply(s)
+	}
+	e := New(Options{Index: r.on.opts.Index, Links: r.links})
+	req := &Request{Context: r.ctx, Tokens: toks}
+	res := &Result{}
+	if err := e.Lookup(req, res); err != nil || len(res.Instances) != 1 || res.Instances[0].Max.Device != len(toks) {
+		t.Fatalf("lookup: %v %+v", err, res.Instances)
+	}
+	h0, _, _ := r.links.Stats()
+	allocs := testing.AllocsPerRun(50, func() {
+		if err := e.Lookup(req, res); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if h1, _, _ := r.links.Stats(); h1-h0 < 50*64 {
+		t.Fatalf("%d blocks from links over 50 lookups, want all %d", h1-h0, 50*64)
+	}
+	// sync.Pool may drop the chain under GC; allow a fraction.
+	if allocs > 0.1 {
+		t.Errorf("%.2f allocations per linked lookup, want 0", allocs)
+	}
+}
