@@ -95,7 +95,7 @@ func coldLookups(b *testing.B, c *coldCorpus) {
 				if i%len(c.prompts) == 0 {
 					e.opts.Memo.Reset() // every prompt new to the memo
 				}
-				if err := e.Lookup(&Request{Context: c.r.ctx, Tokens: toks}, res); err != nil {
+				if _, err := e.Lookup(&Request{Context: c.r.ctx, Tokens: toks}, res); err != nil {
 					b.Fatal(err)
 				}
 				if len(res.Instances) == 0 {
