@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: vet, every package's tests under the race
+# Runs the whole test suite: vet, gofmt, every package's tests under the race
 # detector, the allocation tests without it, the deploy/ checks with helm and promtool, then each fuzz target for a short, bounded time on top of its
 # seed corpus. FUZZTIME overrides the per-target fuzz time (default 10s;
 # FUZZTIME=0 skips fuzzing).
@@ -9,6 +9,12 @@ export PATH="$PATH:/usr/local/go/bin"
 scripts/setup.sh
 
 go vet ./...
+unformatted=$(gofmt -l $(git ls-files "*.go" 2>/dev/null || find . -name "*.go" -not -path "./.git/*"))
+if [ -n "$unformatted" ]; then
+	echo "gofmt: these files are not formatted:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
 go test -race -count=1 -timeout 20m ./...
 
 # The zero-allocation tests (every test named for allocations: *Alloc*)
