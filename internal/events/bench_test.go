@@ -63,5 +63,6 @@ func benchStoreRemove(b *testing.B, reg string, mod func(map[string]any)) {
 
 type nopShared struct{}
 
-func (nopShared) AcquireShared(index.Tier, uint64) {}
-func (nopShared) ReleaseShared(index.Tier, uint64) {}
+func (nopShared) AcquireSharedRef(*index.SharedRef) bool       { return true }
+func (nopShared) ReleaseSharedRef(*index.SharedRef)            {}
+func (nopShared) AdjustSharedRef(*index.SharedRef, int64) bool { return true }

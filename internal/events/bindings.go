@@ -23,6 +23,9 @@ type Bindings interface {
 func (d *mooncakeDecoder) ExportBindings() []snapshot.Binding {
 	out := make([]snapshot.Binding, 0, len(d.bindings))
 	for k, b := range d.bindings {
+		if b.ref.Gone() {
+			continue // evicted: restoring it would bring back what the budget let go
+		}
 		sb := snapshot.Binding{
 			Backend: k.backend, Tenant: k.tenant, Identity: k.identity, Tier: uint8(k.tier),
 			Model: b.ctx.Model, Lora: b.ctx.Lora, BlockSize: b.ctx.BlockSize,
@@ -54,7 +57,7 @@ func (d *mooncakeDecoder) ImportBindings(bs []snapshot.Binding) {
 			continue
 		}
 		bk := bindingKey{backend: sb.Backend, tenant: sb.Tenant, identity: sb.Identity, tier: tier}
-		if _, dup := d.bindings[bk]; dup {
+		if cur, dup := d.bindings[bk]; dup && !cur.ref.Gone() {
 			continue
 		}
 		b := &binding{sink: sink, ctx: ctx, prefix: sb.Prefix, fullHash: sb.FullHash, group: sb.Group}
@@ -64,7 +67,6 @@ func (d *mooncakeDecoder) ImportBindings(bs []snapshot.Binding) {
 				b.components[c] = struct{}{}
 			}
 		}
-		d.bindings[bk] = b
-		sink.AcquireShared(tier, sb.Prefix)
+		d.bind(bk, b)
 	}
 }
