@@ -19,6 +19,21 @@ type Bindings interface {
 	ImportBindings([]snapshot.Binding)
 }
 
+// SnapshotBindingBytes is what a saved binding accounts for against the
+// index's budget once restored (docs/index-memory.md#snapshots-and-peers),
+// not counting its block, which other bindings may share.
+func SnapshotBindingBytes(sb snapshot.Binding) int64 {
+	b := binding{key: bindingKey{backend: sb.Backend, tenant: sb.Tenant, identity: sb.Identity},
+		ctx: index.ContextKey{Model: sb.Model, Lora: sb.Lora}, fullHash: sb.FullHash, group: sb.Group}
+	if sb.Components != nil {
+		b.components = make(map[string]struct{}, len(sb.Components))
+		for _, c := range sb.Components {
+			b.components[c] = struct{}{}
+		}
+	}
+	return index.EstimateRefBytes(b.accounted())
+}
+
 // ExportBindings implements Bindings.
 func (d *mooncakeDecoder) ExportBindings() []snapshot.Binding {
 	out := make([]snapshot.Binding, 0, len(d.bindings))

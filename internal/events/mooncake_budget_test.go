@@ -243,3 +243,93 @@ func TestMooncakeBindingsNeverOverReport(t *testing.T) {
 		}
 	}
 }
+
+// TestBindingAccountingFollowsEveryPath: what the bindings account for in
+// the index follows every path that makes or drops one (store, SGLang-style
+// component changes aside, removal, clear, retraction, snapshot import),
+// and the estimate a snapshot is checked against is what its bindings take
+// once imported.
+func TestBindingAccountingFollowsEveryPath(t *testing.T) {
+	x := newBudgetTester(t, 1<<40)
+	// Stripes pass their changes on in batches of up to 1 KiB each (4
+	// stripes here), so live figures are compared within that; after the
+	// table's drop, exactly.
+	flushed := x.ix.MemoryBytes
+	base := flushed()
+	seq := uint64(1)
+	apply := func(evs ...any) {
+		x.applyBatch(seq, mcBatch(t, evs...))
+		seq++
+	}
+	var evs []any
+	for h := 1; h <= 400; h++ {
+		evs = append(evs, mcEventMap("stored", media2(h), objectKey(h, h%3), nil))
+		if len(evs) == 50 {
+			apply(evs...)
+			evs = nil
+		}
+	}
+	n, bytes := x.live()
+	if n != 400 {
+		t.Fatalf("%d bindings, want 400", n)
+	}
+	// every binding is accounted: at least its own bytes, its slot, and
+	// the index's block (within the stripes' unflushed 1 KiB each)
+	if got, least := flushed()-base, bytes+400*(8+34)-4*1024; got < least {
+		t.Fatalf("400 bindings account %d bytes in the index, want at least %d", got, least)
+	}
+	exported := x.dec.ExportBindings()
+	var est int64
+	for _, sb := range exported {
+		est += SnapshotBindingBytes(sb)
+	}
+	var want int64
+	for _, b := range x.dec.bindings {
+		want += index.EstimateRefBytes(b.accounted())
+	}
+	if est != want {
+		t.Fatalf("snapshot estimate %d bytes, live bindings %d", est, want)
+	}
+	// removals of half, a clear of the other backend (none), retraction
+	for h := 1; h <= 200; h += 50 {
+		evs = nil
+		for i := h; i < h+50; i++ {
+			evs = append(evs, mcEventMap("removed", media2(i), objectKey(i, i%3), nil))
+		}
+		apply(evs...)
+	}
+	if n, _ := x.live(); n != 200 || len(x.dec.bindings) != 200 {
+		t.Fatalf("after 200 removals %d live of %d bindings, want 200", n, len(x.dec.bindings))
+	}
+	apply(mcEventMap("cleared", "", "", func(m map[string]any) { m["backend_id"] = "pool-b" }))
+	if len(x.dec.bindings) != 200 {
+		t.Fatalf("a clear of another backend dropped bindings: %d left", len(x.dec.bindings))
+	}
+	x.retract()
+	if len(x.dec.bindings) != 0 {
+		t.Fatalf("%d bindings after retraction", len(x.dec.bindings))
+	}
+	x.ix.DropTable(eventtest.ContextOf(eventtest.LoadManifest(t).Registration(t, "vllm-a")))
+	if got := x.ix.MemoryBytes(); got != base-4*320 {
+		t.Fatalf("after retraction and the table's drop %d bytes accounted, want %d", got, base-4*320)
+	}
+
+	// import into a fresh bounded index: it takes at least the estimate
+	y := newBudgetTester(t, 1<<40)
+	before := y.ix.MemoryBytes()
+	y.dec.ImportBindings(exported)
+	if len(y.dec.bindings) != len(exported) {
+		t.Fatalf("imported %d of %d bindings", len(y.dec.bindings), len(exported))
+	}
+	if got := y.ix.MemoryBytes() - before; got < est-4*1024 {
+		t.Fatalf("imported bindings account %d bytes, under the snapshot estimate %d", got, est)
+	}
+	y.retract()
+}
+
+func media2(h int) string {
+	if h%2 == 0 {
+		return "disk"
+	}
+	return "cpu"
+}
