@@ -281,7 +281,7 @@ func TestBindingAccountingFollowsEveryPath(t *testing.T) {
 	exported := x.dec.ExportBindings()
 	var est int64
 	for _, sb := range exported {
-		est += SnapshotBindingBytes(sb)
+		est += BindingBytes(sb)
 	}
 	var want int64
 	for _, b := range x.dec.bindings {

@@ -40,7 +40,7 @@ func snapshotNeed(snap *snapshot.Snapshot) int64 {
 	}
 	for _, src := range snap.Sources {
 		for _, b := range src.Bindings {
-			need += events.SnapshotBindingBytes(b)
+			need += events.BindingBytes(events.Binding(b))
 		}
 	}
 	return need

@@ -103,7 +103,7 @@ func TestSnapshotNeedCountsBindings(t *testing.T) {
 	b := snapshot.Binding{Backend: "pool-a", Tenant: "default", Identity: "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + strings.Repeat("ab", 32),
 		Model: "test-model", BlockSize: 4, FullHash: strings.Repeat("ab", 32)}
 	snap.Sources = []snapshot.Source{{Key: "s", Bindings: []snapshot.Binding{b, b}}}
-	if got, want := snapshotNeed(snap)-bare, 2*events.SnapshotBindingBytes(b); got != want || want <= 0 {
+	if got, want := snapshotNeed(snap)-bare, 2*events.BindingBytes(events.Binding(b)); got != want || want <= 0 {
 		t.Fatalf("two bindings add %d bytes, want %d", got, want)
 	}
 }
