@@ -65,7 +65,15 @@ type SharedRef struct {
 // record accounts for cost bytes; orphans (may be nil) receives it if the
 // index evicts it.
 func NewSharedRef(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) *SharedRef {
-	return &SharedRef{Owner: owner, tier: tier, key: key, cost: max(cost, 0), orphans: orphans}
+	r := &SharedRef{}
+	r.Init(owner, tier, key, cost, orphans)
+	return r
+}
+
+// Init makes r, never taken, what NewSharedRef returns, for an owner that
+// embeds its reference and saves an allocation.
+func (r *SharedRef) Init(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) {
+	*r = SharedRef{Owner: owner, tier: tier, key: key, cost: max(cost, 0), orphans: orphans}
 }
 
 // Tier is the shared tier the reference is on.

@@ -213,7 +213,7 @@ type binding struct {
 	fullHash   string
 	group      string
 	components map[string]struct{} // SGLang: component suffixes present
-	ref        *index.SharedRef
+	ref        index.SharedRef
 }
 
 // Accounted bytes of a binding (docs/index-memory.md#what-is-counted),
@@ -246,8 +246,8 @@ func (b *binding) accounted() int64 {
 // since the lookup refuses it, and the binding is not kept.
 func (d *mooncakeDecoder) bind(bk bindingKey, b *binding) {
 	b.key = bk
-	b.ref = index.NewSharedRef(b, bk.tier, b.prefix, b.accounted(), &d.orphans)
-	if b.sink.AcquireSharedRef(b.ref) {
+	b.ref.Init(b, bk.tier, b.prefix, b.accounted(), &d.orphans)
+	if b.sink.AcquireSharedRef(&b.ref) {
 		d.bindings[bk] = b
 	}
 }
@@ -621,7 +621,7 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		}
 		if _, has := b.components[component]; d.sglang && !has {
 			b.components[component] = struct{}{}
-			b.sink.AdjustSharedRef(b.ref, int64(componentBytes+len(component)))
+			b.sink.AdjustSharedRef(&b.ref, int64(componentBytes+len(component)))
 		}
 		return // idempotent re-store
 	}
@@ -694,12 +694,12 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		if d.sglang {
 			delete(b.components, component)
 			if len(b.components) > 0 {
-				b.sink.AdjustSharedRef(b.ref, -int64(componentBytes+len(component)))
+				b.sink.AdjustSharedRef(&b.ref, -int64(componentBytes+len(component)))
 				continue // other parts of the block are still stored
 			}
 		}
 		delete(d.bindings, keys[i])
-		b.sink.ReleaseSharedRef(b.ref)
+		b.sink.ReleaseSharedRef(&b.ref)
 	}
 }
 
@@ -728,7 +728,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 	for k, b := range d.bindings {
 		if k.backend == backend && k.tenant == tenant {
 			delete(d.bindings, k)
-			b.sink.ReleaseSharedRef(b.ref)
+			b.sink.ReleaseSharedRef(&b.ref)
 		}
 	}
 }
@@ -737,7 +737,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 // (stale or stopped, docs/events.md#retraction).
 func (d *mooncakeDecoder) Retract() {
 	for _, b := range d.bindings {
-		b.sink.ReleaseSharedRef(b.ref)
+		b.sink.ReleaseSharedRef(&b.ref)
 	}
 	clear(d.bindings)
 	d.orphans.Drain()
