@@ -122,7 +122,9 @@ func TestMooncakeBindingFlood(t *testing.T) {
 	if x.ix.Evictions(index.EvictedContext) == 0 {
 		t.Fatal("no evictions counted")
 	}
-	n, _ := x.live()
+	n, bytes := x.live()
+	t.Logf("%d objects, %d B budget: peak %d B accounted, %d blocks evicted, %d bindings live (%d B), %d kept by the decoder",
+		objects, limit, x.ix.PeakMemoryBytes(), x.ix.Evictions(index.EvictedContext), n, bytes, len(x.dec.bindings))
 	if n >= objects/2 {
 		t.Fatalf("%d of %d objects still bound under a %d-byte budget", n, objects, limit)
 	}
