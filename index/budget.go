@@ -324,3 +324,9 @@ func (t *Table) admit() {
 func EstimateBytes(blocks, pairs int64) int64 {
 	return blocks*blockBytes + pairs*ownedBytes + max(pairs-blocks, 0)*pairBytes
 }
+
+// EstimateRefBytes is the least an owned shared reference whose owner's
+// record accounts for cost bytes adds once taken (AcquireSharedRef), not
+// counting its block or its holder's list, which other references may
+// share.
+func EstimateRefBytes(cost int64) int64 { return max(cost, 0) + refSlotBytes }

@@ -203,6 +203,7 @@ func (t *Table) evictBlock(s *stripe, idx int) {
 			s.ownerRemoveAt(p.id(), p.aux)
 			t.notify(KeyEvicted, p.id(), key)
 		} else {
+			s.evictRefs(refKey{key, p.own & tierBits})
 			t.notify(KeyEvicted, 0, key)
 		}
 	}

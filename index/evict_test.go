@@ -28,6 +28,23 @@ func accountErr(tb *Table) error {
 			want += ownedBytes * int64(len(l))
 		}
 		want += s.sets.bytes
+		for rk, list := range s.refs {
+			want += refListBytes
+			for i, r := range list {
+				want += refSlotBytes + r.cost
+				if !r.held || int(r.pos) != i || r.key != rk.key {
+					s.mu.Unlock()
+					return fmt.Errorf("stripe %d: reference %d of key %d is not held where listed", si, i, rk.key)
+				}
+			}
+			if b := s.find(rk.key, mix(rk.key)); b < 0 {
+				s.mu.Unlock()
+				return fmt.Errorf("stripe %d: references on key %d without its block", si, rk.key)
+			} else if k := s.findShared(&s.blocks[b], rk.bit); k == noPair || s.pairAt(&s.blocks[b], k).aux < uint32(len(list)) {
+				s.mu.Unlock()
+				return fmt.Errorf("stripe %d: key %d's shared holder counts fewer than its %d references", si, rk.key, len(list))
+			}
+		}
 		got := s.acct.bytes
 		s.mu.Unlock()
 		if got != want {
@@ -209,6 +226,8 @@ func TestAccountingFollowsEveryPath(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	ids := []OwnerID{tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 1)}
 	pid := sc.AddEngineOwner("p", 0)
+	var orphans Orphans
+	var refs []*SharedRef
 	for i := range 60000 {
 		id, k := ids[r.IntN(len(ids))], uint64(r.IntN(5000))
 		switch n := r.IntN(100); {
@@ -220,6 +239,16 @@ func TestAccountingFollowsEveryPath(t *testing.T) {
 			tb.AcquireShared(Tier(2+r.IntN(2)), k)
 		case n < 78:
 			tb.ReleaseShared(Tier(2+r.IntN(2)), k)
+		case n < 81:
+			ref := NewSharedRef(nil, Tier(2+r.IntN(2)), k, int64(r.IntN(300)), &orphans)
+			if tb.AcquireSharedRef(ref) {
+				refs = append(refs, ref)
+			}
+		case n < 84 && len(refs) > 0:
+			j := r.IntN(len(refs))
+			tb.ReleaseSharedRef(refs[j])
+			refs[j] = refs[len(refs)-1]
+			refs = refs[:len(refs)-1]
 		case n < 88:
 			sc.Put(pid, Tier(r.IntN(2)), k)
 		case n < 95:

@@ -91,6 +91,9 @@ type stripe struct {
 	tierKeys [numTiers]int
 	// sets interns the holder lists of blocks with overflow (see block.meta).
 	sets holderSets
+	// refs lists, per shared holder, the owned references counted in it
+	// (sharedref.go); nil until the first.
+	refs map[refKey][]*SharedRef
 	// slotsAt and slotsLen mirror slots for prefetchSlot, which reads them
 	// without the lock; see there.
 	slotsAt  atomic.Uintptr

@@ -487,6 +487,9 @@ func (t *Table) ReleaseShared(tier Tier, key uint64) {
 		return
 	}
 	p := s.pairAt(b, k)
+	if p.aux <= uint32(s.refsHeld(refKey{key, bit})) {
+		return // the rest are owned references (ReleaseSharedRef)
+	}
 	if p.aux--; p.aux == 0 {
 		s.removePair(b, k)
 		s.settle(idx, b)
@@ -511,6 +514,7 @@ func (t *Table) drop() {
 		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
 		s.publishSlots()
 		s.sets = holderSets{}
+		s.orphanAllRefs()
 		s.releaseAll()
 		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}
 		s.mu.Unlock()

@@ -63,5 +63,48 @@ func benchStoreRemove(b *testing.B, reg string, mod func(map[string]any)) {
 
 type nopShared struct{}
 
-func (nopShared) AcquireShared(index.Tier, uint64) {}
-func (nopShared) ReleaseShared(index.Tier, uint64) {}
+func (nopShared) AcquireSharedRef(*index.SharedRef) bool       { return true }
+func (nopShared) ReleaseSharedRef(*index.SharedRef)            {}
+func (nopShared) AdjustSharedRef(*index.SharedRef, int64) bool { return true }
+
+// BenchmarkMooncakeStoreRemoveIndexed is BenchmarkMooncakeStoreRemove
+// against a real table of a bounded index, so each binding's reference is
+// taken and released, and accounted, in the index.
+func BenchmarkMooncakeStoreRemoveIndexed(b *testing.B) {
+	x := newTester(b, eventtest.LoadManifest(b), "pool-a-sub", "vllm-a")
+	d := x.dec.(*mooncakeDecoder)
+	ix := index.New(index.Options{MemoryLimit: 64 << 20})
+	defer ix.Close()
+	lookup := d.lookup
+	d.lookup = func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
+		_, p, ok := lookup(ctx)
+		if !ok {
+			return nil, nil, false
+		}
+		return ix.EnsureTable(ctx, *p), p, true
+	}
+	var rep nopReporter
+	var stored, removed []any
+	for i := range 32 {
+		key := fmt.Sprintf("deploy@test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%064x", i+1)
+		stored = append(stored, mcEventMap("stored", "cpu", key, nil))
+		removed = append(removed, mcEventMap("removed", "cpu", key, nil))
+	}
+	p1, _ := msgpack.Marshal([]any{uint64(1000), stored, 0})
+	p2, _ := msgpack.Marshal([]any{uint64(1000), removed, 0})
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		for _, p := range [][]byte{p1, p2} {
+			if rej := d.Decode(p); rej != ReasonNone {
+				b.Fatal(rej)
+			}
+			d.Apply(rep)
+		}
+	}
+	b.StopTimer()
+	if len(d.bindings) != 0 {
+		b.Fatalf("%d bindings left", len(d.bindings))
+	}
+	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "events/s")
+}

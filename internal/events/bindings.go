@@ -38,10 +38,28 @@ type Bindings interface {
 	ImportBindings([]Binding)
 }
 
+// BindingBytes is what a saved binding accounts for against the index's
+// budget once restored (docs/index-memory.md#snapshots-and-peers), not
+// counting its block, which other bindings may share.
+func BindingBytes(sb Binding) int64 {
+	b := binding{key: bindingKey{backend: sb.Backend, tenant: sb.Tenant, identity: sb.Identity},
+		ctx: index.ContextKey{Model: sb.Model, Lora: sb.Lora}, fullHash: sb.FullHash, group: sb.Group}
+	if sb.Components != nil {
+		b.components = make(map[string]struct{}, len(sb.Components))
+		for _, c := range sb.Components {
+			b.components[c] = struct{}{}
+		}
+	}
+	return index.EstimateRefBytes(b.accounted())
+}
+
 // ExportBindings implements Bindings.
 func (d *mooncakeDecoder) ExportBindings() []Binding {
 	out := make([]Binding, 0, len(d.bindings))
 	for k, b := range d.bindings {
+		if b.ref.Gone() {
+			continue // evicted: restoring it would bring back what the budget let go
+		}
 		sb := Binding{
 			Backend: k.backend, Tenant: k.tenant, Identity: k.identity, Tier: uint8(k.tier),
 			Model: b.ctx.Model, Lora: b.ctx.Lora, BlockSize: b.ctx.BlockSize,
@@ -73,7 +91,7 @@ func (d *mooncakeDecoder) ImportBindings(bs []Binding) {
 			continue
 		}
 		bk := bindingKey{backend: sb.Backend, tenant: sb.Tenant, identity: sb.Identity, tier: tier}
-		if _, dup := d.bindings[bk]; dup {
+		if cur, dup := d.bindings[bk]; dup && !cur.ref.Gone() {
 			continue
 		}
 		b := &binding{sink: sink, ctx: ctx, prefix: sb.Prefix, fullHash: sb.FullHash, group: sb.Group}
@@ -83,7 +101,6 @@ func (d *mooncakeDecoder) ImportBindings(bs []Binding) {
 				b.components[c] = struct{}{}
 			}
 		}
-		d.bindings[bk] = b
-		sink.AcquireShared(tier, sb.Prefix)
+		d.bind(bk, b)
 	}
 }

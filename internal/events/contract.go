@@ -98,9 +98,13 @@ type EngineSink interface {
 // SharedSink is the part of an index table a Mooncake source writes to:
 // shared-tier presence is reference counted, one reference per object
 // binding, because several objects (TP ranks, K/V parts) can carry one block.
+// Each binding's reference is an index.SharedRef, which charges the
+// binding's bytes to the index's budget and which the index may evict
+// (docs/index-memory.md#mooncake-bindings).
 type SharedSink interface {
-	AcquireShared(tier index.Tier, key uint64)
-	ReleaseShared(tier index.Tier, key uint64)
+	AcquireSharedRef(r *index.SharedRef) bool
+	ReleaseSharedRef(r *index.SharedRef)
+	AdjustSharedRef(r *index.SharedRef, delta int64) bool
 }
 
 // LookupFunc resolves a Mooncake event's context to the table that holds it

@@ -201,14 +201,70 @@ type bindingKey struct {
 }
 
 // binding is one object (or SGLang logical page) the master reported in a
-// tier; it holds exactly one shared reference on its prefix.
+// tier; it holds exactly one shared reference on its prefix, ref, which
+// charges the binding's bytes to the index's budget. The index may evict
+// the reference with its block (ref.Gone); the binding is then forgotten
+// (docs/index-memory.md#mooncake-bindings).
 type binding struct {
 	sink       SharedSink
+	key        bindingKey
 	ctx        index.ContextKey
 	prefix     uint64
 	fullHash   string
 	group      string
 	components map[string]struct{} // SGLang: component suffixes present
+	ref        index.SharedRef
+}
+
+// Accounted bytes of a binding (docs/index-memory.md#what-is-counted),
+// besides its strings' bytes.
+const (
+	// bindingBytes: the binding record (sink, context, key copy, hashes),
+	// its SharedRef, and its entry in the decoder's map (a key of three
+	// strings and a tier, a pointer, the map's overhead).
+	bindingBytes = 352
+	// componentMapBytes: an SGLang binding's component set.
+	componentMapBytes = 48
+	// componentBytes: one component in it, besides the suffix's bytes.
+	componentBytes = 40
+)
+
+// accounted is what b accounts for against the budget.
+func (b *binding) accounted() int64 {
+	n := bindingBytes + len(b.key.backend) + len(b.key.tenant) + len(b.key.identity) +
+		len(b.ctx.Model) + len(b.ctx.Lora) + len(b.fullHash) + len(b.group)
+	if b.components != nil {
+		n += componentMapBytes
+		for c := range b.components {
+			n += componentBytes + len(c)
+		}
+	}
+	return int64(n)
+}
+
+// bind records b under bk and takes its shared reference. A table dropped
+// since the lookup refuses it, and the binding is not kept.
+func (d *mooncakeDecoder) bind(bk bindingKey, b *binding) {
+	b.key = bk
+	b.ref.Init(b, bk.tier, b.prefix, b.accounted(), &d.orphans)
+	if b.sink.AcquireSharedRef(&b.ref) {
+		d.bindings[bk] = b
+	}
+}
+
+// dropOrphans forgets the bindings whose references the index evicted
+// (or whose table it dropped) since the last call: their blocks are gone,
+// so a later removal of them is a no-op, as for an object never seen.
+func (d *mooncakeDecoder) dropOrphans() {
+	for _, r := range d.orphans.Drain() {
+		b, _ := r.Owner.(*binding)
+		if b == nil {
+			continue
+		}
+		if cur, ok := d.bindings[b.key]; ok && cur == b {
+			delete(d.bindings, b.key)
+		}
+	}
 }
 
 // mooncakeDecoder decodes master batches and keeps the source's bindings.
@@ -222,7 +278,9 @@ type mooncakeDecoder struct {
 	log      zerolog.Logger
 	events   []mcEvent
 	bindings map[bindingKey]*binding
-	mapEv    mooncakeMapEvent // the event under decoding, reused
+	// orphans receives the bindings' references the index evicted.
+	orphans index.Orphans
+	mapEv   mooncakeMapEvent // the event under decoding, reused
 }
 
 func newMooncake(cfg Config) *mooncakeDecoder {
@@ -454,6 +512,7 @@ func mooncakeTier(m []byte) (index.Tier, bool) {
 // Apply implements Decoder: the batch's events go in order against the
 // binding table.
 func (d *mooncakeDecoder) Apply(rep Reporter) {
+	d.dropOrphans()
 	for i := range d.events {
 		e := &d.events[i]
 		if e.result != Applied {
@@ -555,22 +614,23 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		return
 	}
 	bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: ctx.Tenant, identity: identity, tier: tier}
-	if b, exists := d.bindings[bk]; exists {
+	if b, exists := d.bindings[bk]; exists && !b.ref.Gone() {
 		if b.ctx != ctx || b.prefix != prefix || b.fullHash != fullHash || b.group != group {
 			e.fail(EvConflict)
 			return
 		}
-		if d.sglang {
+		if _, has := b.components[component]; d.sglang && !has {
 			b.components[component] = struct{}{}
+			b.sink.AdjustSharedRef(&b.ref, int64(componentBytes+len(component)))
 		}
 		return // idempotent re-store
 	}
+	// new, or evicted by the index: the store binds it afresh
 	b := &binding{sink: sink, ctx: ctx, prefix: prefix, fullHash: fullHash, group: group}
 	if d.sglang {
 		b.components = map[string]struct{}{component: {}}
 	}
-	d.bindings[bk] = b
-	sink.AcquireShared(tier, prefix)
+	d.bind(bk, b)
 }
 
 // applyRemoved drops the object's binding in the event's tier. The
@@ -609,8 +669,8 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 	for _, t := range tiers[:nt] {
 		bk := bindingKey{backend: backend, tenant: tenant, identity: identity, tier: t}
 		b, exists := d.bindings[bk]
-		if !exists {
-			continue
+		if !exists || b.ref.Gone() {
+			continue // an evicted binding is as good as never seen
 		}
 		if d.sglang {
 			if _, has := b.components[component]; !has {
@@ -634,11 +694,12 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		if d.sglang {
 			delete(b.components, component)
 			if len(b.components) > 0 {
+				b.sink.AdjustSharedRef(&b.ref, -int64(componentBytes+len(component)))
 				continue // other parts of the block are still stored
 			}
 		}
 		delete(d.bindings, keys[i])
-		b.sink.ReleaseShared(keys[i].tier, b.prefix)
+		b.sink.ReleaseSharedRef(&b.ref)
 	}
 }
 
@@ -667,7 +728,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 	for k, b := range d.bindings {
 		if k.backend == backend && k.tenant == tenant {
 			delete(d.bindings, k)
-			b.sink.ReleaseShared(k.tier, b.prefix)
+			b.sink.ReleaseSharedRef(&b.ref)
 		}
 	}
 }
@@ -675,8 +736,9 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 // Retract implements Decoder: every binding of the source is released
 // (stale or stopped, docs/events.md#retraction).
 func (d *mooncakeDecoder) Retract() {
-	for k, b := range d.bindings {
-		b.sink.ReleaseShared(k.tier, b.prefix)
+	for _, b := range d.bindings {
+		b.sink.ReleaseSharedRef(&b.ref)
 	}
 	clear(d.bindings)
+	d.orphans.Drain()
 }

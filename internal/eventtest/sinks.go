@@ -59,11 +59,20 @@ func (r *Recorder) ClearOwner(id index.OwnerID, m index.TierMask) {
 	r.add(Op{Kind: "clear", Owner: id, Mask: m})
 }
 
-// AcquireShared records a shared reference taken.
-func (r *Recorder) AcquireShared(t index.Tier, k uint64) { r.add(Op{Kind: "acquire", Tier: t, Key: k}) }
+// AcquireSharedRef records a shared reference taken.
+func (r *Recorder) AcquireSharedRef(ref *index.SharedRef) bool {
+	r.add(Op{Kind: "acquire", Tier: ref.Tier(), Key: ref.Key()})
+	return true
+}
 
-// ReleaseShared records a shared reference dropped.
-func (r *Recorder) ReleaseShared(t index.Tier, k uint64) { r.add(Op{Kind: "release", Tier: t, Key: k}) }
+// ReleaseSharedRef records a shared reference dropped.
+func (r *Recorder) ReleaseSharedRef(ref *index.SharedRef) {
+	r.add(Op{Kind: "release", Tier: ref.Tier(), Key: ref.Key()})
+}
+
+// AdjustSharedRef accepts a change of a reference's accounted bytes; the
+// recorder keeps no budget, so it is not an operation.
+func (r *Recorder) AdjustSharedRef(*index.SharedRef, int64) bool { return true }
 
 // Take returns the calls recorded so far and forgets them.
 func (r *Recorder) Take() []Op {

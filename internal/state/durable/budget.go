@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
@@ -19,6 +20,17 @@ func (s *State) tooLarge(snap *snapshot.Snapshot) error {
 	if limit <= 0 {
 		return nil
 	}
+	need := snapshotNeed(snap)
+	if need <= limit {
+		return nil
+	}
+	return fmt.Errorf("snapshot needs at least %d MiB (%d bytes) of index memory, over the %d MiB (%d bytes) budget (--index-memory-mib)",
+		need>>20, need, limit>>20, limit)
+}
+
+// snapshotNeed is the least a snapshot's contexts, scopes and Mooncake
+// bindings account for once restored.
+func snapshotNeed(snap *snapshot.Snapshot) int64 {
 	var need int64
 	for _, c := range snap.Contexts {
 		need += index.EstimateBytes(int64(c.Blocks), int64(c.Pairs))
@@ -26,9 +38,10 @@ func (s *State) tooLarge(snap *snapshot.Snapshot) error {
 	for _, sc := range snap.Scopes {
 		need += index.EstimateBytes(int64(sc.Blocks), int64(sc.Pairs))
 	}
-	if need <= limit {
-		return nil
+	for _, src := range snap.Sources {
+		for _, b := range src.Bindings {
+			need += events.BindingBytes(events.Binding(b))
+		}
 	}
-	return fmt.Errorf("snapshot needs at least %d MiB (%d bytes) of index memory, over the %d MiB (%d bytes) budget (--index-memory-mib)",
-		need>>20, need, limit>>20, limit)
+	return need
 }

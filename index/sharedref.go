@@ -1,0 +1,281 @@
+package index
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Shared references with owners (docs/index-memory.md#mooncake-bindings).
+//
+// A shared tier's holder counts references; a Mooncake object binding takes
+// one and gives it back when the master removes the object. The evictor
+// removes a holder whole, with every reference at once, so a binding that
+// outlived its holder would release a later holder of the same key taken by
+// another binding (removing what that binding still needs), and its own
+// record in the decoder would never be counted or freed. A SharedRef closes
+// both gaps: the index keeps the references themselves beside the holder,
+// under the same stripe lock as the count, so
+//
+//   - the binding's bytes (SharedRef.cost) are charged to the budget while
+//     the reference is held and given back the moment it is released or
+//     evicted;
+//   - an eviction (or the table's drop) marks each of the holder's
+//     references gone and hands it to its owner's Orphans, so the owner can
+//     forget the binding; a later release of a gone reference is a no-op and
+//     never touches a newer holder of the key;
+//   - a holder's count is the number of references it holds, so releasing
+//     them all removes it: nothing is left that no binding can remove.
+
+// Bytes the index itself keeps for owned references, on top of each
+// reference's cost.
+const (
+	// refListBytes: a (key, tier) entry of a stripe's reference map (key,
+	// slice header and the map's overhead).
+	refListBytes = 64
+	// refSlotBytes: a reference's slot in that entry's slice.
+	refSlotBytes = 8
+)
+
+// refKey is a shared holder: a key and one shared tier bit.
+type refKey struct {
+	key uint64
+	bit uint32
+}
+
+// SharedRef is one reference an outside owner holds on a key's shared tier.
+// It belongs to one table: take it with Table.AcquireSharedRef, give it back
+// with Table.ReleaseSharedRef, each at most once.
+type SharedRef struct {
+	// Owner is the owner's record, for the owner to find it again when
+	// Orphans hands the reference back.
+	Owner any
+
+	tier    Tier
+	key     uint64
+	cost    int64
+	orphans *Orphans
+	// held and pos (its place in the stripe's list) are under the lock of
+	// the stripe that holds key.
+	held bool
+	pos  uint32
+	gone atomic.Bool
+}
+
+// NewSharedRef makes a reference on key's shared tier for owner, whose
+// record accounts for cost bytes; orphans (may be nil) receives it if the
+// index evicts it.
+func NewSharedRef(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) *SharedRef {
+	r := &SharedRef{}
+	r.Init(owner, tier, key, cost, orphans)
+	return r
+}
+
+// Init makes r, never taken, what NewSharedRef returns, for an owner that
+// embeds its reference and saves an allocation.
+func (r *SharedRef) Init(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) {
+	*r = SharedRef{Owner: owner, tier: tier, key: key, cost: max(cost, 0), orphans: orphans}
+}
+
+// Tier is the shared tier the reference is on.
+func (r *SharedRef) Tier() Tier { return r.tier }
+
+// Key is the block key the reference is on.
+func (r *SharedRef) Key() uint64 { return r.key }
+
+// Gone reports that the index evicted the reference (or dropped its
+// table): it no longer counts, and releasing it is a no-op.
+func (r *SharedRef) Gone() bool { return r.gone.Load() }
+
+// Orphans collects the references the index evicted, for their owner to
+// forget. It is safe for concurrent use; the index adds to it while holding
+// a stripe lock, so an owner must not call into the index while adding.
+type Orphans struct {
+	mu   sync.Mutex
+	refs []*SharedRef
+}
+
+func (o *Orphans) add(r *SharedRef) {
+	o.mu.Lock()
+	o.refs = append(o.refs, r)
+	o.mu.Unlock()
+}
+
+// Drain returns the references evicted since the last Drain and forgets
+// them.
+func (o *Orphans) Drain() []*SharedRef {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := o.refs
+	o.refs = nil
+	return out
+}
+
+// Len is how many evicted references wait for Drain.
+func (o *Orphans) Len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.refs)
+}
+
+// AcquireSharedRef takes reference r on its key's shared tier, as
+// AcquireShared does, and charges r's cost to the budget while it is held.
+// It reports false, taking nothing, for a dropped table, a tier that is not
+// shared, or a reference already taken.
+func (t *Table) AcquireSharedRef(r *SharedRef) bool {
+	bit := sharedTierBit(r.tier)
+	if bit == 0 {
+		return false
+	}
+	t.admit()
+	h := mix(r.key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead || r.held || r.gone.Load() {
+		return false
+	}
+	t.changing(s)
+	idx := s.findOrInsert(r.key, h)
+	b := &s.blocks[idx]
+	k := s.findShared(b, bit)
+	if k != noPair {
+		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
+			p.aux++
+		}
+	} else {
+		s.addPair(b, pair{own: bit, aux: 1})
+	}
+	s.setMask(b, b.mask()|uint8(bit))
+	if k == noPair {
+		t.notify(KeyAdded, 0, r.key)
+	}
+	rk := refKey{r.key, bit}
+	if s.refs == nil {
+		s.refs = make(map[refKey][]*SharedRef)
+	}
+	list := s.refs[rk]
+	n := r.cost + refSlotBytes
+	if len(list) == 0 {
+		n += refListBytes
+	}
+	r.held, r.pos = true, uint32(len(list))
+	s.refs[rk] = append(list, r)
+	s.charge(n)
+	return true
+}
+
+// ReleaseSharedRef gives back reference r: its cost leaves the budget and
+// the key leaves the shared tier with its last reference. A reference not
+// held (never taken, released already, or evicted) is a no-op, so it never
+// takes a count another reference holds.
+func (t *Table) ReleaseSharedRef(r *SharedRef) {
+	bit := sharedTierBit(r.tier)
+	if bit == 0 {
+		return
+	}
+	h := mix(r.key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead || !r.held {
+		return
+	}
+	s.unlinkRef(refKey{r.key, bit}, r)
+	idx := s.find(r.key, h)
+	if idx < 0 {
+		return // unreachable: a held reference keeps its block
+	}
+	t.changing(s)
+	b := &s.blocks[idx]
+	k := s.findShared(b, bit)
+	if k == noPair {
+		return // unreachable: a held reference keeps its holder
+	}
+	p := s.pairAt(b, k)
+	if p.aux--; p.aux == 0 {
+		s.removePair(b, k)
+		s.settle(idx, b)
+		t.notify(KeyEvicted, 0, r.key)
+	}
+}
+
+// unlinkRef takes held reference r out of rk's list and gives back what it
+// accounted for.
+func (s *stripe) unlinkRef(rk refKey, r *SharedRef) {
+	list := s.refs[rk]
+	last := len(list) - 1
+	if moved := list[last]; moved != r {
+		list[r.pos], moved.pos = moved, r.pos
+	}
+	list[last] = nil
+	n := -(r.cost + refSlotBytes)
+	if last == 0 {
+		delete(s.refs, rk)
+		n -= refListBytes
+	} else {
+		s.refs[rk] = list[:last]
+	}
+	r.held = false
+	s.charge(n)
+}
+
+// refsHeld counts the owned references rk's holder has.
+func (s *stripe) refsHeld(rk refKey) int { return len(s.refs[rk]) }
+
+// evictRefs marks every owned reference of rk gone, hands each to its
+// owner's Orphans and gives back what they accounted for: the holder they
+// counted in is being evicted whole.
+func (s *stripe) evictRefs(rk refKey) {
+	list, ok := s.refs[rk]
+	if !ok {
+		return
+	}
+	n := int64(refListBytes)
+	for _, r := range list {
+		n += r.cost + refSlotBytes
+		r.orphan()
+	}
+	delete(s.refs, rk)
+	s.charge(-n)
+}
+
+// orphanAllRefs is evictRefs for every holder of a stripe being dropped
+// (the stripe gives back its bytes in releaseAll).
+func (s *stripe) orphanAllRefs() {
+	for _, list := range s.refs {
+		for _, r := range list {
+			r.orphan()
+		}
+	}
+	s.refs = nil
+}
+
+func (r *SharedRef) orphan() {
+	r.held = false
+	r.gone.Store(true)
+	if r.orphans != nil {
+		r.orphans.add(r)
+	}
+}
+
+// AdjustSharedRef changes what held reference r accounts for by delta
+// bytes (its owner's record grew or shrank) and reports whether r is held;
+// a reference not held is left alone.
+func (t *Table) AdjustSharedRef(r *SharedRef, delta int64) bool {
+	if sharedTierBit(r.tier) == 0 {
+		return false
+	}
+	if delta > 0 {
+		t.admit()
+	}
+	s := t.stripeFor(mix(r.key))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead || !r.held {
+		return false
+	}
+	delta = max(delta, -r.cost)
+	r.cost += delta
+	s.charge(delta)
+	return true
+}
