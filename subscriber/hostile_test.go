@@ -1,8 +1,12 @@
 package subscriber
 
 import (
+	"io"
 	"math/rand/v2"
+	"net"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -234,5 +238,56 @@ func TestOversizeMessageWithReplay(t *testing.T) {
 	}
 	if got := tb.PrefixCount(); got != 1 {
 		t.Errorf("%d blocks indexed, want the new baseline's 1", got)
+	}
+}
+
+// TestHandshakeFailureReconnects: the endpoint is held by a peer that
+// fails the ZMTP handshake (another mechanism), a protocol error after
+// which libzmq does not retry either. The subscriber reconnects by itself,
+// without counting an oversize message.
+func TestHandshakeFailureReconnects(t *testing.T) {
+	m := eventtest.LoadManifest(t)
+	reg := m.Registration(t, "vllm-a")
+	prof := eventtest.ResolveProfile(t, reg)
+	ix := index.New(index.Options{})
+	defer ix.Close()
+	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	counters := NewCounters()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	var conns sync.WaitGroup // each ends when the subscriber closes its side
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// A ZMTP 3.0 greeting that offers a mechanism libzmq lacks.
+		greeting := make([]byte, 64)
+		greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
+		copy(greeting[12:], "BOGUS")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_, _ = c.Write(greeting)
+			conns.Add(1)
+			go func() { defer conns.Done(); _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+		}
+	}()
+	defer func() { _ = ln.Close(); <-done; conns.Wait() }()
+
+	s := mustStart(t, Config{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String(),
+		Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0),
+		Logger: eventtest.Logger(t), Counters: counters})
+	defer s.Stop()
+	eventtest.WaitFor(t, "a second connection after the failed handshake", 20*time.Second, func() bool {
+		return accepted.Load() >= 2
+	})
+	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 0 {
+		t.Errorf("%d oversize drops for a handshake failure, want 0", n)
 	}
 }
