@@ -59,7 +59,11 @@ const SocketsPerSource = 6
 // limits give. 1,024 monitors are 2,048 descriptors, within that budget's
 // headroom; a source started beyond the bound reports connected with its
 // first batch instead, sees no reconnections, and so checks every gap
-// against its replay endpoint.
+// against its replay endpoint; nor does it see a session libzmq ended for
+// good (an oversize message, session.go), so it stays deaf until
+// registered again. A slot that frees is not handed to such a source: a
+// monitor attached late would miss the connection under way, and count
+// its connections from a point it cannot know.
 const MaxOptionalMonitors = 1024
 
 // optionalMonitors counts the monitors held under MaxOptionalMonitors.
