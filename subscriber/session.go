@@ -67,10 +67,11 @@ func (s *Subscriber) onSessionEvent(ev zmq.Event) {
 func (s *Subscriber) noteReceived() { s.session.inARow = 0 }
 
 // sessionDeadline is when a lost session is reconnected; zero when none is
-// lost.
+// lost, or when the SUB socket is gone (a stale source that closed it),
+// so the run loop never waits on a deadline nothing will clear.
 func (s *Subscriber) sessionDeadline() time.Time {
 	w := &s.session
-	if w.lostAt.IsZero() {
+	if w.lostAt.IsZero() || s.sub == nil {
 		return time.Time{}
 	}
 	at := w.lostAt.Add(sessionLostGrace)
@@ -92,7 +93,7 @@ func later(a, b time.Time) time.Time {
 // passed without libzmq reconnecting.
 func (s *Subscriber) healSession(now time.Time) {
 	at := s.sessionDeadline()
-	if at.IsZero() || now.Before(at) || s.sub == nil {
+	if at.IsZero() || now.Before(at) {
 		return
 	}
 	w := &s.session
