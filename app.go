@@ -175,9 +175,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	// One engine answers both doors and owns their caches: the prefix
-	// memo and the answer cache, and the doors' token memos attached to
-	// it, all forgotten through engine.Forget.
-	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Answers: query.NewAnswers(cfg.AnswerCacheBytes)})
+	// memo, the answer cache and the verified links, and the doors' token
+	// memos attached to it, all forgotten through engine.Forget. Ingest
+	// fills the links.
+	links := hashing.NewLinks(cfg.LinkMemoBytes)
+	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links, Answers: query.NewAnswers(cfg.AnswerCacheBytes)})
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
 	engine.Attach(tokenMemo, false)
 	memReturn := bgjob.New(returnMemory, nil)
@@ -192,7 +194,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
+		Start:  sourceFactory(log, counters, checks, links, staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -264,7 +266,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
@@ -400,7 +402,7 @@ func (a *app) close() error {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State,
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, watch map[registry.ServiceKey]bool, state *durable.State,
 	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
@@ -432,6 +434,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			WatchConnection: watch[svc.Key()],
 			Counters:        counters,
 			HashCheck:       chk,
+			Links:           links,
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,

@@ -38,7 +38,6 @@ func (c *cursor) ahead() *Error {
 	return nil
 }
 
-
 // open validates body as one MessagePack object and positions a cursor on
 // the request map, returning its entry count.
 func open(body []byte) (cursor, int, *Error) {

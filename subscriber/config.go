@@ -32,6 +32,9 @@ type Config struct {
 	// their hashes against Profile. nil checks nothing. The subscriber's
 	// goroutine is its only user (its counts are atomic).
 	HashCheck *hashcheck.Checker
+	// Links, for vLLM sources, receives the links of the blocks ingest
+	// verifies (events.Config.Links); nil records none.
+	Links *hashing.Links
 	// WatchConnection says readiness waits for this source: it always
 	// gets a connection monitor (two extra sockets until the first
 	// TCP/IPC connection), so Connected and State report the connection

@@ -187,7 +187,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	s.dec, err = events.New(events.Config{
 		Type: typ, Profile: cfg.Profile, Context: cfg.Context,
 		Engine: cfg.Engine, Owner: cfg.Owner, Lookup: cfg.Lookup, Logger: s.log,
-		Check: cfg.HashCheck,
+		Check: cfg.HashCheck, Links: cfg.Links,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)

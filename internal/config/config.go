@@ -37,6 +37,12 @@ const DefaultTokenMemoMiB = 64
 // hash), so this holds tens of thousands.
 const DefaultAnswerCacheMiB = 16
 
+// DefaultLinkMemoMiB sizes the verified links (hashing.Links) that let
+// queries skip SHA-256 for blocks ingest verified: at 115–125 B per
+// block, two generations of about 500 K blocks each, more than the 449 K
+// of a 4-instance index of 1,000 8K-token prompts.
+const DefaultLinkMemoMiB = 128
+
 // DefaultHashCheckEvery samples the ingest hash check at about one block in
 // 64 after a service's first blocks: a profile mismatch shows within the
 // first event or two, and the steady cost stays a few nanoseconds per
@@ -64,6 +70,9 @@ type Config struct {
 	// again while its context is unchanged skip hashing and the walk (0
 	// disables).
 	AnswerCacheBytes int
+	// LinkMemoBytes sizes the verified links that let queries skip
+	// SHA-256 for blocks ingest verified (0 disables).
+	LinkMemoBytes int
 	// IndexMemoryBytes bounds the index's accounted memory (0: unbounded);
 	// IndexMemoryNote, when set, says at INFO how the default was derived.
 	IndexMemoryBytes int64
@@ -145,6 +154,7 @@ type flags struct {
 	memo      *int
 	tokenMemo *int
 	answers   *int
+	links     *int
 	indexMem  *string
 	tokenFile *string
 	grpcAddr  *string
@@ -179,6 +189,7 @@ func newFlags() *flags {
 	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing; 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
 	f.answers = fl.Int("answer-cache-mib", DefaultAnswerCacheMiB, "MiB for the answer cache that lets a prompt asked again while its context is unchanged skip hashing and the walk; 0 disables (env CONDUCTOR_ANSWER_CACHE_MIB)")
+	f.links = fl.Int("link-memo-mib", DefaultLinkMemoMiB, "MiB for the verified links that let queries skip SHA-256 for vLLM blocks ingest re-hashed and found as published; 0 disables (env CONDUCTOR_LINK_MEMO_MIB)")
 	f.indexMem = fl.String("index-memory-mib", "auto", "MiB budget for the index's accounted memory; at it the least recently stored blocks are evicted; auto is half the process's memory limit (cgroup v2 memory.max or GOMEMLIMIT), unbounded when none is known; 0 is unbounded (env CONDUCTOR_INDEX_MEMORY_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
 	f.grpcAddr = fl.String("grpc-addr", "", "listen address of the InferenceCache gRPC door, e.g. :9090 (env CONDUCTOR_GRPC_ADDR; default off)")
@@ -255,7 +266,7 @@ func Usage() string {
 // new default reaches them without being repeated.
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
-		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
+		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
 		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
 }
 
@@ -334,6 +345,9 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		return nil, err
 	}
 	if err := memoSize(&c.AnswerCacheBytes, "answer cache", f.pick("answer-cache-mib", strconv.Itoa(*f.answers), getenv("CONDUCTOR_ANSWER_CACHE_MIB"))); err != nil {
+		return nil, err
+	}
+	if err := memoSize(&c.LinkMemoBytes, "link memo", f.pick("link-memo-mib", strconv.Itoa(*f.links), getenv("CONDUCTOR_LINK_MEMO_MIB"))); err != nil {
 		return nil, err
 	}
 	ib, note, err := indexMemory(f.pick("index-memory-mib", *f.indexMem, getenv("CONDUCTOR_INDEX_MEMORY_MIB")), memoryLimit)

@@ -58,6 +58,9 @@ type Config struct {
 	// blocks hashed again under Profile. nil checks nothing. The checker
 	// is used from the decoder's goroutine only, like the decoder.
 	Check *hashcheck.Checker
+	// Links, for vLLM, receives the verified links of applied
+	// BlockStored events (links.go); nil records none.
+	Links *hashing.Links
 }
 
 // New returns the decoder of cfg.Type.

@@ -133,10 +133,18 @@ type engineDecoder struct {
 	check   *hashcheck.Checker
 	payload []byte
 	hc      hcScratch
+	// links, for vLLM, records the blocks of applied BlockStored events
+	// that verify (links.go) under profile and loraName; keepSpans says
+	// the check or the links read events again.
+	links     hashing.LinkScope
+	profile   hashing.Profile
+	loraName  string
+	keepSpans bool
+	ls        linkScratch
 }
 
 func newEngine(rules *engineRules, cfg Config) *engineDecoder {
-	return &engineDecoder{
+	d := &engineDecoder{
 		rules:     rules,
 		sink:      cfg.Engine,
 		owner:     cfg.Owner,
@@ -146,7 +154,14 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		check:     cfg.Check,
 		events:    make([]engineEvent, 0, 64),
 		keys:      make([]uint64, 0, 1024),
+		profile:   cfg.Profile,
+		loraName:  cfg.Context.Lora,
 	}
+	if rules.typ == source.VLLM {
+		d.links = cfg.Links.Scope(&d.profile)
+	}
+	d.keepSpans = d.check != nil || d.links.Enabled()
+	return d
 }
 
 func (d *engineDecoder) beginBatch() {
@@ -156,7 +171,7 @@ func (d *engineDecoder) beginBatch() {
 
 // Decode implements Decoder.
 func (d *engineDecoder) Decode(payload []byte) Reason {
-	if d.check != nil {
+	if d.keepSpans {
 		d.payload = payload
 	}
 	return d.decode(d.rules.typ, payload, d)
@@ -222,7 +237,7 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	}
 	ev.off, ev.n = int32(off), int32(len(d.keys)-off)
 	d.validate(ev, f)
-	if ev.kind == evStored && ev.result == Applied && d.check != nil {
+	if ev.kind == evStored && ev.result == Applied && d.keepSpans {
 		ev.bs, ev.spans = int32(f.v.ints[iBlockSize]), f.spans
 	}
 	if ev.result == Rejected {
@@ -236,7 +251,7 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 // the values a hash check reads again lie.
 func (d *engineDecoder) readField(r *msgp.Reader, id uint8, f *engineFields) error {
 	sp := spanOf[id]
-	if sp == noSpan || d.check == nil {
+	if sp == noSpan || !d.keepSpans {
 		return d.readValue(r, id, f)
 	}
 	start := r.Pos()
@@ -436,6 +451,9 @@ func (d *engineDecoder) Apply(rep Reporter) {
 				if n := d.check.Sample(int(ev.n)); n > 0 {
 					d.checkStored(ev, n)
 				}
+			}
+			if d.links.Enabled() {
+				d.linkStored(ev)
 			}
 		case evRemoved:
 			for _, k := range d.keys[ev.off : ev.off+ev.n] {

@@ -50,6 +50,35 @@ func (h *BlockHasher) Digest(p *Profile, parent *[32]byte, words []int32, lora, 
 	return d, ok
 }
 
+// Digests appends to out the digests of the consecutive vLLM blocks in
+// tokens (len(tokens)/blockSize full blocks; a partial tail is ignored),
+// the first chained on parent (nil: a chain's first block, salted with
+// salt), each later one on the block before it: Digest for a run of
+// blocks, encoding the extras once. A non-vLLM profile appends nothing.
+func (h *BlockHasher) Digests(p *Profile, blockSize int, parent *[32]byte, tokens []int32, lora, salt string, out [][32]byte) [][32]byte {
+	if p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) || blockSize <= 0 {
+		return out
+	}
+	c := &h.c
+	if parent != nil {
+		salt = "" // the salt enters a chain's first block only
+	}
+	c.Reset(p, blockSize, tokens, lora, salt)
+	if parent != nil {
+		c.parent = *parent
+		c.havePr = true
+		c.block = 1
+	}
+	for {
+		if _, _, ok := c.Next(); !ok {
+			break
+		}
+		out = append(out, c.parent)
+	}
+	c.tokens, c.lora, c.salt = nil, "", ""
+	return out
+}
+
 // Key projects a digest to its index key under p (zero for a zero Profile).
 func (p *Profile) Key(d *[32]byte) uint64 {
 	c := Chain{kind: p.kind}

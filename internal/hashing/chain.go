@@ -65,6 +65,23 @@ type Chain struct {
 	memoMisses uint64
 	keepTokens bool // tokens are never modified: the memo may keep them
 
+	// links, when set, holds the digests of blocks ingest verified (see
+	// Links); linksOn says whether the next block may still look there (a
+	// query stops at its first block without one). linkID is the prefix
+	// id of blocks [0, linkPos) under linkSc, made at first use; pend
+	// holds the digests of the next blocks, looked up in one batch
+	// (resolve), pend[pendI] being block c.block's.
+	links     *Links
+	linkSc    LinkScope
+	linksOn   bool
+	linkHits  uint64
+	linkID    LinkID
+	linkPos   int
+	linkBatch int
+	pend      [][32]byte
+	pendI     int
+	ids       []LinkID
+
 	tails    []byte
 	tail0    int
 	tailsSet bool
@@ -91,6 +108,7 @@ func ReleaseChain(c *Chain) {
 		return
 	}
 	c.endMemoQuery(true) // the caller's tokens are still intact here
+	c.endLinks()
 	c.tokens, c.lora, c.salt = nil, "", ""
 	c.kind, c.limit, c.pos = kindNone, 0, 0
 	c.keepTokens = false
@@ -116,6 +134,7 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	// The previous query's tokens may have been reused by the caller, so
 	// only ReleaseChain lets the memo learn a chain.
 	c.endMemoQuery(false)
+	c.endLinks()
 	c.keepTokens = false
 	c.tokens, c.lora, c.salt = tokens, lora, salt
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
@@ -150,6 +169,78 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 func (c *Chain) UseMemo(m *Memo) {
 	c.endMemoQuery(false)
 	c.memo = m
+}
+
+// UseLinks makes this query take the digests of blocks ingest verified
+// from l instead of hashing them (nil disables it); call it after Reset.
+// As with the memo, the keys are identical with and without links; only
+// the cost changes.
+func (c *Chain) UseLinks(l *Links) {
+	c.endLinks()
+	if l != nil && (c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle) {
+		c.links, c.linksOn = l, true
+	}
+}
+
+// endLinks closes the current query's use of the links, adding its counts.
+func (c *Chain) endLinks() {
+	if c.links != nil {
+		if c.linkHits != 0 {
+			c.links.hits.Add(c.linkHits)
+		}
+		if !c.linksOn {
+			c.links.misses.Add(1)
+		}
+	}
+	c.links, c.linkSc, c.linksOn, c.linkHits = nil, LinkScope{}, false, 0
+	c.linkPos, c.linkBatch, c.pendI = 0, 0, 0
+	c.pend = c.pend[:0]
+}
+
+const (
+	firstLinkBatch = 8
+	maxLinkBatch   = 256
+)
+
+// resolve looks up the verified digests of up to the next batch of full
+// blocks, from block c.block on, into pend, and returns how many it found
+// (the blocks before the first one without a link; that block ends the
+// query's use of links). The blocks' prefix ids depend only on tokens, so
+// they are computed first and looked up under one read lock, mostly by
+// walking a run (Links). Batches start small and double, so that a walk
+// ending early wastes little.
+func (c *Chain) resolve() int {
+	full := c.limit / c.bs
+	if !c.linksOn || c.block >= full {
+		return 0
+	}
+	if c.linkSc.l == nil {
+		c.linkSc = c.links.Scope(&Profile{kind: c.kind, RootDigest: c.root})
+		c.linkID, c.buf = c.linkSc.Root(c.lora, c.salt, c.buf)
+		c.linkPos = 0
+	}
+	for c.linkPos < c.block { // blocks the memo served
+		c.linkID, c.buf = c.linkSc.Next(c.linkID, c.tokens[c.linkPos*c.bs:(c.linkPos+1)*c.bs], c.buf)
+		c.linkPos++
+	}
+	c.linkBatch = min(max(2*c.linkBatch, firstLinkBatch), maxLinkBatch)
+	n := min(c.linkBatch, full-c.block)
+	c.ids = c.ids[:0]
+	id := c.linkID
+	for i := range n {
+		b := c.block + i
+		id, c.buf = c.linkSc.Next(id, c.tokens[b*c.bs:(b+1)*c.bs], c.buf)
+		c.ids = append(c.ids, id)
+	}
+	c.pend, _ = c.linkSc.Resolve(c.ids, c.pend[:0])
+	c.pendI = 0
+	if k := len(c.pend); k < n {
+		c.linksOn = false
+	}
+	if k := len(c.pend); k > 0 {
+		c.linkID, c.linkPos = c.ids[k-1], c.block+k
+	}
+	return len(c.pend)
 }
 
 // KeepTokens promises that the token slice given to Reset is never
@@ -203,7 +294,13 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
 		c.seedSGLangSalt()
 	}
-	c.hashBlock(start, end)
+	if c.pendI < len(c.pend) || (c.links != nil && c.resolve() > 0) {
+		c.parent = c.pend[c.pendI] // a verified digest (see Links)
+		c.pendI++
+		c.linkHits++
+	} else {
+		c.hashBlock(start, end)
+	}
 	if c.memo != nil {
 		c.memoMisses++
 		if len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block-c.reuseK {
@@ -239,15 +336,26 @@ func (c *Chain) lookUp() {
 	}
 }
 
-// Ready reports how many of the next Next calls are served from the memo
-// without hashing (index.ReadyChain), looking the memo up first if this
-// chain has not yet.
+// Ready reports how many of the next Next calls are served without
+// hashing (index.ReadyChain): from the memo, looking it up first if this
+// chain has not yet, or from verified links, looking up the next batch.
 func (c *Chain) Ready() int {
-	if c.memo == nil || c.kind == kindNone || c.pos >= c.limit {
+	if c.kind == kindNone || c.pos >= c.limit {
 		return 0
 	}
-	c.lookUp()
-	return max(0, c.reuseK-c.block)
+	if c.memo != nil {
+		c.lookUp()
+		if r := c.reuseK - c.block; r > 0 {
+			return r
+		}
+	}
+	if c.links == nil {
+		return 0
+	}
+	if r := len(c.pend) - c.pendI; r > 0 {
+		return r
+	}
+	return c.resolve()
 }
 
 // hashBlock encodes block [start, end) and sets c.parent to its digest.

@@ -202,6 +202,13 @@ func (c *Chain) rememberPrefix() {
 	if c.memo == nil || len(c.fpVals) == 0 || len(c.digs) == 0 {
 		return
 	}
+	if c.linkHits > 0 {
+		// Verified links served this chain: asked again, it costs a
+		// batch of link lookups, less than copying its tokens and
+		// digests here, and the memo's budget stays for chains ingest
+		// could not verify.
+		return
+	}
 	m := c.reuseK + len(c.digs)
 	n := 0 // fingerprints of the depths the stored chain covers
 	for depth := 1; depth <= m && n < len(c.fpVals); depth *= 2 {

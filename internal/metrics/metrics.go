@@ -30,6 +30,8 @@ type Options struct {
 	Registry *registry.Registry
 	Counters *subscriber.Counters
 	Memo     *hashing.Memo
+	// Links, when set, is reported as conductor_link_memo_*.
+	Links *hashing.Links
 	// TokenMemo, when set, is reported as conductor_token_memo_*.
 	TokenMemo *codec.TokenMemo
 	// Answers, when set, is reported as conductor_answer_cache_*.
@@ -192,7 +194,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
+	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2]} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -268,6 +270,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.opts.Memo != nil {
 		collectMemo(ch, descMemo, descMemoBytes, c.opts.Memo)
 	}
+	collectLinks(ch, c.opts.Links)
 	if c.opts.TokenMemo != nil {
 		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
 	}

@@ -72,7 +72,7 @@ func TestFamiliesMatchREADME(t *testing.T) {
 	checks.Add(string(svc.Key()), &svc.Profile, svc.BlockSize, "")
 	m := New(Options{
 		Index: ix, Registry: reg, Counters: subscriber.NewCounters(),
-		Memo: hashing.NewMemo(1 << 20), TokenMemo: codec.NewTokenMemo(1 << 20), Answers: query.NewAnswers(1 << 20),
+		Memo: hashing.NewMemo(1 << 20), Links: hashing.NewLinks(1 << 20), TokenMemo: codec.NewTokenMemo(1 << 20), Answers: query.NewAnswers(1 << 20),
 		Build: &buildinfo.Info{Version: "v", Commit: "c", GoVersion: "go", LibZMQ: "4"}, HashChecks: checks,
 	})
 	m.ObserveRequest("/query", 200, 0)

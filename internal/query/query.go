@@ -32,6 +32,10 @@ type Options struct {
 	// Memo, when set, lets warm lookups skip SHA-256 for blocks seen
 	// before; answers are identical either way.
 	Memo *hashing.Memo
+	// Links, when set, lets lookups take the digests of blocks ingest
+	// verified instead of computing SHA-256; answers are identical
+	// either way.
+	Links *hashing.Links
 	// Answers, when set, lets a prompt asked again while its table is
 	// unchanged skip the hashing and the walk; answers are identical
 	// either way.
@@ -73,11 +77,18 @@ func New(opts Options) *Engine {
 	if opts.Answers != nil {
 		e.ofContexts = append(e.ofContexts, opts.Answers)
 	}
+	if opts.Links != nil {
+		e.ofContexts = append(e.ofContexts, opts.Links)
+	}
 	return e
 }
 
 // Memo is the engine's prefix memo (nil when off), for its metrics.
 func (e *Engine) Memo() *hashing.Memo { return e.opts.Memo }
+
+// Links is the engine's verified links (nil when off), for its metrics
+// and for ingest, which fills them.
+func (e *Engine) Links() *hashing.Links { return e.opts.Links }
 
 // Answers is the engine's answer cache (nil when off), for its metrics.
 func (e *Engine) Answers() *Answers { return e.opts.Answers }
@@ -214,6 +225,7 @@ func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt,
 		ch.KeepTokens()
 	}
 	ch.UseMemo(e.opts.Memo)
+	ch.UseLinks(e.opts.Links)
 	if ans == nil {
 		tbl.Query(ch, instance, res)
 	} else if ver, exact := tbl.QueryVersioned(ch, instance, res); exact {

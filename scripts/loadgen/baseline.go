@@ -90,7 +90,13 @@ type coldResult struct {
 	Seconds             float64 `json:"seconds"`
 	ServerCPUPerQueryUS float64 `json:"server_cpu_per_query_us"`
 	P50US               float64 `json:"p50_us"`
+	P99US               float64 `json:"p99_us"`
 	Failures            int64   `json:"failures"`
+	// LinkBlocksPerQuery is how many blocks per query took a verified
+	// link's digest instead of SHA-256 (-1 when unknown); LinkBytes is
+	// the links' memory after the pass.
+	LinkBlocksPerQuery float64 `json:"link_blocks_per_query"`
+	LinkBytes          float64 `json:"link_bytes"`
 }
 
 // coldPool encodes the cold pass's queries (every stored prompt once, in
@@ -115,12 +121,19 @@ func coldPool(c *corpus, model string, bin bool) ([]preparedQuery, error) {
 // still new to the server that answers it, and the CPU is all servers'.
 func (s *session) coldPass(ctx context.Context, pool []preparedQuery, ids []string, fails *failures, m fleet) (*coldResult, error) {
 	d := &driver{targets: s.apis, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
+	ms0, err0 := memoStatsAll(s.apis)
 	f0, c0 := fails.count.Load(), total(m.cpus())
 	t0 := time.Now()
 	samples, elapsed := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
 	c1 := total(m.cpus())
+	lat := latencies(samples)
 	r := &coldResult{Queries: len(samples), Seconds: elapsed.Seconds(), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
-		P50US: us(percentile(latencies(samples), 0.5)), Failures: fails.count.Load() - f0}
+		P50US: us(percentile(lat, 0.5)), P99US: us(percentile(lat, 0.99)), Failures: fails.count.Load() - f0,
+		LinkBlocksPerQuery: -1, LinkBytes: -1}
+	if ms1, err1 := memoStatsAll(s.apis); err0 == nil && err1 == nil && ms0.linkHits >= 0 && ms1.linkHits >= 0 && len(samples) > 0 {
+		r.LinkBlocksPerQuery = (ms1.linkHits - ms0.linkHits) / float64(len(samples))
+		r.LinkBytes = ms1.linkBytes
+	}
 	s.logf("cold pass: %d queries in %v, server CPU/query %s, %d wrong", r.Queries, elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), r.Failures)
 	return r, ctx.Err()
 }

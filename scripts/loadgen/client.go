@@ -289,6 +289,9 @@ type memoStats struct {
 	answerHits, answerMisses float64 // long queries
 	answerBytes              float64
 	prefixBytes, tokenBytes  float64
+	// linkHits and linkBytes are the verified links' (-1 on a server
+	// without them).
+	linkHits, linkBytes float64
 }
 
 // metrics fetches and parses GET /metrics. status is the response's (0
@@ -322,6 +325,8 @@ func (a *api) memoStats() (memoStats, error) {
 		answerHits:   m.value("conductor_answer_cache_lookups_total", hit),
 		answerMisses: m.value("conductor_answer_cache_lookups_total", miss),
 		answerBytes:  m.value("conductor_answer_cache_bytes", nil),
+		linkHits:     m.value("conductor_link_memo_hits_total", nil),
+		linkBytes:    m.value("conductor_link_memo_bytes", nil),
 	}, nil
 }
 

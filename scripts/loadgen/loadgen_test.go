@@ -357,9 +357,10 @@ func TestLoadShort(t *testing.T) {
 		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "64",
 		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms",
 		// The memos are what this test watches; remembered answers would
-		// spare the long queries the prefix memo (TestColdPassAndChainShort
-		// watches them).
-		"--server-args", "--answer-cache-mib=0")
+		// spare the long queries the prefix memo, and verified links serve
+		// chains the memo then does not learn (TestColdPassAndChainShort
+		// watches both).
+		"--server-args", "--answer-cache-mib=0 --link-memo-mib=0")
 	rep, err := run(ctx, o)
 	if rep == nil {
 		t.Fatalf("load did not run: %v", err)

@@ -86,6 +86,7 @@ type options struct {
 	ingestTimeout time.Duration
 	binTokens     bool
 	coldPass      bool
+	floor         bool
 	chainBaseline bool
 	preset        string
 	json          bool
@@ -114,6 +115,20 @@ var presets = map[string][]string{
 		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
 		"--mix", "full=1", "--queries", "1000", "--cold-pass", "--chain-baseline", "--concurrency", "1,8",
 		"--unreg-concurrency", "1"},
+	// cold-8k is router-8k's index with every stored prompt asked once
+	// (cold) and the 2-block request floor measured beside it, at
+	// concurrency 1 (issue 28's first target), then warm queries.
+	"cold-8k": {"--engine", "vllm", "--publishers", "4", "--prompts", "1000", "--prompt-tokens", "8192",
+		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
+		"--mix", "full=1", "--queries", "1000", "--cold-pass", "--chain-baseline", "--floor", "--concurrency", "1",
+		"--unreg-concurrency", "1"},
+	// cold-64k is long agent contexts: 4 instances, 96 stored prompts of
+	// 65,536 tokens in 4 groups sharing 4,096, each asked once, with the
+	// floor beside them.
+	"cold-64k": {"--engine", "vllm", "--publishers", "4", "--prompts", "96", "--prompt-tokens", "65536",
+		"--system-tokens", "4096", "--groups", "4", "--block-size", "16", "--token-encoding", "bin",
+		"--mix", "full=1", "--queries", "96", "--cold-pass", "--chain-baseline", "--floor", "--concurrency", "1",
+		"--unreg-concurrency", "1"},
 }
 
 // expandPreset replaces --preset NAME (or --preset=NAME) by the preset's
@@ -135,7 +150,7 @@ func expandPreset(args []string) ([]string, string, error) {
 		}
 		p, ok := presets[name]
 		if !ok {
-			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k)", name)
+			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, cold-64k)", name)
 		}
 		return append(slices.Clone(p), rest...), name, nil
 	}
@@ -150,9 +165,10 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.preset = preset
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline)")
+	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
 	fs.IntVar(&o.corpus.Prompts, "prompts", 0, "exactly this many stored prompts (0: as many as --blocks needs)")
 	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before) and report server CPU per query")
+	fs.BoolVar(&o.floor, "floor", false, "after ingest (and the cold pass), time 2-block queries at concurrency 1: the fixed cost of one request, reported beside the cold pass and the levels and subtracted in their ratios")
 	fs.BoolVar(&o.chainBaseline, "chain-baseline", false, "time the bare hash chain of the stored prompts in this process (thread CPU) before and after the query phases, and report server CPU per query against it")
 	fs.StringVar(&o.baseURL, "base-url", "http://127.0.0.1:13333", "server base URL (loopback only); ignored with --spawn")
 	fs.StringVar(&o.authToken, "auth-token", "", "bearer token for /register and /unregister (with --spawn, also given to the server)")
@@ -629,6 +645,20 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		}
 		if o.chainBaseline {
 			rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
+		}
+	}
+	if o.floor {
+		fp, err := floorPool(c, o.model, o.binTokens)
+		if err != nil {
+			return rep, err
+		}
+		fr, err := s.floorPass(ctx, fp, ids, fails, fl)
+		rep.Floor = fr
+		if fr != nil {
+			rep.Checked += int64(fr.Queries)
+		}
+		if err != nil {
+			return rep, err
 		}
 	}
 

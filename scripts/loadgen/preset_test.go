@@ -46,6 +46,31 @@ func TestPresetRouter8k(t *testing.T) {
 	}
 }
 
+// TestPresetsCold: the cold presets are the workloads issue 28 names.
+func TestPresetsCold(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want corpusConfig
+	}{
+		{"cold-8k", corpusConfig{Publishers: 4, Prompts: 1000, PromptTokens: 8192, SystemTokens: 1024, Groups: 16, BlockSize: 16, Queries: 1000, Mix: mix{Full: 1}}},
+		{"cold-64k", corpusConfig{Publishers: 4, Prompts: 96, PromptTokens: 65536, SystemTokens: 4096, Groups: 4, BlockSize: 16, Queries: 96, Mix: mix{Full: 1}}},
+	} {
+		o, err := parseFlags([]string{"--preset", tc.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := corpusConfig{Publishers: o.corpus.Publishers, Prompts: o.corpus.Prompts, PromptTokens: o.corpus.PromptTokens,
+			SystemTokens: o.corpus.SystemTokens, Groups: o.corpus.Groups, BlockSize: o.corpus.BlockSize, Queries: o.corpus.Queries,
+			Mix: o.corpus.Mix}
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("%s corpus (-want +got):\n%s", tc.name, d)
+		}
+		if !o.binTokens || !o.coldPass || !o.chainBaseline || !o.floor || !slices.Equal(o.levels, []int{1}) {
+			t.Errorf("%s options: bin %v, cold %v, chain %v, floor %v, levels %v", tc.name, o.binTokens, o.coldPass, o.chainBaseline, o.floor, o.levels)
+		}
+	}
+}
+
 // TestCorpusExactPrompts: --prompts fixes the stored prompts, and the cold
 // pass asks each of them exactly once, expecting its holder to hold it all.
 func TestCorpusExactPrompts(t *testing.T) {
@@ -89,7 +114,7 @@ func TestColdPassAndChainShort(t *testing.T) {
 		t.Skip("loadgen: spawns and loads a server for a few seconds")
 	}
 	o, ctx := spawnedRun(t, "--publishers", "2", "--prompts", "40", "--prompt-tokens", "512", "--system-tokens", "128",
-		"--groups", "4", "--queries", "40", "--mix", "full=1", "--token-encoding", "bin", "--cold-pass", "--chain-baseline",
+		"--groups", "4", "--queries", "40", "--mix", "full=1", "--token-encoding", "bin", "--cold-pass", "--chain-baseline", "--floor",
 		"--concurrency", "1", "--duration", "300ms")
 	rep, err := run(ctx, o)
 	if rep == nil {
@@ -101,6 +126,14 @@ func TestColdPassAndChainShort(t *testing.T) {
 	}
 	if rep.Cold == nil || rep.Cold.Queries != 40 || rep.Cold.Failures != 0 {
 		t.Fatalf("cold pass: %+v, want 40 queries, none wrong", rep.Cold)
+	}
+	if f := rep.Floor; f == nil || f.Queries == 0 || f.Failures != 0 || f.ServerCPUPerQueryUS <= 0 {
+		t.Fatalf("2-block floor: %+v, want checked queries with their server CPU", rep.Floor)
+	}
+	// Every stored block was verified on ingest, so the cold prompts take
+	// their digests from links rather than hashing.
+	if c := rep.Cold; c.LinkBlocksPerQuery < 1 || c.LinkBytes <= 0 {
+		t.Errorf("cold pass took %.1f blocks per query from links (%.0f bytes of them)", c.LinkBlocksPerQuery, c.LinkBytes)
 	}
 	if rep.Chain == nil || len(rep.Chain.RunsUS) != 3 || rep.Chain.MedianUS <= 0 {
 		t.Fatalf("bare chain: %+v, want 3 timed runs", rep.Chain)

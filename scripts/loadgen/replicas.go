@@ -137,6 +137,7 @@ func memoStatsAll(apis []*api) (memoStats, error) {
 			{&sum.tokenHits, &m.tokenHits}, {&sum.tokenMisses, &m.tokenMisses},
 			{&sum.prefixBytes, &m.prefixBytes}, {&sum.tokenBytes, &m.tokenBytes},
 			{&sum.answerHits, &m.answerHits}, {&sum.answerMisses, &m.answerMisses}, {&sum.answerBytes, &m.answerBytes},
+			{&sum.linkHits, &m.linkHits}, {&sum.linkBytes, &m.linkBytes},
 		} {
 			if *p.into < 0 || *p.add < 0 {
 				*p.into = -1

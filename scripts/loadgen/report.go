@@ -34,6 +34,8 @@ type report struct {
 	// Cold is --cold-pass and Chain --chain-baseline, when run.
 	Cold  *coldResult  `json:"cold_pass,omitempty"`
 	Chain *chainResult `json:"bare_chain,omitempty"`
+	// Floor is --floor: the 2-block request floor.
+	Floor *floorResult `json:"floor,omitempty"`
 	// AfterUnregSeconds is when RSS.AfterUnreg was read, counted from the
 	// last unregistration: as soon as RSS was within 20 % of its value
 	// before ingest, or 5 s.
@@ -193,7 +195,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 	if r.ServerReplicas > 1 {
 		r.writeServers(w)
 	}
-	if r.Chain != nil || r.Cold != nil {
+	if r.Chain != nil || r.Cold != nil || r.Floor != nil {
 		r.writeRatios(w)
 	}
 	fmt.Fprintln(w, "| measure | value |")
@@ -254,19 +256,30 @@ func fmtCores(v float64) string {
 // writeRatios prints the cold pass and every level's server CPU per query
 // against the bare chain of the same prompts measured in the same run.
 func (r *report) writeRatios(w io.Writer) {
-	fmt.Fprintln(w, "| server CPU per /query against the bare chain | server CPU/query | bare chain/prompt | ratio |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| server CPU per /query against the bare chain | server CPU/query | bare chain/prompt | ratio | less the 2-block floor | ratio |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: |")
 	chain := -1.0
 	if r.Chain != nil {
 		chain = r.Chain.MedianUS
 	}
+	row := func(what string, cpu float64) {
+		less := r.Floor.lessFloor(cpu)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", what, fmtFrac(cpu), fmtFrac(chain),
+			fmtRatio(r.Chain.ratio(cpu)), fmtFrac(less), fmtRatio(r.Chain.ratio(less)))
+	}
+	if f := r.Floor; f != nil {
+		fmt.Fprintf(w, "| 2-block floor (%d queries, concurrency 1, p50 %s, p99 %s; %d wrong) | %s | | | | |\n",
+			f.Queries, fmtUS(f.P50US), fmtUS(f.P99US), f.Failures, fmtFrac(f.ServerCPUPerQueryUS))
+	}
 	if c := r.Cold; c != nil {
-		fmt.Fprintf(w, "| cold pass (%d prompts, each once, concurrency 1; %d wrong) | %s | %s | %s |\n",
-			c.Queries, c.Failures, fmtFrac(c.ServerCPUPerQueryUS), fmtFrac(chain), fmtRatio(r.Chain.ratio(c.ServerCPUPerQueryUS)))
+		links := ""
+		if c.LinkBlocksPerQuery >= 0 {
+			links = fmt.Sprintf(", %.0f blocks per query from links (%s)", c.LinkBlocksPerQuery, fmtBytes(int64(c.LinkBytes)))
+		}
+		row(fmt.Sprintf("cold pass (%d prompts, each once, concurrency 1, p50 %s, p99 %s%s; %d wrong)", c.Queries, fmtUS(c.P50US), fmtUS(c.P99US), links, c.Failures), c.ServerCPUPerQueryUS)
 	}
 	for _, l := range r.Levels {
-		fmt.Fprintf(w, "| concurrency %d (%.0f queries/s, client %s/query) | %s | %s | %s |\n",
-			l.Concurrency, l.QPS, fmtUS(l.ClientCPUPerQueryUS), fmtFrac(l.ServerCPUPerQueryUS), fmtFrac(chain), fmtRatio(r.Chain.ratio(l.ServerCPUPerQueryUS)))
+		row(fmt.Sprintf("concurrency %d (%.0f queries/s, p50 %s, p99 %s, client %s/query)", l.Concurrency, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.ClientCPUPerQueryUS)), l.ServerCPUPerQueryUS)
 	}
 	if r.Chain != nil {
 		fmt.Fprintf(w, "\nbare chain runs (µs per prompt, thread CPU): %v\n", r.Chain.RunsUS)

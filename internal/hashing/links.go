@@ -1,0 +1,434 @@
+package hashing
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Links remembers the digests of blocks ingest verified, so that a query
+// can take them instead of computing SHA-256
+// (docs/architecture.md#verified-links).
+//
+// A vLLM block's digest is a function of its parent's digest, its token
+// ids and the extras a query carries (the encoding, the LoRA name, and
+// the salt, which enters a chain's first block only); so block i's digest
+// is a function of (encoding, LoRA, salt, the first i+1 blocks' tokens).
+// Links files it under a 128-bit prefix id of exactly those, chained
+// block by block (LinkScope.Next), which a query computes from its tokens
+// alone.
+//
+// Ingest fills it: for each block of a vLLM BlockStored event it hashes
+// the block from its parent's digest, its tokens and the extras the event
+// states, and keeps the digest only when its key is the one the engine
+// published. An entry is therefore a remembered SHA-256 result, never
+// something an engine asserted, and a query taking one gets exactly the
+// digest hashing would give; verification only decides which results are
+// worth keeping (a multimodal block's published key includes image hashes
+// a query cannot know, so its recomputed digest does not match and is not
+// kept). Engines name a parent by its key, so Links also maps a verified
+// block's key to its prefix id.
+//
+// The blocks an event verifies are kept as a run, their ids and digests
+// side by side in arrays, and indexed by id. A query looks its first block
+// up and then walks the run, comparing each next block's id with the
+// run's: one random memory access per run instead of one per block, which
+// on a table larger than the caches is what a per-block lookup would cost
+// (more than the SHA-256 it saves).
+//
+// The ids are xxh3-128 under a seed drawn at start-up, as the answer cache
+// identifies prompts: two different prefixes share an id with probability
+// 2^-128, far below the 2^-64 of two blocks sharing the index keys
+// everything already rests on, and nobody outside the process can aim for
+// a collision without the seed.
+//
+// Memory is bounded by a byte budget: the links live in two generations,
+// and when the current one has used half the budget the older one is
+// dropped whole (a block stored again is refreshed into the current one,
+// so what engines keep storing stays). Safe for concurrent use.
+type Links struct {
+	seed     uint64
+	maxBytes int
+
+	mu        sync.RWMutex
+	cur, prev *linkGen
+	bytes     atomic.Int64 // cur's and prev's
+
+	hits, misses, recorded atomic.Uint64
+	sink                   uint32 // keeps touch's loads (under mu)
+}
+
+// LinkID identifies a chain prefix within a scope (see Links).
+type LinkID = xxh3.Uint128
+
+// LinkBytes is what a verified block costs on average: its id and digest
+// in a run (48 bytes) and a 16-byte slot in each of the two tables at
+// their average load of 9/16 (between 3/8 after doubling and 3/4).
+// BenchmarkLinksMemory measures it.
+const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 2*posSlotBytes*16/9
+
+// runChunk holds runs: ids[i] and digs[i] are one block's. A run never
+// crosses chunks, so a walk along one stays inside its arrays.
+type runChunk struct {
+	ids  [chunkBlocks]LinkID
+	digs [chunkBlocks][32]byte
+	n    int
+}
+
+const chunkBlocks = 2048
+
+// runPos is where a block lies: chunk index << 16 | offset.
+type runPos uint32
+
+// linkGen is one generation: runs, the id index and the key index.
+type linkGen struct {
+	chunks []*runChunk
+	// index files blocks by their id's high half; a hit is confirmed
+	// against the whole id kept in the run, so two ids sharing a half
+	// (probability 2^-64) only cost a miss. back files them by the key
+	// engines publish.
+	index, back posTable
+}
+
+// bytes is the memory g holds: its chunks and both tables' slots.
+func (g *linkGen) bytes() int {
+	return len(g.chunks)*int(unsafe.Sizeof(runChunk{})) + (len(g.index.slots)+len(g.back.slots))*posSlotBytes
+}
+
+// find returns where block id lies in g, if it is there.
+func (g *linkGen) find(id LinkID) (*runChunk, int, bool) {
+	p, ok := g.index.get(id.Hi)
+	if !ok {
+		return nil, 0, false
+	}
+	ch, off := g.at(p)
+	return ch, off, ch.ids[off] == id
+}
+
+func (g *linkGen) at(p runPos) (*runChunk, int) {
+	return g.chunks[p>>16], int(p & 0xffff)
+}
+
+// posTable is an open-addressed map from a 64-bit key to a runPos, with
+// linear probing at a load of at most 3/4: half the memory of a Go map
+// and a fraction of its insert cost for these random keys. The zero
+// slot (pos 0) is empty; positions are stored plus one.
+type posTable struct {
+	slots []posSlot
+	n     int
+}
+
+type posSlot struct {
+	key uint64
+	pos uint32
+}
+
+const posSlotBytes = int(unsafe.Sizeof(posSlot{}))
+
+func (t *posTable) home(k uint64) int {
+	return int((k * 0x9e3779b97f4a7c15) >> (64 - bits.Len(uint(len(t.slots)-1))))
+}
+
+func (t *posTable) get(k uint64) (runPos, bool) {
+	if t.n == 0 {
+		return 0, false
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(k); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.pos == 0 {
+			return 0, false
+		}
+		if s.key == k {
+			return runPos(s.pos - 1), true
+		}
+	}
+}
+
+// put files p under k, replacing what k had, and reports whether k is new.
+func (t *posTable) put(k uint64, p runPos) bool {
+	if (t.n+1)*4 > len(t.slots)*3 {
+		t.grow()
+	}
+	mask := len(t.slots) - 1
+	i := t.home(k)
+	for ; t.slots[i].pos != 0; i = (i + 1) & mask {
+		if t.slots[i].key == k {
+			t.slots[i].pos = uint32(p) + 1
+			return false
+		}
+	}
+	t.slots[i] = posSlot{key: k, pos: uint32(p) + 1}
+	t.n++
+	return true
+}
+
+func (t *posTable) grow() {
+	old := t.slots
+	t.slots = make([]posSlot, max(2*len(old), 1024))
+	mask := len(t.slots) - 1
+	for _, s := range old {
+		if s.pos == 0 {
+			continue
+		}
+		i := t.home(s.key)
+		for t.slots[i].pos != 0 {
+			i = (i + 1) & mask
+		}
+		t.slots[i] = s
+	}
+}
+
+// NewLinks returns a table that holds at most maxBytes of links; a budget
+// too small for generations of a few chunks returns nil, which disables
+// links.
+func NewLinks(maxBytes int) *Links {
+	if maxBytes/2 < 4*int(unsafe.Sizeof(runChunk{})) {
+		return nil
+	}
+	// A generation addresses at most 2^16 chunks (runPos).
+	maxBytes = min(maxBytes, 2*(1<<16-1)*chunkBlocks*LinkBytes)
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return &Links{seed: binary.LittleEndian.Uint64(b[:]), maxBytes: maxBytes}
+}
+
+// Reset forgets every link. The service calls it when the last context is
+// unregistered, with the memos, so that memory returns to its idle size.
+func (l *Links) Reset() {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	l.cur, l.prev = nil, nil
+	l.bytes.Store(0)
+	l.mu.Unlock()
+}
+
+// Bytes is the memory the links hold (runs and tables, every slot
+// allocated): at most the budget given to NewLinks.
+func (l *Links) Bytes() int {
+	if l == nil {
+		return 0
+	}
+	return int(l.bytes.Load())
+}
+
+// Len is the number of verified blocks held.
+func (l *Links) Len() int {
+	if l == nil {
+		return 0
+	}
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := 0
+	for _, g := range []*linkGen{l.cur, l.prev} {
+		if g != nil {
+			n += g.index.n
+		}
+	}
+	return n
+}
+
+// Stats returns how many query blocks took a verified digest (hits), how
+// many queries looked for one and found none, hashing on from there
+// (misses), and how many blocks ingest verified and recorded.
+func (l *Links) Stats() (hits, misses, recorded uint64) {
+	if l == nil {
+		return 0, 0, 0
+	}
+	return l.hits.Load(), l.misses.Load(), l.recorded.Load()
+}
+
+// LinkScope is Links for one vLLM profile: its encoding and its root
+// digest. The zero LinkScope
+// (from a nil Links, or a profile links do not serve) holds nothing.
+type LinkScope struct {
+	l    *Links
+	kind kind
+	root [32]byte // the profile's root digest: PYTHONHASHSEED enters it
+}
+
+// Scope returns the scope of profile p. Only vLLM profiles have links:
+// SGLang engines publish no extras to verify a page against, and the last
+// page of an SGLang prompt may be partial.
+func (l *Links) Scope(p *Profile) LinkScope {
+	if l == nil || p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) {
+		return LinkScope{}
+	}
+	return LinkScope{l: l, kind: p.kind, root: p.RootDigest}
+}
+
+// Enabled says whether the scope can hold links.
+func (s LinkScope) Enabled() bool { return s.l != nil }
+
+// Root is the prefix id of an empty chain under this scope's encoding and
+// root digest, LoRA name lora and salt salt ("" for none): what every
+// block id of a chain is built on. buf is scratch, returned grown.
+func (s LinkScope) Root(lora, salt string, buf []byte) (LinkID, []byte) {
+	buf = append(buf[:0], byte(s.kind))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(lora)))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(salt)))
+	buf = append(buf, s.root[:]...)
+	buf = append(append(buf, lora...), salt...)
+	return xxh3.Hash128Seed(buf, s.l.seed), buf
+}
+
+// Next is the prefix id of the chain prefix extended by one block of
+// tokens. buf is scratch, returned grown.
+func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []byte) {
+	buf = binary.LittleEndian.AppendUint64(buf[:0], prefix.Lo)
+	buf = binary.LittleEndian.AppendUint64(buf, prefix.Hi)
+	buf = append(buf, int32Bytes(tokens)...)
+	return xxh3.Hash128Seed(buf, s.l.seed), buf
+}
+
+// Resolve appends to out the verified digests of the blocks ids name, in
+// order, up to the first one not held, and reports whether every one
+// appended is in the current generation (ingest refreshes them otherwise).
+func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
+	l := s.l
+	fresh := true
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var ch *runChunk
+	off := 0
+	for _, id := range ids {
+		if ch != nil && off < ch.n && ch.ids[off] == id {
+			out = append(out, ch.digs[off]) // the run goes on
+			off++
+			continue
+		}
+		// The start of a run: look the block up.
+		ok := false
+		if g := l.cur; g != nil {
+			ch, off, ok = g.find(id)
+		}
+		if !ok && l.prev != nil {
+			ch, off, ok = l.prev.find(id)
+			fresh = false
+		}
+		if !ok {
+			break
+		}
+		out = append(out, ch.digs[off])
+		off++
+	}
+	return out, fresh
+}
+
+// ByKey returns the prefix id and digest of a verified block from the key
+// an engine names it by (as a parent), if it is still held.
+func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {
+	l := s.l
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, g := range [2]*linkGen{l.cur, l.prev} {
+		if g == nil {
+			continue
+		}
+		if p, ok := g.back.get(key); ok {
+			ch, off := g.at(p)
+			return ch.ids[off], ch.digs[off], true
+		}
+	}
+	return LinkID{}, [32]byte{}, false
+}
+
+// Record files consecutive verified blocks of one chain: their prefix ids,
+// their keys as published and their digests. Blocks already in the
+// current generation are skipped; the others become runs there. known
+// says how many leading blocks may be held (Resolve found them); the rest
+// were not held a moment ago, and are filed without a lookup.
+func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known int) {
+	l := s.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.cur
+	if g == nil {
+		g = &linkGen{}
+		l.cur = g
+	}
+	added := 0
+	defer func() {
+		l.recorded.Add(uint64(added))
+		b := l.cur.bytes()
+		if l.prev != nil {
+			b += l.prev.bytes()
+		}
+		l.bytes.Store(int64(b))
+	}()
+	// The new blocks' slots lie at random in tables larger than the
+	// caches: load them all first, so their misses overlap instead of
+	// each insert waiting for its own.
+	l.sink ^= g.touch(ids[min(known, len(ids)):], keys[min(known, len(keys)):])
+	var ch *runChunk
+	for i, id := range ids {
+		if i < known {
+			if _, _, ok := g.find(id); ok {
+				ch = nil // a run ends where a held block lies
+				continue
+			}
+		}
+		if ch == nil || ch.n == chunkBlocks {
+			ch = nil
+			if k := len(g.chunks); k > 0 && g.chunks[k-1].n < chunkBlocks {
+				ch = g.chunks[k-1]
+			}
+		}
+		if g.bytes()+g.growth(ch == nil) > l.maxBytes/2 {
+			// The current generation is full: it becomes the old
+			// one, and the one before it goes.
+			l.prev, g = g, &linkGen{}
+			l.cur, ch = g, nil
+		}
+		if ch == nil {
+			ch = new(runChunk)
+			g.chunks = append(g.chunks, ch)
+		}
+		off := ch.n
+		ch.ids[off], ch.digs[off] = id, digs[i]
+		ch.n++
+		pos := runPos(len(g.chunks)-1)<<16 | runPos(off)
+		g.back.put(keys[i], pos)
+		if g.index.put(id.Hi, pos) {
+			added++
+		} // else another ingest filed it meanwhile: this copy is spare
+	}
+}
+
+// touch loads the home slots of the ids and keys about to be filed.
+func (g *linkGen) touch(ids []LinkID, keys []uint64) uint32 {
+	var acc uint32
+	if g.index.n > 0 {
+		for _, id := range ids {
+			acc ^= g.index.slots[g.index.home(id.Hi)].pos
+		}
+	}
+	if g.back.n > 0 {
+		for _, k := range keys {
+			acc ^= g.back.slots[g.back.home(k)].pos
+		}
+	}
+	return acc
+}
+
+// growth is how many bytes g grows by if one more block is filed: a new
+// chunk when newChunk, and any table that doubles.
+func (g *linkGen) growth(newChunk bool) int {
+	b := 0
+	if newChunk {
+		b += int(unsafe.Sizeof(runChunk{}))
+	}
+	for _, t := range [2]*posTable{&g.index, &g.back} {
+		if (t.n+1)*4 > len(t.slots)*3 {
+			b += max(len(t.slots), 1024) * posSlotBytes
+		}
+	}
+	return b
+}

@@ -1,0 +1,329 @@
+package hashing
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+func testProfile(t testing.TB, algo string) *Profile {
+	t.Helper()
+	seed := "0"
+	p, err := Resolve(Spec{Strategy: StrategyVLLMV1, Algorithm: algo, IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+// referenceChain is every full block's key and digest, hashed.
+func referenceChain(p *Profile, bs int, toks []int32, lora, salt string) (keys []uint64, digs [][32]byte) {
+	c := AcquireChain()
+	defer ReleaseChain(c)
+	c.Reset(p, bs, toks, lora, salt)
+	for {
+		k, _, ok := c.Next()
+		if !ok {
+			return keys, digs
+		}
+		keys = append(keys, k)
+		digs = append(digs, c.Digest())
+	}
+}
+
+// record files the first n blocks of a chain as ingest does, in runs of
+// three.
+func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64, digs [][32]byte, n int) {
+	id, buf := sc.Root(lora, salt, nil)
+	ids := make([]LinkID, n)
+	for i := range n {
+		id, buf = sc.Next(id, toks[i*bs:(i+1)*bs], buf)
+		ids[i] = id
+	}
+	for i := 0; i < n; i += 3 {
+		j := min(i+3, n)
+		sc.Record(ids[i:j], keys[i:j], digs[i:j], j-i)
+	}
+}
+
+// TestLinksServeChains: a chain following links yields exactly the keys
+// and digests hashing gives, for both encodings, with and without a LoRA
+// name, salt and prefix memo, and follows exactly the linked blocks.
+func TestLinksServeChains(t *testing.T) {
+	const bs = 4
+	toks := make([]int32, 10*bs+3)
+	for i := range toks {
+		toks[i] = int32(i*7919 + 3)
+	}
+	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256} {
+		for _, lora := range []string{"", "adapter"} {
+			for _, salt := range []string{"", "tenant-salt"} {
+				for _, memo := range []bool{false, true} {
+					for _, linked := range []int{0, 1, 6, 10} {
+						t.Run(fmt.Sprintf("%s/lora=%q/salt=%q/memo=%v/linked=%d", algo, lora, salt, memo, linked), func(t *testing.T) {
+							p := testProfile(t, algo)
+							keys, digs := referenceChain(p, bs, toks, lora, salt)
+							l := NewLinks(1 << 20)
+							record(l.Scope(p), bs, toks, lora, salt, keys, digs, linked)
+							// Another LoRA's or salt's links must never
+							// serve, nor another encoding's.
+							record(l.Scope(p), bs, toks, lora+"x", salt, keys, digs, 10)
+							record(l.Scope(p), bs, toks, lora, salt+"x", keys, digs, 10)
+							other := testProfile(t, AlgorithmSHA256)
+							if algo == AlgorithmSHA256 {
+								other = testProfile(t, AlgorithmSHA256CBOR)
+							}
+							record(l.Scope(other), bs, toks, lora, salt, keys, digs, 10)
+							// Nor another PYTHONHASHSEED's (root digest).
+							seed := "1"
+							reseeded, err := Resolve(Spec{Strategy: StrategyVLLMV1, Algorithm: algo, IndexProjection: "low64_be", PythonHashSeed: &seed})
+							if err != nil {
+								t.Fatal(err)
+							}
+							record(l.Scope(&reseeded), bs, toks, lora, salt, keys, digs, 10)
+							var m *Memo
+							if memo {
+								m = NewMemo(1 << 20)
+							}
+							for round := range 2 { // the second round is memo-warm
+								c := AcquireChain()
+								c.Reset(p, bs, toks, lora, salt)
+								c.UseMemo(m)
+								c.UseLinks(l)
+								for i := range keys {
+									k, cov, ok := c.Next()
+									if !ok || k != keys[i] || cov != bs || c.Digest() != digs[i] {
+										t.Fatalf("round %d block %d: key %x ok %v, want %x", round, i, k, ok, keys[i])
+									}
+								}
+								if _, _, ok := c.Next(); ok {
+									t.Fatal("chain longer than its full blocks")
+								}
+								ReleaseChain(c)
+							}
+							// Without a memo both rounds take the linked
+							// blocks' digests from the links.
+							if hits, _, _ := l.Stats(); !memo && hits != uint64(2*linked) {
+								t.Errorf("link hits %d, want %d", hits, 2*linked)
+							}
+						})
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestLinksNotForSGLang: SGLang profiles have no scope, so chains hash.
+func TestLinksNotForSGLang(t *testing.T) {
+	p, err := Resolve(Spec{Strategy: StrategySGLang, Algorithm: AlgorithmSHA256Raw, IndexProjection: "first64_be"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewLinks(1 << 20)
+	if l.Scope(&p).Enabled() {
+		t.Fatal("an SGLang profile has a link scope")
+	}
+	c := AcquireChain()
+	defer ReleaseChain(c)
+	c.Reset(&p, 4, []int32{1, 2, 3, 4}, "", "")
+	c.UseLinks(l)
+	if c.links != nil {
+		t.Fatal("an SGLang chain follows links")
+	}
+}
+
+// TestLinksBudget: links stay within their byte budget as generations
+// turn over, the newest stay, refreshed ones survive, and Reset empties
+// them.
+func TestLinksBudget(t *testing.T) {
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	budget := 8 << 20
+	l := NewLinks(budget)
+	sc := l.Scope(p)
+	rng := rand.New(rand.NewPCG(1, 2))
+	hot := []LinkID{{Lo: 7, Hi: 7}}
+	ids := make([]LinkID, 5)
+	keys := make([]uint64, 5)
+	digs := make([][32]byte, 5)
+	for i := range 100_000 {
+		for j := range ids {
+			ids[j] = LinkID{Lo: rng.Uint64(), Hi: rng.Uint64()}
+			keys[j] = rng.Uint64()
+			digs[j][0], digs[j][1], digs[j][2] = byte(i), byte(i>>8), byte(j)
+		}
+		sc.Record(ids, keys, digs, len(ids))
+		if i%1000 == 0 {
+			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, 1) // stored again and again
+		}
+		if l.Bytes() > budget {
+			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
+		}
+	}
+	got, fresh := sc.Resolve(ids, nil)
+	if !fresh || len(got) != len(ids) || got[4] != digs[4] {
+		t.Errorf("the newest run: %d of %d digests, fresh %v", len(got), len(ids), fresh)
+	}
+	if id, d, ok := sc.ByKey(keys[4]); !ok || id != ids[4] || d != digs[4] {
+		t.Error("the newest key is gone")
+	}
+	if got, _ := sc.Resolve(hot, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
+		t.Error("a link stored again and again aged out")
+	}
+	if k := l.Len(); k < budget/LinkBytes/4 || k > budget/48 {
+		t.Errorf("%d links held in a budget of %d bytes", k, budget)
+	}
+	l.Reset()
+	if l.Bytes() != 0 || l.Len() != 0 {
+		t.Errorf("after Reset: %d bytes, %d links", l.Bytes(), l.Len())
+	}
+	if got, _ := sc.Resolve(ids, nil); len(got) != 0 {
+		t.Error("a link survived Reset")
+	}
+	if _, _, ok := sc.ByKey(keys[4]); ok {
+		t.Error("a key survived Reset")
+	}
+	if NewLinks(chunkBlocks*LinkBytes) != nil {
+		t.Error("a budget below a few chunks enables links")
+	}
+}
+
+// BenchmarkLinksMemory reports the heap one verified block costs and what
+// Links accounts for it, then the cost of a batch lookup per block, as a
+// query's chain does it (resolve), on a table far larger than the caches.
+func BenchmarkLinksMemory(b *testing.B) {
+	p := testProfile(b, AlgorithmSHA256CBOR)
+	const n = 500_000
+	const bs = 16
+	toks := make([]int32, n*bs)
+	for i := range toks {
+		toks[i] = int32(i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	l := NewLinks(1 << 30)
+	sc := l.Scope(p)
+	var buf []byte
+	var id LinkID
+	const run = 64 // blocks per event
+	ids := make([]LinkID, run)
+	keys := make([]uint64, run)
+	digs := make([][32]byte, run)
+	for i := range n {
+		if i%512 == 0 {
+			id, buf = sc.Root("", "", buf) // each prompt of 512 blocks starts a chain
+		}
+		id, buf = sc.Next(id, toks[i*bs:(i+1)*bs], buf)
+		ids[i%run], keys[i%run] = id, uint64(i)+1
+		digs[i%run][24], digs[i%run][25], digs[i%run][26] = byte(i), byte(i>>8), byte(i>>16)
+		if i%run == run-1 {
+			sc.Record(ids, keys, digs, 0)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	heap := float64(after.HeapAlloc-before.HeapAlloc) / n
+	acct := float64(l.Bytes()) / n
+	c := AcquireChain()
+	defer ReleaseChain(c)
+	blocks := 0
+	b.ResetTimer()
+	for i := range b.N {
+		// A different prompt every time, so the lookups miss the caches
+		// as a cold query's do.
+		w := (i * 7919) % (n / 512)
+		c.Reset(p, bs, toks[w*512*bs:(w+1)*512*bs], "", "")
+		c.UseLinks(l)
+		for c.Ready() > 0 {
+			for range len(c.pend) - c.pendI {
+				c.Next()
+				blocks++
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(blocks), "ns/block")
+	b.ReportMetric(heap, "heapB/block")
+	b.ReportMetric(acct, "accountedB/block")
+}
+
+// TestLinksConcurrent: queries resolving while ingest records and the
+// generations turn over (a small budget) only ever get the digest filed
+// under an id, never another's; run it with -race.
+func TestLinksConcurrent(t *testing.T) {
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	l := NewLinks(2 << 20)
+	sc := l.Scope(p)
+	digestOf := func(id LinkID) (d [32]byte) {
+		binary.LittleEndian.PutUint64(d[:], id.Lo)
+		binary.LittleEndian.PutUint64(d[8:], id.Hi^0x55)
+		return d
+	}
+	const runs, runLen = 4000, 16
+	idsOf := func(r int) []LinkID {
+		ids := make([]LinkID, runLen)
+		for i := range ids {
+			ids[i] = LinkID{Lo: uint64(r), Hi: uint64(i + 1)}
+		}
+		return ids
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := w; r < runs; r += 2 {
+				ids := idsOf(r)
+				digs := make([][32]byte, len(ids))
+				keys := make([]uint64, len(ids))
+				for i, id := range ids {
+					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
+				}
+				sc.Record(ids, keys, digs, len(ids))
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(done) }()
+	var out [][32]byte
+	for r := 0; ; r = (r + 7) % runs {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		ids := idsOf(r)
+		out, _ = sc.Resolve(ids, out[:0])
+		for i, d := range out {
+			if d != digestOf(ids[i]) {
+				t.Fatalf("run %d block %d: a digest filed under another id", r, i)
+			}
+		}
+		if id, d, ok := sc.ByKey(uint64(r*runLen + 1)); ok && (id != ids[0] || d != digestOf(ids[0])) {
+			t.Fatalf("run %d: key names another block", r)
+		}
+	}
+}
+
+// TestBlockHasherDigests: a run of blocks hashed from a parent gives the
+// chain's digests, salted at a chain's start only.
+func TestBlockHasherDigests(t *testing.T) {
+	toks := make([]int32, 6*4+2)
+	for i := range toks {
+		toks[i] = int32(i*13 + 1)
+	}
+	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256} {
+		p := testProfile(t, algo)
+		_, digs := referenceChain(p, 4, toks, "l", "s")
+		var h BlockHasher
+		if got := h.Digests(p, 4, nil, toks, "l", "s", nil); len(got) != 6 || got[0] != digs[0] || got[5] != digs[5] {
+			t.Errorf("%s from the root: %d digests, want the chain's 6", algo, len(got))
+		}
+		if got := h.Digests(p, 4, &digs[1], toks[8:], "l", "s", nil); len(got) != 4 || got[0] != digs[2] || got[3] != digs[5] {
+			t.Errorf("%s from block 1: %d digests, want the chain's last 4", algo, len(got))
+		}
+	}
+}
