@@ -130,7 +130,7 @@ var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
 	for _, m := range []Metric{MetricReceived, MetricApplied, MetricGaps} {
 		t[m][events.ReasonNone] = true
 	}
-	span(MetricDropped, events.DropFrameCount, events.DropDuplicate)
+	span(MetricDropped, events.DropFrameCount, events.DropOversize)
 	span(MetricEnvelopeRejected, events.EnvEmpty, events.EnvDPRank)
 	span(MetricBatchRejected, events.BatchDPMismatch, events.BatchDPMismatch)
 	span(MetricIgnored, events.IgnMedium, events.NoBinding)

@@ -1,8 +1,12 @@
 package subscriber
 
 import (
+	"io"
 	"math/rand/v2"
+	"net"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,8 +22,11 @@ import (
 // TestHostilePublisher: one publisher sends garbage at line rate, a batch
 // of more events than a batch may hold, and a message over the size limit;
 // the first two are counted and dropped, the last costs the publisher its
-// connection; the Go heap stays bounded, and a second, well-behaved
-// publisher's batches, sent meanwhile to the same index, are all applied.
+// session, which libzmq does not reconnect; the Go heap stays bounded, a
+// second, well-behaved publisher's batches, sent meanwhile to the same
+// index, are all applied, and the subscriber reconnects the first one by
+// itself: the lost message is a gap (no replay: stale), after which the
+// same publisher's batches are indexed again without a re-registration.
 func TestHostilePublisher(t *testing.T) {
 	m := eventtest.LoadManifest(t)
 	reg := m.Registration(t, "vllm-a")
@@ -30,7 +37,10 @@ func TestHostilePublisher(t *testing.T) {
 	counters := NewCounters()
 	start := func(key, endpoint string) *Subscriber {
 		return mustStart(t, Config{Key: key, Type: source.VLLM, Endpoint: endpoint, Context: eventtest.ContextOf(reg),
-			Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0), Logger: eventtest.Logger(t), Counters: counters})
+			Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0), Logger: eventtest.Logger(t), Counters: counters,
+			// The first message after the gap's stale state is a baseline
+			// at once, so the test waits on states, not on a hold-off.
+			Tuning: Tuning{StaleHoldOff: time.Nanosecond}})
 	}
 	bad, good := newPublisher(t, ipcEndpoint(t, "bad")), newPublisher(t, ipcEndpoint(t, "good"))
 	sBad, sGood := start("bad", bad.endpoint), start("good", good.endpoint)
@@ -85,10 +95,18 @@ func TestHostilePublisher(t *testing.T) {
 
 	// A message over the size limit: libzmq drops the connection instead
 	// of buffering the message (the publisher sees the subscription go),
-	// and nothing of it is applied.
+	// and nothing of it is applied. libzmq does not reconnect after that
+	// protocol error; the subscriber does, so the subscription comes back.
+	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 0 {
+		t.Fatalf("oversize drops %d before any, want 0", n)
+	}
 	bad.send(seq+1, make([]byte, zmqx.MaxMessageBytes+1))
 	bad.waitUnsubscribedWithin(t, 10*time.Second)
 	bad.subscribed = false
+	bad.waitSubscribed()
+	eventtest.WaitFor(t, "the oversize session counted", 10*time.Second, func() bool {
+		return counters.Value(MetricDropped, source.VLLM, events.DropOversize) == 1
+	})
 	if got, _ := sBad.LastSeq(); got != seq {
 		t.Errorf("last seq %d after the oversize message, want %d", got, seq)
 	}
@@ -101,6 +119,30 @@ func TestHostilePublisher(t *testing.T) {
 	}
 	if got := tb.PrefixCount(); got != int(goodLast)+1 {
 		t.Errorf("%d blocks indexed, want the good publisher's %d", got, goodLast+1)
+	}
+
+	// The reconnected publisher's next batch shows the lost message as a
+	// gap: without replay, the stale rules apply (not a restart, since
+	// the subscriber itself reconnected) ...
+	bad.send(seq+2, storedBatch([]uint64{500}, reg.BlockSize, 0))
+	eventtest.WaitFor(t, "the bad source stale after the gap", 10*time.Second, sBad.Stale)
+	if n := counters.Value(MetricStale, source.VLLM, events.StaleGap); n != 1 {
+		t.Errorf("gap stale transitions %d, want 1", n)
+	}
+	if n := sBad.Restarts(); n != 0 {
+		t.Errorf("%d restarts detected, want 0: the publisher kept running", n)
+	}
+	// ... and the one after it is indexed again, no re-registration.
+	bad.send(seq+3, storedBatch([]uint64{501}, reg.BlockSize, 0))
+	waitSeq(t, sBad, seq+3)
+	if sBad.Stale() {
+		t.Error("the bad source is still stale after its new baseline")
+	}
+	if got := tb.PrefixCount(); got != int(goodLast)+2 {
+		t.Errorf("%d blocks indexed, want the good publisher's %d and the healed one's 1", got, goodLast+1)
+	}
+	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 1 {
+		t.Errorf("oversize drops %d, want 1", n)
 	}
 
 	runtime.GC()
@@ -130,4 +172,122 @@ func (p *publisher) waitUnsubscribedWithin(t *testing.T, d time.Duration) {
 		}
 	}
 	t.Fatalf("the subscriber of %s kept its connection", p.endpoint)
+}
+
+// TestOversizeMessageWithReplay: a source with replay loses its session to
+// a message over the size limit; the subscriber reconnects it, and the gap
+// goes to the replay endpoint. Its record of the lost message is over the
+// limit too (a publisher replays what it published), so the replay cannot
+// deliver it: the source goes stale by the replay rules, not as a restart,
+// and its next batch is indexed again without a re-registration.
+func TestOversizeMessageWithReplay(t *testing.T) {
+	m := eventtest.LoadManifest(t)
+	reg := m.Registration(t, "vllm-a")
+	prof := eventtest.ResolveProfile(t, reg)
+	ix := index.New(index.Options{})
+	defer ix.Close()
+	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	counters := NewCounters()
+	pub := newPublisher(t, ipcEndpoint(t, "pub"))
+	rs := startReplayService(t)
+	s := mustStart(t, Config{Key: "svc", Type: source.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint,
+		Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0),
+		Logger: eventtest.Logger(t), Counters: counters,
+		Tuning: Tuning{StaleHoldOff: time.Nanosecond, ReplayReceiveTimeout: 200 * time.Millisecond, ReplayTotalTimeout: time.Second}})
+	defer s.Stop()
+	pub.waitSubscribed()
+
+	first := storedBatch([]uint64{1}, reg.BlockSize, 0)
+	rs.put(1, first)
+	pub.send(1, first)
+	waitSeq(t, s, 1)
+
+	oversize := make([]byte, zmqx.MaxMessageBytes+1)
+	rs.put(2, oversize)
+	pub.send(2, oversize)
+	pub.waitUnsubscribedWithin(t, 10*time.Second)
+	pub.subscribed = false
+	pub.waitSubscribed()
+	eventtest.WaitFor(t, "the oversize session counted", 10*time.Second, func() bool {
+		return counters.Value(MetricDropped, source.VLLM, events.DropOversize) == 1
+	})
+
+	third := storedBatch([]uint64{3}, reg.BlockSize, 0)
+	rs.put(3, third)
+	pub.send(3, third)
+	eventtest.WaitFor(t, "stale after the unreplayable gap", 20*time.Second, s.Stale)
+	if n := counters.Total(MetricStale, source.VLLM); n != 1 {
+		t.Errorf("%d stale transitions, want 1", n)
+	}
+	if n := counters.Value(MetricStale, source.VLLM, events.StaleGap); n != 0 {
+		t.Errorf("%d plain gap stale transitions, want 0: the source has replay", n)
+	}
+	if n := s.Restarts(); n != 0 {
+		t.Errorf("%d restarts detected, want 0: the replay endpoint still holds the applied batch", n)
+	}
+	if got := tb.PrefixCount(); got != 0 {
+		t.Errorf("%d blocks indexed while stale, want 0", got)
+	}
+
+	fourth := storedBatch([]uint64{4}, reg.BlockSize, 0)
+	rs.put(4, fourth)
+	pub.send(4, fourth)
+	waitSeq(t, s, 4)
+	if s.Stale() {
+		t.Error("still stale after the new baseline")
+	}
+	if got := tb.PrefixCount(); got != 1 {
+		t.Errorf("%d blocks indexed, want the new baseline's 1", got)
+	}
+}
+
+// TestHandshakeFailureReconnects: the endpoint is held by a peer that
+// fails the ZMTP handshake (another mechanism), a protocol error after
+// which libzmq does not retry either. The subscriber reconnects by itself,
+// without counting an oversize message.
+func TestHandshakeFailureReconnects(t *testing.T) {
+	m := eventtest.LoadManifest(t)
+	reg := m.Registration(t, "vllm-a")
+	prof := eventtest.ResolveProfile(t, reg)
+	ix := index.New(index.Options{})
+	defer ix.Close()
+	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	counters := NewCounters()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	var conns sync.WaitGroup // each ends when the subscriber closes its side
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// A ZMTP 3.0 greeting that offers a mechanism libzmq lacks.
+		greeting := make([]byte, 64)
+		greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
+		copy(greeting[12:], "BOGUS")
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_, _ = c.Write(greeting)
+			conns.Add(1)
+			go func() { defer conns.Done(); _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+		}
+	}()
+	defer func() { _ = ln.Close(); <-done; conns.Wait() }()
+
+	s := mustStart(t, Config{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String(),
+		Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0),
+		Logger: eventtest.Logger(t), Counters: counters})
+	defer s.Stop()
+	eventtest.WaitFor(t, "a second connection after the failed handshake", 20*time.Second, func() bool {
+		return accepted.Load() >= 2
+	})
+	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 0 {
+		t.Errorf("%d oversize drops for a handshake failure, want 0", n)
+	}
 }

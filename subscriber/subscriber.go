@@ -59,7 +59,11 @@ const SocketsPerSource = 6
 // limits give. 1,024 monitors are 2,048 descriptors, within that budget's
 // headroom; a source started beyond the bound reports connected with its
 // first batch instead, sees no reconnections, and so checks every gap
-// against its replay endpoint.
+// against its replay endpoint; nor does it see a session libzmq ended for
+// good (an oversize message, session.go), so it stays deaf until
+// registered again. A slot that frees is not handed to such a source: a
+// monitor attached late would miss the connection under way, and count
+// its connections from a point it cannot know.
 const MaxOptionalMonitors = 1024
 
 // optionalMonitors counts the monitors held under MaxOptionalMonitors.
@@ -116,7 +120,8 @@ type Subscriber struct {
 	// checked against it yet.
 	connects    int
 	reconnected bool
-	anchor      bool // the recovery under way checks the batch at A first
+	session     sessionWatch // sessions libzmq lost for good (session.go)
+	anchor      bool         // the recovery under way checks the batch at A first
 	// staleAt and staleWhy are when and why the source went stale, for
 	// StaleRecoveryAuto.
 	staleAt      time.Time
@@ -261,7 +266,7 @@ func (s *Subscriber) open() error {
 // openMonitor attaches a connection monitor to the SUB socket.
 func (s *Subscriber) openMonitor(seq uint64) error {
 	monName := fmt.Sprintf("inproc://conductor-subscriber-monitor-%d", seq)
-	if err := s.sub.Monitor(monName, zmq.EVENT_CONNECTED); err != nil {
+	if err := s.sub.Monitor(monName, monitorEvents); err != nil {
 		return fmt.Errorf("monitor SUB socket: %w", err)
 	}
 	mon, err := zmq.NewSocket(zmq.PAIR)
@@ -411,6 +416,9 @@ func (s *Subscriber) run() {
 			return
 		}
 		timeout := pollInterval
+		if at := s.sessionDeadline(); !at.IsZero() {
+			timeout = max(min(timeout, time.Until(at)), time.Millisecond)
+		}
 		if s.rx.queued() {
 			timeout = 0 // received messages wait in s.rx, not in the socket
 		}
@@ -444,6 +452,7 @@ func (s *Subscriber) run() {
 			}
 		}
 		s.closeIfStale()
+		s.healSession(time.Now())
 	}
 }
 
@@ -456,8 +465,12 @@ func (s *Subscriber) onMonitor() {
 			return
 		}
 		if ev != zmq.EVENT_CONNECTED {
+			s.onSessionEvent(ev)
 			continue
 		}
+		s.session.lostAt, s.session.handshakeFailed = time.Time{}, false
+		selfReset := s.session.selfReset
+		s.session.selfReset = false
 		// The monitor stays: a later connection is a reconnection, after
 		// which the next message is checked against what was applied
 		// (docs/events.md#restarts).
@@ -468,7 +481,11 @@ func (s *Subscriber) onMonitor() {
 			s.log.Debug().Msg("connected to publisher")
 			continue
 		}
-		if s.started {
+		// After the subscriber's own reset of a lost session, a source
+		// with replay checks the batch at A as after any reconnection;
+		// one without replay takes a jump as the gap it is (the stale
+		// rules), not as a restart, since the publisher kept running.
+		if s.started && (!selfReset || s.replay != nil) {
 			s.reconnected = true
 		}
 		s.log.Debug().Int("connections", s.connects).Msg("reconnected to publisher")
@@ -553,6 +570,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 			s.sampled.Warn().Err(err).Msg("receive failed")
 			return nil
 		}
+		s.noteReceived()
 		if err := handle(frames); err != nil {
 			return err
 		}

@@ -19,6 +19,11 @@ const (
 	// Sequence-level drops (docs/events.md#sequence-state-machine).
 	DropStale
 	DropDuplicate
+	// DropOversize: libzmq ended the session over a message larger than
+	// ZMQ_MAXMSGSIZE and did not reconnect; the subscriber reconnected
+	// itself, and the lost messages are a sequence gap
+	// (docs/index-memory.md#other-limits).
+	DropOversize
 
 	// Envelope rejections (docs/events.md#envelope); the sequence advances.
 	EnvEmpty
@@ -91,6 +96,7 @@ var reasonNames = [NumReasons]string{
 	DropReceiveError:    "receive_error",
 	DropStale:           "stale",
 	DropDuplicate:       "duplicate",
+	DropOversize:        "oversize",
 	EnvEmpty:            "empty_payload",
 	EnvInvalid:          "invalid_msgpack",
 	EnvTrailingBytes:    "trailing_bytes",

@@ -55,7 +55,7 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		"conductor_messages_received_total":  {""},
 		"conductor_events_applied_total":     {""},
 		"conductor_sequence_gaps_total":      {""},
-		"conductor_messages_dropped_total":   {"frame_count", "sequence_length", "sequence_reserved", "receive_error", "stale", "duplicate"},
+		"conductor_messages_dropped_total":   {"frame_count", "sequence_length", "sequence_reserved", "receive_error", "stale", "duplicate", "oversize"},
 		"conductor_envelopes_rejected_total": {"empty_payload", "invalid_msgpack", "trailing_bytes", "not_array", "length", "timestamp", "events_not_array", "too_many_events", "dp_rank"},
 		"conductor_batches_rejected_total":   {"dp_rank_mismatch"},
 		"conductor_events_ignored_total":     {"medium", "no_binding"},

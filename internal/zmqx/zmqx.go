@@ -13,8 +13,9 @@ import (
 
 // MaxMessageBytes is ZMQ_MAXMSGSIZE on every event socket: libzmq drops
 // the connection of a peer that sends a larger message (it never buffers
-// it), and the source reconnects on its own, seeing the messages lost
-// meanwhile as a sequence gap. The largest real batch, a vLLM step that
+// it) and, that being a protocol error, does not reconnect; the subscriber
+// sees that through its connection monitor and reconnects the endpoint
+// itself, the messages lost meanwhile a sequence gap (subscriber/session.go). The largest real batch, a vLLM step that
 // stores a 1 M-token prompt's blocks with their token ids, is about 6 MiB;
 // the limit bounds what one message may cost before it is decoded
 // (docs/index-memory.md#other-limits).
