@@ -28,6 +28,9 @@ const (
 	// full-attention rule, which no other kind's hit is below.
 	KindOther
 	numKinds
+
+	// NumGroupKinds is the number of GroupKinds, for arrays indexed by kind.
+	NumGroupKinds = numKinds
 )
 
 var kindNames = [numKinds]string{"unreported", "full_attention", "sliding_window", "chunked_local_attention", "mamba", "uncached", "other"}

@@ -21,11 +21,15 @@ type Op struct {
 	Tier  index.Tier
 	Key   uint64
 	Mask  index.TierMask
+	Group int // KV-cache group of an engine store or remove
 }
 
 func (o Op) String() string {
 	if o.Kind == "clear" {
 		return fmt.Sprintf("clear(owner %d, mask %03b)", o.Owner, o.Mask)
+	}
+	if o.Group != 0 {
+		return fmt.Sprintf("%s(owner %d, tier %d, group %d, %d)", o.Kind, o.Owner, o.Tier, o.Group, o.Key)
 	}
 	return fmt.Sprintf("%s(owner %d, tier %d, %d)", o.Kind, o.Owner, o.Tier, o.Key)
 }
@@ -52,6 +56,26 @@ func (r *Recorder) Store(id index.OwnerID, t index.Tier, k uint64) {
 // Remove records an engine removal.
 func (r *Recorder) Remove(id index.OwnerID, t index.Tier, k uint64) {
 	r.add(Op{Kind: "remove", Owner: id, Tier: t, Key: k})
+}
+
+// StoreGroup records an engine store of a KV-cache group (group 0 records
+// exactly as Store).
+func (r *Recorder) StoreGroup(id index.OwnerID, t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "store", Owner: id, Tier: t, Key: k, Group: g})
+}
+
+// RemoveGroup records an engine removal of a KV-cache group.
+func (r *Recorder) RemoveGroup(id index.OwnerID, t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "remove", Owner: id, Tier: t, Key: k, Group: g})
+}
+
+// NoteGroup accepts every layout but one past index.MaxGroups groups: the
+// recorder keeps no layout, so conflicts are tested against a real table.
+func (r *Recorder) NoteGroup(_ index.OwnerID, g int, _ index.GroupSpec) index.GroupNote {
+	if g >= index.MaxGroups {
+		return index.GroupTooMany
+	}
+	return index.GroupAgrees
 }
 
 // ClearOwner records an engine clear.
@@ -120,7 +144,7 @@ func ExpectedOps(t testing.TB, f *Fixture, prior []Op) []Op {
 				owner = 0
 			}
 			for _, p := range ef.Prefixes {
-				out = append(out, Op{Kind: kind, Owner: owner, Tier: tier, Key: ParseU64(t, p)})
+				out = append(out, Op{Kind: kind, Owner: owner, Tier: tier, Key: ParseU64(t, p), Group: ef.Group})
 			}
 		case "clear":
 			var m index.TierMask
