@@ -107,6 +107,20 @@ func TestHybridE1GptOss(t *testing.T) {
 	// E1b: block 45 goes too; runs of 4 blocks, none of 8
 	pub.send(0, groupRemoved(0, keys[45]))
 	eventually(t, "E1b", func() bool { return e.hybridDevice("p0", 16, query) == 0 })
+
+	m := e.scrape()
+	if v := metricValue(m, `conductor_events_group_kind_total{kind="sliding_window"}`); v < 1 {
+		t.Errorf("sliding-window events counted %v", v)
+	}
+	// A group whose window changes disagrees with the learned layout: the
+	// event is rejected and counted, the answer keeps the layout's rule.
+	conflicts := `conductor_events_rejected_total{reason="layout_conflict",source_type="vLLM"}`
+	before := metricValue(m, conflicts)
+	pub.send(0, groupStored(0, "sliding_window", 64, 16, keys[:41], p[:656]))
+	eventually(t, "layout conflict counted", func() bool { return metricValue(e.scrape(), conflicts) == before+1 })
+	if got := e.hybridDevice("p0", 16, p[:656]); got != 0 {
+		t.Errorf("the conflicting event was applied: P[0:656] answers %d", got)
+	}
 }
 
 // TestHybridE2Gemma3: six sliding-window groups and one full-attention

@@ -16,6 +16,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
@@ -139,6 +140,10 @@ var (
 	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
 		"Sampled event blocks re-hashed under the service's registered profile: match, or mismatch (queries will not find that engine's blocks).", []string{"service", "result"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
+	// descGroupKinds counts hybrid models' events by KV-cache group kind
+	// (docs/hybrid.md#metrics).
+	descGroupKinds = prometheus.NewDesc("conductor_events_group_kind_total",
+		"Applied vLLM BlockStored events that named a KV-cache group kind, by the kind's rule family: full_attention, sliding_window, chunked_local_attention, mamba, uncached or other.", []string{"kind"}, nil)
 )
 
 var tierNames = [...]string{"device", "cpu_local", "cpu_share", "disk"}
@@ -180,7 +185,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -259,6 +264,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		svc := clip(hc.Service)
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Matches), svc, "match")
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Mismatches), svc, "mismatch")
+	}
+	for k, n := range events.GroupKindEvents() {
+		if kind := index.GroupKind(k); kind != index.KindUnreported {
+			ch <- prometheus.MustNewConstMetric(descGroupKinds, prometheus.CounterValue, float64(n), kind.String())
+		}
 	}
 	for _, s := range c.opts.Counters.All() {
 		d, ok := descIngest[s.Metric]
