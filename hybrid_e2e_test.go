@@ -1,7 +1,11 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/config"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
@@ -169,7 +173,7 @@ func TestHybridE3Qwen35(t *testing.T) {
 // TestHybridE4Llama4: chunked local attention, whose chunk size only the
 // registration's declaration can give.
 func TestHybridE4Llama4(t *testing.T) {
-	e := startApp(t)
+	e := startAppWith(t, func(c *config.Config) { c.DebugRoutes = true })
 	pub := newPublisher(t)
 	registerHybrid(t, e, "p0", pub.endpoint, 16, []map[string]any{
 		{"kind": "chunked_local_attention", "block_size": 16, "chunk_size": 8192},
@@ -184,6 +188,24 @@ func TestHybridE4Llama4(t *testing.T) {
 	})
 	pub.send(0, groupRemoved(0, keys[600]))
 	eventually(t, "E4", func() bool { return e.hybridDevice("p0", 16, p) == 9600 })
+	// /debug/explain shows the declared layout and the group that stopped
+	// the hit; the registration's responses never echo it
+	status, x := e.post("/debug/explain", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": p, "instance_id": "p0"})
+	if status != 200 {
+		t.Fatalf("explain: %d %v", status, x)
+	}
+	o := x["owners"].([]any)[0].(map[string]any)
+	stop, _ := msgpackInt(o["stopped_at_block"])
+	by, _ := msgpackInt(o["stopped_by_group"])
+	layout := o["kv_cache_groups"].(map[string]any)
+	g0 := layout["groups"].([]any)[0].(map[string]any)
+	chunk, _ := msgpackInt(g0["chunk_size"])
+	if o["reason"] != "group_rule" || stop != 600 || by != 0 || layout["declared"] != true || g0["kind"] != "chunked_local_attention" || chunk != 8192 {
+		t.Errorf("explain owner %v", o)
+	}
+	if svcs := e.get("/services"); strings.Contains(fmt.Sprint(svcs), "chunk") {
+		t.Errorf("/services echoes the declaration: %v", svcs)
+	}
 	// Block 100 is outside the bound's chunk, so the engine hits 12,000;
 	// without the declaration the group gets the full-attention rule,
 	// never more than the engine: the prefix before block 100.

@@ -156,3 +156,50 @@ func (h *hybridLayout) answer(words []uint32, shared []uint8, masks *[]uint32, t
 	}
 	return counts, stops
 }
+
+// explainHybrid replaces the runs of the explained owners (positions in
+// v.owners) that have hybrid layouts with their rules' answers, as
+// hybridCounts gives /query.
+func (t *Table) explainHybrid(v *ownerView, keys []uint64, tokens []int, owners []int, runs []OwnerRun) {
+	var hy hybridScratch
+	n := len(v.owners)
+	hy.ord = make([]int32, n)
+	for f := range hy.ord {
+		hy.ord[f] = -1
+	}
+	nh := 0
+	for _, f := range owners {
+		if v.hybrid[f] != nil {
+			hy.ord[f] = int32(nh)
+			nh++
+		}
+	}
+	if nh == 0 {
+		return
+	}
+	nk := len(keys)
+	hy.words, hy.shared = make([]uint32, nh*nk), make([]uint8, nk)
+	t.readGroups(v, keys, 0, n, &hy)
+	total := 0
+	if nk > 0 {
+		total = tokens[nk-1]
+	}
+	for i, f := range owners {
+		o := int(hy.ord[f])
+		if o < 0 {
+			continue
+		}
+		l := v.hybrid[f]
+		counts, stops := l.answer(hy.words[o*nk:(o+1)*nk], hy.shared, &hy.masks, total)
+		r := &runs[i]
+		r.Counts = TierCounts{counts[Device], counts[CPULocal], counts[CPUShare], counts[Disk]}
+		r.Hybrid = &HybridRun{Layout: l.src, StopGroup: stops[Disk]}
+		r.StopBlock, r.Reason = nk, PromptEnd
+		if counts[Disk] < total {
+			r.StopBlock, r.Reason = counts[Disk]/l.hbs, GroupRule
+			if l.zero {
+				r.StopBlock = 0
+			}
+		}
+	}
+}

@@ -562,6 +562,21 @@ func TestHybridAgainstReference(t *testing.T) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				rt.Fatalf("prompt of %d blocks (layouts %+v): -reference +index\n%s", n, ref.layouts, diff)
 			}
+			// explain reports exactly what the query does, with the layout
+			toks := make([]int, n)
+			for i := range toks {
+				toks[i] = (i + 1) * hbs
+			}
+			_, runs := tb.Explain(q, toks, "")
+			for i, id := range ids {
+				c := runs[i].Counts
+				if g := [numTiers]int{c.Device, c.CPULocal, c.CPUShare, c.Disk}; g != got[id] {
+					rt.Fatalf("explain %v, query %v", g, got[id])
+				}
+				if hyb := tb.view.Load().hybrid; (runs[i].Hybrid != nil) != (hyb != nil && hyb[i] != nil) {
+					rt.Fatalf("owner %d: explain's hybrid run %+v", i, runs[i].Hybrid)
+				}
+			}
 		}
 	})
 }
