@@ -2,8 +2,11 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 
@@ -218,4 +221,38 @@ func TestHybridE4Llama4(t *testing.T) {
 			groupStored(1, "full_attention", 0, 16, keys, p), groupRemoved(0, keys[100]))
 		return e.hybridDevice("p1", 16, p) == 1600
 	})
+}
+
+// TestHybridGracefulRestartAnswersIdentically: the snapshot keeps the
+// group dimension and the learned layout, so a restarted service answers a
+// hybrid model's prompts exactly as before, before its source resumes.
+func TestHybridGracefulRestartAnswersIdentically(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	p := startConductor(t, dir, "--snapshot-interval", "0")
+	eng := newEngine(t, "e1", 1000)
+	eng.register(p)
+	tok := promptTokens(1000, 1000)
+	keys := hybridKeys(t, tok, 16)
+	query := func(p *proc, tokens []int32) int64 {
+		_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tokens, "instance_id": "e1"})
+		return device(a, "e1")
+	}
+	eventually(t, "both groups stored", func() bool {
+		eng.send(groupStored(0, "sliding_window", 128, 16, keys, tok[:992]), groupStored(1, "full_attention", 0, 16, keys, tok[:992]))
+		return query(p, tok) == 992
+	})
+	eng.send(groupRemoved(0, keys[:41]...))
+	eventually(t, "g0 eviction", func() bool { return query(p, tok[:656]) == 0 })
+	prompts := [][]int32{tok, tok[:656], tok[:800], append(append([]int32(nil), tok[:800]...), promptTokens(300, 90000)...)}
+	before := p.answers(prompts)
+	p.stop()
+
+	p2 := startConductor(t, dir, "--snapshot-interval", "0")
+	after := p2.answers(prompts)
+	if diff := cmp.Diff(before, after); diff != "" {
+		t.Errorf("hybrid answers after a graceful restart (-before +after):\n%s", diff)
+	}
+	if got := query(p2, tok[:656]); got != 0 {
+		t.Errorf("the restored owner lost its layout: P[0:656] answers %d", got)
+	}
 }

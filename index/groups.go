@@ -1,5 +1,7 @@
 package index
 
+import "slices"
+
 // The KV-cache group dimension (docs/hybrid.md). A hybrid model's engine
 // keeps one cache per group of layers and publishes each group's blocks
 // with its group index; a key is then present per (owner, tier, group).
@@ -172,4 +174,61 @@ func (t *Table) RemoveGroup(id OwnerID, tier Tier, g int, key uint64) {
 	if g >= 0 {
 		t.remove(id, tier, uint(g), key)
 	}
+}
+
+// cloneGroups deep-copies a stripe's group word lists, for a cut.
+func cloneGroups(g [][]uint32) [][]uint32 {
+	if g == nil {
+		return nil
+	}
+	out := make([][]uint32, len(g))
+	for i, l := range g {
+		if l != nil {
+			out[i] = slices.Clone(l)
+		}
+	}
+	return out
+}
+
+// cutWord is engine pair p's group word in groups, 0 when it holds group 0
+// alone (in each of its tiers), as a cut encodes it.
+func cutWord(groups [][]uint32, p pair) uint32 {
+	sl := p.id().slot()
+	if sl >= len(groups) || int(p.aux) >= len(groups[sl]) {
+		return 0
+	}
+	w := groups[sl][p.aux]
+	if w == explicitWord(0, p.mask()) {
+		return 0
+	}
+	return w
+}
+
+// wordCovers reports whether word w holds some group in every tier of m.
+func wordCovers(w uint32, m uint8) bool {
+	for _, t := range [...]Tier{Device, CPULocal, Disk} {
+		if m&(1<<t) != 0 && tierGroups(w, t) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// groupsRestored merges word w, for tiers m, into the pair at pos whose
+// tiers were before (StoreBatchGroups).
+func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
+	g := s.groupsOf(sl)
+	if g == nil {
+		if w == explicitWord(0, m) {
+			return // group 0 alone: the implicit word
+		}
+		if sl >= len(s.groups) {
+			groups := make([][]uint32, max(sl+1, len(s.owned)))
+			copy(groups, s.groups)
+			s.groups = groups
+		}
+		g = make([]uint32, len(s.owned[sl]))
+		s.groups[sl] = g
+	}
+	g[pos] = explicitWord(g[pos], before) | w
 }

@@ -446,7 +446,9 @@ func (r *hybridRef) answer(id OwnerID, keys []uint64, hbs int, upto Tier) int {
 func TestHybridAgainstReference(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		const hbs = 4
-		tb := newTable(ContextKey{Model: "m", BlockSize: hbs}, hashing.Profile{}, 4)
+		ix := New(Options{Stripes: 4})
+		ctx := ContextKey{Model: "m", BlockSize: hbs}
+		tb := ix.EnsureTable(ctx, hashing.Profile{})
 		ref := &hybridRef{layouts: map[OwnerID][]GroupSpec{}, held: map[OwnerID]map[[2]uint64]uint8{}, shared: map[uint64][numTiers]int{}}
 		nOwners := rapid.IntRange(1, 3).Draw(rt, "owners")
 		var ids []OwnerID
@@ -534,6 +536,38 @@ func TestHybridAgainstReference(t *testing.T) {
 		if err := groupsErr(tb); err != nil {
 			rt.Fatal(err)
 		}
+		// the snapshot keeps the group dimension and the layouts: a table
+		// restored from a cut answers exactly as the original
+		cuts := ix.BeginCut().Finish()
+		ix2 := New(Options{Stripes: 8})
+		tb2 := ix2.EnsureTable(ctx, hashing.Profile{})
+		var ids2 []OwnerID
+		for o, ow := range cuts[0].Owners {
+			id2 := tb2.AddEngineOwner(ow.Instance, ow.Rank)
+			if o < len(cuts[0].Layouts) {
+				tb2.RestoreLayout(id2, cuts[0].Layouts[o])
+			}
+			if l := ref.layouts[ids[o]]; l != nil {
+				tb2.SetLayout(id2, l) // declared layouts come with the registration
+			}
+			ids2 = append(ids2, id2)
+		}
+		if _, _, err := WalkEntries(cuts[0].Entries, len(ids2), nil); err != nil {
+			rt.Fatal(err)
+		}
+		if err := tb2.Restore(cuts[0].Entries, ids2); err != nil {
+			rt.Fatal(err)
+		}
+		if err := groupsErr(tb2); err != nil {
+			rt.Fatal(err)
+		}
+		for key, c := range ref.shared { // a cut leaves shared references to the Mooncake bindings
+			for _, st := range []Tier{CPUShare, Disk} {
+				for range c[st] {
+					tb2.AcquireShared(st, key)
+				}
+			}
+		}
 		for range 4 {
 			n := rapid.IntRange(0, len(base)).Draw(rt, "prompt")
 			q := append([]uint64(nil), base[:n]...)
@@ -566,6 +600,11 @@ func TestHybridAgainstReference(t *testing.T) {
 			toks := make([]int, n)
 			for i := range toks {
 				toks[i] = (i + 1) * hbs
+			}
+			var res2 QueryResult
+			tb2.Query(&keyChain{keys: q, cov: cov}, "", &res2)
+			if diff := cmp.Diff(res.Instances, res2.Instances); diff != "" {
+				rt.Fatalf("restored table answers differently (-original +restored):\n%s", diff)
 			}
 			_, runs := tb.Explain(q, toks, "")
 			for i, id := range ids {

@@ -223,3 +223,42 @@ func (t *Table) layoutsFor(owners []ownerRef) []*hybridLayout {
 	}
 	return out
 }
+
+// cutLayouts returns the layouts of a snapshot's owners by position, for a
+// cut: only hybrid ones, nil when there are none.
+func cutLayouts(v *ownerView) []Layout {
+	if v.hybrid == nil {
+		return nil
+	}
+	out := make([]Layout, len(v.owners))
+	for i, h := range v.hybrid {
+		if h != nil {
+			out[i] = Layout{Groups: slices.Clone(h.src.Groups), Declared: h.src.Declared, Overflow: h.src.Overflow}
+		}
+	}
+	return out
+}
+
+// RestoreLayout gives owner id the layout a snapshot recorded for it, as
+// learned from events before the restart, unless its registration declared
+// one (the declaration is the registration's, and a changed one does not
+// resume from the snapshot at all). Answers are then the same as before the
+// restart from the first query on.
+func (t *Table) RestoreLayout(id OwnerID, l Layout) {
+	if l.Declared || (len(l.Groups) == 0 && !l.Overflow) {
+		return
+	}
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	if t.slotOf(id) < 0 {
+		return
+	}
+	if old := t.layouts[id]; old != nil && old.Declared {
+		return
+	}
+	if t.layouts == nil {
+		t.layouts = make(map[OwnerID]*ownerLayout)
+	}
+	t.layouts[id] = &ownerLayout{Layout{Groups: slices.Clone(l.Groups), Overflow: l.Overflow}}
+	t.publishLocked()
+}

@@ -207,7 +207,7 @@ func fixtures() []F {
 			"applied (a partial entry: one hash block)", "applied (the group's block of two hash blocks, keyed by the last)"),
 		Producer: "vLLM >= 0.21, hash block 4 below a group block of 8", Seq: 17})
 	add(F{ID: "vllm_hybrid_removed_with_kind", Source: "vLLM", Reg: "vllm-a",
-		Payload: vBatch(vRemoved([]uint64{v1}, groupIdx(1), extra("kv_cache_spec_kind", "sliding_window", "kv_cache_spec_sliding_window", 128))),
+		Payload:  vBatch(vRemoved([]uint64{v1}, groupIdx(1), extra("kv_cache_spec_kind", "sliding_window", "kv_cache_spec_sliding_window", 128))),
 		Expect:   ok(effects(removeGroup("device", vOwn, 1, v1)), "applied (kind and window accepted on removals)"),
 		Producer: "a producer that sends the group's kind on removals too", Seq: 18})
 
