@@ -232,3 +232,93 @@ func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
 	}
 	g[pos] = explicitWord(g[pos], before) | w
 }
+
+// sharedGroupRefs are one key's shared references per KV-cache group
+// (index 0 unused: group 0 is the block's shared pairs) and shared tier
+// (CPUShare, Disk).
+type sharedGroupRefs [MaxGroups][2]uint32
+
+// word packs the groups with references: CPUShare's in the low groupBits,
+// Disk's above; 0 for a nil r.
+func (r *sharedGroupRefs) word() uint32 {
+	if r == nil {
+		return 0
+	}
+	var w uint32
+	for g := 1; g < MaxGroups; g++ {
+		if r[g][0] != 0 {
+			w |= 1 << g
+		}
+		if r[g][1] != 0 {
+			w |= 1 << (groupBits + g)
+		}
+	}
+	return w
+}
+
+func sharedSlot(tier Tier) int {
+	switch tier {
+	case CPUShare:
+		return 0
+	case Disk:
+		return 1
+	}
+	return -1
+}
+
+// AcquireSharedGroup is AcquireShared for KV-cache group g: a hybrid
+// model's Mooncake object of that group. Group 0 is AcquireShared itself.
+func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
+	if g == 0 {
+		t.AcquireShared(tier, key)
+		return
+	}
+	i := sharedSlot(tier)
+	if i < 0 || g < 0 || g >= MaxGroups {
+		return
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dead {
+		return
+	}
+	t.changing(s)
+	if s.sharedGroups == nil {
+		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
+	}
+	r := s.sharedGroups[key]
+	if r == nil {
+		r = new(sharedGroupRefs)
+		s.sharedGroups[key] = r
+	}
+	if r[g][i] != ^uint32(0) {
+		r[g][i]++
+	}
+}
+
+// ReleaseSharedGroup drops one reference AcquireSharedGroup took.
+func (t *Table) ReleaseSharedGroup(tier Tier, g int, key uint64) {
+	if g == 0 {
+		t.ReleaseShared(tier, key)
+		return
+	}
+	i := sharedSlot(tier)
+	if i < 0 || g < 0 || g >= MaxGroups {
+		return
+	}
+	h := mix(key)
+	s := t.stripeFor(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.sharedGroups[key]
+	if s.dead || r == nil || r[g][i] == 0 {
+		return
+	}
+	t.changing(s)
+	r[g][i]--
+	if *r == (sharedGroupRefs{}) {
+		delete(s.sharedGroups, key)
+	}
+}

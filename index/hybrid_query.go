@@ -6,7 +6,10 @@ type hybridScratch struct {
 	ord    []int32  // by span position: hybrid ordinal, -1 for a dense owner
 	words  []uint32 // ordinal*len(keys) + key: the owner's group word
 	shared []uint8  // by key: shared tier bits (group 0)
-	masks  []uint32
+	// sharedG is by key the shared references' other groups: CPUShare's
+	// in the low groupBits, Disk's above (sharedGroupWord).
+	sharedG []uint32
+	masks   []uint32
 }
 
 // sliceChain replays keys already computed, for the dense walk of a
@@ -70,8 +73,9 @@ func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 	}
 	hy.words = resize(hy.words, nh*nk)
 	clear(hy.words)
-	hy.shared = resize(hy.shared, nk)
+	hy.shared, hy.sharedG = resize(hy.shared, nk), resize(hy.sharedG, nk)
 	clear(hy.shared)
+	clear(hy.sharedG)
 	t.readGroups(v, keys, lo, n, hy)
 	total := 0
 	for _, c := range hy.chain.covs {
@@ -82,7 +86,7 @@ func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 		if o < 0 {
 			continue
 		}
-		counts, _ := v.hybrid[lo+f].answer(hy.words[o*nk:(o+1)*nk], hy.shared, &hy.masks, total)
+		counts, _ := v.hybrid[lo+f].answer(hy.words[o*nk:(o+1)*nk], hy.shared, hy.sharedG, &hy.masks, total)
 		sc.cnt[f] = counts
 	}
 }
@@ -101,6 +105,9 @@ func (t *Table) readGroups(v *ownerView, keys []uint64, lo, n int, hy *hybridScr
 			for _, p := range s.overflow(b) {
 				hy.note(v, s, p, j, nk, lo, n)
 			}
+		}
+		if s.sharedGroups != nil {
+			hy.sharedG[j] = s.sharedGroups[key].word()
 		}
 		s.mu.RUnlock()
 	}
@@ -129,7 +136,7 @@ func (hy *hybridScratch) note(v *ownerView, s *stripe, p pair, j, nk, lo, n int)
 // key, shared the keys' shared tier bits, which count for group 0 (the only
 // group Mooncake objects are indexed for). stops are the groups whose rule
 // ended each tier's hit (-1: none did).
-func (h *hybridLayout) answer(words []uint32, shared []uint8, masks *[]uint32, total int) (counts [numTiers]int, stops [numTiers]int) {
+func (h *hybridLayout) answer(words []uint32, shared []uint8, sharedG []uint32, masks *[]uint32, total int) (counts [numTiers]int, stops [numTiers]int) {
 	m := resize(*masks, len(words))
 	*masks = m
 	clear(m)
@@ -145,8 +152,9 @@ func (h *hybridLayout) answer(words []uint32, shared []uint8, masks *[]uint32, t
 				if shared[j]&bitShare != 0 {
 					m[j] |= 1
 				}
+				m[j] |= sharedG[j] & groupTierMask
 			case Disk:
-				m[j] |= tierGroups(w, Disk)
+				m[j] |= tierGroups(w, Disk) | sharedG[j]>>groupBits&groupTierMask
 				if shared[j]&bitDisk != 0 {
 					m[j] |= 1
 				}
@@ -178,7 +186,7 @@ func (t *Table) explainHybrid(v *ownerView, keys []uint64, tokens []int, owners 
 		return
 	}
 	nk := len(keys)
-	hy.words, hy.shared = make([]uint32, nh*nk), make([]uint8, nk)
+	hy.words, hy.shared, hy.sharedG = make([]uint32, nh*nk), make([]uint8, nk), make([]uint32, nk)
 	t.readGroups(v, keys, 0, n, &hy)
 	total := 0
 	if nk > 0 {
@@ -190,7 +198,7 @@ func (t *Table) explainHybrid(v *ownerView, keys []uint64, tokens []int, owners 
 			continue
 		}
 		l := v.hybrid[f]
-		counts, stops := l.answer(hy.words[o*nk:(o+1)*nk], hy.shared, &hy.masks, total)
+		counts, stops := l.answer(hy.words[o*nk:(o+1)*nk], hy.shared, hy.sharedG, &hy.masks, total)
 		r := &runs[i]
 		r.Counts = TierCounts{counts[Device], counts[CPULocal], counts[CPUShare], counts[Disk]}
 		r.Hybrid = &HybridRun{Layout: l.src, StopGroup: stops[Disk]}

@@ -326,7 +326,7 @@ func (s *stripe) ownerListAt(sl int) []uint32 {
 type hybridRef struct {
 	layouts map[OwnerID][]GroupSpec
 	held    map[OwnerID]map[[2]uint64]uint8 // (key, group) -> engine tiers
-	shared  map[uint64][numTiers]int        // key -> references per shared tier
+	shared  map[[2]uint64][numTiers]int     // (key, group) -> references per shared tier
 }
 
 func (r *hybridRef) present(id OwnerID, g int, key uint64, upto Tier) bool {
@@ -336,13 +336,8 @@ func (r *hybridRef) present(id OwnerID, g int, key uint64, upto Tier) bool {
 			return true
 		}
 	}
-	if g == 0 {
-		sh := r.shared[key]
-		if (upto >= CPUShare && sh[CPUShare] > 0) || (upto >= Disk && sh[Disk] > 0) {
-			return true
-		}
-	}
-	return false
+	sh := r.shared[[2]uint64{key, uint64(g)}]
+	return (upto >= CPUShare && sh[CPUShare] > 0) || (upto >= Disk && sh[Disk] > 0)
 }
 
 // refRule is one spec group as the reference sees it.
@@ -449,7 +444,7 @@ func TestHybridAgainstReference(t *testing.T) {
 		ix := New(Options{Stripes: 4})
 		ctx := ContextKey{Model: "m", BlockSize: hbs}
 		tb := ix.EnsureTable(ctx, hashing.Profile{})
-		ref := &hybridRef{layouts: map[OwnerID][]GroupSpec{}, held: map[OwnerID]map[[2]uint64]uint8{}, shared: map[uint64][numTiers]int{}}
+		ref := &hybridRef{layouts: map[OwnerID][]GroupSpec{}, held: map[OwnerID]map[[2]uint64]uint8{}, shared: map[[2]uint64][numTiers]int{}}
 		nOwners := rapid.IntRange(1, 3).Draw(rt, "owners")
 		var ids []OwnerID
 		for o := range nOwners {
@@ -516,17 +511,19 @@ func TestHybridAgainstReference(t *testing.T) {
 					}
 				}
 			case 8:
+				// a Mooncake object of group g (group 0's go through
+				// AcquireShared)
 				st := rapid.SampledFrom([]Tier{CPUShare, Disk}).Draw(rt, "shared")
-				tb.AcquireShared(st, base[j])
-				c := ref.shared[base[j]]
+				tb.AcquireSharedGroup(st, g, base[j])
+				c := ref.shared[hk]
 				c[st]++
-				ref.shared[base[j]] = c
+				ref.shared[hk] = c
 			case 9:
 				st := rapid.SampledFrom([]Tier{CPUShare, Disk}).Draw(rt, "shared")
-				tb.ReleaseShared(st, base[j])
-				if c := ref.shared[base[j]]; c[st] > 0 {
+				tb.ReleaseSharedGroup(st, g, base[j])
+				if c := ref.shared[hk]; c[st] > 0 {
 					c[st]--
-					ref.shared[base[j]] = c
+					ref.shared[hk] = c
 				}
 			}
 		}
@@ -561,10 +558,10 @@ func TestHybridAgainstReference(t *testing.T) {
 		if err := groupsErr(tb2); err != nil {
 			rt.Fatal(err)
 		}
-		for key, c := range ref.shared { // a cut leaves shared references to the Mooncake bindings
+		for k, c := range ref.shared { // a cut leaves shared references to the Mooncake bindings
 			for _, st := range []Tier{CPUShare, Disk} {
 				for range c[st] {
-					tb2.AcquireShared(st, key)
+					tb2.AcquireSharedGroup(st, int(k[1]), k[0])
 				}
 			}
 		}

@@ -90,8 +90,12 @@ type stripe struct {
 	owned [][]uint32
 	// groups[slot], when not nil, runs parallel to owned[slot]: the
 	// KV-cache groups of each held block per tier (groups.go).
-	groups   [][]uint32
-	tierKeys [numTiers]int
+	groups [][]uint32
+	// sharedGroups counts shared references of KV-cache groups other
+	// than 0 by key (groups.go); nil until a hybrid model's Mooncake
+	// object arrives.
+	sharedGroups map[uint64]*sharedGroupRefs
+	tierKeys     [numTiers]int
 	// sets interns the holder lists of blocks with overflow (see block.meta).
 	sets holderSets
 	// slotsAt and slotsLen mirror slots for prefetchSlot, which reads them

@@ -536,7 +536,7 @@ func (t *Table) drop() {
 		s.mu.Lock()
 		t.changing(s)
 		s.dead = true
-		s.slots, s.blocks, s.ext, s.extFre, s.owned, s.groups = nil, nil, nil, nil, nil, nil
+		s.slots, s.blocks, s.ext, s.extFre, s.owned, s.groups, s.sharedGroups = nil, nil, nil, nil, nil, nil, nil
 		s.publishSlots()
 		s.sets = holderSets{}
 		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}

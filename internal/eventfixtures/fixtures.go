@@ -415,11 +415,11 @@ func fixtures() []F {
 		Expect: ok(nil, "rejected: seq_hashes conflicts with key hash"), Producer: pMoon, Seq: 11})
 	add(F{ID: "mooncake_bad_group_nonzero", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", group: "1", eventID: 16})),
-		Expect:  ok(nil, "rejected: group_id must be nil, empty or 0 (vllm_v1)"), Producer: pMoon, Seq: 12})
+		Expect:  ok(nil, "rejected: group_id 1 disagrees with the key's group:0 label (vllm_v1)"), Producer: pMoon, Seq: 12})
 	add(F{ID: "mooncake_group_label_in_key", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLMGroup1, medium: "cpu", eventID: 17})),
-		Expect: ok(effects(store("cpu_share", obj(kVLLMGroup1), v1)),
-			"applied: the group:1 label is not checked, as upstream does (docs/events.md#vllm-keys)"), Producer: pMoon, Seq: 13})
+		Expect: ok(effects(storeGroup("cpu_share", obj(kVLLMGroup1), 1, v1)),
+			"applied in KV-cache group 1, the key's group:1 label (docs/hybrid.md#mooncake)"), Producer: pMoon, Seq: 13})
 	add(F{ID: "mooncake_medium_gpu", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "gpu", eventID: 18})),
 		Expect:  ok(nil, "ignored: medium gpu not a shared tier"), Producer: pMoon, Seq: 14})

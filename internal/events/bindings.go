@@ -58,13 +58,21 @@ func (d *mooncakeDecoder) ImportBindings(bs []snapshot.Binding) {
 			continue
 		}
 		b := &binding{sink: sink, ctx: ctx, prefix: sb.Prefix, fullHash: sb.FullHash, group: sb.Group}
+		if !d.sglang {
+			g, ok := vllmObjectGroup(sb.Group, "")
+			if !ok {
+				continue
+			}
+			b.vgroup = g
+		}
 		if d.sglang {
 			b.components = make(map[string]struct{}, len(sb.Components))
 			for _, c := range sb.Components {
 				b.components[c] = struct{}{}
 			}
 		}
-		d.bindings[bk] = b
-		sink.AcquireShared(tier, sb.Prefix)
+		if b.acquire(tier) {
+			d.bindings[bk] = b
+		}
 	}
 }

@@ -235,7 +235,8 @@ func TestMooncakeBindings(t *testing.T) {
 	x.applyBatch(2, mcBatch(t,
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["model_name"] = "other" }), // assertion
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["seq_hashes"] = []any{v2} }),
-		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "2" }),
+		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "2" }), // the binding is group 0's: assertion
+		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "10" }), // no such group
 		mcEventMap("removed", "disk", k1, nil), // other tier: no binding
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["model_name"] = nil; m["group_id"] = "0" }),
 		mcEventMap("removed", "cpu", k1, nil), // duplicate remove
@@ -243,7 +244,7 @@ func TestMooncakeBindings(t *testing.T) {
 		mcEventMap("stored", "disk", k1, nil), // re-added after the clear
 		mcEventMap("cleared", "", "", func(m map[string]any) { m["medium"] = nil; m["tenant_id"] = "t2" }),
 	))
-	want = []string{"rejected:assertion", "rejected:assertion", "rejected:group", "no-op:no_binding",
+	want = []string{"rejected:assertion", "rejected:assertion", "rejected:assertion", "rejected:group", "no-op:no_binding",
 		"applied:none", "no-op:no_binding", "applied:none", "applied:none", "applied:none"}
 	if diff := cmp.Diff(want, results(x, 2)); diff != "" {
 		t.Errorf("batch 2 (-want +got):\n%s", diff)

@@ -165,6 +165,9 @@ type binding struct {
 	fullHash   string
 	group      string
 	components map[string]struct{} // SGLang: component suffixes present
+	// vgroup is the vLLM KV-cache group of a vllm_v1 object (group is then
+	// its decimal form, "" for group 0; mooncake_groups.go).
+	vgroup int
 }
 
 // mooncakeDecoder decodes master batches and keeps the source's bindings.
@@ -494,14 +497,14 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		e.fail(EvObjectKey)
 		return
 	}
-	group := string(e.v.strs[mcGroup])
+	group, vgroup := string(e.v.strs[mcGroup]), 0
 	if !d.sglang {
-		// vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
-		if group != "" && group != "0" {
+		// vllm_v1: the object's KV-cache group (docs/hybrid.md#mooncake)
+		if vgroup, ok = vllmObjectGroup(group, string(e.v.strs[mcObjectKey])); !ok {
 			e.fail(EvGroup)
 			return
 		}
-		group = ""
+		group = groupName(vgroup)
 	}
 	if e.seqN == 1 && e.seq0 != prefix {
 		e.fail(EvSeqHashes)
@@ -518,12 +521,15 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		}
 		return // idempotent re-store
 	}
-	b := &binding{sink: sink, ctx: ctx, prefix: prefix, fullHash: fullHash, group: group}
+	b := &binding{sink: sink, ctx: ctx, prefix: prefix, fullHash: fullHash, group: group, vgroup: vgroup}
 	if d.sglang {
 		b.components = map[string]struct{}{component: {}}
 	}
+	if !b.acquire(tier) {
+		e.fail(EvGroup)
+		return
+	}
 	d.bindings[bk] = b
-	sink.AcquireShared(tier, prefix)
 }
 
 func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
@@ -531,9 +537,12 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 	if !ok {
 		return
 	}
-	if !d.sglang && len(e.v.strs[mcGroup]) != 0 && string(e.v.strs[mcGroup]) != "0" {
-		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
-		return
+	vgroup := 0
+	if !d.sglang {
+		if vgroup, ok = vllmObjectGroup(string(e.v.strs[mcGroup]), string(e.v.strs[mcObjectKey])); !ok {
+			e.fail(EvGroup)
+			return
+		}
 	}
 	identity, component := string(e.v.strs[mcObjectKey]), ""
 	if d.sglang {
@@ -555,6 +564,7 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		string(e.v.strs[mcLora]) != b.ctx.Lora ||
 		(e.hasVal(mBlockSize) && e.v.ints[mcBlockSize] != int64(b.ctx.BlockSize)) ||
 		(d.sglang && string(e.v.strs[mcGroup]) != b.group) ||
+		(!d.sglang && vgroup != b.vgroup) ||
 		(e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != b.fullHash) ||
 		(e.seqN == 1 && e.seq0 != b.prefix) {
 		e.fail(EvAssertion)
@@ -571,7 +581,7 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		}
 	}
 	delete(d.bindings, bk)
-	b.sink.ReleaseShared(tier, b.prefix)
+	b.release(tier)
 }
 
 func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
@@ -583,7 +593,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 	for k, b := range d.bindings {
 		if k.backend == backend && k.tenant == tenant {
 			delete(d.bindings, k)
-			b.sink.ReleaseShared(k.tier, b.prefix)
+			b.release(k.tier)
 		}
 	}
 }
@@ -592,7 +602,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 // (stale or stopped, docs/events.md#retraction).
 func (d *mooncakeDecoder) Retract() {
 	for k, b := range d.bindings {
-		b.sink.ReleaseShared(k.tier, b.prefix)
+		b.release(k.tier)
 	}
 	clear(d.bindings)
 }

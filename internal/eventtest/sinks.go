@@ -86,6 +86,16 @@ func (r *Recorder) ClearOwner(id index.OwnerID, m index.TierMask) {
 // AcquireShared records a shared reference taken.
 func (r *Recorder) AcquireShared(t index.Tier, k uint64) { r.add(Op{Kind: "acquire", Tier: t, Key: k}) }
 
+// AcquireSharedGroup records a shared reference of a KV-cache group.
+func (r *Recorder) AcquireSharedGroup(t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "acquire", Tier: t, Key: k, Group: g})
+}
+
+// ReleaseSharedGroup records a shared reference of a KV-cache group dropped.
+func (r *Recorder) ReleaseSharedGroup(t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "release", Tier: t, Key: k, Group: g})
+}
+
 // ReleaseShared records a shared reference dropped.
 func (r *Recorder) ReleaseShared(t index.Tier, k uint64) { r.add(Op{Kind: "release", Tier: t, Key: k}) }
 
@@ -106,11 +116,12 @@ func (r *Recorder) Snapshot() []Op {
 }
 
 // SharedBalance returns acquires minus releases per (tier, key), without
-// the pairs that balance out.
+// the pairs that balance out; a KV-cache group other than 0 is in the
+// first word's bits above the tier's 8.
 func SharedBalance(ops []Op) map[[2]uint64]int {
 	m := map[[2]uint64]int{}
 	for _, o := range ops {
-		k := [2]uint64{uint64(o.Tier), o.Key}
+		k := [2]uint64{uint64(o.Tier) | uint64(o.Group)<<8, o.Key}
 		switch o.Kind {
 		case "acquire":
 			m[k]++
@@ -155,7 +166,7 @@ func ExpectedOps(t testing.TB, f *Fixture, prior []Op) []Op {
 		case "clear_shared":
 			for k, n := range SharedBalance(prior) {
 				for range n {
-					out = append(out, Op{Kind: "release", Tier: index.Tier(k[0]), Key: k[1]})
+					out = append(out, Op{Kind: "release", Tier: index.Tier(k[0] & 0xff), Key: k[1], Group: int(k[0] >> 8)})
 				}
 			}
 		default:
