@@ -235,9 +235,9 @@ func TestMooncakeBindings(t *testing.T) {
 	x.applyBatch(2, mcBatch(t,
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["model_name"] = "other" }), // assertion
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["seq_hashes"] = []any{v2} }),
-		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "2" }), // the binding is group 0's: assertion
+		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "2" }),  // the binding is group 0's: assertion
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "10" }), // no such group
-		mcEventMap("removed", "disk", k1, nil), // other tier: no binding
+		mcEventMap("removed", "disk", k1, nil),                                            // other tier: no binding
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["model_name"] = nil; m["group_id"] = "0" }),
 		mcEventMap("removed", "cpu", k1, nil), // duplicate remove
 		mcEventMap("cleared", "", "", func(m map[string]any) { m["medium"] = nil }),
