@@ -3,11 +3,14 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/bgjob"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/etcdreg"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
@@ -53,7 +57,58 @@ type app struct {
 	// pprof serves runtime profiles with --pprof-addr (nil: off).
 	pprof *pprofsrv.Server
 	// shared links the replica to etcd (nil for a single node).
-	shared *shared
+	shared *etcdreg.Replica
+	// stops is what newApp started, stopped newest first: by newApp
+	// itself when a later step fails, by close otherwise.
+	stops     stopStack
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// drainTimeout bounds how long the doors let in-flight requests and
+// calls finish at shutdown; then they are cut, so the last snapshot and
+// the sources' stop get the rest of shutdownTimeout.
+const drainTimeout = 3 * time.Second
+
+// shutdownTimeout bounds a shutdown end to end: when close has not
+// returned by then, the process exits with an error.
+const shutdownTimeout = 5 * time.Second
+
+// stopStack is the one stop order, in the spirit of Prometheus's run
+// group: each step newApp takes pushes the function that undoes it, and
+// run undoes them newest first, the same on the failure path and at
+// shutdown, so the two cannot drift apart.
+type stopStack struct {
+	stops []namedStop
+}
+
+type namedStop struct {
+	name string
+	stop func(ctx context.Context) error
+}
+
+// push adds what undoes the step just taken.
+func (s *stopStack) push(name string, stop func(ctx context.Context) error) {
+	s.stops = append(s.stops, namedStop{name, stop})
+}
+
+// run stops everything newest first, each step even when an earlier one
+// failed, and empties the stack. ctx bounds the steps that wait for
+// others (the doors' drains). The error names every step that failed.
+func (s *stopStack) run(ctx context.Context) error {
+	var errs []error
+	for i := len(s.stops) - 1; i >= 0; i-- {
+		if err := s.stops[i].stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.stops[i].name, err))
+		}
+	}
+	s.stops = nil
+	return errors.Join(errs...)
+}
+
+// nothingToReport adapts a stop that cannot fail.
+func nothingToReport(f func()) func(context.Context) error {
+	return func(context.Context) error { f(); return nil }
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
@@ -70,21 +125,34 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
-	etcd, err := connectEtcd(cfg)
-	if err != nil {
-		return nil, err
-	}
-	state, err := durable.Open(durable.Options{
-		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
-		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: etcd != nil,
-		Peers: bootstrapPeers(cfg, etcd, log), PeerToken: cfg.AuthToken,
-	})
-	if err != nil {
-		if etcd != nil {
-			etcd.Close()
+	a := &app{log: log}
+	fail := func(err error) (*app, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+		defer cancel()
+		if serr := a.stops.run(ctx); serr != nil {
+			log.Warn().Err(serr).Msg("stopping what had started after a failed start")
 		}
 		return nil, err
 	}
+	sh, err := etcdreg.Connect(etcdreg.ClientConfig{
+		Endpoints: cfg.Etcd.Endpoints, CAFile: cfg.Etcd.CAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile,
+		Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.shared = sh
+	a.stops.push("etcd client", nothingToReport(sh.Close))
+	state, err := durable.Open(durable.Options{
+		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
+		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: sh != nil,
+		Peers: sh.BootstrapPeers(cfg.BootstrapFrom, cfg.Etcd.Prefix, cfg.Etcd.AdvertiseURL, log), PeerToken: cfg.AuthToken,
+	})
+	if err != nil {
+		return fail(err)
+	}
+	a.state = state
+	a.stops.push("state directory", nothingToReport(state.Release))
 	ix := index.New(index.Options{RemovalPause: removalPause})
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
@@ -119,33 +187,22 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 			memReturn.Request()
 		},
 	})
-	// started is what newApp has started, stopped newest first by fail
-	// when a later step fails; the first entry is app.close's tail.
-	started := []func(){func() {
-		state.Close()
-		reg.Close()
-		ix.Close()
+	a.reg, a.ix, a.memReturn = reg, ix, memReturn
+	a.stops.push("index", nothingToReport(func() {
+		ix.Close() // after the registry, whose removals feed it
+		// No goroutine outlives the service: the memory return the last
+		// drops requested, and the subscribers' C-heap trims.
 		memReturn.Wait()
 		zmqx.WaitTrims()
-		state.Release()
-	}}
-	fail := func(err error) (*app, error) {
-		for i := len(started) - 1; i >= 0; i-- {
-			started[i]()
-		}
-		return nil, err
-	}
+	}))
+	a.stops.push("sources", nothingToReport(reg.Close))
 	if err := registerAtStart(cfg, state, reg, log); err != nil {
-		if etcd != nil {
-			etcd.Close() // openShared, which owns it from then on, has not run
-		}
 		return fail(err)
 	}
-	sh, err := openShared(cfg, etcd, reg, log)
-	if err != nil {
+	if err := sh.Join(etcdreg.Options{Prefix: cfg.Etcd.Prefix, Registry: reg, Static: cfg.StaticServices(), Logger: log}, cfg.Etcd.Endpoints); err != nil {
 		return fail(err)
 	}
-	started = append(started, sh.close)
+	a.stops.push("shared registrations", nothingToReport(sh.Leave))
 	fromFile := cfg.StaticServices()
 	// The producer-fed side exists with the gRPC door; its scopes are
 	// restored from the snapshot before snapshots start.
@@ -167,6 +224,14 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		state.AttachProducer(prod)
 	}
 	state.Start(reg, ix, fromFile)
+	a.stops.push("final snapshot", func(context.Context) error {
+		// No shared change applies while shutting down: the last
+		// snapshot is cut, and the sources stop after it, with the
+		// registrations it saw. The snapshot is taken while every
+		// source still runs; stopping them retracts their entries.
+		sh.Leave()
+		return state.Close()
+	})
 	// Restoring a snapshot read it whole and split it by owner; that
 	// memory is garbage now, and RSS is what operators read.
 	memReturn.Request()
@@ -175,18 +240,22 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	if err != nil {
 		return fail(fmt.Errorf("listen on %s: %w", addr, err))
 	}
-	started = append(started, func() { _ = ln.Close() })
-	var pp *pprofsrv.Server
+	a.ln = ln
+	// The HTTP server closes it when it serves; this is for a start that
+	// fails before it does.
+	a.stops.push("HTTP listener", nothingToReport(func() { _ = ln.Close() }))
 	if cfg.PprofAddr != "" {
-		if pp, err = pprofsrv.Start(cfg.PprofAddr); err != nil {
+		pp, err := pprofsrv.Start(cfg.PprofAddr)
+		if err != nil {
 			return fail(err)
 		}
-		started = append(started, func() { _ = pp.Close() })
+		a.pprof = pp
+		a.stops.push("profiling listener", func(context.Context) error { return pp.Close() })
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Answers: answers, Build: &build, HashChecks: checks,
-		Extra: append([]prometheus.Collector{state.Collector()}, sh.collectors()...)})
+		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
 		static[i] = svc.Key()
@@ -207,7 +276,18 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		DebugRoutes: cfg.DebugRoutes,
 		Snapshot:    state.WriteSnapshot,
 	})
-	a := &app{log: log, reg: reg, ix: ix, srv: srv, ln: ln, memReturn: memReturn, state: state, pprof: pp, shared: sh}
+	a.srv = srv
+	a.stops.push("HTTP server", func(ctx context.Context) error {
+		// Stops accepting, lets in-flight requests finish until ctx
+		// ends, and closes idle connections; requests still running
+		// then are cut when the process exits.
+		if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		} else if err != nil {
+			log.Warn().Dur("after", drainTimeout).Msg("HTTP requests still in flight at the end of the drain; cutting them")
+		}
+		return nil
+	})
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
 		if err := a.openDoor(cfg, prod, m, memo, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
@@ -216,7 +296,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		door.Store(a.door)
 	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
-	sh.advertise(cfg.Etcd.AdvertiseURL)
+	sh.Advertise(cfg.Etcd.AdvertiseURL)
 	return a, nil
 }
 
@@ -238,6 +318,13 @@ func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metr
 	}
 	prod.Start()
 	a.door, a.doorLn, a.prod = door, ln, prod
+	a.stops.push("gRPC door", func(ctx context.Context) error {
+		// Ends its streams, lets unary calls finish until ctx ends,
+		// and detaches from the index; the producer store stops with it.
+		door.Shutdown(ctx)
+		prod.Close()
+		return nil
+	})
 	a.log.Info().Str("addr", ln.Addr().String()).Bool("tls", cfg.GRPCTLSCert != "").Msg("InferenceCache gRPC door listening")
 	return nil
 }
@@ -247,26 +334,31 @@ func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metr
 // contexts bound), the file's before the record's. A recorded registration
 // that conflicts with the file loses to it, with a warning naming both.
 func registerAtStart(cfg *config.Config, state *durable.State, reg *registry.Registry, log zerolog.Logger) error {
-	for _, engines := range []bool{true, false} {
-		for _, st := range cfg.Static {
-			if st.Service.IsEngine() != engines {
-				continue
-			}
-			if _, err := reg.Register(st.Service); err != nil {
-				return fmt.Errorf("static registration %q: %w", st.Name, err)
-			}
-		}
-		for _, svc := range state.Recorded() {
-			if svc.IsEngine() != engines {
-				continue
-			}
-			if _, err := reg.Register(svc); err != nil {
-				log.Warn().Err(err).Str("service", string(svc.Key())).Str("endpoint", svc.Endpoint).Str("config", cfg.Path).
-					Msg("recorded registration not restored: it conflicts with the config file's registrations, which win, or its source could not start")
-			}
-		}
+	// The file's first, then the record's: within each kind of source,
+	// EnginesFirst keeps this order.
+	type atStart struct {
+		svc  registry.Service
+		name string // the file's name for it; "" for a recorded one
 	}
-	return nil
+	var all []atStart
+	for _, st := range cfg.Static {
+		all = append(all, atStart{st.Service, st.Name})
+	}
+	for _, svc := range state.Recorded() {
+		all = append(all, atStart{svc: svc})
+	}
+	return registry.EnginesFirst(all, func(a atStart) bool { return a.svc.IsEngine() }, func(a atStart) error {
+		_, err := reg.Register(a.svc)
+		switch {
+		case err == nil:
+		case a.name != "":
+			return fmt.Errorf("static registration %q: %w", a.name, err)
+		default:
+			log.Warn().Err(err).Str("service", string(a.svc.Key())).Str("endpoint", a.svc.Endpoint).Str("config", cfg.Path).
+				Msg("recorded registration not restored: it conflicts with the config file's registrations, which win, or its source could not start")
+		}
+		return nil
+	})
 }
 
 // serve runs the HTTP server and, when on, the gRPC door; it returns when
@@ -281,26 +373,18 @@ func (a *app) serve() error {
 	return <-errc
 }
 
-// close stops accepting, lets in-flight requests finish, then stops every
-// subscriber and closes its sockets.
-func (a *app) close() {
-	_ = a.pprof.Close()
-	if a.door != nil {
-		a.door.Stop() // ends its streams and detaches from the index
-		a.prod.Close()
-	}
-	_ = a.srv.Shutdown()
-	a.shared.close() // no shared change applies while shutting down
-	// The last snapshot is taken while every source still runs; stopping
-	// them retracts their entries.
-	a.state.Close()
-	a.reg.Close()
-	a.ix.Close() // after the registry, whose removals feed it
-	// No goroutine outlives the service: the memory return the last
-	// drops requested, and the subscribers' C-heap trims.
-	a.memReturn.Wait()
-	zmqx.WaitTrims()
-	a.state.Release()
+// close runs the stop order: the doors stop accepting and drain (bounded
+// by drainTimeout), the last snapshot is written, every subscriber stops
+// and closes its sockets, and the state directory is released. Its error
+// names the steps that failed (the last snapshot not written among them).
+// A second call returns the first one's error.
+func (a *app) close() error {
+	a.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+		defer cancel()
+		a.closeErr = a.stops.run(ctx)
+	})
+	return a.closeErr
 }
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -47,9 +46,12 @@ func run(args []string) error {
 	}
 	setGCPercent(os.Getenv)
 	// Signals are caught before anything listens, so a SIGTERM that
-	// follows the "listening" log line always takes the graceful path.
-	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	// follows the "listening" log line always takes the graceful path. Two
+	// fit in the buffer: the one that starts the shutdown and the one
+	// that cuts it short.
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
 	a, err := newApp(cfg, newLogger(cfg, os.Stderr, isatty.IsTerminal(os.Stderr.Fd())))
 	if err != nil {
 		return err
@@ -58,19 +60,36 @@ func run(args []string) error {
 	go func() { served <- a.serve() }()
 	select {
 	case err := <-served:
-		a.close()
-		return fmt.Errorf("serve: %w", err)
-	case <-sig.Done():
+		return errors.Join(fmt.Errorf("serve: %w", err), shutdown(a, sig))
+	case <-sig:
 	}
+	return shutdown(a, sig)
+}
+
+// shutdown closes the app within shutdownTimeout. Its error, and so a
+// non-zero exit status, says the shutdown did not finish cleanly: a step
+// failed (the last snapshot not written), it ran out of time, or a second
+// signal ended the process at once.
+func shutdown(a *app, sig <-chan os.Signal) error {
 	a.log.Info().Msg("shutting down")
-	done := make(chan struct{})
-	go func() { a.close(); close(done) }()
+	done := make(chan error, 1)
+	go func() { done <- a.close() }()
+	watchdog := time.NewTimer(shutdownTimeout)
+	defer watchdog.Stop()
 	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		a.log.Warn().Msg("shutdown took longer than 5s; exiting")
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("shutdown: %w", err)
+		}
+		a.log.Info().Msg("shut down")
+		return nil
+	case s := <-sig:
+		a.log.Warn().Str("signal", s.String()).Msg("second signal during shutdown; exiting now, without waiting for the rest of it")
+		return fmt.Errorf("shutdown cut short by a second %s", s)
+	case <-watchdog.C:
+		a.log.Error().Dur("after", shutdownTimeout).Msg("shutdown did not finish in time; exiting")
+		return fmt.Errorf("shutdown did not finish within %v", shutdownTimeout)
 	}
-	return nil
 }
 
 // newLogger writes to out: JSON, or with --log-format console a line per

@@ -1,8 +1,6 @@
 package codec
 
 import (
-	"sync/atomic"
-
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 )
 
@@ -34,10 +32,11 @@ import (
 // entries hold only pointer-free slices, and an entry's token array may
 // also be kept by the prefix memo (see QueryRequest.TokensShared), so the
 // two budgets count it twice. Safe for concurrent use.
-type TokenMemo struct {
-	store  *memostore.Store[*packedEntry]
-	hits   atomic.Uint64
-	misses atomic.Uint64
+type TokenMemo memostore.Store[*packedEntry]
+
+// store is the memo's store: the same pointer, nil for a nil memo.
+func (m *TokenMemo) store() *memostore.Store[*packedEntry] {
+	return (*memostore.Store[*packedEntry])(m)
 }
 
 const (
@@ -65,34 +64,20 @@ func NewTokenMemo(maxBytes int) *TokenMemo {
 	if maxBytes <= 0 {
 		return nil
 	}
-	return &TokenMemo{store: memostore.New[*packedEntry](maxBytes)}
+	return (*TokenMemo)(memostore.New[*packedEntry](maxBytes))
 }
 
 // Reset forgets every remembered array; the service calls it when the last
 // context is unregistered, so that memory returns to its idle size.
-func (m *TokenMemo) Reset() {
-	if m != nil {
-		m.store.Reset()
-	}
-}
+func (m *TokenMemo) Reset() { m.store().Reset() }
 
 // Bytes returns the memory the remembered arrays account for.
-func (m *TokenMemo) Bytes() int {
-	if m == nil {
-		return 0
-	}
-	return m.store.Bytes()
-}
+func (m *TokenMemo) Bytes() int { return m.store().Bytes() }
 
 // Stats returns how many tokens of accepted /query bodies were copied from
 // the memo (hits) and how many were decoded while it was consulted (misses;
 // arrays too short to look up are not counted).
-func (m *TokenMemo) Stats() (hits, misses uint64) {
-	if m == nil {
-		return 0, 0
-	}
-	return m.hits.Load(), m.misses.Load()
-}
+func (m *TokenMemo) Stats() (hits, misses uint64) { return m.store().Stats() }
 
 // DecodeQuery is codec.DecodeQuery consulting the memo: the result, and the
 // error for a malformed body, are the same. q.Tokens may then be a
@@ -106,8 +91,7 @@ func (m *TokenMemo) DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error
 		return e
 	}
 	l := &q.learn
-	m.hits.Add(uint64(l.reused))
-	m.misses.Add(uint64(len(q.Tokens) - l.reused))
+	m.store().Count(uint64(l.reused), uint64(len(q.Tokens)-l.reused))
 	if len(q.Tokens)-l.reused >= memoChunk {
 		q.packed = body[l.start:l.end]
 	}
@@ -160,7 +144,7 @@ func fingerprints(rest []byte, n int, dst []uint64) []uint64 {
 // number of tokens k it supplies and the packed length off they span.
 func (m *TokenMemo) match(rest []byte, n int, fps []uint64) (best *packedEntry, k, off int) {
 	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
-		m.store.Lookup(fps[j], func(e *packedEntry) bool {
+		m.store().Lookup(fps[j], func(e *packedEntry) bool {
 			if ek, eoff := e.usable(rest, n); ek > k {
 				best, k, off = e, ek, eoff
 			}
@@ -208,7 +192,7 @@ func (m *TokenMemo) remember(raw []byte, toks []int32, ends []uint32, fps []uint
 	}
 	e.Fps = memostore.FiledUnder(fps, nf)
 	e.Size = packedOverhead + len(e.raw) + 4*cap(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
-	m.store.Insert(e, e.extends)
+	m.store().Insert(e, e.extends)
 	return took
 }
 

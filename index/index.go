@@ -33,15 +33,15 @@ const DefaultStripes = 64
 // contexts come and go only on registration.
 type Index struct {
 	stripes int
-	mu      sync.Mutex // serialises writers of tables
-	tables  atomic.Pointer[map[ContextKey]*Table]
+	mu      sync.Mutex // serialises writers of tables and scopes
+	tables  cowMap[ContextKey, *Table]
 	reap    reaper
 
 	// cutMu is held from BeginCut to Finish: one cut at a time.
 	cutMu    sync.Mutex
 	cutEpoch uint64 // under cutMu; stripes compare their cutEpoch to it
 	// scopes are the producer-fed scopes (scope.go), beside the contexts.
-	scopes atomic.Pointer[map[ScopeKey]*Table]
+	scopes cowMap[ScopeKey, *Table]
 	// watch, when set, sees every change (watch.go).
 	watch atomic.Pointer[watcherBox]
 }
@@ -54,44 +54,27 @@ func New(opts Options) *Index {
 	}
 	ix := &Index{stripes: n}
 	ix.reap.pause = opts.RemovalPause
-	m := map[ContextKey]*Table{}
-	ix.tables.Store(&m)
-	sc := map[ScopeKey]*Table{}
-	ix.scopes.Store(&sc)
 	return ix
 }
 
 // Table returns the context's table, or nil when the context is unknown
 // (a query for it then answers with empty instances).
 func (ix *Index) Table(ctx ContextKey) *Table {
-	return (*ix.tables.Load())[ctx]
+	return ix.tables.get(ctx)
 }
 
 // EnsureTable returns the context's table, creating it with profile p. The
 // caller (the registry) guarantees every service of a context uses the same
 // profile, so an existing table's profile is not compared.
 func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
-	if t := ix.Table(ctx); t != nil {
+	return ix.tables.ensure(&ix.mu, ctx, func() *Table {
+		t := newTable(ctx, p, ix.stripes)
+		t.ix = ix
+		if ix.reap.pause > 0 {
+			t.reap = &ix.reap
+		}
 		return t
-	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	old := *ix.tables.Load()
-	if t := old[ctx]; t != nil {
-		return t
-	}
-	t := newTable(ctx, p, ix.stripes)
-	t.ix = ix
-	if ix.reap.pause > 0 {
-		t.reap = &ix.reap
-	}
-	m := make(map[ContextKey]*Table, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[ctx] = t
-	ix.tables.Store(&m)
-	return t
+	})
 }
 
 // DropTable forgets a context and frees its memory. Goroutines still holding
@@ -100,20 +83,7 @@ func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
 // serialise EnsureTable and DropTable of one context (the registry does);
 // otherwise EnsureTable may hand out the table being dropped.
 func (ix *Index) DropTable(ctx ContextKey) {
-	ix.mu.Lock()
-	old := *ix.tables.Load()
-	t := old[ctx]
-	if t != nil {
-		m := make(map[ContextKey]*Table, len(old))
-		for k, v := range old {
-			if k != ctx {
-				m[k] = v
-			}
-		}
-		ix.tables.Store(&m)
-	}
-	ix.mu.Unlock()
-	if t != nil {
+	if t := ix.tables.remove(&ix.mu, ctx); t != nil {
 		t.drop()
 	}
 }
@@ -122,7 +92,7 @@ func (ix *Index) DropTable(ctx ContextKey) {
 // without allocating: for per-request scans, where Tables' sorted copy
 // would cost an allocation and a sort on every call.
 func (ix *Index) All() iter.Seq[*Table] {
-	m := *ix.tables.Load()
+	m := ix.tables.load()
 	return func(yield func(*Table) bool) {
 		for _, t := range m {
 			if !yield(t) {
@@ -134,7 +104,7 @@ func (ix *Index) All() iter.Seq[*Table] {
 
 // Tables returns a snapshot of all tables in ContextKey.Compare order.
 func (ix *Index) Tables() []*Table {
-	m := *ix.tables.Load()
+	m := ix.tables.load()
 	out := make([]*Table, 0, len(m))
 	for _, t := range m {
 		out = append(out, t)

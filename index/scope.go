@@ -23,48 +23,22 @@ type ScopeKey struct {
 
 // Scope returns the scope's table, or nil when nothing created it.
 func (ix *Index) Scope(k ScopeKey) *Table {
-	return (*ix.scopes.Load())[k]
+	return ix.scopes.get(k)
 }
 
 // EnsureScope returns the scope's table, creating it empty.
 func (ix *Index) EnsureScope(k ScopeKey) *Table {
-	if t := ix.Scope(k); t != nil {
+	return ix.scopes.ensure(&ix.mu, k, func() *Table {
+		t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, hashing.Profile{}, ix.stripes)
+		t.scope, t.scheme, t.ix = true, k.Scheme, ix
 		return t
-	}
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
-	old := *ix.scopes.Load()
-	if t := old[k]; t != nil {
-		return t
-	}
-	t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, hashing.Profile{}, ix.stripes)
-	t.scope, t.scheme, t.ix = true, k.Scheme, ix
-	m := make(map[ScopeKey]*Table, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[k] = t
-	ix.scopes.Store(&m)
-	return t
+	})
 }
 
 // DropScope forgets a scope and frees its memory; like DropTable, holders
 // of the *Table see a dead table whose writes are no-ops.
 func (ix *Index) DropScope(k ScopeKey) {
-	ix.mu.Lock()
-	old := *ix.scopes.Load()
-	t := old[k]
-	if t != nil {
-		m := make(map[ScopeKey]*Table, len(old))
-		for kk, v := range old {
-			if kk != k {
-				m[kk] = v
-			}
-		}
-		ix.scopes.Store(&m)
-	}
-	ix.mu.Unlock()
-	if t != nil {
+	if t := ix.scopes.remove(&ix.mu, k); t != nil {
 		t.drop()
 	}
 }
@@ -72,7 +46,7 @@ func (ix *Index) DropScope(k ScopeKey) {
 // Scopes returns a snapshot of all producer-fed scopes sorted by (Tenant,
 // Model, Scheme, Adapter).
 func (ix *Index) Scopes() []*Table {
-	m := *ix.scopes.Load()
+	m := ix.scopes.load()
 	out := make([]*Table, 0, len(m))
 	for _, t := range m {
 		out = append(out, t)

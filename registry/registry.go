@@ -227,26 +227,19 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 		r.waitLocked(done)
 	}
 
-	if old, ok := r.services[key]; ok {
-		if !sameConfig(&old.svc, &svc) {
-			return false, &ConflictError{Msg: fmt.Sprintf("service %s is already registered with a different configuration", key)}
-		}
+	identical, err := decide(registrySet{r}, &svc, r.opts.MaxServices)
+	if err != nil {
+		return false, err
+	}
+	if identical {
+		old := r.services[key]
 		if old.source == nil || !old.source.Stale() {
 			return false, nil
 		}
 		return r.restart(key, old)
 	}
-	if other, ok := r.endpoints[svc.Endpoint]; ok {
-		return false, &ConflictError{Msg: fmt.Sprintf("endpoint %s is already used by service %s", svc.Endpoint, other)}
-	}
 	ctxKey := svc.Context()
 	cs := r.contexts[ctxKey]
-	if cs != nil && cs.profile != svc.Profile {
-		return false, &ConflictError{Msg: "every service of a context must use the same hash profile; this context is bound to another one"}
-	}
-	if len(r.services) >= r.opts.MaxServices {
-		return false, ErrTooManyServices
-	}
 	// Durable before it takes effect: a registration that was answered 200
 	// and then lost by a crash would be a bug.
 	if err := r.record(&svc, ""); err != nil {

@@ -1,6 +1,11 @@
 package registry
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+)
 
 // Store decides registration changes that several replicas share. The
 // single-node service has none: the registry itself decides, and a
@@ -33,38 +38,104 @@ func (r *Registry) sharedStore() Store {
 }
 
 // Check decides a registration against a set of existing ones by exactly
-// the rules Apply enforces, for a store that holds the set elsewhere:
-// identical reports a registration already present with the same
-// configuration (success without change); a different configuration for
-// the key, an endpoint used by another service, or a context bound to
+// the rules Apply enforces (decide), for a store that holds the set
+// elsewhere: identical reports a registration already present with the
+// same configuration (success without change); a different configuration
+// for the key, an endpoint used by another service, or a context bound to
 // another hash profile is a *ConflictError; a full set is
 // ErrTooManyServices (max <= 0 means DefaultMaxServices).
 func Check(existing []Service, svc Service, max int) (identical bool, err error) {
 	if max <= 0 {
 		max = DefaultMaxServices
 	}
+	return decide(serviceList(existing), &svc, max)
+}
+
+// existingSet is what the registration rules ask of the services already
+// registered: a registry's maps or a store's list.
+type existingSet interface {
+	byKey(key ServiceKey) (*Service, bool)
+	byEndpoint(endpoint string) (ServiceKey, bool)
+	contextProfile(ctx index.ContextKey) (hashing.Profile, bool)
+	size() int
+}
+
+// decide is the one set of registration rules, in the order they are
+// checked: a registration of a known key is identical (same configuration)
+// or a conflict; then an endpoint used by another service, a context bound
+// to another hash profile, and a full set (at most max services) refuse it.
+func decide(set existingSet, svc *Service, max int) (identical bool, err error) {
 	key := svc.Key()
-	ctx := svc.Context()
-	for i := range existing {
-		if existing[i].Key() == key {
-			if !sameConfig(&existing[i], &svc) {
-				return false, &ConflictError{Msg: fmt.Sprintf("service %s is already registered with a different configuration", key)}
-			}
-			return true, nil
+	if old, ok := set.byKey(key); ok {
+		if !sameConfig(old, svc) {
+			return false, &ConflictError{Msg: fmt.Sprintf("service %s is already registered with a different configuration", key)}
 		}
+		return true, nil
 	}
-	for i := range existing {
-		if existing[i].Endpoint == svc.Endpoint {
-			return false, &ConflictError{Msg: fmt.Sprintf("endpoint %s is already used by service %s", svc.Endpoint, existing[i].Key())}
-		}
+	if other, ok := set.byEndpoint(svc.Endpoint); ok {
+		return false, &ConflictError{Msg: fmt.Sprintf("endpoint %s is already used by service %s", svc.Endpoint, other)}
 	}
-	for i := range existing {
-		if existing[i].Context() == ctx && existing[i].Profile != svc.Profile {
-			return false, &ConflictError{Msg: "every service of a context must use the same hash profile; this context is bound to another one"}
-		}
+	if p, ok := set.contextProfile(svc.Context()); ok && p != svc.Profile {
+		return false, &ConflictError{Msg: "every service of a context must use the same hash profile; this context is bound to another one"}
 	}
-	if len(existing) >= max {
+	if set.size() >= max {
 		return false, ErrTooManyServices
 	}
 	return false, nil
 }
+
+// serviceList is a store's set, searched in order.
+type serviceList []Service
+
+func (l serviceList) byKey(key ServiceKey) (*Service, bool) {
+	for i := range l {
+		if l[i].Key() == key {
+			return &l[i], true
+		}
+	}
+	return nil, false
+}
+
+func (l serviceList) byEndpoint(endpoint string) (ServiceKey, bool) {
+	for i := range l {
+		if l[i].Endpoint == endpoint {
+			return l[i].Key(), true
+		}
+	}
+	return "", false
+}
+
+func (l serviceList) contextProfile(ctx index.ContextKey) (hashing.Profile, bool) {
+	for i := range l {
+		if l[i].Context() == ctx {
+			return l[i].Profile, true
+		}
+	}
+	return hashing.Profile{}, false
+}
+
+func (l serviceList) size() int { return len(l) }
+
+// registrySet is the registry's own set; mu is held.
+type registrySet struct{ r *Registry }
+
+func (s registrySet) byKey(key ServiceKey) (*Service, bool) {
+	if e, ok := s.r.services[key]; ok {
+		return &e.svc, true
+	}
+	return nil, false
+}
+
+func (s registrySet) byEndpoint(endpoint string) (ServiceKey, bool) {
+	k, ok := s.r.endpoints[endpoint]
+	return k, ok
+}
+
+func (s registrySet) contextProfile(ctx index.ContextKey) (hashing.Profile, bool) {
+	if cs := s.r.contexts[ctx]; cs != nil {
+		return cs.profile, true
+	}
+	return hashing.Profile{}, false
+}
+
+func (s registrySet) size() int { return len(s.r.services) }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: vet, every package's tests under the race
-# detector, the deploy/ checks with helm and promtool, then each fuzz target for a short, bounded time on top of its
+# detector, the allocation tests without it, the deploy/ checks with helm and promtool, then each fuzz target for a short, bounded time on top of its
 # seed corpus. FUZZTIME overrides the per-target fuzz time (default 10s;
 # FUZZTIME=0 skips fuzzing).
 set -euo pipefail
@@ -10,6 +10,21 @@ scripts/setup.sh
 
 go vet ./...
 go test -race -count=1 -timeout 20m ./...
+
+# The zero-allocation tests (every test named for allocations: *Alloc*)
+# count allocations the race detector inflates, so some skip under -race;
+# they run here in a normal build, and a skip or a missing one fails.
+alloc_out=$(mktemp)
+go test -count=1 -timeout 10m -run 'Alloc' -v ./... >"$alloc_out" 2>&1 || { cat "$alloc_out"; exit 1; }
+if grep -- '--- SKIP' "$alloc_out"; then
+	echo "allocation tests skipped in a normal build" >&2
+	exit 1
+fi
+for name in TestQueryHandlerAllocations TestLiveIngestDoesNotAllocate; do
+	grep -q -- "--- PASS: $name" "$alloc_out" || { cat "$alloc_out"; echo "$name did not run" >&2; exit 1; }
+done
+grep -- '--- PASS' "$alloc_out" | grep -v '    ---' || true
+rm -f "$alloc_out"
 scripts/check-deploy.sh
 
 fuzztime="${FUZZTIME:-10s}"

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -91,7 +92,7 @@ func startServer(t *testing.T, opts Options) *harness {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
 	t.Cleanup(func() {
-		_ = srv.Shutdown()
+		_ = srv.Shutdown(context.Background())
 		<-done
 		reg.Close()
 	})

@@ -6,8 +6,7 @@ package server
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"crypto/subtle"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/bearer"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -87,6 +87,7 @@ const DefaultMaxConnsPerIP = 1024
 // Server serves the Conductor API.
 type Server struct {
 	opts  Options
+	token bearer.Token
 	query *query.Engine
 	fs    *fasthttp.Server
 }
@@ -114,7 +115,7 @@ func New(opts Options) *Server {
 	case opts.MaxConnsPerIP < 0:
 		opts.MaxConnsPerIP = 0
 	}
-	s := &Server{opts: opts, query: query.New(query.Options{
+	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: query.New(query.Options{
 		Index: opts.Index, Limits: opts.Limits, Memo: opts.Memo, TokenMemo: opts.TokenMemo,
 		Answers: opts.Answers,
 	})}
@@ -144,9 +145,10 @@ func New(opts Options) *Server {
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.fs.Serve(ln) }
 
-// Shutdown stops accepting, waits for in-flight requests and closes idle
-// connections.
-func (s *Server) Shutdown() error { return s.fs.Shutdown() }
+// Shutdown stops accepting, waits for in-flight requests until ctx ends
+// (then it returns ctx's error, and the requests still running go on
+// until the process exits) and closes idle connections.
+func (s *Server) Shutdown(ctx context.Context) error { return s.fs.ShutdownWithContext(ctx) }
 
 // A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers
@@ -348,24 +350,11 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, rt route, known bool, out []
 // when none is configured or the request carries it, otherwise the 401
 // with its challenge header.
 func (s *Server) checkToken(ctx *fasthttp.RequestCtx) error {
-	if s.opts.AuthToken == "" || s.authorized(ctx) {
+	if s.token.Allows(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)) {
 		return nil
 	}
 	ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="conductor"`)
 	return &httpError{errUnauthorized, "a valid bearer token is required"}
-}
-
-// authorized compares the bearer token in constant time, so response timing
-// does not reveal how much of a guess was right.
-func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
-	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
-	if !ok {
-		return false
-	}
-	want := sha256.Sum256([]byte(s.opts.AuthToken))
-	got := sha256.Sum256(tok)
-	return subtle.ConstantTimeCompare(want[:], got[:]) == 1
 }
 
 var msgpackType = []byte("application/msgpack")

@@ -117,36 +117,67 @@ import (
 // large messages does not pin many megabytes of libzmq buffers at once.
 const batchMaxBytes = 4 << 20
 
-// socketHandleOffset is where pebbe/zmq4 keeps the libzmq socket handle
-// (the unexported field soc unsafe.Pointer of zmq.Socket), or -1 when this
-// version of pebbe has no such field; then batchReceiver falls back to
-// zmqx.RecvMessage.
+// pebbeSocket is zmq.Socket as github.com/pebbe/zmq4 v1.4.0 declares it
+// (go.mod pins that version): rawSocket reads the libzmq handle, the
+// unexported first field, through it.
 //
 // Why reach into pebbe at all: the receive path is per frame there (a cgo
 // call each for init, recv, copy and close, one for RCVMORE, and a Go
-// allocation per frame), which cost about a quarter of the server's CPU at
-// full ingest. Batching needs the raw void* socket, which pebbe does not
-// export. The alternatives were worse: creating the SUB socket in our own C
-// code would lose pebbe's Poller and the replay client's watch list, both
-// of which take *zmq.Socket; parsing Socket.String() relies on a print
-// format. The field is looked up by name and type through reflection once,
-// so a pebbe release that renames or retypes it degrades to the slow path
-// instead of misreading memory, and TestSocketHandleFieldPresent fails
-// loudly so the version bump gets noticed (go.mod pins v1.4.0).
-var socketHandleOffset = func() uintptr {
-	f, ok := reflect.TypeFor[zmq.Socket]().FieldByName("soc")
-	if !ok || f.Type != reflect.TypeFor[unsafe.Pointer]() || len(f.Index) != 1 {
-		return ^uintptr(0)
-	}
-	return f.Offset
-}()
+// allocation per frame); receiving a batch with one cgo call gives 40 %
+// more ingested blocks per CPU-second (BenchmarkIngestVLLM/nop, 2.5 M
+// against 3.6 M blocks/cpu-s). Batching needs the raw void* socket, which
+// pebbe does not export. The alternatives were worse: creating the SUB
+// socket in our own C code would lose pebbe's Poller and the replay
+// client's watch list, both of which take *zmq.Socket; parsing
+// Socket.String() relies on a print format.
+//
+// A pebbe release that changes the layout must not be misread, nor
+// silently slower: the build fails when zmq.Socket's size or alignment
+// differs from this mirror (the array lengths below go negative), the
+// package refuses to initialise when a field's name, type or offset
+// differs (checkSocketLayout), and TestPebbeVersionPinned fails when
+// go.mod names another version, so a bump is a deliberate edit here.
+type pebbeSocket struct {
+	soc    unsafe.Pointer
+	ctx    *zmq.Context
+	opened bool
+	err    error
+}
 
-// batchReceiveAvailable reports whether the batch receive path is in use.
-func batchReceiveAvailable() bool { return socketHandleOffset != ^uintptr(0) }
+// pebbeVersion is the pebbe/zmq4 release pebbeSocket mirrors.
+const pebbeVersion = "v1.4.0"
+
+var (
+	_ [unsafe.Sizeof(zmq.Socket{}) - unsafe.Sizeof(pebbeSocket{})]struct{}
+	_ [unsafe.Sizeof(pebbeSocket{}) - unsafe.Sizeof(zmq.Socket{})]struct{}
+	_ [unsafe.Alignof(zmq.Socket{}) - unsafe.Alignof(pebbeSocket{})]struct{}
+	_ [unsafe.Alignof(pebbeSocket{}) - unsafe.Alignof(zmq.Socket{})]struct{}
+)
+
+func init() {
+	if err := checkSocketLayout(reflect.TypeFor[zmq.Socket]()); err != nil {
+		panic("subscriber: " + err.Error() + "; adapt pebbeSocket in recv_cgo.go to this pebbe/zmq4 version")
+	}
+}
+
+// checkSocketLayout compares t, field by field, with pebbeSocket.
+func checkSocketLayout(t reflect.Type) error {
+	want := reflect.TypeFor[pebbeSocket]()
+	if t.NumField() != want.NumField() {
+		return fmt.Errorf("zmq.Socket has %d fields, pebbe/zmq4 %s has %d", t.NumField(), pebbeVersion, want.NumField())
+	}
+	for i := range want.NumField() {
+		g, w := t.Field(i), want.Field(i)
+		if g.Name != w.Name || g.Type != w.Type || g.Offset != w.Offset {
+			return fmt.Errorf("zmq.Socket field %d is %s %v at %d, pebbe/zmq4 %s has %s %v at %d", i, g.Name, g.Type, g.Offset, pebbeVersion, w.Name, w.Type, w.Offset)
+		}
+	}
+	return nil
+}
 
 // rawSocket returns the libzmq handle behind sock (nil once it is closed).
 func rawSocket(sock *zmq.Socket) unsafe.Pointer {
-	return *(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(sock), socketHandleOffset))
+	return (*pebbeSocket)(unsafe.Pointer(sock)).soc
 }
 
 // batchReceiver receives live messages many at a time with one cgo call

@@ -4,10 +4,15 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
@@ -17,13 +22,37 @@ import (
 )
 
 // TestSocketHandleFieldPresent guards the one assumption the batch receive
-// path makes about pebbe/zmq4: zmq.Socket keeps the libzmq handle in an
-// unexported field soc of type unsafe.Pointer. If a pebbe upgrade changes
-// that, ingestion silently falls back to the per-frame path (about half the
-// speed); this test makes the upgrade fail instead.
+// path makes about pebbe/zmq4: zmq.Socket is laid out as pebbeSocket, the
+// libzmq handle first. The build and the package's initialisation already
+// refuse another layout; this checks the check, and that the handle read
+// through the mirror is the socket's.
 func TestSocketHandleFieldPresent(t *testing.T) {
-	if !batchReceiveAvailable() {
-		t.Fatal("zmq.Socket has no field soc unsafe.Pointer: the batch receive path is disabled; adapt recv_cgo.go to this pebbe/zmq4 version")
+	if err := checkSocketLayout(reflect.TypeFor[zmq.Socket]()); err != nil {
+		t.Fatal(err)
+	}
+	type retyped struct {
+		soc    uintptr
+		ctx    *zmq.Context
+		opened bool
+		err    error
+	}
+	type renamed struct {
+		handle unsafe.Pointer
+		ctx    *zmq.Context
+		opened bool
+		err    error
+	}
+	type grown struct {
+		soc    unsafe.Pointer
+		ctx    *zmq.Context
+		opened bool
+		err    error
+		extra  int
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[retyped](), reflect.TypeFor[renamed](), reflect.TypeFor[grown]()} {
+		if checkSocketLayout(typ) == nil {
+			t.Errorf("%v passes the layout check", typ)
+		}
 	}
 	s, err := zmq.NewSocket(zmq.SUB)
 	if err != nil {
@@ -370,30 +399,28 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// TestPerFrameFallback: with the batch path unavailable (a pebbe release
-// without the handle field), ingestion still works through zmqx.RecvMessage.
-func TestPerFrameFallback(t *testing.T) {
-	saved := socketHandleOffset
-	socketHandleOffset = ^uintptr(0)
-	defer func() { socketHandleOffset = saved }()
-	if batchReceiveAvailable() {
-		t.Fatal("fallback not forced")
+// TestPebbeVersionPinned: go.mod names the pebbe/zmq4 release pebbeSocket
+// mirrors, unreplaced; a bump fails here until the mirror is checked
+// against it. (Test binaries carry no dependency versions in their build
+// information, so go.mod itself is read.)
+func TestPebbeVersionPinned(t *testing.T) {
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
 	}
-	pub := newPublisher(t, "tcp://127.0.0.1:*")
-	e := vllmEnv(t, pub.endpoint, "")
-	s := mustStart(t, e.cfg)
-	pub.waitSubscribed()
-	for seq := uint64(1); seq <= 50; seq++ {
-		pub.send(seq, storedBatch([]uint64{seq}, 4, 0))
+	var required []string
+	for _, line := range strings.Split(string(mod), "\n") {
+		f := strings.Fields(line)
+		if i := slices.Index(f, "github.com/pebbe/zmq4"); i >= 0 {
+			if slices.Contains(f, "=>") {
+				t.Fatalf("go.mod replaces pebbe/zmq4: %q", line)
+			}
+			if i+1 < len(f) {
+				required = append(required, f[i+1])
+			}
+		}
 	}
-	pub.sendFrames([]byte("t"), seqFrame(51)) // two frames: dropped, the sequence untouched
-	pub.send(51, storedBatch([]uint64{51}, 4, 0))
-	waitSeq(t, s, 51)
-	s.Stop()
-	if got := e.counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != 51 {
-		t.Fatalf("%d events applied, want 51", got)
-	}
-	if got := e.counters.Value(MetricDropped, source.VLLM, events.DropFrameCount); got != 1 {
-		t.Fatalf("%d messages dropped for their frame count, want 1", got)
+	if !slices.Equal(required, []string{pebbeVersion}) {
+		t.Fatalf("go.mod requires pebbe/zmq4 %v, pebbeSocket mirrors %s: check its layout against the new release, then update pebbeVersion", required, pebbeVersion)
 	}
 }

@@ -503,11 +503,7 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 		}
 		var frames [][]byte
 		var err error
-		if batchReceiveAvailable() {
-			frames, err = s.rx.recv(s.sub, s.frames[:0], drainBurst-i)
-		} else {
-			frames, err = zmqx.RecvMessage(s.sub, s.frames[:0], keepFrames)
-		}
+		frames, err = s.rx.recv(s.sub, s.frames[:0], drainBurst-i)
 		s.frames = frames
 		if err != nil {
 			if zmq.AsErrno(err) == zmq.Errno(syscall.EAGAIN) {

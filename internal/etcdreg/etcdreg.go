@@ -430,15 +430,10 @@ func (s *Store) relist(ctx context.Context) error {
 	for _, k := range gone {
 		s.del(k)
 	}
-	// Engines first: a Mooncake stream needs its contexts bound.
-	for _, engines := range []bool{true, false} {
-		for k, kv := range now {
-			if isEngineBody(kv.Value) != engines {
-				continue
-			}
-			s.put(k, string(kv.Value), kv.ModRevision)
-		}
-	}
+	_ = registry.EnginesFirst(resp.Kvs, func(kv *mvccpb.KeyValue) bool { return isEngineBody(kv.Value) }, func(kv *mvccpb.KeyValue) error {
+		s.put(registry.ServiceKey(strings.TrimPrefix(string(kv.Key), s.prefix)), string(kv.Value), kv.ModRevision)
+		return nil
+	})
 	s.mu.Lock()
 	s.advance(resp.Header.Revision)
 	s.mu.Unlock()

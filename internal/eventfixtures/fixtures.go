@@ -32,6 +32,23 @@ var (
 			"modelname", "test-model", "instance_id", "pool-b-sub",
 			"block_size", 4, "dp_rank", 0, "hash_profile", sglProfile,
 			"_master_flags", "--kv_events_backend_id=pool-b --kv_events_model_name=test-model --kv_events_block_size=4"),
+		// The released master (v0.3.12, main) stamps no context: the
+		// registration is the context (docs/events.md#registration-context).
+		"vllm-t1", m("endpoint", "tcp://10.0.0.4:5557", "type", "vLLM",
+			"modelname", "test-model", "tenant_id", "t1", "instance_id", "vllm-t1",
+			"block_size", 4, "dp_rank", 0, "hash_profile", vllmProfile),
+		"pool-r-sub", m("endpoint", "tcp://10.0.0.11:5557", "type", "Mooncake",
+			"modelname", "test-model", "instance_id", "pool-r-sub",
+			"block_size", 4, "dp_rank", 0, "hash_profile", vllmProfile,
+			"_master_flags", "--enable_kv_events --kv_events_bind_endpoint=tcp://0.0.0.0:5557 --kv_events_backend_id=pool-r"),
+		"pool-r-lora-sub", m("endpoint", "tcp://10.0.0.12:5557", "type", "Mooncake",
+			"modelname", "test-model", "lora_name", "sql-adapter", "instance_id", "pool-r-lora-sub",
+			"block_size", 4, "dp_rank", 0, "hash_profile", vllmProfile,
+			"_master_flags", "--enable_kv_events --kv_events_bind_endpoint=tcp://0.0.0.0:5557 --kv_events_backend_id=pool-r"),
+		"pool-s-sub", m("endpoint", "tcp://10.0.0.13:5557", "type", "Mooncake",
+			"modelname", "test-model", "instance_id", "pool-s-sub",
+			"block_size", 4, "dp_rank", 0, "hash_profile", sglProfile,
+			"_master_flags", "--enable_kv_events --kv_events_bind_endpoint=tcp://0.0.0.0:5557 --kv_events_backend_id=pool-s"),
 	)
 
 	// requires lists the fixtures a stateful one must follow on the same
@@ -46,11 +63,18 @@ var (
 		"mooncake_cleared":          {"mooncake_stored_vllm_cpu_disk"},
 		"mooncake_sglang_removed_k": {"mooncake_sglang_stored_k_v"},
 		"mooncake_sglang_removed_v": {"mooncake_sglang_stored_k_v", "mooncake_sglang_removed_k"},
+
+		"mooncake_released_removed_cpu_disk":   {"mooncake_released_stored_cpu_disk"},
+		"mooncake_released_removed_tp0":        {"mooncake_released_stored_tp_ranks"},
+		"mooncake_released_removed_no_legacy":  {"mooncake_released_stored_no_legacy"},
+		"mooncake_released_sglang_removed_k_v": {"mooncake_released_sglang_stored_k_v"},
+		"mooncake_released_removed_tenant":     {"mooncake_released_stored_tenants"},
 	}
 
 	// alsoRegistered: a Mooncake context is bound by an engine registration
 	// with the same profile.
-	alsoRegistered = map[string][]any{"pool-a-sub": {"vllm-a"}, "pool-b-sub": {"sglang-a"}}
+	alsoRegistered = map[string][]any{"pool-a-sub": {"vllm-a"}, "pool-b-sub": {"sglang-a"},
+		"pool-r-sub": {"vllm-a", "vllm-t1"}, "pool-r-lora-sub": {"vllm-lora"}, "pool-s-sub": {"sglang-a"}}
 )
 
 // Object keys as the engines' store connectors write them.
@@ -459,8 +483,8 @@ func fixtures() []F {
 		"parent_block_hash", nil)
 	add(F{ID: "mooncake_v0312_shape", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload:  mBatch(v0312),
-		Expect:   ok(nil, "rejected: dp_rank nil / model_name nil / block_size nil"),
-		Producer: "mooncake_master v0.3.12.post1 (main @ 2026-08-22)", Seq: 23})
+		Expect:   ok(effects(store("cpu_share", obj(kVLLM1), v1)), "applied: model_name, block_size, lora_name and dp_rank nil, taken from the registration"),
+		Producer: pRel, Seq: 23})
 	add(F{ID: "mooncake_env_ts_float", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: []any{1789095808.5, []any{mEvent("cleared", mo{})}, 0},
 		Expect:  envReject("Mooncake timestamp must be a non-negative integer"), Producer: pMoon, Seq: 24})
@@ -492,6 +516,8 @@ func fixtures() []F {
 		Payload:  mBatch(mEvent("stored", mo{key: kSGWarmup, medium: "cpu", backend: "pool-b", eventID: 6})),
 		Expect:   ok(nil, "rejected: no isolated 64-hex hash"),
 		Producer: "SGLang MooncakeStore warmup object", Seq: 5})
+
+	fs = append(fs, releasedMasterFixtures()...)
 
 	// Transport: whole frame sets.
 	pl := packMsgpack(vBatch(ev1))

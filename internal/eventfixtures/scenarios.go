@@ -79,6 +79,14 @@ func scenarios() []any {
 				query(sglTokens, m("sglang-a", m("device", 0, "cpu_local", 0, "cpu_share", 0, "disk", 0,
 					"longest_matched", 0, "dp", m("0", 0))))},
 			"note", "same numbers as upstream sglang_map_event_vectors.json integration block (npu 4 / cpu_local 8 / cpu_share 8 / disk 12)"),
+		m("id", "query_released_master", "registrations", []any{"vllm-a", "pool-r-sub"},
+			"steps", []any{
+				liveOn("mooncake_released_stored_cpu_disk", 1, "pool-r-sub"),
+				liveOn("mooncake_released_stored_no_legacy", 2, "pool-r-sub"),
+				query(vllmTokens, m("vllm-a", m("device", 0, "cpu_share", 4, "disk", 8))),
+				liveOn("mooncake_released_removed_cpu_disk", 3, "pool-r-sub"),
+				query(vllmTokens, m("vllm-a", m("cpu_share", 0, "disk", 0)))},
+			"note", "the released master (context from the registration): block 1 in memory and on disk, block 2 on disk; a tier counts blocks held there or faster; the one removal of block 1 clears both tiers"),
 		m("id", "query_sglang_components", "registrations", []any{"sglang-a", "pool-b-sub"},
 			"steps", []any{
 				liveOn("mooncake_sglang_stored_k_v", 1, "pool-b-sub"),

@@ -17,8 +17,17 @@ func (nopReporter) Report(int, Result, Reason) {}
 // BenchmarkMooncakeStoreRemove measures a master batch of 32 stored and 32
 // removed objects (vLLM keys): binding-table upkeep dominates, one shared
 // reference per object.
-func BenchmarkMooncakeStoreRemove(b *testing.B) {
-	x := newTester(b, eventtest.LoadManifest(b), "pool-a-sub", "vllm-a")
+func BenchmarkMooncakeStoreRemove(b *testing.B) { benchStoreRemove(b, "pool-a-sub", nil) }
+
+// BenchmarkMooncakeReleasedStoreRemove is the same batches as the released
+// master packs them: the context from the registration, and each removal
+// looked up in both shared tiers.
+func BenchmarkMooncakeReleasedStoreRemove(b *testing.B) {
+	benchStoreRemove(b, "pool-r-sub", unstamped())
+}
+
+func benchStoreRemove(b *testing.B, reg string, mod func(map[string]any)) {
+	x := newTester(b, eventtest.LoadManifest(b), reg, "vllm-a")
 	d := x.dec.(*mooncakeDecoder)
 	sink := nopShared{}
 	lookup := d.lookup
@@ -30,8 +39,8 @@ func BenchmarkMooncakeStoreRemove(b *testing.B) {
 	var stored, removed []any
 	for i := range 32 {
 		key := fmt.Sprintf("deploy@test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%064x", i+1)
-		stored = append(stored, mcEventMap("stored", "cpu", key, nil))
-		removed = append(removed, mcEventMap("removed", "cpu", key, nil))
+		stored = append(stored, mcEventMap("stored", "cpu", key, mod))
+		removed = append(removed, mcEventMap("removed", "cpu", key, mod))
 	}
 	p1, _ := msgpack.Marshal([]any{uint64(1000), stored, 0})
 	p2, _ := msgpack.Marshal([]any{uint64(1000), removed, 0})

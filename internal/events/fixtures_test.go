@@ -53,8 +53,12 @@ func checkBindings(t *testing.T, f *eventtest.Fixture, d *mooncakeDecoder) {
 			continue
 		}
 		var backend, identity string
+		tenant := "default"
 		rest := strings.TrimPrefix(ef.Owner, "shared backend=")
 		backend, rest, _ = strings.Cut(rest, " ")
+		if after, ok := strings.CutPrefix(rest, "tenant="); ok {
+			tenant, rest, _ = strings.Cut(after, " ")
+		}
 		if _, after, ok := strings.Cut(rest, ") object="); ok {
 			identity = after
 		} else if _, after, ok := strings.Cut(rest, ") logical="); ok {
@@ -62,7 +66,7 @@ func checkBindings(t *testing.T, f *eventtest.Fixture, d *mooncakeDecoder) {
 		} else {
 			t.Fatalf("cannot parse owner %q", ef.Owner)
 		}
-		k := bindingKey{backend: backend, tenant: "default", identity: identity, tier: eventtest.TierNames[ef.Tier]}
+		k := bindingKey{backend: backend, tenant: tenant, identity: identity, tier: eventtest.TierNames[ef.Tier]}
 		b, ok := d.bindings[k]
 		switch ef.Op {
 		case "store":

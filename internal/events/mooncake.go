@@ -90,7 +90,7 @@ var mooncakeFields = newFieldTable(func() []fieldSpec {
 	f[mBlockSize] = fieldSpec{"block_size", shapeOptInt, mcBlockSize}
 	f[mAdditionalSalt] = fieldSpec{"additional_salt", shapeOptStr, noSlot}
 	f[mLoraName] = fieldSpec{"lora_name", shapeOptStr, mcLora}
-	f[mTenantID] = fieldSpec{"tenant_id", shapeStr, mcTenant}
+	f[mTenantID] = fieldSpec{"tenant_id", shapeOptStr, mcTenant}
 	f[mBackendID] = fieldSpec{"backend_id", shapeStr, mcBackend}
 	f[mMedium] = fieldSpec{"medium", shapeOptStr, mcMedium}
 	f[mDPRank] = fieldSpec{"dp_rank", shapeOwn, noSlot}
@@ -138,13 +138,57 @@ func (e *mcEvent) fail(r Reason) {
 
 func (e *mcEvent) has(f uint8) bool    { return e.seen&(1<<f) != 0 }
 func (e *mcEvent) hasVal(f uint8) bool { return e.nonNil&(1<<f) != 0 }
-func (e *mcEvent) tenantID() string {
-	// The master normalizes an empty tenant to "default"; so does the
-	// contract ("Empty or omitted means default").
+
+// unstamped reports an event that leaves its own dp_rank nil: the
+// released master's publisher (Mooncake v0.3.12 and main), which stamps
+// none of the context fields and leaves them to the registration
+// (docs/events.md#registration-context). Every other master publisher
+// stamps a dp_rank, and is held to the context it stamps.
+func (e *mcEvent) unstamped() bool { return e.has(mDPRank) && !e.hasVal(mDPRank) }
+
+// tenantID is the event's tenant: the writer's tenant the master forwards;
+// an empty one is "default" (the master normalizes it so, and so does the
+// contract: "Empty or omitted means default"). A nil tenant, which only an
+// unstamped event may send, is the registration's.
+func (d *mooncakeDecoder) tenantID(e *mcEvent) string {
+	if !e.hasVal(mTenantID) {
+		return d.ownCtx.Tenant
+	}
 	if len(e.v.strs[mcTenant]) == 0 {
 		return "default"
 	}
 	return string(e.v.strs[mcTenant])
+}
+
+// storedContext resolves a stored event's context (docs/events.md#mooncake-context,
+// docs/events.md#registration-context): the fields the event states, and
+// for an unstamped event the registration's in place of the nil ones.
+// ok is false, with the event rejected, when the context is undecidable.
+func (d *mooncakeDecoder) storedContext(e *mcEvent) (index.ContextKey, bool) {
+	fill := e.unstamped()
+	ctx := index.ContextKey{Tenant: d.tenantID(e), Model: string(e.v.strs[mcModel]), Lora: string(e.v.strs[mcLora])}
+	bs := e.v.ints[mcBlockSize]
+	if fill {
+		if !e.hasVal(mBlockSize) {
+			bs = int64(d.ownCtx.BlockSize)
+		}
+		if !e.hasVal(mModelName) {
+			ctx.Model = d.ownCtx.Model
+		}
+		if !e.hasVal(mLoraName) {
+			ctx.Lora = d.ownCtx.Lora
+		}
+	}
+	if bs <= 0 || bs > math.MaxInt32 {
+		e.fail(EvBlockSize)
+		return ctx, false
+	}
+	ctx.BlockSize = int(bs)
+	if ctx.Model == "" {
+		e.fail(EvContext)
+		return ctx, false
+	}
+	return ctx, true
 }
 
 // bindingKey identifies one shared owner (docs/events.md#bindings): the
@@ -258,9 +302,9 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 		if err != nil {
 			return err
 		}
-		if !ok || !present || v < 0 {
-			// the v0.3.12 master sent nil here; unsupported
-			// (docs/events.md#older-master-shapes)
+		// nil is the released master's: the registration's dp_rank
+		// stands for it (docs/events.md#registration-context)
+		if !ok || (present && v < 0) {
 			e.fail(EvDPRank)
 		}
 		return nil
@@ -290,7 +334,11 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 			if err != nil {
 				return err
 			}
-			if neg {
+			// A negative value is kept as its two's complement bits:
+			// the released master packs the legacy block_hashes alias
+			// as the int64 of the unsigned hash
+			// (docs/events.md#mooncake-hash-fields).
+			if neg && id == mSeqHashes {
 				e.fail(EvSeqHashes)
 			}
 			if i == 0 {
@@ -349,6 +397,10 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 	}
 	if e.seen&required != required {
 		e.fail(EvMissingKey)
+		return
+	}
+	if !e.hasVal(mTenantID) && !e.unstamped() {
+		e.fail(EvWrongType) // a stamping publisher always names the tenant
 		return
 	}
 	if e.v.uints[mcTimestamp] != env.tsInt {
@@ -470,15 +522,10 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 	if !ok {
 		return
 	}
-	if e.v.ints[mcBlockSize] <= 0 || e.v.ints[mcBlockSize] > math.MaxInt32 {
-		e.fail(EvBlockSize)
+	ctx, ok := d.storedContext(e)
+	if !ok {
 		return
 	}
-	if len(e.v.strs[mcModel]) == 0 {
-		e.fail(EvContext)
-		return
-	}
-	ctx := index.ContextKey{Tenant: e.tenantID(), Model: string(e.v.strs[mcModel]), Lora: string(e.v.strs[mcLora]), BlockSize: int(e.v.ints[mcBlockSize])}
 	if d.sglang && ctx != d.ownCtx {
 		e.fail(EvContext)
 		return
@@ -532,6 +579,12 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 	d.bindings[bk] = b
 }
 
+// applyRemoved drops the object's binding in the event's tier. The
+// released master (an unstamped event) reports an object's removal once,
+// when its last replica is gone, under a medium it derives from what is
+// left (mostly "cpu", whatever the object was stored on): its removal
+// drops the object's bindings in both shared tiers
+// (docs/events.md#released-master-removals).
 func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 	tier, ok := e.sharedTier()
 	if !ok {
@@ -553,35 +606,67 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		}
 		identity, component = logical, comp
 	}
-	bk := bindingKey{backend: string(e.v.strs[mcBackend]), tenant: e.tenantID(), identity: identity, tier: tier}
-	b, exists := d.bindings[bk]
-	if !exists {
+	tiers := [2]index.Tier{tier}
+	nt := 1
+	if e.unstamped() {
+		tiers, nt = [2]index.Tier{index.CPUShare, index.Disk}, 2
+	}
+	var keys [2]bindingKey
+	var found [2]*binding
+	n := 0
+	backend, tenant := string(e.v.strs[mcBackend]), d.tenantID(e)
+	for _, t := range tiers[:nt] {
+		bk := bindingKey{backend: backend, tenant: tenant, identity: identity, tier: t}
+		b, exists := d.bindings[bk]
+		if !exists {
+			continue
+		}
+		if d.sglang {
+			if _, has := b.components[component]; !has {
+				continue
+			}
+		}
+		keys[n], found[n] = bk, b
+		n++
+	}
+	if n == 0 {
 		e.result, e.reason = NoOp, NoBinding
 		return
 	}
-	// The event's own context fields are assertions about the binding.
-	if (e.hasVal(mModelName) && string(e.v.strs[mcModel]) != b.ctx.Model) ||
-		string(e.v.strs[mcLora]) != b.ctx.Lora ||
+	for _, b := range found[:n] {
+		if !d.removalAgrees(e, b, vgroup) {
+			e.fail(EvAssertion)
+			return
+		}
+	}
+	for i, b := range found[:n] {
+		if d.sglang {
+			delete(b.components, component)
+			if len(b.components) > 0 {
+				continue // other parts of the block are still stored
+			}
+		}
+		delete(d.bindings, keys[i])
+		b.release(keys[i].tier)
+	}
+}
+
+// removalAgrees checks a removal's own context and hash fields, which are
+// assertions about the binding it drops (vgroup is its vllm_v1 KV-cache
+// group, docs/hybrid.md#mooncake). A nil field asserts nothing,
+// except a stamping publisher's nil lora_name, which states "no adapter".
+func (d *mooncakeDecoder) removalAgrees(e *mcEvent, b *binding, vgroup int) bool {
+	lora := string(e.v.strs[mcLora])
+	if e.unstamped() && !e.hasVal(mLoraName) {
+		lora = b.ctx.Lora
+	}
+	return !((e.hasVal(mModelName) && string(e.v.strs[mcModel]) != b.ctx.Model) ||
+		lora != b.ctx.Lora ||
 		(e.hasVal(mBlockSize) && e.v.ints[mcBlockSize] != int64(b.ctx.BlockSize)) ||
 		(d.sglang && string(e.v.strs[mcGroup]) != b.group) ||
 		(!d.sglang && vgroup != b.vgroup) ||
 		(e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != b.fullHash) ||
-		(e.seqN == 1 && e.seq0 != b.prefix) {
-		e.fail(EvAssertion)
-		return
-	}
-	if d.sglang {
-		if _, ok := b.components[component]; !ok {
-			e.result, e.reason = NoOp, NoBinding
-			return
-		}
-		delete(b.components, component)
-		if len(b.components) > 0 {
-			return // other parts of the block are still stored
-		}
-	}
-	delete(d.bindings, bk)
-	b.release(tier)
+		(e.seqN == 1 && e.seq0 != b.prefix))
 }
 
 func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
@@ -589,7 +674,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 		e.fail(EvBackend)
 		return
 	}
-	backend, tenant := string(e.v.strs[mcBackend]), e.tenantID()
+	backend, tenant := string(e.v.strs[mcBackend]), d.tenantID(e)
 	for k, b := range d.bindings {
 		if k.backend == backend && k.tenant == tenant {
 			delete(d.bindings, k)

@@ -22,6 +22,7 @@ type Registration struct {
 	Type           string `json:"type"`
 	Modelname      string `json:"modelname"`
 	LoraName       string `json:"lora_name"`
+	TenantID       string `json:"tenant_id"`
 	InstanceID     string `json:"instance_id"`
 	BlockSize      int    `json:"block_size"`
 	DPRank         int    `json:"dp_rank"`
@@ -206,9 +207,14 @@ func ResolveProfile(t testing.TB, r Registration) hashing.Profile {
 	return p
 }
 
-// ContextOf is the index context a registration binds, in the default tenant.
+// ContextOf is the index context a registration binds; an empty tenant is
+// the default one.
 func ContextOf(r Registration) index.ContextKey {
-	return index.ContextKey{Tenant: "default", Model: r.Modelname, Lora: r.LoraName, BlockSize: r.BlockSize}
+	tenant := r.TenantID
+	if tenant == "" {
+		tenant = "default"
+	}
+	return index.ContextKey{Tenant: tenant, Model: r.Modelname, Lora: r.LoraName, BlockSize: r.BlockSize}
 }
 
 // TierNames maps the manifest's tier names to index tiers.

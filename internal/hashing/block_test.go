@@ -3,21 +3,22 @@ package hashing
 import (
 	"encoding/hex"
 	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
 )
 
 // TestBlockHasherMatchesVectors recomputes every block of every public
 // vector from its parent digest alone, as an event check does: the first
 // block from the chain's start, every later one from the previous digest.
 func TestBlockHasherMatchesVectors(t *testing.T) {
-	var v publicVectors
-	loadJSON(t, "hash_vectors_public.json", &v)
+	v := hashvectors.LoadPublic(t)
 	var h BlockHasher
 	blocks := 0
 	for _, tc := range v.Cases {
 		t.Run(tc.ID, func(t *testing.T) {
 			pr := tc.Profile
 			p := mustResolve(t, pr.Strategy, pr.Algorithm, pr.IndexProjection, pr.PythonHashSeed)
-			toks, lora, salt := tc.expand()
+			toks, lora, salt := tc.Expand()
 			var parent *[32]byte
 			for i, e := range tc.Expected {
 				words := toks[e.Span[0]:e.Span[1]]

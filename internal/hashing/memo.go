@@ -3,7 +3,6 @@ package hashing
 import (
 	"encoding/binary"
 	"strings"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -38,10 +37,11 @@ import (
 // Memory is bounded by a byte budget with roughly oldest-first eviction;
 // entries hold only pointer-free slices, so the garbage collector never
 // scans their contents. Safe for concurrent use.
-type Memo struct {
-	store  *memostore.Store[*prefixEntry]
-	hits   atomic.Uint64
-	misses atomic.Uint64
+type Memo memostore.Store[*prefixEntry]
+
+// store is the memo's store: the same pointer, nil for a nil memo.
+func (m *Memo) store() *memostore.Store[*prefixEntry] {
+	return (*memostore.Store[*prefixEntry])(m)
 }
 
 const (
@@ -75,38 +75,24 @@ func NewMemo(maxBytes int) *Memo {
 	if maxBytes <= 0 {
 		return nil
 	}
-	return &Memo{store: memostore.New[*prefixEntry](maxBytes)}
+	return (*Memo)(memostore.New[*prefixEntry](maxBytes))
 }
 
 // Reset forgets every remembered chain. The service calls it when the last
 // context is unregistered, so that memory returns to its idle size; chains
 // are otherwise not tied to contexts and leave only through the budget.
 // Queries running meanwhile are unaffected: an entry they hold stays valid.
-func (m *Memo) Reset() {
-	if m != nil {
-		m.store.Reset()
-	}
-}
+func (m *Memo) Reset() { m.store().Reset() }
 
 // Bytes returns the memory the remembered chains account for, for the
 // service's metrics: it grows to the budget under varied traffic and drops
 // to zero after Reset.
-func (m *Memo) Bytes() int {
-	if m == nil {
-		return 0
-	}
-	return m.store.Bytes()
-}
+func (m *Memo) Bytes() int { return m.store().Bytes() }
 
 // Stats returns how many block digests were served from the memo (hits)
 // and how many were hashed while a memo was in use (misses). Chains report
 // theirs when they are reset or released.
-func (m *Memo) Stats() (hits, misses uint64) {
-	if m == nil {
-		return 0, 0
-	}
-	return m.hits.Load(), m.misses.Load()
-}
+func (m *Memo) Stats() (hits, misses uint64) { return m.store().Stats() }
 
 // readEnd is the number of leading tokens block i of a chain reads: bigram
 // pages read one token past their end.
@@ -200,7 +186,7 @@ func (c *Chain) usable(e *prefixEntry) int {
 func (c *Chain) findPrefix() {
 	c.fingerprints()
 	for j := len(c.fpVals) - 1; j >= 0 && c.reuseK == 0; j-- {
-		c.memo.store.Lookup(c.fpVals[j], func(e *prefixEntry) bool {
+		c.memo.store().Lookup(c.fpVals[j], func(e *prefixEntry) bool {
 			if k := c.usable(e); k > c.reuseK {
 				c.reuse, c.reuseK = e, k
 			}
@@ -243,7 +229,7 @@ func (c *Chain) rememberPrefix() {
 	// of it, so that asking again finds this very chain.
 	e.Fps = memostore.FiledUnder(c.fpVals, n)
 	e.Size = e.size()
-	c.memo.store.Insert(e, e.extends)
+	c.memo.store().Insert(e, e.extends)
 }
 
 // extends reports whether e holds o's whole chain, so o is redundant.
@@ -260,8 +246,7 @@ func (e *prefixEntry) extends(o *prefixEntry) bool {
 // flushMemoStats adds the chain's counts to its memo once per query.
 func (c *Chain) flushMemoStats() {
 	if c.memo != nil && (c.memoHits|c.memoMisses) != 0 {
-		c.memo.hits.Add(c.memoHits)
-		c.memo.misses.Add(c.memoMisses)
+		c.memo.store().Count(c.memoHits, c.memoMisses)
 	}
 	c.memoHits, c.memoMisses = 0, 0
 }

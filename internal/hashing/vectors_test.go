@@ -3,120 +3,13 @@ package hashing
 import (
 	"bytes"
 	"encoding/hex"
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
 )
-
-// The golden vectors live in testdata/hashing at the module root, copied
-// unchanged into testdata/hashing so the tests run from a plain clone
-// (docs/hashing.md#golden-vectors).
-var vectorDir = filepath.Join("..", "..", "testdata", "hashing")
-
-type repeatStr struct {
-	Value string `json:"value"`
-	Count int    `json:"count"`
-}
-
-type repeatTok struct {
-	Value int32 `json:"value"`
-	Count int   `json:"count"`
-}
-
-// query is the common shape of a case in both vector formats.
-type query struct {
-	BlockSize       int        `json:"block_size"`
-	LoraName        *string    `json:"lora_name"`
-	LoraNameRepeat  *repeatStr `json:"lora_name_repeat"`
-	CacheSalt       *string    `json:"cache_salt"`
-	CacheSaltRepeat *repeatStr `json:"cache_salt_repeat"`
-	TokenIDs        []int32    `json:"token_ids"`
-	TokenIDsRepeat  *repeatTok `json:"token_ids_repeat"`
-}
-
-func (q query) expand() (toks []int32, lora, salt string) {
-	toks = q.TokenIDs
-	if r := q.TokenIDsRepeat; r != nil {
-		toks = make([]int32, r.Count)
-		for i := range toks {
-			toks[i] = r.Value
-		}
-	}
-	if q.LoraName != nil {
-		lora = *q.LoraName
-	}
-	if r := q.LoraNameRepeat; r != nil {
-		lora = strings.Repeat(r.Value, r.Count)
-	}
-	if q.CacheSalt != nil {
-		salt = *q.CacheSalt
-	}
-	if r := q.CacheSaltRepeat; r != nil {
-		salt = strings.Repeat(r.Value, r.Count)
-	}
-	return toks, lora, salt
-}
-
-type publicVectors struct {
-	Format    string `json:"format"`
-	CaseCount int    `json:"case_count"`
-	SeedRoots []struct {
-		Strategy       string  `json:"strategy"`
-		Algorithm      string  `json:"algorithm"`
-		PythonHashSeed *string `json:"python_hash_seed"`
-		RootInputHex   *string `json:"root_input_hex"`
-		RootDigest     string  `json:"root_digest"`
-	} `json:"seed_roots"`
-	WireExamples []wireExample `json:"wire_examples"`
-	Cases        []struct {
-		ID      string `json:"id"`
-		Profile struct {
-			Strategy        string  `json:"strategy"`
-			Algorithm       string  `json:"algorithm"`
-			IndexProjection string  `json:"index_projection"`
-			PythonHashSeed  *string `json:"python_hash_seed"`
-		} `json:"profile"`
-		RootDigest string `json:"root_digest"`
-		TokenCount int    `json:"token_count"`
-		query
-		Expected []struct {
-			Index        int    `json:"index"`
-			Span         [2]int `json:"span"`
-			TokenSpan    []int  `json:"token_span"`
-			Covered      int    `json:"covered"`
-			InputHex     string `json:"input_hex"`
-			InputLen     int    `json:"input_len"`
-			InputHeadHex string `json:"input_head_hex"`
-			InputTailHex string `json:"input_tail_hex"`
-			Digest       string `json:"digest"`
-			Projected    string `json:"projected"`
-			ProjectedHex string `json:"projected_hex"`
-			WireInt      string `json:"wire_int"`
-		} `json:"expected"`
-	} `json:"cases"`
-}
-
-type wireExample struct {
-	IndexProjection string `json:"index_projection"`
-	WireType        string `json:"wire_type"`
-	WireValue       string `json:"wire_value"`
-	Key             string `json:"key"`
-	KeyHex          string `json:"key_hex"`
-}
-
-func loadJSON(t testing.TB, name string, v any) {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(vectorDir, name))
-	if err != nil {
-		t.Fatalf("read vectors: %v", err)
-	}
-	if err := json.Unmarshal(raw, v); err != nil {
-		t.Fatalf("decode %s: %v", name, err)
-	}
-}
 
 // gotBlock is what the lazy chain produced for one block, including the
 // exact bytes it hashed.
@@ -152,8 +45,7 @@ func mustResolve(t testing.TB, strategy, algorithm, projection string, seed *str
 }
 
 func TestPublicSeedRoots(t *testing.T) {
-	var v publicVectors
-	loadJSON(t, "hash_vectors_public.json", &v)
+	v := hashvectors.LoadPublic(t)
 	if len(v.SeedRoots) == 0 {
 		t.Fatal("no seed_roots in vectors")
 	}
@@ -188,8 +80,7 @@ func deref(s *string) string {
 }
 
 func TestPublicCases(t *testing.T) {
-	var v publicVectors
-	loadJSON(t, "hash_vectors_public.json", &v)
+	v := hashvectors.LoadPublic(t)
 	if len(v.Cases) != v.CaseCount || len(v.Cases) == 0 {
 		t.Fatalf("have %d cases, file says %d", len(v.Cases), v.CaseCount)
 	}
@@ -201,7 +92,7 @@ func TestPublicCases(t *testing.T) {
 			if got := p.RootDigestHex(); got != tc.RootDigest {
 				t.Errorf("root_digest = %s, want %s", got, tc.RootDigest)
 			}
-			toks, lora, salt := tc.expand()
+			toks, lora, salt := tc.Expand()
 			if len(toks) != tc.TokenCount {
 				t.Fatalf("expanded %d tokens, want %d", len(toks), tc.TokenCount)
 			}
@@ -342,7 +233,7 @@ type upstreamVectors struct {
 	} `json:"seed_root_vectors"`
 	Cases []struct {
 		Name string `json:"name"`
-		query
+		hashvectors.Query
 		Expected []struct {
 			Digest           string `json:"digest"`
 			ProjectedHex     string `json:"projected_hex"`
@@ -358,7 +249,7 @@ func TestUpstreamFixtures(t *testing.T) {
 	for _, file := range []string{"upstream/hash_golden_vectors.json", "upstream/hash_golden_vectors_sha256.json"} {
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			var v upstreamVectors
-			loadJSON(t, file, &v)
+			hashvectors.Load(t, file, &v)
 			pr := v.Profile
 			seed := pr.PythonHashSeed
 			p := mustResolve(t, pr.Strategy, pr.Algorithm, pr.IndexProjection, &seed)
@@ -381,7 +272,7 @@ func TestUpstreamFixtures(t *testing.T) {
 			}
 			for _, tc := range v.Cases {
 				t.Run(tc.Name, func(t *testing.T) {
-					toks, lora, salt := tc.expand()
+					toks, lora, salt := tc.Expand()
 					got := runChain(&p, tc.BlockSize, toks, lora, salt)
 					if len(got) != len(tc.Expected) {
 						t.Fatalf("chain produced %d blocks, want %d", len(got), len(tc.Expected))
@@ -422,8 +313,7 @@ func TestUpstreamFixtures(t *testing.T) {
 }
 
 func TestWireExamples(t *testing.T) {
-	var v publicVectors
-	loadJSON(t, "hash_vectors_public.json", &v)
+	v := hashvectors.LoadPublic(t)
 	if len(v.WireExamples) == 0 {
 		t.Fatal("no wire_examples")
 	}

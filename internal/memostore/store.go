@@ -3,12 +3,13 @@
 // units and of the whole query it came from, held within a byte budget and
 // evicted roughly oldest first.
 //
-// Three memos use it: the token memos (codec for /query, grpcapi for
+// Four memos use it: the token memos (codec for /query, grpcapi for
 // LookupRoute), which remember decoded token arrays by their packed bytes
 // and share the byte-level helpers of packed.go, and the prefix memo
-// (hashing), which remembers digest chains by their tokens. They differ in what an entry
-// holds and how a candidate is verified, not in how entries are filed,
-// bounded and retired, which is what lives here.
+// (hashing), which remembers digest chains by their tokens; and the answer
+// cache (query). They differ in what an entry holds and how a candidate is
+// verified, not in how entries are filed, bounded, counted and retired,
+// which is what lives here.
 package memostore
 
 import (
@@ -53,7 +54,9 @@ type shard[E Entry] struct {
 }
 
 // Store is a bounded set of entries; the zero Store is not usable, see New.
-// Safe for concurrent use.
+// Safe for concurrent use. A memo is a type defined on a Store (type Memo
+// memostore.Store[*entry]), so a nil memo is a nil store, and Reset,
+// Bytes and Stats, nil-safe here, are written once for all of them.
 //
 // The budget is the store's, not a shard's: a long prompt's entry (a
 // 128K-token array is over a megabyte) may be larger than a 64th of it,
@@ -71,6 +74,8 @@ type Store[E Entry] struct {
 	// through the order yet leave it filed where it had already passed,
 	// outside any budget.
 	resetMu sync.RWMutex
+	// hits and misses are the memo's counts (Count, Stats).
+	hits, misses atomic.Uint64
 }
 
 // MinBytes is the smallest budget New grants.
@@ -218,8 +223,13 @@ func (s *Store[E]) unfile(o E) {
 }
 
 // Reset forgets every entry, so memory returns to its idle size. Lookups
-// running meanwhile are unaffected: an entry they hold stays valid.
+// running meanwhile are unaffected: an entry they hold stays valid. The
+// hit and miss counts go on. A nil store (a memo turned off) has nothing
+// to forget.
 func (s *Store[E]) Reset() {
+	if s == nil {
+		return
+	}
 	s.resetMu.Lock()
 	defer s.resetMu.Unlock()
 	for i := range s.shards {
@@ -236,9 +246,31 @@ func (s *Store[E]) Reset() {
 }
 
 // Bytes returns the memory the entries account for: it grows to the budget
-// under varied traffic and drops to zero after Reset.
+// under varied traffic and drops to zero after Reset (0 for a nil store).
 func (s *Store[E]) Bytes() int {
+	if s == nil {
+		return 0
+	}
 	return int(s.bytes.Load())
+}
+
+// Count adds to the memo's hit and miss counts, in the unit its Stats
+// document (tokens, digests, lookups).
+func (s *Store[E]) Count(hits, misses uint64) {
+	if hits != 0 {
+		s.hits.Add(hits)
+	}
+	if misses != 0 {
+		s.misses.Add(misses)
+	}
+}
+
+// Stats returns the counts Count added up (0, 0 for a nil store).
+func (s *Store[E]) Stats() (hits, misses uint64) {
+	if s == nil {
+		return 0, 0
+	}
+	return s.hits.Load(), s.misses.Load()
 }
 
 // FiledUnder returns the fingerprints of an entry that covers the first n

@@ -233,3 +233,24 @@ func TestCommonPrefix(t *testing.T) {
 		t.Errorf("empty: CommonPrefix = %d", got)
 	}
 }
+
+// TestNilStoreAndCounts: a nil store (a memo turned off) resets, reports
+// no memory and no counts; Count adds up what Stats reports, across Reset.
+func TestNilStoreAndCounts(t *testing.T) {
+	var off *Store[*entry]
+	off.Reset()
+	if off.Bytes() != 0 {
+		t.Error("a nil store accounts for memory")
+	}
+	if h, m := off.Stats(); h != 0 || m != 0 {
+		t.Errorf("a nil store counts %d hits, %d misses", h, m)
+	}
+	s := New[*entry](MinBytes)
+	s.Count(3, 0)
+	s.Count(0, 5)
+	s.Reset()
+	s.Count(2, 1)
+	if h, m := s.Stats(); h != 5 || m != 6 {
+		t.Errorf("Stats %d, %d; want 5, 6", h, m)
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
@@ -30,9 +29,11 @@ const MinAnswerTokens = 512
 //
 // Memory is bounded by a byte budget, evicted roughly oldest first; Reset
 // empties it. A nil *Answers remembers nothing. Safe for concurrent use.
-type Answers struct {
-	store        *memostore.Store[*answer]
-	hits, misses atomic.Uint64
+type Answers memostore.Store[*answer]
+
+// store is the cache's store: the same pointer, nil for a nil cache.
+func (a *Answers) store() *memostore.Store[*answer] {
+	return (*memostore.Store[*answer])(a)
 }
 
 // answer is one remembered lookup. It is immutable once inserted.
@@ -53,33 +54,19 @@ func NewAnswers(maxBytes int) *Answers {
 	if maxBytes <= 0 {
 		return nil
 	}
-	return &Answers{store: memostore.New[*answer](maxBytes)}
+	return (*Answers)(memostore.New[*answer](maxBytes))
 }
 
 // Reset forgets every answer, so memory returns to its idle size; the
 // service calls it when the last context goes.
-func (a *Answers) Reset() {
-	if a != nil {
-		a.store.Reset()
-	}
-}
+func (a *Answers) Reset() { a.store().Reset() }
 
 // Bytes returns the memory the remembered answers account for.
-func (a *Answers) Bytes() int {
-	if a == nil {
-		return 0
-	}
-	return a.store.Bytes()
-}
+func (a *Answers) Bytes() int { return a.store().Bytes() }
 
 // Stats returns how many lookups long enough to be remembered were
 // answered from a remembered answer (hits) and how many walked (misses).
-func (a *Answers) Stats() (hits, misses uint64) {
-	if a == nil {
-		return 0, 0
-	}
-	return a.hits.Load(), a.misses.Load()
-}
+func (a *Answers) Stats() (hits, misses uint64) { return a.store().Stats() }
 
 // seed keys the prompt hash per process, so that nobody outside can
 // choose two prompts with the same hash.
@@ -122,7 +109,7 @@ func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, id 
 	var found *answer
 	var cur index.Version
 	read := false
-	a.store.Lookup(fp, func(e *answer) bool {
+	a.store().Lookup(fp, func(e *answer) bool {
 		if !e.matches(tbl, instance, salt, id) {
 			return true
 		}
@@ -138,10 +125,10 @@ func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, id 
 		return true
 	})
 	if found == nil {
-		a.misses.Add(1)
+		a.store().Count(0, 1)
 		return false
 	}
-	a.hits.Add(1)
+	a.store().Count(1, 0)
 	// Grown from empty, so a reused result keeps its rank buffers.
 	res.Instances = slices.Grow(res.Instances[:0], len(found.hits))[:len(found.hits)]
 	for i, src := range found.hits {
@@ -169,7 +156,7 @@ func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, insta
 	e := &answer{tbl: tbl, ver: ver, instance: strings.Clone(instance), salt: strings.Clone(salt), id: id, hits: hits}
 	e.Fps = []uint64{fp}
 	e.Size = size
-	a.store.Insert(e, func(old *answer) bool { return old.matches(tbl, instance, salt, id) })
+	a.store().Insert(e, func(old *answer) bool { return old.matches(tbl, instance, salt, id) })
 }
 
 // answerOverhead is what an answer costs besides its strings and hits: the

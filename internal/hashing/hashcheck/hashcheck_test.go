@@ -4,8 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
-	"os"
-	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -14,12 +13,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
 )
-
-type repeatStr struct {
-	Value string `json:"value"`
-	Count int    `json:"count"`
-}
 
 // vectorCase is a golden hash vector (testdata/hashing), expanded.
 type vectorCase struct {
@@ -40,69 +35,25 @@ type vectorBlock struct {
 
 func loadVectors(t testing.TB) []vectorCase {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "hashing", "hash_vectors_public.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		Cases []struct {
-			ID      string `json:"id"`
-			Profile struct {
-				Strategy        string  `json:"strategy"`
-				Algorithm       string  `json:"algorithm"`
-				IndexProjection string  `json:"index_projection"`
-				PythonHashSeed  *string `json:"python_hash_seed"`
-			} `json:"profile"`
-			BlockSize       int        `json:"block_size"`
-			LoraName        *string    `json:"lora_name"`
-			LoraNameRepeat  *repeatStr `json:"lora_name_repeat"`
-			CacheSalt       *string    `json:"cache_salt"`
-			CacheSaltRepeat *repeatStr `json:"cache_salt_repeat"`
-			TokenIDs        []int32    `json:"token_ids"`
-			TokenIDsRepeat  *struct {
-				Value int32 `json:"value"`
-				Count int   `json:"count"`
-			} `json:"token_ids_repeat"`
-			Expected []struct {
-				Span      [2]int `json:"span"`
-				Digest    string `json:"digest"`
-				Projected uint64 `json:"projected,string"`
-			} `json:"expected"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		t.Fatal(err)
-	}
-	str := func(s *string, r *repeatStr) string {
-		if r != nil {
-			return strings.Repeat(r.Value, r.Count)
-		}
-		if s != nil {
-			return *s
-		}
-		return ""
-	}
 	var out []vectorCase
-	for _, c := range v.Cases {
+	for _, c := range hashvectors.LoadPublic(t).Cases {
 		pr := c.Profile
 		p, err := hashing.Resolve(hashing.Spec{Strategy: pr.Strategy, Algorithm: pr.Algorithm, IndexProjection: pr.IndexProjection, PythonHashSeed: pr.PythonHashSeed})
 		if err != nil {
 			t.Fatalf("%s: %v", c.ID, err)
 		}
-		vc := vectorCase{ID: c.ID, Profile: p, BS: c.BlockSize, Lora: str(c.LoraName, c.LoraNameRepeat),
-			Salt: str(c.CacheSalt, c.CacheSaltRepeat), Tokens: c.TokenIDs}
-		if r := c.TokenIDsRepeat; r != nil {
-			vc.Tokens = make([]int32, r.Count)
-			for i := range vc.Tokens {
-				vc.Tokens[i] = r.Value
-			}
-		}
+		vc := vectorCase{ID: c.ID, Profile: p, BS: c.BlockSize}
+		vc.Tokens, vc.Lora, vc.Salt = c.Expand()
 		for _, e := range c.Expected {
 			d, err := hex.DecodeString(e.Digest)
 			if err != nil {
 				t.Fatal(err)
 			}
-			vc.Blocks = append(vc.Blocks, vectorBlock{e.Span[0], e.Span[1], d, e.Projected})
+			key, err := strconv.ParseUint(e.Projected, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: projected %q: %v", c.ID, e.Projected, err)
+			}
+			vc.Blocks = append(vc.Blocks, vectorBlock{e.Span[0], e.Span[1], d, key})
 		}
 		out = append(out, vc)
 	}

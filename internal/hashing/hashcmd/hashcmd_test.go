@@ -13,78 +13,18 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
 )
-
-// vectors is the part of the repository's golden hash vectors
-// (testdata/hashing) that the subcommand must reproduce.
-type vectors struct {
-	Cases []struct {
-		ID      string `json:"id"`
-		Profile struct {
-			Strategy        string  `json:"strategy"`
-			Algorithm       string  `json:"algorithm"`
-			IndexProjection string  `json:"index_projection"`
-			PythonHashSeed  *string `json:"python_hash_seed"`
-		} `json:"profile"`
-		BlockSize       int     `json:"block_size"`
-		LoraName        *string `json:"lora_name"`
-		CacheSalt       *string `json:"cache_salt"`
-		TokenIDs        []int32 `json:"token_ids"`
-		LoraNameRepeat  *repeat `json:"lora_name_repeat"`
-		CacheSaltRepeat *repeat `json:"cache_salt_repeat"`
-		TokenIDsRepeat  *struct {
-			Value int32 `json:"value"`
-			Count int   `json:"count"`
-		} `json:"token_ids_repeat"`
-		Expected []struct {
-			Index        int    `json:"index"`
-			Span         [2]int `json:"span"`
-			Covered      int    `json:"covered"`
-			Digest       string `json:"digest"`
-			Projected    string `json:"projected"`
-			ProjectedHex string `json:"projected_hex"`
-			WireInt      string `json:"wire_int"`
-		} `json:"expected"`
-	} `json:"cases"`
-}
-
-type repeat struct {
-	Value string `json:"value"`
-	Count int    `json:"count"`
-}
-
-func str(s *string, r *repeat) string {
-	if r != nil {
-		return strings.Repeat(r.Value, r.Count)
-	}
-	if s != nil {
-		return *s
-	}
-	return ""
-}
 
 // TestGoldenVectors runs the subcommand, as an integrator would, on every
 // public vector and compares each printed block with the expected key,
 // event integer and digest.
 func TestGoldenVectors(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "hashing", "hash_vectors_public.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v vectors
-	if err := json.Unmarshal(raw, &v); err != nil {
-		t.Fatal(err)
-	}
+	v := hashvectors.LoadPublic(t)
 	checked := 0
 	for _, tc := range v.Cases {
 		t.Run(tc.ID, func(t *testing.T) {
-			toks := tc.TokenIDs
-			if r := tc.TokenIDsRepeat; r != nil {
-				toks = make([]int32, r.Count)
-				for i := range toks {
-					toks[i] = r.Value
-				}
-			}
+			toks, lora, salt := tc.Expand()
 			if toks == nil {
 				toks = []int32{}
 			}
@@ -95,11 +35,11 @@ func TestGoldenVectors(t *testing.T) {
 			if pr.PythonHashSeed != nil {
 				args = append(args, "--seed", *pr.PythonHashSeed)
 			}
-			if l := str(tc.LoraName, tc.LoraNameRepeat); l != "" {
-				args = append(args, "--lora-name", l)
+			if lora != "" {
+				args = append(args, "--lora-name", lora)
 			}
-			if s := str(tc.CacheSalt, tc.CacheSaltRepeat); s != "" {
-				args = append(args, "--cache-salt", s)
+			if salt != "" {
+				args = append(args, "--cache-salt", salt)
 			}
 			var out, errOut bytes.Buffer
 			code := Run(args, bytes.NewReader(in), &out, &errOut)

@@ -120,17 +120,17 @@ func TestTokenMemoReuses(t *testing.T) {
 		}
 	}
 	decode(ids)
-	if h, m := c.memo.hits.Load(), c.memo.misses.Load(); h != 0 || m != 1000 {
+	if h, m := c.memo.store().Stats(); h != 0 || m != 1000 {
 		t.Fatalf("first decode: %d hits %d misses", h, m)
 	}
 	decode(ids)
-	if h := c.memo.hits.Load(); h != 1000 {
+	if h := hitsOf(c.memo); h != 1000 {
 		t.Fatalf("repeat: %d hits", h)
 	}
 	other := append([]uint32(nil), ids...)
 	other[700] = 99
 	decode(other)
-	if h := c.memo.hits.Load() - 1000; h != 640 {
+	if h := hitsOf(c.memo) - 1000; h != 640 {
 		t.Fatalf("shared prefix of 700 ids reused %d (want 10 chunks of 64)", h)
 	}
 }
@@ -229,4 +229,10 @@ func TestAppendChunkEnds(t *testing.T) {
 			t.Fatalf("len %d off %d seen %d: got %v, want %v", len(run), off, seen, got, want)
 		}
 	}
+}
+
+// hitsOf is the memo's hit count (ids reused).
+func hitsOf(m *tokenMemo) uint64 {
+	h, _ := m.store().Stats()
+	return h
 }

@@ -2,14 +2,11 @@ package grpcapi
 
 import (
 	"math"
-	"reflect"
 	"unicode/utf8"
-	"unsafe"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/runtime/protoimpl"
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 )
@@ -51,37 +48,22 @@ func marshalLookupResponse(r *pb.LookupRouteResponse) (mem.BufferSlice, bool) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, true
 }
 
-// unknownAt is the offset of a generated message's unknown fields (a byte
-// slice), found once by reflection, so checking them costs a load instead
-// of ProtoReflect's bookkeeping; -1 when the generated code has no such
-// field, and ProtoReflect is asked.
-func unknownAt(t reflect.Type) uintptr {
-	if f, ok := t.FieldByName("unknownFields"); ok && f.Type == reflect.TypeFor[protoimpl.UnknownFields]() {
-		return f.Offset
-	}
-	return ^uintptr(0)
-}
-
-var (
-	respUnknownAt  = unknownAt(reflect.TypeFor[pb.LookupRouteResponse]())
-	scoreUnknownAt = unknownAt(reflect.TypeFor[pb.ReplicaScore]())
-)
-
-func hasUnknown[M interface{ ProtoReflect() protoreflect.Message }](m M, p unsafe.Pointer, at uintptr) bool {
-	if at == ^uintptr(0) {
-		return len(m.ProtoReflect().GetUnknown()) > 0
-	}
-	return len(*(*protoimpl.UnknownFields)(unsafe.Add(p, at))) > 0
+// hasUnknown reports whether m carries unknown fields, through the
+// protobuf runtime's public reflection (no reading of the generated
+// struct's private fields, so a protobuf upgrade cannot silently change
+// what this sees).
+func hasUnknown(m protoreflect.ProtoMessage) bool {
+	return len(m.ProtoReflect().GetUnknown()) > 0
 }
 
 // plainLookupResponse reports whether r holds only what
 // appendLookupResponse writes.
 func plainLookupResponse(r *pb.LookupRouteResponse) bool {
-	if hasUnknown(r, unsafe.Pointer(r), respUnknownAt) || !utf8.ValidString(r.ReasonCode) || !utf8.ValidString(r.AdapterId) {
+	if hasUnknown(r) || !utf8.ValidString(r.ReasonCode) || !utf8.ValidString(r.AdapterId) {
 		return false
 	}
 	for _, s := range r.ReplicaScores {
-		if s == nil || hasUnknown(s, unsafe.Pointer(s), scoreUnknownAt) || !utf8.ValidString(s.ReplicaId) {
+		if s == nil || hasUnknown(s) || !utf8.ValidString(s.ReplicaId) {
 			return false
 		}
 	}

@@ -8,8 +8,6 @@ package grpcapi
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -29,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/bearer"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
@@ -119,8 +118,8 @@ type Server struct {
 	codec  lookupCodec
 	// query answers token_ids lookups on Conductor contexts, the engine
 	// /query uses.
-	query  *query.Engine
-	tokSum [32]byte
+	query *query.Engine
+	token bearer.Token
 	// lookupInfo is what interceptors are told of every LookupRoute call.
 	lookupInfo *grpc.UnaryServerInfo
 
@@ -173,7 +172,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, stop: make(chan struct{})}
 	s.lookupInfo = &grpc.UnaryServerInfo{Server: s, FullMethod: pb.InferenceCache_LookupRoute_FullMethodName}
-	s.tokSum = sha256.Sum256([]byte(opts.AuthToken))
+	s.token = bearer.New(opts.AuthToken)
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {
 		return nil, err
@@ -234,9 +233,21 @@ func (s *Server) ResetMemo() { s.codec.memo.reset() }
 // MemoBytes is the memory the token memo's remembered runs account for.
 func (s *Server) MemoBytes() int { return s.codec.memo.bytes() }
 
-// Stop ends every stream, waits briefly for unary calls in flight, and
-// stops the server's goroutines; it detaches the index watcher.
+// stopGrace is how long Stop lets unary calls in flight finish.
+const stopGrace = 3 * time.Second
+
+// Stop ends every stream, waits briefly (stopGrace) for unary calls in
+// flight, and stops the server's goroutines; it detaches the index watcher.
 func (s *Server) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	defer cancel()
+	s.Shutdown(ctx)
+}
+
+// Shutdown is Stop with the wait for unary calls in flight bounded by ctx:
+// when ctx ends first, the calls still running are cut. Either way it
+// returns once the server's goroutines are gone.
+func (s *Server) Shutdown(ctx context.Context) {
 	s.stopOnce.Do(func() {
 		s.opts.Index.SetWatcher(nil)
 		close(s.stop)
@@ -246,7 +257,7 @@ func (s *Server) Stop() {
 		go func() { s.gs.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
-		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
 			s.gs.Stop()
 			<-stopped
 		}
@@ -290,16 +301,13 @@ var producerMethods = map[string]bool{
 
 // authorize checks the bearer token of a producer call, in constant time.
 func (s *Server) authorize(ctx context.Context, method string) error {
-	if s.opts.AuthToken == "" || !producerMethods[method] {
+	if !s.token.Required() || !producerMethods[method] {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	for _, v := range md.Get("authorization") {
-		if tok, ok := strings.CutPrefix(v, "Bearer "); ok {
-			got := sha256.Sum256([]byte(tok))
-			if subtle.ConstantTimeCompare(got[:], s.tokSum[:]) == 1 {
-				return nil
-			}
+		if s.token.Allows([]byte(v)) {
+			return nil
 		}
 	}
 	return status.Error(codes.Unauthenticated, "a valid bearer token is required on producer calls")

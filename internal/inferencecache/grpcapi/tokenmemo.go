@@ -3,7 +3,6 @@ package grpcapi
 import (
 	"encoding/binary"
 	"math/bits"
-	"sync/atomic"
 
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 )
@@ -22,10 +21,11 @@ import (
 // decoded as usual. Entries are filed under fingerprints of the run's first
 // 256, 512, 1024, … bytes and of the whole run (memostore), found without
 // decoding anything. Memory is bounded by the store's byte budget.
-type tokenMemo struct {
-	store  *memostore.Store[*tmEntry]
-	hits   atomic.Uint64
-	misses atomic.Uint64
+type tokenMemo memostore.Store[*tmEntry]
+
+// store is the memo's store: the same pointer, nil for a nil memo.
+func (m *tokenMemo) store() *memostore.Store[*tmEntry] {
+	return (*memostore.Store[*tmEntry])(m)
 }
 
 // tmOverhead is the memory an entry accounts for besides its slices.
@@ -46,24 +46,15 @@ func newTokenMemo(maxBytes int) *tokenMemo {
 	if maxBytes <= 0 {
 		return nil
 	}
-	return &tokenMemo{store: memostore.New[*tmEntry](maxBytes)}
+	return (*tokenMemo)(memostore.New[*tmEntry](maxBytes))
 }
 
 // reset forgets every remembered run, so the memo's memory returns to its
 // idle size; lookups decoding meanwhile keep the entries they hold.
-func (m *tokenMemo) reset() {
-	if m != nil {
-		m.store.Reset()
-	}
-}
+func (m *tokenMemo) reset() { m.store().Reset() }
 
 // bytes is the memory the remembered runs account for.
-func (m *tokenMemo) bytes() int {
-	if m == nil {
-		return 0
-	}
-	return m.store.Bytes()
-}
+func (m *tokenMemo) bytes() int { return m.store().Bytes() }
 
 // usable is how many leading ids of e run shares, and their packed length.
 func (e *tmEntry) usable(run []byte) (k, off int) {
@@ -96,7 +87,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 	var best *tmEntry
 	k, off := 0, 0
 	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
-		m.store.Lookup(fps[j], func(e *tmEntry) bool {
+		m.store().Lookup(fps[j], func(e *tmEntry) bool {
 			if ek, eoff := e.usable(run); ek > k {
 				best, k, off = e, ek, eoff
 			}
@@ -105,7 +96,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 	}
 	base := len(dst)
 	if off == len(run) { // the whole run was remembered
-		m.hits.Add(uint64(k))
+		m.store().Count(uint64(k), 0)
 		if base == 0 {
 			// The entry is immutable and the request only reads its
 			// ids: share them (capped, so an append would copy).
@@ -123,8 +114,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 		return dst, false, false, false
 	}
 	narrow = restNarrow && (best == nil || best.fits)
-	m.hits.Add(uint64(k))
-	m.misses.Add(uint64(rest))
+	m.store().Count(uint64(k), uint64(rest))
 	if rest >= memostore.Chunk && !l.pending {
 		// Worth remembering. The run is copied: the transport reuses
 		// its buffer once the decode returns. The ids stay in dst,
@@ -222,5 +212,5 @@ func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uin
 	e.fits = narrow || fitInt32(e.toks)
 	e.Fps = memostore.FiledUnder(fps, memostore.SpansWithin(len(run), len(fps)))
 	e.Size = tmOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
-	m.store.Insert(e, func(o *tmEntry) bool { return memostore.Extends(e.raw, o.raw) })
+	m.store().Insert(e, func(o *tmEntry) bool { return memostore.Extends(e.raw, o.raw) })
 }

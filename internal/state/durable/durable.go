@@ -512,23 +512,26 @@ func (s *State) Ready() (bool, string) {
 	return true, ""
 }
 
-// Close stops periodic snapshots and writes a last one; the caller then
-// stops the sources. Release gives the directory up afterwards.
-func (s *State) Close() {
+// Close stops periodic snapshots and writes a last one, whose failure it
+// returns (the previous snapshot is kept; the app exits non-zero); the
+// caller then stops the sources. Release gives the directory up afterwards.
+func (s *State) Close() error {
 	s.readyMu.Lock()
 	if s.lagTimer != nil {
 		s.lagTimer.Stop()
 	}
 	s.readyMu.Unlock()
 	if s.stop == nil {
-		return
+		return nil
 	}
 	close(s.stop)
 	<-s.done
 	s.stop = nil
-	if err := s.Snapshot(); err == nil {
-		s.log.Info().Msg("index snapshot written at shutdown")
+	if err := s.Snapshot(); err != nil {
+		return fmt.Errorf("last index snapshot: %w", err)
 	}
+	s.log.Info().Msg("index snapshot written at shutdown")
+	return nil
 }
 
 // Release unlocks the state directory; call it last.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -424,6 +425,30 @@ func TestSnapshotWriteFailure(t *testing.T) {
 	}
 	if v := value(t, w.st, "conductor_snapshot_failures_total", "missing_dir"); v != 1 {
 		t.Errorf("missing_dir failures %v", v)
+	}
+}
+
+// Close returns the last snapshot's failure, which the app turns into a
+// non-zero exit status; the previous snapshot is kept.
+func TestCloseReturnsLastSnapshotFailure(t *testing.T) {
+	dir := t.TempDir()
+	w := mustOpen(t, dir)
+	a := service(t, "a", 0, "tcp://h:1")
+	if _, err := w.reg.Register(a); err != nil {
+		t.Fatal(err)
+	}
+	w.apply(a.Key(), 1, 1)
+	w.st.writeHook = func(io.Writer) io.Writer { return failingWriter{syscall.ENOSPC} }
+	if err := w.st.Close(); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Close on a full disk: %v, want ENOSPC", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapshot.FileName)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a snapshot file after the failed write: %v", err)
+	}
+	// A second Close has nothing left to write.
+	w.st.writeHook = nil
+	if err := w.st.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
 	}
 }
 

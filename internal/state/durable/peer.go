@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/internal/bearer"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
@@ -60,7 +61,7 @@ func (s *State) fetch(peer string) (*snapshot.Snapshot, int64, error) {
 		return nil, 0, fmt.Errorf("peer URL: %w", err)
 	}
 	if s.opts.PeerToken != "" {
-		req.Header.Set("Authorization", "Bearer "+s.opts.PeerToken)
+		req.Header.Set("Authorization", bearer.Header(s.opts.PeerToken))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -138,18 +138,18 @@ func formatErr(t *testing.T, data []byte) string {
 }
 
 // Every truncation and every single-byte change is refused, never read
-// as a smaller or different snapshot.
+// as a smaller or different snapshot: each offset of the sample, not a
+// sample of offsets.
 func TestEveryTruncationAndFlipIsRefused(t *testing.T) {
 	good := encode(t, sample(t))
-	step := max(1, len(good)/2000)
-	for n := 0; n < len(good); n += step {
+	for n := range len(good) {
 		formatErr(t, good[:n])
 	}
-	formatErr(t, good[:len(good)-1])
-	for i := 0; i < len(good); i += step {
-		b := bytes.Clone(good)
+	b := bytes.Clone(good)
+	for i := range b {
 		b[i] ^= 0x40
 		formatErr(t, b)
+		b[i] ^= 0x40
 	}
 	formatErr(t, append(bytes.Clone(good), 0))
 }
