@@ -1,5 +1,7 @@
 package index
 
+import "slices"
+
 // The hybrid hit rules (docs/hybrid.md#rules): what vLLM's hybrid prefix
 // cache would hit for a prompt, given which of an owner's KV-cache groups
 // hold the key at each hash-block boundary.
@@ -108,6 +110,12 @@ func compileLayout(l *Layout, hbs int) *hybridLayout {
 	return h
 }
 
+// sameRules reports whether two compiled layouts answer alike for equal
+// presence.
+func (h *hybridLayout) sameRules(o *hybridLayout) bool {
+	return h == o || (h.hbs == o.hbs && h.align == o.align && h.zero == o.zero && slices.Equal(h.sgs, o.sgs))
+}
+
 // presence is one owner's groups per hash-block boundary for one
 // cumulative tier: masks[j] holds the groups that hold the key of the
 // prompt's first (j+1)·hbs tokens.
@@ -126,7 +134,10 @@ func (p presence) has(sg *specGroup, t int) bool {
 // from the start, cut to the alignment.
 func (h *hybridLayout) hitFull(sg *specGroup, p presence, m int) int {
 	b, k := sg.block, 0
-	for nb := m / b; k < nb && p.has(sg, (k+1)*b); k++ {
+	step, want := b/p.hbs, sg.members
+	nb := min(m/b, len(p.masks)/step)
+	for j := step - 1; k < nb && p.masks[j]&want == want; j += step {
+		k++
 	}
 	l := k * b
 	return l - l%h.align

@@ -3,8 +3,17 @@ package index
 // hybridScratch is the query's working memory for hybrid owners.
 type hybridScratch struct {
 	chain  sliceChain
-	ord    []int32  // by span position: hybrid ordinal, -1 for a dense owner
-	words  []uint32 // ordinal*len(keys) + key: the owner's group word
+	ord   []int32  // by span position: hybrid ordinal, -1 for a dense owner
+	words []uint32 // key*nh + ordinal: the owner's group word, key-major
+	nh    int      // hybrid owners reported
+	// slotOrd and slotID map a pair's owner slot to its hybrid ordinal
+	// (-1: none) and the owner id that must be there (generation check).
+	slotOrd []int32
+	slotID  []uint32
+	// hs, order and start group the keys by stripe (readGroups).
+	hs    []uint64
+	order []int32
+	start []int
 	shared []uint8  // by key: shared tier bits (group 0)
 	// sharedG is by key the shared references' other groups: CPUShare's
 	// in the low groupBits, Disk's above (sharedGroupWord).
@@ -30,14 +39,17 @@ func (c *sliceChain) Next() (uint64, int, bool) {
 
 func (c *sliceChain) Ready() int { return len(c.keys) - c.pos }
 
-// hasHybrid reports whether any owner of the span has a hybrid layout.
-func hasHybrid(ls []*hybridLayout) bool {
+// spanKinds reports whether any owner of the span has a hybrid layout and
+// whether any is dense (needs the dense walk).
+func spanKinds(ls []*hybridLayout) (hybrid, dense bool) {
 	for _, l := range ls {
 		if l != nil {
-			return true
+			hybrid = true
+		} else {
+			dense = true
 		}
 	}
-	return false
+	return hybrid, dense
 }
 
 // drain reads the whole chain into the scratch's slice chain. A hybrid
@@ -71,8 +83,10 @@ func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 			nh++
 		}
 	}
+	hy.nh = nh
 	hy.words = resize(hy.words, nh*nk)
 	clear(hy.words)
+	hy.mapSlots(v, lo, n)
 	hy.shared, hy.sharedG = resize(hy.shared, nk), resize(hy.sharedG, nk)
 	clear(hy.shared)
 	clear(hy.sharedG)
@@ -81,84 +95,164 @@ func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 	for _, c := range hy.chain.covs {
 		total += c
 	}
+	prev := -1 // the last hybrid owner evaluated
 	for f := range n {
 		o := int(hy.ord[f])
 		if o < 0 {
 			continue
 		}
-		counts, _ := v.hybrid[lo+f].answer(hy.words[o*nk:(o+1)*nk], hy.shared, hy.sharedG, &hy.masks, total)
+		// Replicas holding a prompt alike (the same cached system
+		// prompt, say) have equal columns; comparing one costs less
+		// than running the rules again.
+		if prev >= 0 && v.hybrid[lo+prev].sameRules(v.hybrid[lo+f]) && hy.sameColumn(int(hy.ord[prev]), o, nk) {
+			sc.cnt[f] = sc.cnt[prev]
+			continue
+		}
+		counts, _ := v.hybrid[lo+f].answer(hy.words, o, nh, nk, hy.shared, hy.sharedG, &hy.masks, total)
 		sc.cnt[f] = counts
+		prev = f
 	}
 }
 
-// readGroups fills hy.words and hy.shared from the blocks of keys, one
-// stripe read lock per key.
+// readGroups fills hy.words, hy.shared and hy.sharedG from the blocks of
+// keys, stripe by stripe (one read lock per stripe touched, as walkReady).
 func (t *Table) readGroups(v *ownerView, keys []uint64, lo, n int, hy *hybridScratch) {
 	nk := len(keys)
-	for j, key := range keys {
-		h := mix(key)
-		s := t.stripeFor(h)
+	hy.hs, hy.order = resize(hy.hs, nk), resize(hy.order, nk)
+	hy.start = resize(hy.start, len(t.stripes)+1)
+	clear(hy.start)
+	for j, k := range keys {
+		h := mix(k)
+		hy.hs[j] = h
+		hy.start[t.stripeIndex(h)+1]++
+	}
+	for i := 1; i < len(hy.start); i++ {
+		hy.start[i] += hy.start[i-1]
+	}
+	for j := range keys { // counting sort; start[s] ends at stripe s+1's start
+		si := t.stripeIndex(hy.hs[j])
+		hy.order[hy.start[si]] = int32(j)
+		hy.start[si]++
+	}
+	slotOrd, slotID, words, nh := hy.slotOrd, hy.slotID, hy.words, hy.nh
+	from := 0
+	for si := range t.stripes {
+		to := hy.start[si]
+		if from == to {
+			continue
+		}
+		s := &t.stripes[si]
 		s.mu.RLock()
-		if idx := s.find(key, h); idx >= 0 {
+		for _, j32 := range hy.order[from:to] {
+			j := int(j32)
+			key := keys[j]
+			if s.sharedGroups != nil {
+				hy.sharedG[j] = s.sharedGroups[key].word()
+			}
+			idx := s.find(key, hy.hs[j])
+			if idx < 0 {
+				continue
+			}
 			b := &s.blocks[idx]
-			hy.note(v, s, b.first, j, nk, lo, n)
-			for _, p := range s.overflow(b) {
-				hy.note(v, s, p, j, nk, lo, n)
+			ps := s.overflow(b)
+			for k := -1; k < len(ps); k++ {
+				p := b.first
+				if k >= 0 {
+					p = ps[k]
+				}
+				id := p.id()
+				if id == 0 {
+					if p.own != 0 {
+						hy.shared[j] |= p.mask()
+					}
+					continue
+				}
+				sl := id.slot()
+				if sl >= len(slotOrd) || slotOrd[sl] < 0 || slotID[sl] != uint32(id) {
+					continue
+				}
+				w := uint32(0)
+				if sl < len(s.groups) {
+					if g := s.groups[sl]; int(p.aux) < len(g) {
+						w = g[p.aux]
+					}
+				}
+				words[j*nh+int(slotOrd[sl])] = explicitWord(w, p.mask())
 			}
 		}
-		if s.sharedGroups != nil {
-			hy.sharedG[j] = s.sharedGroups[key].word()
-		}
 		s.mu.RUnlock()
+		from = to
 	}
 }
 
-func (hy *hybridScratch) note(v *ownerView, s *stripe, p pair, j, nk, lo, n int) {
-	if p.own == 0 {
-		return
+// mapSlots fills slotOrd and slotID for the span's hybrid owners.
+func (hy *hybridScratch) mapSlots(v *ownerView, lo, n int) {
+	hy.slotOrd = resize(hy.slotOrd, len(v.bySlot))
+	hy.slotID = resize(hy.slotID, len(v.bySlot))
+	for i := range hy.slotOrd {
+		hy.slotOrd[i] = -1
 	}
-	if p.id() == 0 {
-		hy.shared[j] |= p.mask()
-		return
+	for f := range n {
+		if o := hy.ord[f]; o >= 0 {
+			id := v.owners[lo+f].id
+			hy.slotOrd[id.slot()], hy.slotID[id.slot()] = o, uint32(id)
+		}
 	}
-	f := v.position(p.id()) - lo
-	if f < 0 || f >= n {
-		return
+}
+
+// sameColumn reports whether hybrid owners a and b have equal group words
+// at every key.
+func (hy *hybridScratch) sameColumn(a, b, nk int) bool {
+	for j := range nk {
+		if hy.words[j*hy.nh+a] != hy.words[j*hy.nh+b] {
+			return false
+		}
 	}
-	if o := hy.ord[f]; o >= 0 {
-		hy.words[int(o)*nk+j] = s.pairWord(p)
-	}
+	return true
 }
 
 // answer evaluates the layout per cumulative tier: tier T's count is the
 // rule on the union of the tiers up to T, so counts stay cumulative (each
-// rule only grows with presence). words are the owner's group words per
-// key, shared the keys' shared tier bits, which count for group 0 (the only
+// rule only grows with presence). words[j*stride+off] is the owner's
+// group word at key j of nk, shared the keys' shared tier bits, which count for group 0 (the only
 // group Mooncake objects are indexed for). stops are the groups whose rule
 // ended each tier's hit (-1: none did).
-func (h *hybridLayout) answer(words []uint32, shared []uint8, sharedG []uint32, masks *[]uint32, total int) (counts [numTiers]int, stops [numTiers]int) {
-	m := resize(*masks, len(words))
+func (h *hybridLayout) answer(words []uint32, off, stride, nk int, shared []uint8, sharedG []uint32, masks *[]uint32, total int) (counts [numTiers]int, stops [numTiers]int) {
+	m := resize(*masks, nk)
 	*masks = m
-	clear(m)
 	p := presence{masks: m, hbs: h.hbs}
 	for tier := Device; tier < numTiers; tier++ {
-		for j, w := range words {
+		// A tier that adds no group to any key answers as the one below
+		// it: for vLLM, which publishes device only, the rules run once.
+		changed := tier == Device
+		for j := range nk {
+			w := words[j*stride+off]
+			var add uint32
 			switch tier {
 			case Device:
 				m[j] = tierGroups(w, Device)
+				continue
 			case CPULocal:
-				m[j] |= tierGroups(w, CPULocal)
+				add = tierGroups(w, CPULocal)
 			case CPUShare:
+				add = sharedG[j] & groupTierMask
 				if shared[j]&bitShare != 0 {
-					m[j] |= 1
+					add |= 1
 				}
-				m[j] |= sharedG[j] & groupTierMask
 			case Disk:
-				m[j] |= tierGroups(w, Disk) | sharedG[j]>>groupBits&groupTierMask
+				add = tierGroups(w, Disk) | sharedG[j]>>groupBits&groupTierMask
 				if shared[j]&bitDisk != 0 {
-					m[j] |= 1
+					add |= 1
 				}
 			}
+			if add&^m[j] != 0 {
+				m[j] |= add
+				changed = true
+			}
+		}
+		if !changed {
+			counts[tier], stops[tier] = counts[tier-1], stops[tier-1]
+			continue
 		}
 		counts[tier], stops[tier] = h.hit(p, total)
 	}
@@ -186,7 +280,9 @@ func (t *Table) explainHybrid(v *ownerView, keys []uint64, tokens []int, owners 
 		return
 	}
 	nk := len(keys)
+	hy.nh = nh
 	hy.words, hy.shared, hy.sharedG = make([]uint32, nh*nk), make([]uint8, nk), make([]uint32, nk)
+	hy.mapSlots(v, 0, n)
 	t.readGroups(v, keys, 0, n, &hy)
 	total := 0
 	if nk > 0 {
@@ -198,7 +294,7 @@ func (t *Table) explainHybrid(v *ownerView, keys []uint64, tokens []int, owners 
 			continue
 		}
 		l := v.hybrid[f]
-		counts, stops := l.answer(hy.words[o*nk:(o+1)*nk], hy.shared, hy.sharedG, &hy.masks, total)
+		counts, stops := l.answer(hy.words, o, nh, nk, hy.shared, hy.sharedG, &hy.masks, total)
 		r := &runs[i]
 		r.Counts = TierCounts{counts[Device], counts[CPULocal], counts[CPUShare], counts[Disk]}
 		r.Hybrid = &HybridRun{Layout: l.src, StopGroup: stops[Disk]}

@@ -111,15 +111,21 @@ func (t *Table) query(v *ownerView, chain Chain, instance string, res *QueryResu
 		sc.alive[t] = a
 	}
 	sc.cnt = resize(sc.cnt, n)
-	hybrid := v.hybrid != nil && hasHybrid(v.hybrid[lo:hi])
+	hybrid, dense := false, true
+	if v.hybrid != nil {
+		hybrid, dense = spanKinds(v.hybrid[lo:hi])
+	}
 	if hybrid {
 		chain = sc.hy.drain(chain)
 	}
-	if words == 1 {
+	switch {
+	case !dense:
+		// every owner is hybrid: hybridCounts sets every count
+	case words == 1:
 		sc.lists = resize(sc.lists, len(t.stripes))
 		clear(sc.lists)
 		t.walkSmall(v, chain, lo, n, sc)
-	} else {
+	default:
 		t.walk(v, chain, lo, n, sc)
 	}
 	if hybrid {
