@@ -2,7 +2,7 @@ package index
 
 // hybridScratch is the query's working memory for hybrid owners.
 type hybridScratch struct {
-	chain  sliceChain
+	chain sliceChain
 	ord   []int32  // by span position: hybrid ordinal, -1 for a dense owner
 	words []uint32 // key*nh + ordinal: the owner's group word, key-major
 	nh    int      // hybrid owners reported
@@ -11,10 +11,10 @@ type hybridScratch struct {
 	slotOrd []int32
 	slotID  []uint32
 	// hs, order and start group the keys by stripe (readGroups).
-	hs    []uint64
-	order []int32
-	start []int
-	shared []uint8  // by key: shared tier bits (group 0)
+	hs     []uint64
+	order  []int32
+	start  []int
+	shared []uint8 // by key: shared tier bits (group 0)
 	// sharedG is by key the shared references' other groups: CPUShare's
 	// in the low groupBits, Disk's above (sharedGroupWord).
 	sharedG []uint32
