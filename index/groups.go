@@ -285,6 +285,7 @@ func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
 		return
 	}
 	t.changing(s)
+	t.sharedGroups.Store(true)
 	if s.sharedGroups == nil {
 		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
 	}

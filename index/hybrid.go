@@ -110,6 +110,20 @@ func compileLayout(l *Layout, hbs int) *hybridLayout {
 	return h
 }
 
+// hasFull reports whether the layout has a full-attention spec group at
+// the hash block size: its hit, and so the owner's, is then at most the
+// owner's unbroken prefix of keys held in any group. (A larger group block
+// publishes no key at the hash blocks inside it, so its prefix of hash
+// blocks says nothing.)
+func (h *hybridLayout) hasFull() bool {
+	for _, sg := range h.sgs {
+		if sg.rule == ruleFull && sg.block == h.hbs {
+			return true
+		}
+	}
+	return false
+}
+
 // sameRules reports whether two compiled layouts answer alike for equal
 // presence.
 func (h *hybridLayout) sameRules(o *hybridLayout) bool {

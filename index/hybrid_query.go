@@ -2,7 +2,7 @@ package index
 
 // hybridScratch is the query's working memory for hybrid owners.
 type hybridScratch struct {
-	chain sliceChain
+	chain recChain
 	ord   []int32  // by span position: hybrid ordinal, -1 for a dense owner
 	words []uint32 // key*nh + ordinal: the owner's group word, key-major
 	nh    int      // hybrid owners reported
@@ -21,50 +21,56 @@ type hybridScratch struct {
 	masks   []uint32
 }
 
-// sliceChain replays keys already computed, for the dense walk of a
-// table with hybrid owners, which needs every key of the prompt anyway.
-type sliceChain struct {
-	keys []uint64
-	covs []int
-	pos  int
+// recChain passes a query's chain to the dense walk and records the keys
+// it hashes, for the hybrid owners' rules; keeping Ready, it keeps the
+// walk's batched path for keys the memo serves.
+type recChain struct {
+	src   Chain
+	ready ReadyChain
+	keys  []uint64
+	covs  []int
 }
 
-func (c *sliceChain) Next() (uint64, int, bool) {
-	if c.pos >= len(c.keys) {
-		return 0, 0, false
-	}
-	c.pos++
-	return c.keys[c.pos-1], c.covs[c.pos-1], true
-}
-
-func (c *sliceChain) Ready() int { return len(c.keys) - c.pos }
-
-// spanKinds reports whether any owner of the span has a hybrid layout and
-// whether any is dense (needs the dense walk).
-func spanKinds(ls []*hybridLayout) (hybrid, dense bool) {
-	for _, l := range ls {
-		if l != nil {
-			hybrid = true
-		} else {
-			dense = true
-		}
-	}
-	return hybrid, dense
-}
-
-// drain reads the whole chain into the scratch's slice chain. A hybrid
-// rule may look past the first block nobody holds (a sliding window or a
-// Mamba state further on), so the prompt is hashed to its end.
-func (hy *hybridScratch) drain(chain Chain) *sliceChain {
-	c := &hy.chain
-	c.keys, c.covs, c.pos = c.keys[:0], c.covs[:0], 0
-	for {
-		k, cov, ok := chain.Next()
-		if !ok {
-			return c
-		}
+func (c *recChain) Next() (uint64, int, bool) {
+	k, cov, ok := c.src.Next()
+	if ok {
 		c.keys, c.covs = append(c.keys, k), append(c.covs, cov)
 	}
+	return k, cov, ok
+}
+
+func (c *recChain) Ready() int {
+	if c.ready == nil {
+		return 0
+	}
+	return c.ready.Ready()
+}
+
+// rest records the chain's remaining keys.
+func (c *recChain) rest() {
+	for {
+		if _, _, ok := c.Next(); !ok {
+			return
+		}
+	}
+}
+
+// record starts recording chain.
+func (hy *hybridScratch) record(chain Chain) *recChain {
+	c := &hy.chain
+	c.src, c.keys, c.covs = chain, c.keys[:0], c.covs[:0]
+	c.ready, _ = chain.(ReadyChain)
+	return c
+}
+
+// spanHybrid reports whether any owner of the span has a hybrid layout.
+func spanHybrid(ls []*hybridLayout) bool {
+	for _, l := range ls {
+		if l != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // hybridCounts overwrites the counts of the span's hybrid owners with
@@ -72,8 +78,36 @@ func (hy *hybridScratch) drain(chain Chain) *sliceChain {
 // hold each key of the drained chain.
 func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 	hy := &sc.hy
+	// When every hybrid owner has a full-attention group, its hit is at
+	// most its union prefix, which the dense walk just counted: keys past
+	// the longest of those are never needed, and a prompt nobody holds
+	// costs what a dense one does. Otherwise a sliding window or a Mamba
+	// state may lie anywhere: the prompt is hashed to its end.
+	// Shared references of groups other than 0 are not in the blocks'
+	// pairs the walk reads, so once a table has any, there is no bound.
+	bound, full := 0, !t.sharedGroups.Load()
+	for f := range n {
+		if l := v.hybrid[lo+f]; l != nil {
+			full = full && (l.zero || l.hasFull())
+			bound = max(bound, sc.cnt[f][Disk])
+		}
+	}
+	if !full {
+		hy.chain.rest()
+	}
 	keys := hy.chain.keys
 	nk := len(keys)
+	if full {
+		covered := 0
+		for i, c := range hy.chain.covs {
+			if covered+c > bound {
+				nk = i
+				break
+			}
+			covered += c
+		}
+		keys = keys[:nk]
+	}
 	hy.ord = resize(hy.ord, n)
 	nh := 0
 	for f := range n {
@@ -91,10 +125,7 @@ func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 	clear(hy.shared)
 	clear(hy.sharedG)
 	t.readGroups(v, keys, lo, n, hy)
-	total := 0
-	for _, c := range hy.chain.covs {
-		total += c
-	}
+	total := prefixTokens(hy.chain.covs[:nk])
 	prev := -1 // the last hybrid owner evaluated
 	for f := range n {
 		o := int(hy.ord[f])
@@ -112,6 +143,14 @@ func (t *Table) hybridCounts(v *ownerView, lo, n int, sc *queryScratch) {
 		sc.cnt[f] = counts
 		prev = f
 	}
+}
+
+func prefixTokens(covs []int) int {
+	n := 0
+	for _, c := range covs {
+		n += c
+	}
+	return n
 }
 
 // readGroups fills hy.words, hy.shared and hy.sharedG from the blocks of

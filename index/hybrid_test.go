@@ -652,3 +652,27 @@ func BenchmarkMemoryHybrid(b *testing.B) {
 		})
 	}
 }
+
+// TestHybridMissHashesLittle: with a full-attention group at the hash block
+// size, a prompt nobody holds is hashed no further than a dense one (the
+// walk's look-ahead); without one, a window or state may lie anywhere and
+// the whole prompt is hashed.
+func TestHybridMissHashesLittle(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		groups []GroupSpec
+		calls  int
+	}{
+		{"gpt-oss", []GroupSpec{{Kind: KindSliding, BlockSize: 16, SlidingWindow: 128}, {Kind: KindFull, BlockSize: 16}}, 2},
+		{"sliding window only", []GroupSpec{{Kind: KindSliding, BlockSize: 16, SlidingWindow: 128}}, 513},
+	} {
+		tb, id := hybridTable(t, 16, c.groups)
+		tb.Store(id, Device, 1) // some other prompt
+		ch := &keyChain{keys: promptKeys(512)}
+		var res QueryResult
+		tb.Query(ch, "", &res)
+		if ch.calls > c.calls || res.Instances[0].Max.Device != 0 {
+			t.Errorf("%s: %d chain calls, answer %+v; want at most %d calls and 0", c.name, ch.calls, res.Instances[0].Max, c.calls)
+		}
+	}
+}

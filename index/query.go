@@ -111,21 +111,18 @@ func (t *Table) query(v *ownerView, chain Chain, instance string, res *QueryResu
 		sc.alive[t] = a
 	}
 	sc.cnt = resize(sc.cnt, n)
-	hybrid, dense := false, true
-	if v.hybrid != nil {
-		hybrid, dense = spanKinds(v.hybrid[lo:hi])
-	}
+	hybrid := v.hybrid != nil && spanHybrid(v.hybrid[lo:hi])
 	if hybrid {
-		chain = sc.hy.drain(chain)
+		// The dense walk's union prefix bounds every full-attention
+		// group's hit, so it runs for hybrid owners too, recording the
+		// keys it hashes for their rules (hybrid_query.go).
+		chain = sc.hy.record(chain)
 	}
-	switch {
-	case !dense:
-		// every owner is hybrid: hybridCounts sets every count
-	case words == 1:
+	if words == 1 {
 		sc.lists = resize(sc.lists, len(t.stripes))
 		clear(sc.lists)
 		t.walkSmall(v, chain, lo, n, sc)
-	default:
+	} else {
 		t.walk(v, chain, lo, n, sc)
 	}
 	if hybrid {

@@ -33,6 +33,9 @@ type Table struct {
 	// layouts are the owners' KV-cache group layouts (layout.go), under
 	// regMu; an owner without one is dense.
 	layouts map[OwnerID]*ownerLayout
+	// sharedGroups is set once a shared reference of a KV-cache group
+	// other than 0 arrives (groups.go), which the dense walk cannot see.
+	sharedGroups atomic.Bool
 
 	// reap, when set, clears removed owners in the background.
 	reap *reaper
