@@ -10,7 +10,7 @@ COPY . .
 ARG VERSION=devel
 ARG COMMIT=unknown
 RUN CGO_ENABLED=1 go build -trimpath -buildvcs=false \
-	-ldflags="-s -w -X github.com/mooncake-conductor-go/conductor/buildinfo.version=${VERSION} -X github.com/mooncake-conductor-go/conductor/buildinfo.commit=${COMMIT}" \
+	-ldflags="-s -w -X github.com/mooncake-conductor-go/conductor/internal/buildinfo.version=${VERSION} -X github.com/mooncake-conductor-go/conductor/internal/buildinfo.commit=${COMMIT}" \
 	-o /out/conductor .
 
 FROM debian:bookworm-slim

@@ -126,7 +126,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		return nil, err
 	}
 	a := &app{log: log}
+	// failed tells the final-snapshot step that the start failed: a
+	// failed start writes nothing into the state directory.
+	failed := false
 	fail := func(err error) (*app, error) {
+		failed = true
 		ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 		defer cancel()
 		if serr := a.stops.run(ctx); serr != nil {
@@ -134,12 +138,23 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		}
 		return nil, err
 	}
+	// The HTTP port is taken before the state directory is opened, so a
+	// second process refused the port leaves the directory as it was.
+	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	a.ln = ln
+	// The HTTP server closes it when it serves; this is for a start that
+	// fails before it does.
+	a.stops.push("HTTP listener", nothingToReport(func() { _ = ln.Close() }))
 	sh, err := etcdreg.Connect(etcdreg.ClientConfig{
 		Endpoints: cfg.Etcd.Endpoints, CAFile: cfg.Etcd.CAFile, CertFile: cfg.Etcd.CertFile, KeyFile: cfg.Etcd.KeyFile,
 		Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
 	})
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	a.shared = sh
 	a.stops.push("etcd client", nothingToReport(sh.Close))
@@ -169,7 +184,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door)),
+		Start:  sourceFactory(log, counters, checks, staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -230,20 +245,15 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		// registrations it saw. The snapshot is taken while every
 		// source still runs; stopping them retracts their entries.
 		sh.Leave()
+		if failed {
+			state.Discard()
+			return nil
+		}
 		return state.Close()
 	})
 	// Restoring a snapshot read it whole and split it by owner; that
 	// memory is garbage now, and RSS is what operators read.
 	memReturn.Request()
-	addr := net.JoinHostPort(cfg.Addr, strconv.Itoa(cfg.Port))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fail(fmt.Errorf("listen on %s: %w", addr, err))
-	}
-	a.ln = ln
-	// The HTTP server closes it when it serves; this is for a start that
-	// fails before it does.
-	a.stops.push("HTTP listener", nothingToReport(func() { _ = ln.Close() }))
 	if cfg.PprofAddr != "" {
 		pp, err := pprofsrv.Start(cfg.PprofAddr)
 		if err != nil {
@@ -296,6 +306,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		door.Store(a.door)
 	}
 	log.Info().Str("addr", ln.Addr().String()).Int("static_services", len(cfg.Static)).Str("state_dir", state.Dir()).Msg("conductor listening")
+	warnOpenRoutes(log, ln.Addr(), cfg)
 	sh.Advertise(cfg.Etcd.AdvertiseURL)
 	return a, nil
 }
@@ -390,7 +401,7 @@ func (a *app) close() error {
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
 func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, watch map[registry.ServiceKey]bool, state *durable.State,
-	stateChanged func(registry.Service, subscriber.State)) registry.SourceFactory {
+	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
 		// A source the snapshot knows gets its entries back before it
@@ -427,6 +438,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Gate:                  state.Gate(),
 			Resume:                resume,
 			OnResume:              state.OnResume,
+			StaleRecovery:         staleMode,
 		}
 		if stateChanged != nil {
 			scfg.OnState = func(st subscriber.State) { stateChanged(svc, st) }
@@ -471,6 +483,13 @@ func returnMemory() {
 	runtime.GC()
 	debug.FreeOSMemory() // the second collection, then the scavenge
 	zmqx.TrimCHeap()     // libzmq's receive buffers live in the C heap
+}
+
+// staleRecovery is --stale-recovery as the subscribers take it (config
+// has checked the value).
+func staleRecovery(cfg *config.Config) subscriber.StaleRecovery {
+	m, _ := subscriber.ParseStaleRecovery(cfg.StaleRecovery)
+	return m
 }
 
 // staticKeys are the config file's registrations: readiness waits for

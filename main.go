@@ -17,6 +17,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/mooncake-conductor-go/conductor/internal/apicmd"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcmd"
@@ -25,6 +26,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "hash" {
 		os.Exit(hashcmd.Run(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && apicmd.Is(os.Args[1]) {
+		os.Exit(apicmd.Run(os.Args[1], os.Args[2:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "conductor:", err)

@@ -187,14 +187,20 @@ func appendProfile(b []byte, p *hashing.Profile) []byte {
 }
 
 // AppendServices writes the /services body with the contract's PascalCase
-// names.
-func AppendServices(b []byte, svcs []registry.ServiceStatus) []byte {
+// names. withSource adds each source's State, PublisherRestarts and
+// StaleRecoveries, for the JSON form people read; the MessagePack body
+// keeps the contract's fields only.
+func AppendServices(b []byte, svcs []registry.ServiceStatus, withSource bool) []byte {
 	b = appendMapLen(b, 2)
 	b = appendInt(appendStr(b, "count"), int64(len(svcs)))
 	b = appendArrayLen(appendStr(b, "services"), len(svcs))
 	for i := range svcs {
 		s := &svcs[i].Service
-		b = appendMapLen(b, 11)
+		if withSource {
+			b = appendMapLen(b, 14)
+		} else {
+			b = appendMapLen(b, 11)
+		}
 		b = appendStr(appendStr(b, "Endpoint"), s.Endpoint)
 		b = appendStr(appendStr(b, "ReplayEndpoint"), s.ReplayEndpoint)
 		b = appendStr(appendStr(b, "Type"), s.Type.String())
@@ -211,6 +217,11 @@ func AppendServices(b []byte, svcs []registry.ServiceStatus) []byte {
 			b = appendInt(b, int64(*s.CacheGroup))
 		}
 		b = appendProfile(appendStr(b, "HashProfile"), &s.Profile)
+		if withSource {
+			b = appendStr(appendStr(b, "State"), svcs[i].State)
+			b = appendInt(appendStr(b, "PublisherRestarts"), int64(svcs[i].Restarts))
+			b = appendInt(appendStr(b, "StaleRecoveries"), int64(svcs[i].StaleRecoveries))
+		}
 	}
 	return b
 }

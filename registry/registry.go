@@ -346,16 +346,18 @@ func (r *Registry) Unregister(key ServiceKey) error {
 	if st := r.sharedStore(); st != nil {
 		return st.Unregister(key)
 	}
-	return r.unregister(key, true)
+	return r.unregister(key, true, false)
 }
 
 // Remove is Unregister on this registry alone, whatever the store; it
 // records nothing (the shared store is the record).
-func (r *Registry) Remove(key ServiceKey) error { return r.unregister(key, false) }
+func (r *Registry) Remove(key ServiceKey) error { return r.unregister(key, false, false) }
 
 // unregister is Unregister; record says whether the change is recorded
-// (Close's shutdown removals are not: the services come back at restart).
-func (r *Registry) unregister(key ServiceKey, record bool) error {
+// (Close's shutdown removals are not: the services come back at restart),
+// closing that it is Close's, which the log must not call an
+// unregistration.
+func (r *Registry) unregister(key ServiceKey, record, closing bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for r.stopping[key] != nil {
@@ -375,7 +377,11 @@ func (r *Registry) unregister(key ServiceKey, record bool) error {
 	// waits for: the source's goroutine, then the owner's removal from the
 	// index (its entries are reclaimed in the background when the index
 	// has a RemovalPause, as the service's does).
-	r.opts.Logger.Info().Str("service", string(key)).Dur("source_stop", stop).Dur("index_clear", clear).Msg("service unregistered")
+	msg := "service unregistered"
+	if closing {
+		msg = "subscriber stopped at shutdown; the registration is kept"
+	}
+	r.opts.Logger.Info().Str("service", string(key)).Dur("source_stop", stop).Dur("index_clear", clear).Msg(msg)
 	return nil
 }
 
@@ -427,7 +433,7 @@ func (r *Registry) Close() {
 	}
 	r.mu.Unlock()
 	for _, key := range keys {
-		_ = r.unregister(key, false) // one unregistered meanwhile is gone already
+		_ = r.unregister(key, false, true) // one unregistered meanwhile is gone already
 	}
 }
 
@@ -437,6 +443,17 @@ type ServiceStatus struct {
 	Stale bool
 	// State is the source's state name ("none" when no source runs).
 	State string
+	// Restarts and StaleRecoveries count, since the source started, the
+	// publisher restarts it detected and the stale states it left by
+	// itself (sources that report them; zero otherwise).
+	Restarts, StaleRecoveries uint64
+}
+
+// epochReporter is a source that counts publisher restarts and stale
+// recoveries (the ZMQ subscriber does).
+type epochReporter interface {
+	Restarts() uint64
+	StaleRecoveries() uint64
 }
 
 // Services lists registrations ordered by service key.
@@ -447,6 +464,9 @@ func (r *Registry) Services() []ServiceStatus {
 		st := ServiceStatus{Service: e.svc, State: "none"}
 		if e.source != nil {
 			st.Stale, st.State = e.source.Stale(), e.source.State()
+			if ep, ok := e.source.(epochReporter); ok {
+				st.Restarts, st.StaleRecoveries = ep.Restarts(), ep.StaleRecoveries()
+			}
 		}
 		out = append(out, st)
 	}

@@ -1,9 +1,15 @@
 package registry
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
@@ -220,5 +226,46 @@ func TestMooncakeDoesNotBindContext(t *testing.T) {
 	r.Close()
 	if len(r.Services()) != 0 {
 		t.Error("Close left services")
+	}
+}
+
+// Close stops every source but keeps the registrations for the restart:
+// its log line says so, and only a real unregistration says unregistered.
+func TestCloseLogsStoppedNotUnregistered(t *testing.T) {
+	var logs bytes.Buffer
+	ix := index.New(index.Options{})
+	f := &factory{}
+	r := New(Options{Index: ix, Start: f.start, Logger: zerolog.New(&logs)})
+	a, b := svc(t, "a", 0, "tcp://h:1"), svc(t, "b", 0, "tcp://h:2")
+	for _, s := range []Service{a, b} {
+		if _, err := r.Register(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Unregister(a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	msgs := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatal(err)
+		}
+		if s, ok := l["service"].(string); ok {
+			msgs[s] = l["message"].(string)
+		}
+	}
+	want := map[string]string{
+		string(a.Key()): "service unregistered",
+		string(b.Key()): "subscriber stopped at shutdown; the registration is kept",
+	}
+	if diff := cmp.Diff(want, msgs); diff != "" {
+		t.Errorf("log messages (-want +got):\n%s", diff)
+	}
+	for i, s := range f.started {
+		if s.stopped != 1 {
+			t.Errorf("source %d stopped %d times", i, s.stopped)
+		}
 	}
 }

@@ -44,6 +44,12 @@ var ErrUnrecoverable = errors.New("replay unrecoverable")
 // replay was received (every attempt timed out or was malformed).
 var ErrDeadline = errors.New("replay deadline exceeded")
 
+// ErrAnotherProcess means the publisher's record at the anchor sequence
+// (the last one the caller applied) is not the one the caller applied:
+// the replay endpoint now belongs to another process, whose records would
+// be phantoms if applied as a continuation (docs/events.md#restarts).
+var ErrAnotherProcess = errors.New("replay endpoint holds another process's record at the last applied sequence")
+
 // ErrBudget means the replayed records would exceed the caller's buffer
 // limits. It wraps ErrUnrecoverable: a range that does not fit never will.
 var ErrBudget = fmt.Errorf("%w: buffer limit exceeded", ErrUnrecoverable)
@@ -116,6 +122,19 @@ type Request struct {
 	// ReceiveTimeout bounds each wait for the next reply; zero means
 	// DefaultReceiveTimeout.
 	ReceiveTimeout time.Duration
+	// Anchor, when set, is called with the publisher's record at From-1
+	// (the caller's last applied sequence) before anything else is kept:
+	// false means that record is not the one the caller applied, and
+	// Fetch fails with ErrAnotherProcess. The request then starts at
+	// From-1 instead of From. A publisher that no longer holds From-1 (its
+	// window moved on) proves nothing either way: the replay goes on as
+	// without an anchor. From must be at least 1.
+	Anchor func(payload []byte) bool
+	// FromFirst takes the first reply at or after From, whatever its
+	// sequence, as the start of the range instead of failing when it is
+	// later than From: for a stream being started over (a new publisher
+	// process), whose oldest buffered record is the best start there is.
+	FromFirst bool
 	// Budget, if set, is charged for every kept record.
 	Budget *Budget
 	// Beyond, if set, is called for replies at or after Until so the caller
@@ -213,6 +232,9 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 		records []Record
 		lastErr error
 	)
+	// The anchor is checked once per Fetch: a retry resumes after what
+	// an earlier attempt kept, and a checked anchor stays checked.
+	anchored := req.Anchor == nil || req.From == 0
 	fail := func(err error) ([]Record, error) {
 		for _, r := range records {
 			req.Budget.Give(len(r.Payload))
@@ -228,7 +250,7 @@ func (c *Client) Fetch(req Request) ([]Record, error) {
 			return fail(fmt.Errorf("%w: from %d (%d of the range received): %w", ErrDeadline, req.From, len(records), lastErr))
 		}
 		var err error
-		records, err = c.attempt(&req, recvTimeout, records)
+		records, err = c.attempt(&req, recvTimeout, records, &anchored)
 		if err == nil {
 			return records, nil
 		}
@@ -259,14 +281,21 @@ func sendFrame(s *zmq.Socket, b []byte, flags zmq.Flag) error {
 	}
 }
 
-func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Record) ([]Record, error) {
+func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Record, anchored *bool) ([]Record, error) {
 	if err := c.open(); err != nil {
 		return records, retryable{err}
 	}
-	// Resume after what earlier attempts kept: records holds From, From+1,
-	// ... without holes, so the first missing sequence follows its length.
-	next := req.From + uint64(len(records))
-	binary.BigEndian.PutUint64(c.req[:], next)
+	// Resume after what earlier attempts kept: records holds a run
+	// without holes, so the first missing sequence follows its last.
+	next := req.From
+	if len(records) > 0 {
+		next = records[len(records)-1].Seq + 1
+	}
+	start := next
+	if !*anchored {
+		start = req.From - 1
+	}
+	binary.BigEndian.PutUint64(c.req[:], start)
 	if err := sendFrame(c.dealer, nil, zmq.SNDMORE|zmq.DONTWAIT); err != nil {
 		return records, retryable{fmt.Errorf("send replay request: %w", err)}
 	}
@@ -340,10 +369,24 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 				if len(payload) != 0 {
 					return records, retryable{errors.New("replay end marker with a non-empty payload")}
 				}
-				if req.HasUntil && next < req.Until {
+				// A stream started over with nothing buffered before
+				// Until starts at Until.
+				if req.HasUntil && next < req.Until && !(req.FromFirst && len(records) == 0) {
 					return records, fmt.Errorf("%w: end marker before seq %d (needed up to %d)", ErrUnrecoverable, next, req.Until-1)
 				}
 				return records, nil
+			}
+			if !*anchored && seq >= req.From-1 {
+				// The first reply at or after the anchor: the anchor
+				// itself, checked, or a later one (the anchor is gone
+				// from the window, which proves nothing).
+				*anchored = true
+				if seq == req.From-1 {
+					if !req.Anchor(payload) {
+						return records, fmt.Errorf("%w (seq %d)", ErrAnotherProcess, seq)
+					}
+					continue
+				}
 			}
 			switch {
 			case seq < req.From:
@@ -356,6 +399,13 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 				}
 			case seq < next:
 				// duplicate reply: ignore
+			case seq > next && req.FromFirst && len(records) == 0:
+				// A stream started over: its oldest record is its start.
+				if !req.Budget.Take(len(payload)) {
+					return records, fmt.Errorf("%w at seq %d", ErrBudget, seq)
+				}
+				records = append(records, Record{Seq: seq, Payload: payload})
+				next = seq + 1
 			case seq > next:
 				return records, fmt.Errorf("%w: replay skipped a sequence (got %d, expected %d)", ErrUnrecoverable, seq, next)
 			default:

@@ -571,3 +571,111 @@ func TestFetchDeadlineGivesBackPartialRecords(t *testing.T) {
 		t.Errorf("budget still holds %d messages, %d bytes", m, b)
 	}
 }
+
+// TestFetchAnchor: with an anchor the request starts one sequence earlier;
+// the record there is checked before anything is kept. A different record
+// means another process; a missing one (the window moved on) proves
+// nothing and the replay goes on as without an anchor.
+func TestFetchAnchor(t *testing.T) {
+	cases := []struct {
+		name    string
+		replies []uint64 // sequences replied, each with payload {seq}
+		wantErr error
+		wantRec []uint64
+	}{
+		{"same process", []uint64{4, 5, 6, 7}, nil, []uint64{5, 6, 7}},
+		{"another process", []uint64{4, 5, 6, 7}, ErrAnotherProcess, nil},
+		{"anchor gone, range held", []uint64{5, 6, 7}, nil, []uint64{5, 6, 7}},
+		{"anchor gone, range gone", []uint64{6, 7}, ErrUnrecoverable, nil},
+		{"nothing buffered", nil, ErrUnrecoverable, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(t)
+			c := NewClient(r.ep)
+			defer c.Close()
+			var checked [][]byte
+			want := []byte{4}
+			if tc.name == "another process" {
+				want = []byte{44}
+			}
+			ch := fetchAsync(c, Request{
+				From: 5, Until: 8, HasUntil: true, Deadline: time.Now().Add(5 * time.Second),
+				Anchor: func(p []byte) bool { checked = append(checked, bytes.Clone(p)); return bytes.Equal(p, want) },
+			})
+			id, req := r.request()
+			if got := binary.BigEndian.Uint64(req[1]); got != 4 {
+				t.Errorf("request from %d, want 4 (the anchor)", got)
+			}
+			for _, s := range tc.replies {
+				r.send(id, nil, seq8(s), []byte{byte(s)})
+			}
+			r.send(id, nil, end, nil)
+			res := wait(t, ch)
+			if tc.wantErr != nil {
+				if !errors.Is(res.err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", res.err, tc.wantErr)
+				}
+				if tc.wantErr == ErrUnrecoverable && errors.Is(res.err, ErrAnotherProcess) {
+					t.Fatalf("err = %v: a missing anchor is no evidence of another process", res.err)
+				}
+				return
+			}
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			var got []uint64
+			for _, rec := range res.recs {
+				got = append(got, rec.Seq)
+			}
+			if diff := cmp.Diff(tc.wantRec, got); diff != "" {
+				t.Errorf("records (-want +got):\n%s", diff)
+			}
+			wantChecked := 0
+			if len(tc.replies) > 0 && tc.replies[0] == 4 {
+				wantChecked = 1
+			}
+			if len(checked) != wantChecked {
+				t.Errorf("anchor checked %d times, want %d", len(checked), wantChecked)
+			}
+		})
+	}
+}
+
+// TestFetchFromFirst: a stream started over begins at its oldest buffered
+// record; with nothing buffered before Until the range is empty.
+func TestFetchFromFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		replies []uint64
+		want    []uint64
+	}{
+		{"from zero", []uint64{0, 1, 2, 3}, []uint64{0, 1, 2}},
+		{"oldest evicted", []uint64{1, 2, 3}, []uint64{1, 2}},
+		{"nothing before until", []uint64{3}, nil},
+		{"nothing at all", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(t)
+			c := NewClient(r.ep)
+			defer c.Close()
+			ch := fetchAsync(c, Request{From: 0, FromFirst: true, Until: 3, HasUntil: true, Deadline: time.Now().Add(5 * time.Second)})
+			id, _ := r.request()
+			for _, s := range tc.replies {
+				r.send(id, nil, seq8(s), []byte{byte(s)})
+			}
+			r.send(id, nil, end, nil)
+			res := wait(t, ch)
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			var got []uint64
+			for _, rec := range res.recs {
+				got = append(got, rec.Seq)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("records (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -31,9 +31,36 @@ trap 'rm -rf "$out"' EXIT
 	--set etcd.endpoints='{https://etcd-0:2379,https://etcd-1:2379}' \
 	--set etcd.tls.secretName=etcd-client-tls \
 	>"$out/options.yaml"
-for want in "default.yaml:Deployment" "default.yaml:PodDisruptionBudget" "options.yaml:StatefulSet" "options.yaml:ServiceMonitor"; do
+"$helm" template conductor "$chart" --set etcd.deploy.enabled=true --set etcd.deploy.replicas=3 >"$out/etcd.yaml"
+"$helm" template conductor "$chart" -f "$chart/ci/static-registration-values.yaml" >"$out/static.yaml"
+for want in "default.yaml:Deployment" "default.yaml:PodDisruptionBudget" "options.yaml:StatefulSet" "options.yaml:ServiceMonitor" "etcd.yaml:StatefulSet"; do
 	if ! grep -q "^kind: ${want#*:}\$" "$out/${want%%:*}"; then
 		echo "check-deploy: helm template ($want) rendered no ${want#*:}" >&2
+		exit 1
+	fi
+done
+# The chart's own etcd: three members that know each other, and the pods
+# pointed at its Service.
+grep -q -- "--initial-cluster=conductor-etcd-0=.*,conductor-etcd-1=.*,conductor-etcd-2=" "$out/etcd.yaml" ||
+	{ echo "check-deploy: etcd.deploy rendered no three-member initial cluster" >&2; exit 1; }
+grep -q -- "--etcd-endpoints=http://conductor-etcd:2379" "$out/etcd.yaml" ||
+	{ echo "check-deploy: etcd.deploy does not point the pods at the chart's etcd" >&2; exit 1; }
+grep -q '"prefill-0"' "$out/static.yaml" ||
+	{ echo "check-deploy: the static registration example did not render" >&2; exit 1; }
+# An incomplete static registration, or a bad etcd size, fails the render
+# with a message naming what is missing, instead of failing at pod start.
+for bad in \
+	'config.kvevent_instance={"p0":{"endpoint":"tcp://10.0.0.1:5557"}}|config.kvevent_instance.p0.type is required' \
+	'config.kvevent_instance={"p0":{"endpoint":"tcp://h:1","type":"vLLM","modelname":"m","instance_id":"p0","block_size":16,"dp_rank":0}}|p0.hash_profile is required' \
+	'config.kvevent_instance={"p0":{"endpoint":"tcp://h:1","type":"vLLM","modelname":"m","instance_id":"p0","dp_rank":0,"hash_profile":{}}}|p0.block_size is required' \
+	'config.kvevent_instance={"p0":{"endpoint":"tcp://h:1","type":"vLLM","modelname":"m","instance_id":"p0","block_size":16,"dp_rank":0,"hash_profile":{"strategy":"vllm_v1","algorithm":"sha256","index_projection":"low64_be"}}}|python_hash_seed is required for vllm_v1' \
+	'etcd.deploy={"enabled":true,"replicas":2}|etcd.deploy.replicas must be 1, 3 or 5'; do
+	if msg=$("$helm" template conductor "$chart" --set-json "${bad%%|*}" 2>&1 >/dev/null); then
+		echo "check-deploy: helm template accepted ${bad%%|*}" >&2
+		exit 1
+	fi
+	if ! grep -qF -- "${bad#*|}" <<<"$msg"; then
+		echo "check-deploy: helm template refused ${bad%%|*} without saying \"${bad#*|}\": $msg" >&2
 		exit 1
 	fi
 done

@@ -3,7 +3,8 @@
 # pkg-config file, for github.com/pebbe/zmq4 through cgo), protoc (Debian's
 # protobuf-compiler, which scripts/genproto.sh and the test that checks the
 # generated gRPC code is current need) and promtool (Debian's prometheus,
-# for scripts/check-deploy.sh). Idempotent and quiet when everything
+# for scripts/check-deploy.sh), and Debian's python3-msgpack and python3-zmq
+# for the Python example the suite runs. Idempotent and quiet when everything
 # is already there.
 set -euo pipefail
 
@@ -13,6 +14,8 @@ command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The Python example (examples/python), which the test suite runs.
+/usr/bin/python3 -c 'import msgpack, zmq' >/dev/null 2>&1 || need+=(python3-msgpack python3-zmq)
 
 if ((${#need[@]})); then
 	sudo=""

@@ -19,9 +19,12 @@ var update = flag.Bool("update", false, "rewrite golden files from the responses
 // jsonExchange is one request and its golden answer: the body is kept as
 // the exact text (JSON) or hex (MessagePack) sent back.
 type jsonExchange struct {
-	Method      string          `json:"method"`
-	Path        string          `json:"path"`
-	Accept      string          `json:"accept,omitempty"`
+	Method string `json:"method"`
+	Path   string `json:"path"`
+	Accept string `json:"accept,omitempty"`
+	// Request, when set, is sent as MessagePack (Content-Type
+	// application/msgpack): the JSON value re-encoded.
+	Request     json.RawMessage `json:"request,omitempty"`
 	Status      int             `json:"status"`
 	ContentType string          `json:"content_type"`
 	JSON        json.RawMessage `json:"json,omitempty"`
@@ -31,7 +34,8 @@ type jsonExchange struct {
 // TestGoldenJSONForms: the read endpoints answer JSON, byte for byte the
 // golden text, when Accept asks for it first, with the same shape and map
 // order as their MessagePack bodies; MessagePack stays the default, and
-// endpoints that take a body never answer JSON. Run with -update to
+// the endpoints that take a body answer JSON for their errors only (a
+// success stays the contract's MessagePack). Run with -update to
 // rewrite testdata/json_forms.json, then review the diff.
 func TestGoldenJSONForms(t *testing.T) {
 	ready := false
@@ -59,6 +63,12 @@ func TestGoldenJSONForms(t *testing.T) {
 		{Method: "POST", Path: "/healthz", Accept: "application/json"},
 		{Method: "POST", Path: "/unregister", Accept: "application/json"},
 		{Method: "GET", Path: "/nowhere", Accept: "application/json"},
+		{Method: "POST", Path: "/register", Accept: "application/json", Request: json.RawMessage(`{"type":"vLLM"}`)},
+		{Method: "POST", Path: "/register", Request: json.RawMessage(`{"type":"vLLM"}`)},
+		{Method: "POST", Path: "/register", Accept: "application/msgpack, application/json", Request: json.RawMessage(`{"type":"vLLM"}`)},
+		{Method: "POST", Path: "/unregister", Accept: "application/json", Request: json.RawMessage(`{"instance_id":"nobody","dp_rank":0}`)},
+		{Method: "POST", Path: "/query", Accept: "application/json", Request: json.RawMessage(`{"model":"m","token_ids":"abc"}`)},
+		{Method: "POST", Path: "/query", Accept: "application/json", Request: json.RawMessage(`{"model":"m","block_size":16,"token_ids":[1,2,3]}`)},
 	}
 	var got []jsonExchange
 	for i, r := range requests {
@@ -90,14 +100,18 @@ func TestGoldenJSONForms(t *testing.T) {
 	// The golden file is indented for reading; bodies are compared as
 	// exact bytes once its indentation is removed (json.Compact keeps
 	// member order and string escapes as written).
-	for i := range want {
-		if len(want[i].JSON) > 0 {
-			var b bytes.Buffer
-			if err := json.Compact(&b, want[i].JSON); err != nil {
-				t.Fatal(err)
-			}
-			want[i].JSON = b.Bytes()
+	compact := func(m json.RawMessage) json.RawMessage {
+		if len(m) == 0 {
+			return m
 		}
+		var b bytes.Buffer
+		if err := json.Compact(&b, m); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	for i := range want {
+		want[i].JSON, want[i].Request = compact(want[i].JSON), compact(want[i].Request)
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b json.RawMessage) bool { return string(a) == string(b) })); diff != "" {
 		t.Errorf("JSON forms (-golden +got):\n%s", diff)
@@ -114,6 +128,20 @@ func (h *harness) exchange(r jsonExchange) jsonExchange {
 	req.Header.SetMethod(r.Method)
 	if r.Accept != "" {
 		req.Header.Set("Accept", r.Accept)
+	}
+	if len(r.Request) > 0 {
+		var v any
+		d := json.NewDecoder(bytes.NewReader(r.Request))
+		d.UseNumber()
+		if err := d.Decode(&v); err != nil {
+			h.t.Fatal(err)
+		}
+		body, err := msgpack.Marshal(jsonNumbersToInts(v))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		req.Header.SetContentType("application/msgpack")
+		req.SetBody(body)
 	}
 	if err := h.c.Do(req, resp); err != nil {
 		h.t.Fatal(err)
@@ -133,4 +161,23 @@ func (h *harness) exchange(r jsonExchange) jsonExchange {
 		r.MsgpackHex = hex.EncodeToString(body)
 	}
 	return r
+}
+
+// jsonNumbersToInts turns the json.Numbers of a decoded value into int64,
+// so they are sent as MessagePack integers.
+func jsonNumbersToInts(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		n, _ := x.Int64()
+		return n
+	case []any:
+		for i := range x {
+			x[i] = jsonNumbersToInts(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = jsonNumbersToInts(x[k])
+		}
+	}
+	return v
 }

@@ -230,7 +230,8 @@ type route struct {
 	h       handler
 	mutates bool // changes registrations; needs the bearer token when one is set
 	// json: the route answers JSON, success and errors alike, when the
-	// request's Accept prefers application/json (see wantsJSON).
+	// request's Accept prefers application/json (see wantsJSON). Every
+	// other route answers only its errors in JSON then.
 	json bool
 }
 
@@ -295,12 +296,19 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	status := fasthttp.StatusOK
 	if err != nil {
 		status, out = errorBody(out[:0], err)
-		if status >= 500 {
+		if status == fasthttp.StatusServiceUnavailable && string(ctx.Path()) == "/readyz" {
+			// Not ready yet is the expected answer during start-up and
+			// catch-up, asked every few seconds by the probe.
+			s.opts.Logger.Debug().Str("path", "/readyz").Str("reason", err.Error()).Msg("not ready")
+		} else if status >= 500 {
 			s.opts.Logger.Error().Str("path", string(ctx.Path())).Str("error", err.Error()).Msg("request failed")
 		}
 	}
 	ctx.SetStatusCode(status)
-	if rt.json && wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
+	// Errors answer JSON on every route when asked, so a shell client can
+	// read reason and field; success bodies of the POST routes stay the
+	// contract's MessagePack whatever Accept says.
+	if (rt.json || err != nil) && wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
 		s.setJSON(ctx, out)
 	} else {
 		ctx.SetContentType("application/msgpack")
@@ -472,8 +480,10 @@ func (s *Server) explain(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendExplain(out, x.ContextKnown, x.Blocks, x.Owners), nil
 }
 
-func (s *Server) services(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {
-	return codec.AppendServices(out, s.opts.Registry.Services()), nil
+func (s *Server) services(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
+	// The JSON form, for people, also says how each source is doing.
+	withSource := wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept))
+	return codec.AppendServices(out, s.opts.Registry.Services(), withSource), nil
 }
 
 func (s *Server) globalView(_ *fasthttp.RequestCtx, out []byte) ([]byte, error) {

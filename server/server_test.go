@@ -3,10 +3,14 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -194,4 +198,54 @@ func TestReadyz(t *testing.T) {
 	if status != 200 || cmp.Diff(map[string]any{"status": "ok"}, got) != "" {
 		t.Errorf("healthz: %d %v", status, got)
 	}
+}
+
+// A 503 from /readyz is the expected answer while starting and catching
+// up, asked by every probe: logged at DEBUG, never as a failed request.
+func TestReadyzNotReadyLoggedAtDebug(t *testing.T) {
+	var buf lockedBuffer
+	h := startServer(t, Options{
+		Logger: zerolog.New(&buf).Level(zerolog.DebugLevel),
+		Ready:  func() (bool, string, int) { return false, "catching up", 0 },
+	})
+	for range 3 {
+		if status, _, _ := h.do("GET", "/readyz", "", nil); status != 503 {
+			t.Fatalf("status %d, want 503", status)
+		}
+	}
+	var debug int
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		switch {
+		case l["level"] == "debug" && l["message"] == "not ready" && l["reason"] == "catching up":
+			debug++
+		case l["level"] == "error" || l["level"] == "warn":
+			t.Errorf("readiness 503 logged at %v: %s", l["level"], line)
+		}
+	}
+	if debug != 3 {
+		t.Errorf("%d DEBUG lines for 3 refusals:\n%s", debug, buf.String())
+	}
+}
+
+// lockedBuffer is a log sink the server's goroutines write to while the
+// test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -47,6 +47,10 @@ type Config struct {
 	// release their shared references on Stop, and a stale source has
 	// retracted already.
 	OwnerRemovedAfterStop bool
+	// StaleRecovery says whether a stale source takes a later message as
+	// a new baseline by itself (the default) or waits for a
+	// re-registration (docs/events.md#stale-recovery).
+	StaleRecovery StaleRecovery
 	// Tuning overrides transport and recovery limits; the zero value means
 	// the upstream defaults. Tests shorten the timeouts with it.
 	Tuning Tuning
@@ -73,6 +77,9 @@ type Config struct {
 	// onApply, when set (tests only), is told every sequence applied, in
 	// order, including empty and rejected batches.
 	onApply func(seq uint64)
+	// onEpoch, when set (tests only), is told every publisher restart
+	// detected, before the new stream's first batch is applied.
+	onEpoch func()
 }
 
 // Tuning holds limits that default to upstream's values; zero fields take the
@@ -83,6 +90,7 @@ type Tuning struct {
 	ReplayTotalTimeout   time.Duration // per recovery (30 s)
 	MaxBufferedMessages  int           // live + replayed messages held during recovery (10000)
 	MaxBufferedBytes     int           // their payload bytes (64 MiB)
+	StaleHoldOff         time.Duration // stale, messages ignored before the next is a baseline (DefaultStaleHoldOff)
 }
 
 // defaultRcvHWM is the SUB receive high-water mark, upstream's 200000 as
@@ -111,6 +119,9 @@ func (t Tuning) withDefaults() Tuning {
 	}
 	if t.MaxBufferedBytes <= 0 {
 		t.MaxBufferedBytes = replay.DefaultMaxBytes
+	}
+	if t.StaleHoldOff <= 0 {
+		t.StaleHoldOff = DefaultStaleHoldOff
 	}
 	return t
 }

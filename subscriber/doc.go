@@ -4,7 +4,9 @@
 // Each registered service gets one Subscriber: a goroutine that owns a ZMQ SUB
 // socket connected to the publisher, tracks the batch sequence (first message
 // is the baseline, gaps are recovered through the publisher's replay endpoint
-// when it has one, anything unrecoverable makes the source stale), decodes
+// when it has one, a publisher restart is a new epoch that drops the old
+// process's entries, anything else unrecoverable makes the source stale,
+// and a stale source recovers by itself after a hold-off), decodes
 // each batch with the decoder of the registered type, and applies its events
 // to the index. Everything a source contributed is retracted when it goes
 // stale or is stopped, so the index never reports blocks nobody vouches for.

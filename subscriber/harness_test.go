@@ -31,6 +31,7 @@ type env struct {
 	mu       sync.Mutex
 	outcomes map[uint64][]events.Outcome
 	applied  []uint64
+	epoch    int // where the current epoch starts in applied
 	counters *Counters
 	check    *hashcheck.Checker // engine registrations: the service's hash checker
 }
@@ -45,6 +46,13 @@ func (e *env) appliedOrder() []uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.applied)
+}
+
+// epochOrder is appliedOrder since the last publisher restart detected.
+func (e *env) epochOrder() []uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.applied[e.epoch:])
 }
 
 // newEnv builds the Config of a manifest registration with recording sinks.
@@ -78,6 +86,11 @@ func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, 
 		onApply: func(seq uint64) {
 			e.mu.Lock()
 			e.applied = append(e.applied, seq)
+			e.mu.Unlock()
+		},
+		onEpoch: func() {
+			e.mu.Lock()
+			e.epoch = len(e.applied)
 			e.mu.Unlock()
 		},
 	}
@@ -117,7 +130,7 @@ func newPublisher(t testing.TB, endpoint string) *publisher {
 	}
 	_ = s.SetLinger(0)
 	_ = s.SetSndhwm(0)
-	if err := s.Bind(endpoint); err != nil {
+	if err := bindWhenFree(s, endpoint); err != nil {
 		t.Fatalf("bind XPUB %s: %v", endpoint, err)
 	}
 	ep, _ := s.GetLastEndpoint()
@@ -208,6 +221,21 @@ func (p *publisher) sendFrames(frames ...[]byte) {
 func (p *publisher) send(seq uint64, payload []byte) {
 	p.t.Helper()
 	p.sendFrames([]byte("kv-events"), seqFrame(seq), payload)
+}
+
+// bindWhenFree binds s to endpoint, waiting (up to 10 s) for a socket that
+// was just closed there to let it go: libzmq closes listeners in its I/O
+// thread, after zmq_close returned. A publisher restarted in place rebinds
+// its predecessor's endpoint.
+func bindWhenFree(s *zmq.Socket, endpoint string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.Bind(endpoint)
+		if err == nil || zmq.AsErrno(err) != zmq.Errno(syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Millisecond) // polling for the I/O thread; nothing else to wait on
+	}
 }
 
 // replayServer is an in-process ROUTER standing in for a replay endpoint.

@@ -55,6 +55,14 @@ type replayService struct {
 
 func startReplayService(t *testing.T) *replayService {
 	t.Helper()
+	return startReplayServiceAt(t, "tcp://127.0.0.1:*", map[uint64][]byte{})
+}
+
+// startReplayServiceAt binds a replay service to endpoint, answering from
+// store (which it then owns); a restarted publisher's comes back on the
+// same endpoint with a store of its own.
+func startReplayServiceAt(t *testing.T, endpoint string, store map[uint64][]byte) *replayService {
+	t.Helper()
 	sock, err := zmq.NewSocket(zmq.ROUTER)
 	if err != nil {
 		t.Fatal(err)
@@ -63,11 +71,11 @@ func startReplayService(t *testing.T) *replayService {
 	// No send limit: a ROUTER drops what exceeds it, and a reply stream
 	// that loses messages would fail the recovery for the test's sake.
 	_ = sock.SetSndhwm(0)
-	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
+	if err := bindWhenFree(sock, endpoint); err != nil {
 		t.Fatal(err)
 	}
 	ep, _ := sock.GetLastEndpoint()
-	rs := &replayService{endpoint: ep, store: map[uint64][]byte{}, stop: make(chan struct{}), done: make(chan struct{})}
+	rs := &replayService{endpoint: ep, store: store, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(rs.done)
 		defer sock.Close()
@@ -590,8 +598,8 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 // TestStateConnectedBeforeFirstBatch: a source reports connected once its
 // connection is up, before any batch, as readiness does, whether readiness
 // waits for it (a config-file service) or not (one registered at run
-// time); the first batch makes it live. Its monitor is retired with the
-// connection.
+// time); the first batch makes it live. Its monitor stays, to see
+// reconnections, and its slot is given back by Stop.
 func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 	for _, watch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("WatchConnection=%v", watch), func(t *testing.T) {
@@ -605,12 +613,22 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 			if st := s.State(); st != Connected || st.String() != "connected" {
 				t.Fatalf("state %v after the connection came up, want connected", st)
 			}
-			eventtest.WaitFor(t, "monitor slot returned", 10*time.Second, func() bool { return optionalMonitors.Load() == base })
+			held := base
+			if !watch {
+				held++
+			}
+			if got := optionalMonitors.Load(); got != held {
+				t.Errorf("%d optional monitors while connected, want %d", got, held)
+			}
 			pub.waitSubscribed()
 			pub.send(1, storedBatch([]uint64{11}, 4, 0))
 			waitSeq(t, s, 1)
 			if st := s.State(); st != Live {
 				t.Fatalf("state %v after the first batch, want live", st)
+			}
+			s.Stop()
+			if got := optionalMonitors.Load(); got != base {
+				t.Errorf("%d optional monitors after Stop, want %d", got, base)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package subscriber
 
 import (
 	"slices"
+	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
@@ -16,6 +17,12 @@ type Resume struct {
 	// Bindings are a Mooncake source's restored object bindings; each
 	// takes its shared reference again at Start.
 	Bindings []snapshot.Binding
+	// Digest, when HasDigest, fingerprints the batch applied at Seq: with
+	// replay, the first message after the restart is checked against the
+	// publisher's record there, so a publisher that restarted meanwhile
+	// is a new epoch rather than a continuation (docs/events.md#restarts).
+	Digest    uint64
+	HasDigest bool
 }
 
 // Resume outcomes, reported once per restored source through
@@ -29,6 +36,9 @@ const (
 	// ResumedCold: the gap could not be recovered; the restored entries
 	// were dropped and the stream applies from the first message received.
 	ResumedCold = "cold"
+	// ResumedRestarted: the publisher restarted while the conductor was
+	// down; the restored entries were dropped and its new stream indexed.
+	ResumedRestarted = "restarted"
 )
 
 // Position is a source's place in its stream for a snapshot.
@@ -37,6 +47,9 @@ type Position struct {
 	HasSeq   bool
 	Stale    bool
 	Bindings []snapshot.Binding
+	// Digest fingerprints the batch applied at Seq (sources with replay).
+	Digest    uint64
+	HasDigest bool
 }
 
 // Position reports the last applied sequence, the state and (Mooncake) the
@@ -48,8 +61,12 @@ func (s *Subscriber) Position() Position {
 		return p // nothing of it is in the index
 	}
 	p.Seq, p.HasSeq = s.LastSeq()
+	if p.HasSeq {
+		p.Digest, p.HasDigest = s.digest, s.hasDigest
+	}
 	if !p.HasSeq && s.resumePending.Load() {
 		p.Seq, p.HasSeq = s.cfg.Resume.Seq, true
+		p.Digest, p.HasDigest = s.cfg.Resume.Digest, s.cfg.Resume.HasDigest
 	}
 	if b, ok := s.dec.(events.Bindings); ok && p.HasSeq {
 		p.Bindings = b.ExportBindings()
@@ -92,11 +109,17 @@ func (s *Subscriber) startResume() {
 		return
 	}
 	if r.Stale {
+		// Why it went stale is not kept; it recovers like one that
+		// lost messages.
 		s.retracted = true
+		s.staleAt, s.staleWhy = time.Now(), events.ReasonNone
 		s.setState(Stale)
 		return
 	}
 	s.started, s.applied, s.high = true, r.Seq, r.Seq
+	if s.replay != nil && r.HasDigest {
+		s.digest, s.hasDigest = r.Digest, true
+	}
 	s.resuming = true
 	s.resumePending.Store(true)
 	if b, ok := s.dec.(events.Bindings); ok {
@@ -122,25 +145,24 @@ func (s *Subscriber) settleResume(outcome string) {
 		return
 	}
 	s.resuming = false
-	s.resumePending.Store(false)
 	s.log.Info().Str("outcome", outcome).Uint64("last_applied", s.applied).Msg("restored source resumed")
 	if s.cfg.OnResume != nil {
 		s.cfg.OnResume(outcome)
 	}
+	// Last: whoever sees Resumed also sees the outcome counted.
+	s.resumePending.Store(false)
 }
 
 // resumeCold drops what the snapshot restored and makes the source a fresh
 // one: the next message applied is its baseline.
 func (s *Subscriber) resumeCold(why events.Reason) {
-	s.gate()
-	s.retract()
-	s.retracted = false
-	s.started, s.applied, s.high = false, 0, 0
-	s.hasSeq.Store(false)
-	s.lastSeq.Store(0)
-	s.ungate()
 	s.log.Warn().Str("reason", why.String()).Msg("restored source cannot catch up; its restored entries are dropped and it starts over")
+	// One gate section: no cut sees the entries gone but the restored
+	// position still claimed.
+	s.gate()
+	s.resetStream()
 	s.settleResume(ResumedCold)
+	s.ungate()
 }
 
 // coldFromBuffered resumes cold in the middle of a recovery: the messages

@@ -149,9 +149,11 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 	defer s.Stop()
 	pub.waitSubscribed()
 	var identity []byte
+	var lastLive uint64
 	for i, st := range sc.Steps {
 		switch {
 		case st.Live != "":
+			lastLive = *st.Seq
 			pub.send(*st.Seq, eventtest.Payload(t, m.Fixture(t, st.Live)))
 		case st.ExpectReplayRequest != nil:
 			if rs == nil {
@@ -181,9 +183,16 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 			if !ok {
 				t.Fatalf("step %d: unknown state %q", i, st.Expect.State)
 			}
+			restart := strings.Contains(st.Expect.Reason, "new publisher process")
 			eventtest.WaitFor(t, "state "+st.Expect.State, 5*time.Second, func() bool {
 				if s.State() != want {
 					return false
+				}
+				if restart {
+					// Live before and after: wait for the restart
+					// and the new stream's last message.
+					last, ok := s.LastSeq()
+					return s.Restarts() == 1 && ok && last == lastLive
 				}
 				if st.Expect.LastApplied != nil {
 					last, ok := s.LastSeq()
@@ -192,9 +201,13 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 				return true
 			})
 			if st.Expect.AppliedOrder != nil {
-				if got := e.appliedOrder(); !slices.Equal(got, st.Expect.AppliedOrder) {
+				// The order of the current epoch: a restart starts over.
+				if got := e.epochOrder(); !slices.Equal(got, st.Expect.AppliedOrder) {
 					t.Errorf("step %d: applied order %v, want %v", i, got, st.Expect.AppliedOrder)
 				}
+			}
+			if restart {
+				assertDroppedThenIndexed(t, e)
 			}
 			if r, ok := staleReasonFor(st.Expect.Reason); ok && want == Stale {
 				typ, _ := source.Parse(reg.Type)
@@ -208,6 +221,18 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 		default:
 			t.Fatalf("step %d: unhandled step %+v", i, st)
 		}
+	}
+}
+
+// assertDroppedThenIndexed checks an engine source's old entries were
+// cleared (every tier) and the new stream stored after that.
+func assertDroppedThenIndexed(t *testing.T, e *env) {
+	t.Helper()
+	ops := e.engine.Snapshot()
+	clear := slices.IndexFunc(ops, func(o eventtest.Op) bool { return o.Kind == "clear" && o.Mask == index.AllEngineTiers })
+	if clear < 1 || !slices.ContainsFunc(ops[:clear], func(o eventtest.Op) bool { return o.Kind == "store" }) ||
+		!slices.ContainsFunc(ops[clear:], func(o eventtest.Op) bool { return o.Kind == "store" }) {
+		t.Errorf("want stores, a clear of every tier, then stores; got %v", ops)
 	}
 }
 

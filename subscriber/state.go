@@ -6,13 +6,14 @@ import "fmt"
 // metrics can tell a healthy source from one whose entries were retracted.
 type State int32
 
-// States. Stale is terminal until the service is registered again.
+// States. Stale lasts until the service is registered again or, under
+// StaleRecoveryAuto, until the first message after the hold-off.
 const (
 	Connecting State = iota // socket created, connection not known to be up
 	Connected               // connection up (Subscriber.Connected), no batch yet
 	Live                    // applying batches in sequence
 	Recovering              // a gap is being filled from the replay endpoint
-	Stale                   // entries retracted, later messages ignored
+	Stale                   // entries retracted, later messages ignored (for a while, or until registered again)
 	Stopped                 // Stop returned; entries retracted
 )
 

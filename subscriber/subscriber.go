@@ -26,6 +26,9 @@ import (
 var (
 	errStopped      = errors.New("subscriber stopping")
 	errStaleInFetch = errors.New("source became stale during replay")
+	// errNewEpoch: a live message received during a replay went backwards;
+	// it waits in Subscriber.pendingEpoch.
+	errNewEpoch = errors.New("publisher restarted during replay")
 )
 
 // drainBurst bounds how many queued messages are handled between two polls,
@@ -41,21 +44,22 @@ var stopEndpointSeq atomic.Uint64
 // SocketsPerSource is the most ZMQ sockets one subscription holds at once:
 // the SUB, the stop pair's receiving end (its sending end exists only
 // while Stop runs), the replay DEALER (during recovery), and the connection
-// monitor and libzmq's end of it (until the first connection). An idle,
-// connected source holds two sockets, i.e. two descriptors plus its TCP
+// monitor and libzmq's end of it. An idle, connected source holds two
+// sockets, four with a monitor, i.e. that many descriptors plus its TCP
 // connection.
 const SocketsPerSource = 6
 
 // MaxOptionalMonitors bounds the connection monitors held at once by
 // sources that watch their connection only to report it (the registry's
 // state, sources registered at run time) rather than for readiness
-// (Config.WatchConnection, the config file's). A monitor lives only until
-// its source's first connection, so the bound matters only when many
-// publishers stay unreachable: without it, 4,096 such sources would hold
+// (Config.WatchConnection, the config file's). A monitor lives as long as
+// its source, because reconnections are evidence of publisher restarts
+// (docs/events.md#restarts): without the bound, 4,096 sources would hold
 // five descriptors each instead of three, beyond the budget the README's
-// limits give. 1,024 monitors are 2,048 descriptors, a half of that
-// budget's headroom; a source started beyond the bound reports connected
-// with its first batch instead.
+// limits give. 1,024 monitors are 2,048 descriptors, within that budget's
+// headroom; a source started beyond the bound reports connected with its
+// first batch instead, sees no reconnections, and so checks every gap
+// against its replay endpoint.
 const MaxOptionalMonitors = 1024
 
 // optionalMonitors counts the monitors held under MaxOptionalMonitors.
@@ -102,6 +106,25 @@ type Subscriber struct {
 	gateDepth int   // nesting of gate sections (resume.go)
 	told      State // the last state told to Config.OnState (Connecting at start)
 	resuming  bool  // restored, catch-up not settled yet
+	// digest fingerprints the batch applied at A (sources with replay),
+	// checked against the replay endpoint's record at A before a gap is
+	// filled or after a reconnection (epoch.go).
+	digest    uint64
+	hasDigest bool
+	// connects counts the connections the monitor reported; reconnected
+	// says one came after the first and the next message has not been
+	// checked against it yet.
+	connects    int
+	reconnected bool
+	anchor      bool // the recovery under way checks the batch at A first
+	// staleAt and staleWhy are when and why the source went stale, for
+	// StaleRecoveryAuto.
+	staleAt      time.Time
+	staleWhy     events.Reason
+	pendingEpoch liveMsg // the message errNewEpoch stands for
+
+	restarts   atomic.Uint64 // publisher restarts detected
+	recoveries atomic.Uint64 // stale states left by themselves
 
 	resumePending atomic.Bool // resuming, for other goroutines
 }
@@ -323,8 +346,8 @@ func (s *Subscriber) State() State {
 // anything, which is what readiness waits for.
 func (s *Subscriber) Connected() bool { return s.connected.Load() || s.hasSeq.Load() }
 
-// Stale reports whether the source was marked stale (its entries retracted,
-// later messages ignored until it is registered again).
+// Stale reports whether the source is stale (its entries retracted, later
+// messages ignored until it recovers by itself or is registered again).
 func (s *Subscriber) Stale() bool { return s.State() == Stale }
 
 // LastSeq returns the last applied sequence number; ok is false before the
@@ -424,21 +447,31 @@ func (s *Subscriber) run() {
 	}
 }
 
-// onMonitor reads connection events; the first connection marks the source
-// connected and retires the monitor.
+// onMonitor reads connection events: the first connection marks the
+// source connected, a later one is a reconnection.
 func (s *Subscriber) onMonitor() {
 	for {
 		ev, _, _, err := s.mon.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
 			return
 		}
-		if ev == zmq.EVENT_CONNECTED {
+		if ev != zmq.EVENT_CONNECTED {
+			continue
+		}
+		// The monitor stays: a later connection is a reconnection, after
+		// which the next message is checked against what was applied
+		// (docs/events.md#restarts).
+		s.connects++
+		if s.connects == 1 {
 			s.connected.Store(true)
 			s.tellState()
 			s.log.Debug().Msg("connected to publisher")
-			s.closeMonitor()
-			return
+			continue
 		}
+		if s.started {
+			s.reconnected = true
+		}
+		s.log.Debug().Int("connections", s.connects).Msg("reconnected to publisher")
 	}
 }
 
@@ -462,10 +495,17 @@ func (s *Subscriber) closeMonitor() {
 	s.mon = nil
 }
 
-// closeIfStale drops the SUB and DEALER sockets of a stale source: its
-// messages are ignored anyway, and the publisher then stops queueing them.
+// closeIfStale drops the SUB and DEALER sockets of a stale source that will
+// not recover by itself: its messages are ignored anyway, and the publisher
+// then stops queueing them. One that will recover keeps its SUB.
 func (s *Subscriber) closeIfStale() {
 	if s.State() != Stale || s.sub == nil {
+		return
+	}
+	if s.willRecover() {
+		if s.replay != nil {
+			s.replay.Close()
+		}
 		return
 	}
 	s.closeMonitor()
@@ -565,44 +605,62 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 		return nil
 	}
 	payload := frames[2]
+	// After a reconnection (or, for a restored source, the conductor's own
+	// downtime) the next message is checked against what was applied
+	// before it is taken as a continuation (docs/events.md#restarts).
+	check := s.reconnected || (s.resuming && s.hasDigest)
+	// Only a publisher that restarted can hold another batch at A, and a
+	// restart breaks the connection: a source whose monitor reports
+	// reconnections anchors its gaps only after one, as the spec's replay
+	// request (from A+1) otherwise stands; one without a monitor anchors
+	// every gap.
+	s.anchor = check || s.mon == nil
 	switch {
 	case s.State() == Stale:
-		s.cfg.Counters.add(MetricDropped, s.typ, events.DropStale, 1)
+		if !s.tryStaleRecovery(seq, payload) {
+			s.cfg.Counters.add(MetricDropped, s.typ, events.DropStale, 1)
+		}
 	case !s.started:
 		s.baseline(seq, payload)
-	case seq <= s.high && s.resuming:
-		// The publisher restarted while the conductor was down.
-		s.resumeCold(events.StaleRegression)
-		s.baseline(seq, payload)
 	case seq <= s.high:
-		// The live stream went backwards: a new publisher process whose
-		// predecessor's entries can no longer be retracted one by one. Our
-		// decision (docs/events.md#regression); upstream silently drops or
-		// applies.
-		s.markStale(events.StaleRegression, seq)
+		// The live stream went backwards: a new publisher process
+		// (docs/events.md#regression).
+		return s.newEpoch(EvidenceRegression, seq, payload)
 	case seq <= s.applied:
 		// already applied through replay
 		s.cfg.Counters.add(MetricDropped, s.typ, events.DropDuplicate, 1)
 		s.high = seq
-	case seq == s.applied+1:
+	case seq == s.applied+1 && (!check || s.replay == nil):
+		// In order. Without replay, a reconnection followed by the next
+		// number cannot be told from a continuation.
+		s.reconnected = false
 		s.high = seq
 		s.setState(Live)
 		s.settleResume(ResumedInOrder)
 		s.applyBatch(seq, payload)
-	default:
+	case s.replay == nil:
 		s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
-		if s.replay == nil {
-			if s.resuming {
-				s.resumeCold(events.StaleGap)
-				s.baseline(seq, payload)
-				return nil
-			}
+		switch {
+		case s.resuming:
+			// The conductor's own downtime lost these; nothing says
+			// the publisher restarted.
+			s.resumeCold(events.StaleGap)
+			s.baseline(seq, payload)
+		case s.reconnected:
+			return s.newEpoch(EvidenceReconnectJump, seq, payload)
+		default:
 			s.markStale(events.StaleGap, seq)
-			return nil
+		}
+	default:
+		gap := seq > s.applied+1
+		if gap {
+			s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
+			s.log.Info().Uint64("last_applied", s.applied).Uint64("received", seq).Msg("sequence gap; recovering through replay")
+		} else {
+			s.log.Debug().Uint64("last_applied", s.applied).Msg("reconnected; checking the last applied batch against the replay endpoint")
 		}
 		s.high = seq
-		s.log.Info().Uint64("last_applied", s.applied).Uint64("received", seq).Msg("sequence gap; recovering through replay")
-		return s.recover(liveMsg{seq: seq, payload: payload})
+		return s.recover(liveMsg{seq: seq, payload: payload}, false)
 	}
 	return nil
 }
@@ -618,9 +676,14 @@ func (s *Subscriber) baseline(seq uint64, payload []byte) {
 
 // recover fills the gap before first from the replay endpoint
 // (docs/events.md#recovery), buffering live messages meanwhile, then applies
-// replayed and buffered batches in order. It returns errStopped if Stop
-// interrupted it.
-func (s *Subscriber) recover(first liveMsg) error {
+// replayed and buffered batches in order. The first request is anchored on
+// the last applied batch: another process's record there is a publisher
+// restart, after which (and when called with epoch set, for a stream just
+// reset) the new stream is fetched from its oldest buffered record
+// (docs/events.md#restarts). It returns errStopped if Stop interrupted it.
+func (s *Subscriber) recover(first liveMsg, epoch bool) error {
+	s.reconnected = false
+	inOrder := !epoch && first.seq == s.applied+1 // a check after a reconnection, not a gap
 	s.setState(Recovering)
 	s.budget = replay.Budget{MaxMessages: s.tuning.MaxBufferedMessages, MaxBytes: s.tuning.MaxBufferedBytes}
 	s.buffered = s.buffered[:0]
@@ -634,11 +697,11 @@ func (s *Subscriber) recover(first liveMsg) error {
 	s.buffered = append(s.buffered, first)
 	deadline := time.Now().Add(s.tuning.ReplayTotalTimeout)
 	for {
-		before := s.applied
+		before, wasStarted := s.applied, s.started
 		var recs []replay.Record
 		err := s.bufferQueued()
 		if err == nil {
-			recs, err = s.replay.Fetch(replay.Request{
+			req := replay.Request{
 				From:           s.applied + 1,
 				Until:          s.buffered[0].seq,
 				HasUntil:       true,
@@ -652,7 +715,14 @@ func (s *Subscriber) recover(first liveMsg) error {
 					s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayRetried, 1)
 					s.sampled.Warn().Err(err).Msg("replay attempt failed; retrying")
 				},
-			})
+			}
+			switch {
+			case epoch:
+				req.From, req.FromFirst = 0, true
+			case s.hasDigest && s.anchor:
+				req.Anchor = s.matchesDigest
+			}
+			recs, err = s.replay.Fetch(req)
 		}
 		switch {
 		case err == nil:
@@ -661,6 +731,26 @@ func (s *Subscriber) recover(first liveMsg) error {
 			return errStopped
 		case errors.Is(err, errStaleInFetch):
 			return nil
+		case errors.Is(err, errNewEpoch):
+			m := s.pendingEpoch
+			s.pendingEpoch = liveMsg{}
+			s.dropBuffered()
+			return s.newEpoch(EvidenceRegression, m.seq, m.payload)
+		case errors.Is(err, replay.ErrAnotherProcess):
+			// What was buffered came from the new process: keep it,
+			// and fetch what it published before.
+			s.countRestart(EvidenceReplayMismatch, s.buffered[0].seq)
+			s.gate()
+			s.resetStream()
+			s.settleResume(ResumedRestarted)
+			s.ungate()
+			s.high = s.buffered[len(s.buffered)-1].seq
+			epoch, inOrder = true, false
+			continue
+		case epoch:
+			// The new process's earlier batches cannot be had; its
+			// stream is indexed from the first one received.
+			s.log.Warn().Err(err).Msg("the restarted publisher's earlier batches could not be replayed; indexing from the first one received")
 		case errors.Is(err, replay.ErrBudget):
 			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
 			s.log.Warn().Err(err).Msg("replay exceeds recovery buffer")
@@ -677,6 +767,9 @@ func (s *Subscriber) recover(first liveMsg) error {
 			s.markStale(events.StaleReplay, 0)
 			return nil
 		}
+		// The batch at A was checked (or the stream started over): a
+		// further round of this recovery continues the same stream.
+		epoch, s.anchor = false, false
 		for _, rec := range recs {
 			s.budget.Give(len(rec.Payload))
 			if s.State() == Stale {
@@ -685,16 +778,18 @@ func (s *Subscriber) recover(first liveMsg) error {
 			if s.stopping.Load() {
 				return errStopped // up to 10000 records: do not make Stop wait
 			}
+			s.started = true // a stream started over begins at its first record
 			s.applyBatch(rec.Seq, rec.Payload)
 		}
 		i := 0
 		for ; i < len(s.buffered) && s.State() != Stale; i++ {
 			m := s.buffered[i]
-			if m.seq > s.applied+1 {
+			if s.started && m.seq > s.applied+1 {
 				break
 			}
 			s.budget.Give(len(m.payload))
-			if m.seq == s.applied+1 {
+			if !s.started || m.seq == s.applied+1 {
+				s.started = true
 				s.applyBatch(m.seq, m.payload)
 			}
 		}
@@ -705,13 +800,20 @@ func (s *Subscriber) recover(first liveMsg) error {
 		clear(s.buffered[n:])
 		s.buffered = s.buffered[:n]
 		if len(s.buffered) == 0 {
-			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayRecovered, 1)
-			s.log.Info().Uint64("last_applied", s.applied).Msg("gap recovered")
+			outcome := ResumedReplay
+			if inOrder {
+				s.log.Debug().Uint64("last_applied", s.applied).Msg("the replay endpoint still holds the last applied batch: same publisher")
+				outcome = ResumedInOrder
+			} else {
+				s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayRecovered, 1)
+				s.log.Info().Uint64("last_applied", s.applied).Msg("gap recovered")
+			}
 			s.setState(Live)
-			s.settleResume(ResumedReplay)
+			s.settleResume(outcome)
 			return nil
 		}
-		if s.applied == before {
+		inOrder = false
+		if s.applied == before && s.started == wasStarted {
 			s.cfg.Counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
 			s.log.Warn().Uint64("last_applied", s.applied).Uint64("next_buffered", s.buffered[0].seq).Msg("replay advanced nothing; gap remains")
 			s.markStale(events.StaleReplay, 0)
@@ -719,6 +821,13 @@ func (s *Subscriber) recover(first liveMsg) error {
 		}
 		// A further hole among the buffered messages: recover from A+1 again.
 	}
+}
+
+// dropBuffered forgets the messages held for a recovery.
+func (s *Subscriber) dropBuffered() {
+	clear(s.buffered)
+	s.buffered = s.buffered[:0]
+	s.budget.Reset()
 }
 
 // checkBuffered compares a replayed batch at or after the first buffered
@@ -771,8 +880,10 @@ func (s *Subscriber) bufferLive(frames [][]byte) error {
 		return nil
 	}
 	if seq <= s.high {
-		s.markStale(events.StaleRegression, seq)
-		return errStaleInFetch
+		// A new publisher process; handled once the replay is
+		// abandoned.
+		s.pendingEpoch = liveMsg{seq: seq, payload: bytes.Clone(frames[2])}
+		return errNewEpoch
 	}
 	if seq > s.high+1 {
 		s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
@@ -798,6 +909,7 @@ func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 		return
 	}
 	s.cfg.Counters.add(MetricStale, s.typ, why, 1)
+	s.staleAt, s.staleWhy = time.Now(), why
 	ev := s.log.Warn().Str("reason", why.String())
 	if s.started {
 		ev = ev.Uint64("last_applied", s.applied)
@@ -805,16 +917,18 @@ func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 	if seq != 0 {
 		ev = ev.Uint64("seq", seq)
 	}
-	ev.Msg("source is stale; its entries are retracted until it is registered again")
+	if s.willRecover() {
+		ev.Dur("hold_off", s.tuning.StaleHoldOff).Msg("source is stale; its entries are retracted and the first message after the hold-off is its new baseline")
+	} else {
+		ev.Msg("source is stale; its entries are retracted until it is registered again")
+	}
 	// Retract before publishing the state, so anyone who sees Stale also
 	// sees an index without the source's entries.
 	s.gate()
 	s.retract()
 	s.setState(Stale)
 	s.ungate()
-	clear(s.buffered)
-	s.buffered = s.buffered[:0]
-	s.budget.Reset()
+	s.dropBuffered()
 }
 
 // retract removes everything the source put in the index.
@@ -836,6 +950,10 @@ func (s *Subscriber) applyBatch(seq uint64, payload []byte) {
 	s.gate()
 	defer s.ungate() // last: after the sequence is published
 	s.applied = seq
+	if s.replay != nil {
+		// Only a replay endpoint can be asked about it later.
+		s.digest, s.hasDigest = digestOf(payload), true
+	}
 	defer s.publishApplied()
 	defer func() {
 		// Payloads come from other processes. A decoder or index bug they

@@ -14,7 +14,7 @@ import (
 
 // Set at link time, for example
 //
-//	go build -ldflags "-X github.com/mooncake-conductor-go/conductor/buildinfo.version=v1.2.0 -X github.com/mooncake-conductor-go/conductor/buildinfo.commit=$(git rev-parse HEAD)"
+//	go build -ldflags "-X github.com/mooncake-conductor-go/conductor/internal/buildinfo.version=v1.2.0 -X github.com/mooncake-conductor-go/conductor/internal/buildinfo.commit=$(git rev-parse HEAD)"
 //
 // Left empty, Get falls back to what the Go toolchain recorded.
 var (

@@ -91,6 +91,10 @@ type Config struct {
 	// CatchUpTimeout bounds how long /readyz waits for restored sources.
 	SnapshotInterval time.Duration
 	CatchUpTimeout   time.Duration
+	// StaleRecovery is --stale-recovery: "auto" (a stale source takes the
+	// first message after a short hold-off as a new baseline) or "off"
+	// (the contract's rule: ignored until registered again).
+	StaleRecovery string
 	// Etcd, when it has endpoints, shares registrations across replicas.
 	Etcd Etcd
 	// BootstrapFrom are peer replicas to load the index from at start.
@@ -150,6 +154,7 @@ type flags struct {
 	reset       *bool
 	snapEvery   *time.Duration
 	catchUp     *time.Duration
+	staleRecov  *string
 	etcd        etcdFlags
 	set         map[string]bool
 }
@@ -181,6 +186,7 @@ func newFlags() *flags {
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
 	f.snapEvery = fl.Duration("snapshot-interval", DefaultSnapshotInterval, "time between index snapshots; 0 writes one only at shutdown (env CONDUCTOR_SNAPSHOT_INTERVAL)")
 	f.catchUp = fl.Duration("catch-up-timeout", DefaultCatchUpTimeout, "how long /readyz waits for sources restored from a snapshot to catch up (env CONDUCTOR_CATCH_UP_TIMEOUT)")
+	f.staleRecov = fl.String("stale-recovery", DefaultStaleRecovery, "auto: a stale source (messages lost beyond replay) drops its entries, then takes the first message after a 2 s hold-off as a new baseline; off: it is ignored until registered again, the contract's rule (env CONDUCTOR_STALE_RECOVERY)")
 	f.etcd.declare(fl)
 	return f
 }
@@ -189,6 +195,7 @@ func newFlags() *flags {
 const (
 	DefaultSnapshotInterval = 10 * time.Second
 	DefaultCatchUpTimeout   = 30 * time.Second
+	DefaultStaleRecovery    = "auto"
 )
 
 // defaultStateDir is ~/.mooncake/conductor-state, or "" (memory only)
@@ -226,7 +233,9 @@ func defaultConfigPath() string {
 // Usage is the --help text: a synopsis, then every flag with its default.
 func Usage() string {
 	var b strings.Builder
-	b.WriteString("Usage: conductor [flags]\n       conductor hash --help   (hash a prompt's token ids as an engine does)\n\n" +
+	b.WriteString("Usage: conductor [flags]\n       conductor hash --help   (hash a prompt's token ids as an engine does)\n" +
+		"       conductor register|unregister|query|services|global-view|explain --help\n" +
+		"                               (call a running conductor with JSON, docs/api.md)\n\n" +
 		"Precedence: flags, then environment, then the config file.\n\nFlags:\n")
 	f := newFlags()
 	f.fs.SetOutput(&b)
@@ -241,7 +250,7 @@ func Usage() string {
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
 		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
-		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout}
+		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
 }
 
 // Load reads configuration. args are the command-line arguments without the
@@ -269,6 +278,12 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	}
 	if err := f.durationSetting(&c.CatchUpTimeout, "catch-up-timeout", *f.catchUp, getenv("CONDUCTOR_CATCH_UP_TIMEOUT"), false); err != nil {
 		return nil, err
+	}
+
+	switch c.StaleRecovery = f.pick("stale-recovery", *f.staleRecov, getenv("CONDUCTOR_STALE_RECOVERY")); c.StaleRecovery {
+	case "auto", "off":
+	default:
+		return nil, fmt.Errorf("invalid --stale-recovery %q: want auto or off", c.StaleRecovery)
 	}
 
 	if err := f.loadEtcd(c, getenv); err != nil {

@@ -331,3 +331,34 @@ func TestGRPCDoor(t *testing.T) {
 		})
 	}
 }
+
+func TestStaleRecovery(t *testing.T) {
+	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	withEnv := func(v string) map[string]string {
+		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_STALE_RECOVERY": v}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+		err  bool
+	}{
+		{"default", nil, base, "auto", false},
+		{"env off", nil, withEnv("off"), "off", false},
+		{"flag beats env", []string{"--stale-recovery", "auto"}, withEnv("off"), "auto", false},
+		{"flag off", []string{"--stale-recovery=off"}, base, "off", false},
+		{"bad flag", []string{"--stale-recovery", "never"}, base, "", true},
+		{"bad env", nil, withEnv("Auto"), "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Load(tc.args, env(tc.env))
+			if (err != nil) != tc.err {
+				t.Fatalf("err %v", err)
+			}
+			if err == nil && c.StaleRecovery != tc.want {
+				t.Errorf("StaleRecovery %q, want %q", c.StaleRecovery, tc.want)
+			}
+		})
+	}
+}

@@ -159,6 +159,19 @@ func TestConfigsLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The chart's example of a static registration (check-deploy.sh
+	// renders it) must be one conductor itself accepts.
+	var staticValues values
+	if err := yaml.Unmarshal(readFile(t, "helm/conductor/ci/static-registration-values.yaml"), &staticValues); err != nil {
+		t.Fatal(err)
+	}
+	staticConfig, err := json.Marshal(staticValues.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(staticConfig), `"prefill-0"`) {
+		t.Fatalf("static registration example lost its registration: %s", staticConfig)
+	}
 	var compose struct {
 		Services map[string]struct {
 			Command []string `json:"command"`
@@ -173,6 +186,7 @@ func TestConfigsLoad(t *testing.T) {
 		args   []string
 	}{
 		{"chart defaults", chartConfig, []string{"--etcd-endpoints=http://etcd:2379", "--advertise-url=http://10.0.0.1:13333"}},
+		{"chart static registration example", staticConfig, []string{"--log-level=INFO"}},
 		{"compose conductor-a", readFile(t, "compose/conductor_config.json"), compose.Services["conductor-a"].Command},
 		{"compose conductor-b", readFile(t, "compose/conductor_config.json"), compose.Services["conductor-b"].Command},
 	} {
@@ -302,5 +316,75 @@ func TestMetricsExist(t *testing.T) {
 		if len(missing) > 0 {
 			t.Errorf("%s names metrics the code does not export: %v", tc.file, missing)
 		}
+	}
+}
+
+// TestComposeGrafana: compose's Grafana mounts files that exist, its
+// provisioned data source is the compose Prometheus, and the dashboard
+// provider reads the directory the dashboard is mounted in.
+func TestComposeGrafana(t *testing.T) {
+	var compose struct {
+		Services map[string]struct {
+			Image   string   `json:"image"`
+			Volumes []string `json:"volumes"`
+			Ports   []string `json:"ports"`
+		} `json:"services"`
+	}
+	if err := yaml.Unmarshal(readFile(t, "compose/docker-compose.yml"), &compose); err != nil {
+		t.Fatal(err)
+	}
+	g, ok := compose.Services["grafana"]
+	if !ok {
+		t.Fatal("compose has no grafana service")
+	}
+	mounts := map[string]string{}
+	for _, v := range g.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 {
+			t.Fatalf("volume %q", v)
+		}
+		host := filepath.Join("compose", parts[0])
+		if _, err := os.Stat(host); err != nil {
+			t.Errorf("grafana mounts %s, which does not exist: %v", parts[0], err)
+		}
+		mounts[parts[1]] = host
+	}
+	dash, ok := mounts["/var/lib/grafana/dashboards/conductor.json"]
+	if !ok || filepath.Clean(dash) != filepath.Join("grafana", "conductor.json") {
+		t.Errorf("the dashboard is not mounted from deploy/grafana/conductor.json: %v", mounts)
+	}
+	prov, ok := mounts["/etc/grafana/provisioning"]
+	if !ok {
+		t.Fatalf("no provisioning directory mounted: %v", mounts)
+	}
+	var ds struct {
+		Datasources []struct {
+			Type, URL string
+			IsDefault bool `json:"isDefault"`
+		} `json:"datasources"`
+	}
+	if err := yaml.Unmarshal(readFile(t, filepath.Join(prov, "datasources", "prometheus.yml")), &ds); err != nil {
+		t.Fatal(err)
+	}
+	promPort := ""
+	for _, p := range compose.Services["prometheus"].Ports {
+		promPort = p[strings.LastIndex(p, ":")+1:]
+	}
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "prometheus" || !ds.Datasources[0].IsDefault ||
+		ds.Datasources[0].URL != "http://prometheus:"+strings.Trim(promPort, `"`) {
+		t.Errorf("data source %+v, want the default prometheus at http://prometheus:%s", ds.Datasources, promPort)
+	}
+	var dp struct {
+		Providers []struct {
+			Options struct {
+				Path string `json:"path"`
+			} `json:"options"`
+		} `json:"providers"`
+	}
+	if err := yaml.Unmarshal(readFile(t, filepath.Join(prov, "dashboards", "conductor.yml")), &dp); err != nil {
+		t.Fatal(err)
+	}
+	if len(dp.Providers) != 1 || dp.Providers[0].Options.Path != filepath.Dir("/var/lib/grafana/dashboards/conductor.json") {
+		t.Errorf("dashboard providers %+v do not read /var/lib/grafana/dashboards", dp.Providers)
 	}
 }

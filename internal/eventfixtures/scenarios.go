@@ -59,9 +59,10 @@ func scenarios() []any {
 				m("silence_ms", 30000),
 				expect("state", "stale", "reason", "recovery deadline (30 s) exceeded; each receive times out after 5 s and is retried with a fresh DEALER")}),
 		m("id", "seq_regression_restart", "registration", "vllm-a",
-			"steps", []any{live("vllm_stored_gpu_2blocks", 57), live("vllm_stored_gpu_2blocks", 0),
-				expect("state", "stale", "reason", "sequence regression (publisher restart)")},
-			"note", "conductor's decision (docs/events.md#regression)"),
+			"steps", []any{live("vllm_stored_gpu_2blocks", 57), live("vllm_stored_mla", 0),
+				expect("state", "live", "applied_order", []any{0},
+					"reason", "sequence regression: a new publisher process; the old process's entries are dropped and the new stream is indexed from its first message")},
+			"note", "spec decision, see events.md 1.5 step 3 and 5.4; applied_order is the new epoch's (docs/events.md#restarts)"),
 		m("id", "query_after_vllm_and_mooncake", "registrations", []any{"vllm-a", "pool-a-sub"},
 			"steps", []any{
 				liveOn("vllm_stored_gpu_chained", 0, "vllm-a"),

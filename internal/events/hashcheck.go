@@ -76,10 +76,23 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 		words *= 2 // at most: a page of pairs, flattened
 	}
 	var okT, okD, okE bool
-	h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
-	h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
+	// What the event lacks is known before its token ids are decoded: a
+	// service that never sends them, or never sends vLLM's extra_keys, is
+	// sampled on every event (nothing of it gets checked), so it must not
+	// pay for decoding them.
 	h.extras, okE = d.extrasOf(ev, h.extras[:0], n)
-	if okT && okD && okE {
+	noTokens := d.isNil(ev.spans[spTokens])
+	noExtras := okE && len(h.extras) == 0 && d.rules.typ != source.SGLang
+	if !noTokens && !noExtras {
+		h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
+		h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
+	}
+	switch {
+	case noTokens:
+		d.check.Skip(hashcheck.SkipNoTokenIDs, n)
+	case noExtras:
+		d.check.Skip(hashcheck.SkipNoExtraKeys, n)
+	case okT && okD && okE:
 		e.Tokens = h.tokens
 		if len(h.digests) > 0 {
 			e.Digests = h.digests
@@ -88,12 +101,24 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 			e.Extras = h.extras
 		}
 		d.check.CheckEvent(e, n)
+	default:
+		d.check.Skip(hashcheck.SkipUnreadable, n)
 	}
 	// The digests are views into the payload, which is about to be
 	// released; the salts need not outlive the check either.
 	clear(h.digests)
 	clear(h.extras)
 	*e = hashcheck.Event{}
+}
+
+// isNil says whether the value at sp is absent or nil.
+func (d *engineDecoder) isNil(sp span) bool {
+	r, ok := d.reader(sp)
+	if !ok {
+		return true
+	}
+	k, err := r.Peek()
+	return err == nil && k == msgp.Nil
 }
 
 // parentOf reads parent_block_hash: nil starts a chain, an integer is a key

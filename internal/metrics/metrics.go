@@ -125,6 +125,10 @@ var (
 	descState    = prometheus.NewDesc("conductor_subscriber_state",
 		"1 for the current state of each service's subscriber, 0 for the others.", []string{"service", "type", "state"}, nil)
 	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descRestarts = prometheus.NewDesc("conductor_publisher_restarts_total",
+		"Publisher restarts detected per service (each a new epoch: the old process's entries dropped, the new stream indexed), since its source started.", []string{"service", "type"}, nil)
+	descRecoveries = prometheus.NewDesc("conductor_stale_recoveries_total",
+		"Stale states a service's source left by itself (--stale-recovery auto), since it started.", []string{"service", "type"}, nil)
 	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
 	descTokenMemo = prometheus.NewDesc("conductor_token_memo_tokens_total",
@@ -138,7 +142,9 @@ var (
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
 	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
-		"Sampled event blocks re-hashed under the service's registered profile: match, or mismatch (queries will not find that engine's blocks).", []string{"service", "result"}, nil)
+		"Sampled event blocks re-hashed under the service's registered profile: match, mismatch (queries will not find that engine's blocks), or skipped (the event did not carry what re-hashing needs; see conductor_hash_check_skipped_total).", []string{"service", "result"}, nil)
+	descHashSkipped = prometheus.NewDesc("conductor_hash_check_skipped_total",
+		"Sampled event blocks the hash check could not re-hash, by what the event lacked (docs/events.md, \"The hash check\").", []string{"service", "reason"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
 	// descGroupKinds counts hybrid models' events by KV-cache group kind
 	// (docs/hybrid.md#metrics).
@@ -185,7 +191,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -245,6 +251,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			if !known && s.State != "" {
 				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
 			}
+			ch <- prometheus.MustNewConstMetric(descRestarts, prometheus.CounterValue, float64(s.Restarts), clip(string(s.Key())), s.Type.String())
+			ch <- prometheus.MustNewConstMetric(descRecoveries, prometheus.CounterValue, float64(s.StaleRecoveries), clip(string(s.Key())), s.Type.String())
 		}
 		for typ, n := range byType {
 			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())
@@ -264,6 +272,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		svc := clip(hc.Service)
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Matches), svc, "match")
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.Mismatches), svc, "mismatch")
+		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.SkippedTotal()), svc, "skipped")
+		for _, r := range hashcheck.SkipReasons() {
+			ch <- prometheus.MustNewConstMetric(descHashSkipped, prometheus.CounterValue, float64(hc.Skipped[r]), svc, r.String())
+		}
 	}
 	for k, n := range events.GroupKindEvents() {
 		if kind := index.GroupKind(k); kind != index.KindUnreported {

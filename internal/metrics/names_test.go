@@ -37,7 +37,7 @@ func readmeMetrics(t *testing.T) []string {
 		t.Fatal("README's metrics paragraph has no end")
 	}
 	// The paragraph also puts label names and values in backticks.
-	notMetrics := map[string]bool{"conductor_": true, "hit": true, "miss": true, "source_type": true, "reason": true, "match": true, "mismatch": true}
+	notMetrics := map[string]bool{"conductor_": true, "hit": true, "miss": true, "source_type": true, "reason": true, "match": true, "mismatch": true, "skipped": true}
 	var names []string
 	for _, m := range regexp.MustCompile("`([a-z_]+)(\\{[^`]*\\})?`").FindAllStringSubmatch(doc[start:start+end], -1) {
 		if !notMetrics[m[1]] {

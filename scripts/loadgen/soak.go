@@ -15,7 +15,7 @@ package main
 // publishers hold and check every answer, and a churn worker restarts a
 // subset of publishers (unregistered then registered on a new port or on
 // the same port, or restarted in place while registered, which the server
-// must notice as a sequence regression) and registers short-lived services
+// must notice as a publisher restart, a new epoch) and registers short-lived services
 // whose endpoints have nothing behind them. A sampler reads the server's RSS from /proc and
 // go_goroutines from /metrics. At the end of the warm-up and at the end of
 // the run the churn worker is paused until nothing it started is left (the
@@ -137,7 +137,7 @@ type soakCounts struct {
 	// in flight), or a registration change (absence allowed).
 	entryExact, entryRange, entryPresence atomic.Int64
 	restartMode                           [numRestartModes]atomic.Int64
-	staleExpected                         atomic.Int64
+	restartsDetected                      atomic.Int64 // in-place restarts the server counted
 }
 
 // soakRun is one soak in progress.

@@ -361,8 +361,8 @@ func passingReport() *soakReport {
 	return &soakReport{
 		Churned: 2, MaxTransients: 2, RSSTolerance: 0.2, GoroutineSlack: 10,
 		Ops: 100, Queries: 1000, Exact: 900, Tolerant: 100, RestartsNewPort: 3, RestartsSamePort: 2, RestartsInPlace: 2, Transients: 4,
-		StaleExpected: 2, StaleTransitions: 2, StaleRegressions: 2,
-		Warmup: soakLevel{RSS: 100 << 20, Goroutines: 30, FDs: 50}, Final: soakLevel{RSS: 110 << 20, Goroutines: 35, FDs: 50},
+		RestartsDetected: 2,
+		Warmup:           soakLevel{RSS: 100 << 20, Goroutines: 30, FDs: 50}, Final: soakLevel{RSS: 110 << 20, Goroutines: 35, FDs: 50},
 		PeakRSS: 115 << 20,
 	}
 }
@@ -386,8 +386,9 @@ func TestSoakVerdicts(t *testing.T) {
 		"5xx (server)":      func(r *soakReport) { r.ServerFiveXX = 2 },
 		"transport errors":  func(r *soakReport) { r.TransportOutside = 1 },
 		"stale at the end":  func(r *soakReport) { r.FinalStale = 1 },
-		"unexpected stale":  func(r *soakReport) { r.StaleTransitions, r.StaleRegressions = 3, 3 },
-		"stale for a gap":   func(r *soakReport) { r.StaleRegressions = 1 },
+		"unexpected stale":  func(r *soakReport) { r.StaleTransitions = 1 },
+		"stale regression":  func(r *soakReport) { r.StaleTransitions, r.StaleRegressions = 1, 1 },
+		"restart missed":    func(r *soakReport) { r.RestartsDetected = 1 },
 		"context left":      func(r *soakReport) { r.TeardownLeft = 1 },
 		"control errors":    func(r *soakReport) { r.ControlErrors = 1 },
 		"error statuses":    func(r *soakReport) { r.OtherStatus = 1 },

@@ -82,9 +82,9 @@ const (
 	restartSamePort
 	// restartInPlace: the process restarts on the same port without being
 	// unregistered. The server's subscription reconnects by itself, sees
-	// the sequence go back, marks the source stale and retracts its
-	// entries; an identical registration then restarts the subscription
-	// (README: the only in-band way out of the stale state).
+	// the sequence go back and takes it as a new epoch: the old entries
+	// are dropped and the new stream indexed, with no re-registration
+	// (docs/events.md#restarts).
 	restartInPlace
 	numRestartModes
 )
@@ -480,13 +480,17 @@ func (p *soakPublisher) rebind(ctx context.Context, endpoint string) error {
 // restartInPlace restarts the process on the same port while it stays
 // registered. Until the server notices, it keeps the old entries, so the
 // empty state of the new process is recorded as sent but settled only once
-// the restarted subscription carries the probe. It reports false, with the
-// registration intact, if the server never marked the source stale (the
-// caller then unregisters): that happens if the port could not be bound
-// again, or if the reconnected subscription first received a sequence that
-// happened to continue the old one, which the server cannot tell from a
-// live stream.
+// the server has counted the restart and carries the probe. It reports
+// false, with the registration intact, if the server never counted the
+// restart (the caller then unregisters): that happens if the port could not
+// be bound again, or if the reconnected subscription first received a
+// sequence that happened to continue the old one, which the server cannot
+// tell from a live stream without a replay endpoint.
 func (p *soakPublisher) restartInPlace(ctx context.Context) (bool, error) {
+	before, err := p.r.serviceRestarts(p.instance)
+	if err != nil {
+		return false, err
+	}
 	p.model.setPhase(phaseReplacing)
 	old := p.endpoint
 	p.close()
@@ -508,45 +512,43 @@ func (p *soakPublisher) restartInPlace(ctx context.Context) (bool, error) {
 		if !sleepCtx(ctx, 20*time.Millisecond) {
 			return false, nil
 		}
-		stale, err := p.r.serviceStale(p.instance)
+		n, err := p.r.serviceRestarts(p.instance)
 		if err != nil {
 			return false, err
 		}
-		if stale {
+		if n > before {
 			break
 		}
 		if time.Now().After(deadline) {
 			return false, nil
 		}
 	}
-	p.r.counts.staleExpected.Add(1)
-	if err := p.register(); err != nil { // identical: restarts the stale source
-		return false, err
-	}
+	p.r.counts.restartsDetected.Add(1)
 	if err := p.awaitProbe(ctx); err != nil || ctx.Err() != nil {
 		return false, err
 	}
-	// The restarted subscription started clean and carries the probe: the
-	// old entries are gone.
+	// The new epoch started clean and carries the probe: the old entries
+	// are gone.
 	p.model.settle()
 	p.model.setPhase(phaseLive)
 	return true, nil
 }
 
-// serviceStale reports whether /metrics shows instance's subscriber in the
-// stale state.
-func (r *soakRun) serviceStale(instance string) (bool, error) {
+// serviceRestarts reads instance's conductor_publisher_restarts_total
+// from /metrics (summed over its ranks).
+func (r *soakRun) serviceRestarts(instance string) (float64, error) {
 	m, err := r.metrics()
 	if err != nil {
 		r.counts.controlErrors.Add(1)
-		return false, err
+		return 0, err
 	}
-	for _, s := range m["conductor_subscriber_state"] {
-		if strings.HasPrefix(s.labels["service"], instance+"|") && s.labels["state"] == "stale" && s.value == 1 {
-			return true, nil
+	n := 0.0
+	for _, s := range m["conductor_publisher_restarts_total"] {
+		if strings.HasPrefix(s.labels["service"], instance+"|") {
+			n += s.value
 		}
 	}
-	return false, nil
+	return n, nil
 }
 
 // instanceMatch sends a query restricted to instance and returns its

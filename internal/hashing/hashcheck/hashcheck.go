@@ -75,6 +75,71 @@ func (r Result) String() string {
 	return "skipped"
 }
 
+// SkipReason says why a sampled block could not be checked: what the
+// event lacked. Its String is the reason label of
+// conductor_hash_check_skipped_total.
+type SkipReason uint8
+
+const (
+	// SkipNoTokenIDs: the event carries no token ids for the block.
+	SkipNoTokenIDs SkipReason = iota
+	// SkipNoExtraKeys: a vLLM event without extra_keys, so a salt or a
+	// multimodal key may have entered the hash unseen.
+	SkipNoExtraKeys
+	// SkipForeignExtraKeys: the block's extra keys hold something a query
+	// cannot carry (multimodal hashes, prompt embeddings, an unreadable
+	// salt).
+	SkipForeignExtraKeys
+	// SkipParentNotPinned: the parent is an integer this checker never
+	// verified (or a digest of the wrong size), so its full digest, which
+	// the block is hashed from, is unknown.
+	SkipParentNotPinned
+	// SkipBlockShape: the token ids do not make one block of the
+	// registered block_size.
+	SkipBlockShape
+	// SkipUnhashable: the profile cannot hash these ids (SGLang and a
+	// negative id).
+	SkipUnhashable
+	// SkipUnreadable: a value the check reads again did not decode as
+	// expected (the event itself was valid).
+	SkipUnreadable
+	// NumSkipReasons counts the reasons.
+	NumSkipReasons
+)
+
+var skipNames = [NumSkipReasons]string{
+	"no_token_ids", "no_extra_keys", "foreign_extra_keys", "parent_not_pinned",
+	"block_shape", "unhashable", "unreadable",
+}
+
+// skipHelp is the INFO line's explanation: what a producer must send for
+// the check to run (docs/events.md, "The hash check").
+var skipHelp = [NumSkipReasons]string{
+	"BlockStored carries no token_ids: send each stored block's token ids",
+	"BlockStored carries no extra_keys: send one entry per block (nil when the block has no extra keys), as vLLM releases with extra_keys do",
+	"the blocks' extra keys hold multimodal or embedding keys a query cannot carry",
+	"parent_block_hash is an integer of a block this check never verified: chains are checkable from their first block (parent nil), or with full 32-byte digests (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)",
+	"token_ids do not make blocks of the registered block_size: check block_size against the engine's",
+	"the registered profile cannot hash these token ids (SGLang and a negative id)",
+	"token_ids, block_hashes or extra_keys did not decode as the engine family's format",
+}
+
+func (r SkipReason) String() string {
+	if r < NumSkipReasons {
+		return skipNames[r]
+	}
+	return "unknown"
+}
+
+// SkipReasons lists every reason, for exporting each at zero.
+func SkipReasons() []SkipReason {
+	out := make([]SkipReason, NumSkipReasons)
+	for i := range out {
+		out[i] = SkipReason(i)
+	}
+	return out
+}
+
 // Parent is what an event says about the block before the one checked.
 // The zero Parent is unknown.
 type Parent struct {
@@ -156,7 +221,9 @@ type Checker struct {
 	mem     *[rememberSlots]remembered
 
 	matches, mismatches atomic.Uint64
+	skips               [NumSkipReasons]atomic.Uint64
 	warned              atomic.Bool
+	noted               atomic.Bool // the INFO about a first skip is out
 }
 
 type remembered struct {
@@ -192,13 +259,27 @@ func (c *Checker) Sample(n int) int {
 //
 // Check does not sample: call it for the blocks Sample granted.
 func (c *Checker) Check(parent Parent, words []int32, ex Extras, pub Published) (Result, Parent) {
+	r, why, next := c.check(parent, words, ex, pub)
+	if r == Skipped {
+		c.Skip(why, 1)
+	}
+	return r, next
+}
+
+// check is Check without counting a skip, whose reason it returns.
+func (c *Checker) check(parent Parent, words []int32, ex Extras, pub Published) (Result, SkipReason, Parent) {
 	next := FromKey(pub.Key)
 	if len(pub.Digest) == 32 {
 		next = FromDigest(pub.Digest)
 	}
 	var pd *[32]byte
-	if !ex.Known || ex.Foreign {
-		return Skipped, next
+	switch {
+	case len(words) == 0:
+		return Skipped, SkipNoTokenIDs, next
+	case !ex.Known:
+		return Skipped, SkipNoExtraKeys, next
+	case ex.Foreign:
+		return Skipped, SkipForeignExtraKeys, next
 	}
 	switch parent.state {
 	case parentRoot:
@@ -207,14 +288,14 @@ func (c *Checker) Check(parent Parent, words []int32, ex Extras, pub Published) 
 	case parentKey:
 		d, ok := c.recall(parent.key)
 		if !ok {
-			return Skipped, next
+			return Skipped, SkipParentNotPinned, next
 		}
 		pd = &d
 	default:
-		return Skipped, next
+		return Skipped, SkipParentNotPinned, next
 	}
 	if !c.shapeOK(len(words)) {
-		return Skipped, next
+		return Skipped, SkipBlockShape, next
 	}
 	salt := ""
 	if pd == nil {
@@ -222,7 +303,7 @@ func (c *Checker) Check(parent Parent, words []int32, ex Extras, pub Published) 
 	}
 	d, ok := c.h.Digest(&c.profile, pd, words, c.lora, salt)
 	if !ok {
-		return Skipped, next
+		return Skipped, SkipUnhashable, next
 	}
 	if c.checked >= c.opts.Warmup {
 		c.credit -= c.opts.Every
@@ -231,13 +312,29 @@ func (c *Checker) Check(parent Parent, words []int32, ex Extras, pub Published) 
 	if c.matches1(&d, pub) {
 		c.matches.Add(1)
 		c.remember(pub.Key, &d)
-		return Match, Parent{state: parentDigest, digest: d}
+		return Match, 0, Parent{state: parentDigest, digest: d}
 	}
 	c.mismatches.Add(1)
 	if !c.warned.Swap(true) {
 		c.warn(pd, words, ex, pub)
 	}
-	return Mismatch, next
+	return Mismatch, 0, next
+}
+
+// Skip counts blocks sampled blocks that could not be checked for why. The
+// first skip of a service logs one INFO naming what its events lack, so an
+// engine whose blocks are never checked does not go unnoticed: no match
+// and no mismatch is otherwise indistinguishable from a quiet engine.
+func (c *Checker) Skip(why SkipReason, blocks int) {
+	if blocks <= 0 || why >= NumSkipReasons {
+		return
+	}
+	c.skips[why].Add(uint64(blocks))
+	if !c.noted.Swap(true) {
+		c.log.Info().Str("missing", why.String()).Str("strategy", c.profile.Strategy).
+			Str("detail", skipHelp[why]).
+			Msg("the ingest hash check cannot check this service's blocks; it counts them as skipped until its events carry what it needs")
+	}
 }
 
 // matches1 compares a recomputed digest with what the engine published.
@@ -292,9 +389,15 @@ func (c *Checker) CheckEvent(ev *Event, n int) (matches, mismatches int) {
 	if w <= 0 {
 		return 0, 0
 	}
-	for i := 0; i < n && i < len(ev.Keys); i++ {
+	granted := min(n, len(ev.Keys))
+	for i := 0; i < granted; i++ {
 		start := i * w
 		if start >= len(ev.Tokens) {
+			why := SkipBlockShape
+			if len(ev.Tokens) == 0 {
+				why = SkipNoTokenIDs
+			}
+			c.Skip(why, granted-i)
 			break
 		}
 		end := min(start+w, len(ev.Tokens))
@@ -306,14 +409,20 @@ func (c *Checker) CheckEvent(ev *Event, n int) (matches, mismatches int) {
 		if ev.Digests != nil {
 			pub.Digest = ev.Digests[i]
 		}
-		var r Result
-		r, p = c.Check(p, ev.Tokens[start:end], ex, pub)
+		var (
+			r   Result
+			why SkipReason
+		)
+		r, why, p = c.check(p, ev.Tokens[start:end], ex, pub)
 		switch r {
 		case Match:
 			matches++
 		case Mismatch:
 			mismatches++
 		default:
+			// Every later block hangs off this one: none can be
+			// checked, for the same reason.
+			c.Skip(why, granted-i)
 			return matches, mismatches
 		}
 	}
@@ -388,6 +497,25 @@ func (s *Set) Remove(c *Checker) {
 type Count struct {
 	Service             string
 	Matches, Mismatches uint64
+	// Skipped counts sampled blocks that could not be checked, by reason.
+	Skipped [NumSkipReasons]uint64
+}
+
+// SkippedTotal is the sum of c.Skipped.
+func (c *Count) SkippedTotal() uint64 {
+	var n uint64
+	for _, v := range c.Skipped {
+		n += v
+	}
+	return n
+}
+
+// Skips returns the blocks skipped so far, by reason.
+func (c *Checker) Skips() (out [NumSkipReasons]uint64) {
+	for i := range out {
+		out[i] = c.skips[i].Load()
+	}
+	return out
 }
 
 // Snapshot returns every current checker's counts, in no particular order.
@@ -400,7 +528,7 @@ func (s *Set) Snapshot() []Count {
 	out := make([]Count, 0, len(s.m))
 	for k, c := range s.m {
 		m, mm := c.Counts()
-		out = append(out, Count{Service: k, Matches: m, Mismatches: mm})
+		out = append(out, Count{Service: k, Matches: m, Mismatches: mm, Skipped: c.Skips()})
 	}
 	return out
 }

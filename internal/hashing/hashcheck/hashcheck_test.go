@@ -185,17 +185,18 @@ func TestSkips(t *testing.T) {
 		ex     Extras
 		pub    Published
 		want   Result
+		why    SkipReason
 	}{
-		{"control: a chain start matches", Root(), toks, known, Published{Key: key0}, Match},
-		{"unknown parent", Parent{}, toks, known, Published{Key: key0}, Skipped},
-		{"integer parent never verified", FromKey(42), toks, known, Published{Key: key0}, Skipped},
-		{"16-byte parent (xxhash)", FromDigest(make([]byte, 16)), toks, known, Published{Key: key0}, Skipped},
-		{"chain start, extras unknown", Root(), toks, Extras{}, Published{Key: key0}, Skipped},
-		{"later block, extras unknown", FromDigest(make([]byte, 32)), toks, Extras{}, Published{Key: key0}, Skipped},
-		{"foreign extra keys", Root(), toks, Extras{Known: true, Foreign: true}, Published{Key: key0}, Skipped},
-		{"short block", Root(), toks[:3], known, Published{Key: key0}, Skipped},
-		{"long block", Root(), append(toks, 5), known, Published{Key: key0}, Skipped},
-		{"no tokens", Root(), nil, known, Published{Key: key0}, Skipped},
+		{"control: a chain start matches", Root(), toks, known, Published{Key: key0}, Match, 0},
+		{"unknown parent", Parent{}, toks, known, Published{Key: key0}, Skipped, SkipParentNotPinned},
+		{"integer parent never verified", FromKey(42), toks, known, Published{Key: key0}, Skipped, SkipParentNotPinned},
+		{"16-byte parent (xxhash)", FromDigest(make([]byte, 16)), toks, known, Published{Key: key0}, Skipped, SkipParentNotPinned},
+		{"chain start, extras unknown", Root(), toks, Extras{}, Published{Key: key0}, Skipped, SkipNoExtraKeys},
+		{"later block, extras unknown", FromDigest(make([]byte, 32)), toks, Extras{}, Published{Key: key0}, Skipped, SkipNoExtraKeys},
+		{"foreign extra keys", Root(), toks, Extras{Known: true, Foreign: true}, Published{Key: key0}, Skipped, SkipForeignExtraKeys},
+		{"short block", Root(), toks[:3], known, Published{Key: key0}, Skipped, SkipBlockShape},
+		{"long block", Root(), append(toks, 5), known, Published{Key: key0}, Skipped, SkipBlockShape},
+		{"no tokens", Root(), nil, known, Published{Key: key0}, Skipped, SkipNoTokenIDs},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewSet(everyBlock).Add("s", &p, 4, "")
@@ -205,7 +206,14 @@ func TestSkips(t *testing.T) {
 			}
 			m, mm := c.Counts()
 			if tc.want == Skipped && m+mm != 0 {
-				t.Fatalf("a skip was counted: %d/%d", m, mm)
+				t.Fatalf("a skip was counted as a check: %d/%d", m, mm)
+			}
+			var want [NumSkipReasons]uint64
+			if tc.want == Skipped {
+				want[tc.why] = 1
+			}
+			if got := c.Skips(); got != want {
+				t.Errorf("skips %v, want %v (%s)", got, want, tc.why)
 			}
 		})
 	}
@@ -341,12 +349,12 @@ func TestSetLifecycle(t *testing.T) {
 	}
 	a.Check(Root(), []int32{1, 2, 3, 4}, Extras{Known: true}, Published{Key: 2164874634404590027})
 	b.Check(Root(), []int32{1, 2, 3, 4}, Extras{Known: true}, Published{Key: 1})
-	if diff := cmp.Diff([]Count{{"a", 1, 0}, {"b", 0, 1}}, s.Snapshot(), sorted); diff != "" {
+	if diff := cmp.Diff([]Count{{Service: "a", Matches: 1}, {Service: "b", Mismatches: 1}}, s.Snapshot(), sorted); diff != "" {
 		t.Fatalf("after checks (-want +got):\n%s", diff)
 	}
 	a2 := s.Add("a", &p, 4, "") // a restart: the new checker starts from zero
 	s.Remove(a)                 // the old source stopping after it changes nothing
-	if diff := cmp.Diff([]Count{{Service: "a"}, {"b", 0, 1}}, s.Snapshot(), sorted); diff != "" {
+	if diff := cmp.Diff([]Count{{Service: "a"}, {Service: "b", Mismatches: 1}}, s.Snapshot(), sorted); diff != "" {
 		t.Fatalf("after restart (-want +got):\n%s", diff)
 	}
 	s.Remove(a2)
@@ -358,5 +366,54 @@ func TestSetLifecycle(t *testing.T) {
 	var nilSet *Set
 	if nilSet.Snapshot() != nil {
 		t.Fatal("nil set snapshot")
+	}
+}
+
+// TestSkipCountsAndNote: an event that stops being checkable at a block
+// counts that block and every later granted one as skipped for the same
+// reason, and only a service's first skip logs its INFO, naming what is
+// missing (never token ids).
+func TestSkipCountsAndNote(t *testing.T) {
+	p := vllmProfile(t, hashing.AlgorithmSHA256CBOR)
+	var logs bytes.Buffer
+	s := NewSet(Options{Logger: zerolog.New(&logs), Warmup: 100})
+	c := s.Add("svc|default|0", &p, 4, "")
+	// Three blocks without extra_keys: all three skipped.
+	ev := Event{Parent: Root(), Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, BlockSize: 4, Keys: []uint64{1, 2, 3}}
+	if m, mm := c.CheckEvent(&ev, c.Sample(3)); m+mm != 0 {
+		t.Fatalf("checked %d/%d blocks without extra_keys", m, mm)
+	}
+	// A matching first block, then a token run too short for the rest.
+	ev = Event{Parent: Root(), Tokens: []int32{1, 2, 3, 4}, BlockSize: 4, Keys: []uint64{2164874634404590027, 5, 6},
+		Extras: []Extras{{Known: true}, {Known: true}, {Known: true}}}
+	if m, _ := c.CheckEvent(&ev, c.Sample(3)); m != 1 {
+		t.Fatalf("%d matches, want 1", m)
+	}
+	c.Skip(SkipNoTokenIDs, 4)
+	var want [NumSkipReasons]uint64
+	want[SkipNoExtraKeys], want[SkipBlockShape], want[SkipNoTokenIDs] = 3, 2, 4
+	if got := c.Skips(); got != want {
+		t.Errorf("skips %v, want %v", got, want)
+	}
+	snap := s.Snapshot()
+	if len(snap) != 1 || snap[0].Skipped != want || snap[0].SkippedTotal() != 9 || snap[0].Matches != 1 {
+		t.Errorf("snapshot %+v", snap)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines, want one INFO:\n%s", len(lines), logs.String())
+	}
+	var l map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &l); err != nil {
+		t.Fatal(err)
+	}
+	if l["level"] != "info" || l["missing"] != "no_extra_keys" || l["service"] != "svc|default|0" ||
+		!strings.Contains(l["detail"].(string), "extra_keys") {
+		t.Errorf("note %v", l)
+	}
+	for i, r := range SkipReasons() {
+		if int(r) != i || r.String() == "unknown" || skipHelp[r] == "" {
+			t.Errorf("reason %d: %q, help %q", i, r, skipHelp[r])
+		}
 	}
 }

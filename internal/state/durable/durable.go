@@ -227,7 +227,7 @@ func (s *State) Resume(svc registry.Service, b registry.Binding) *subscriber.Res
 	if !ok {
 		return nil
 	}
-	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: src.Bindings}
+	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: src.Bindings, Digest: src.Digest, HasDigest: src.HasDigest}
 	if svc.IsEngine() && !src.Stale && b.Table != nil {
 		n := s.plan.restoreOwner(svc, b.Table, b.Owner)
 		s.stats.restoredPairs.Add(int64(n))
@@ -389,6 +389,7 @@ func (s *State) cut() *snapshot.Snapshot {
 			snap.Sources = append(snap.Sources, snapshot.Source{
 				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
 				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: pos[i].Bindings,
+				Digest: pos[i].Digest, HasDigest: pos[i].HasDigest,
 			})
 		}
 	})
@@ -515,7 +516,14 @@ func (s *State) Ready() (bool, string) {
 // Close stops periodic snapshots and writes a last one, whose failure it
 // returns (the previous snapshot is kept; the app exits non-zero); the
 // caller then stops the sources. Release gives the directory up afterwards.
-func (s *State) Close() error {
+func (s *State) Close() error { return s.stopLoop(true) }
+
+// Discard stops like Close but writes no snapshot: for a start that failed,
+// which must leave the directory as it found it (the snapshot file there is
+// still the one it restored from, if any).
+func (s *State) Discard() { _ = s.stopLoop(false) }
+
+func (s *State) stopLoop(snapshot bool) error {
 	s.readyMu.Lock()
 	if s.lagTimer != nil {
 		s.lagTimer.Stop()
@@ -527,6 +535,9 @@ func (s *State) Close() error {
 	close(s.stop)
 	<-s.done
 	s.stop = nil
+	if !snapshot {
+		return nil
+	}
 	if err := s.Snapshot(); err != nil {
 		return fmt.Errorf("last index snapshot: %w", err)
 	}

@@ -29,6 +29,7 @@ type stats struct {
 	inOrder       atomic.Int64
 	replayed      atomic.Int64
 	cold          atomic.Int64
+	restarted     atomic.Int64
 	lagging       atomic.Int64 // still catching up at the catch-up timeout
 }
 
@@ -59,6 +60,8 @@ func (st *stats) outcome(o string) {
 		st.replayed.Add(1)
 	case subscriber.ResumedCold:
 		st.cold.Add(1)
+	case subscriber.ResumedRestarted:
+		st.restarted.Add(1)
 	}
 }
 
@@ -83,7 +86,7 @@ var (
 	descOrigin = prometheus.NewDesc("conductor_restore_origin",
 		"Where the index was restored from at start: 1 for the origin used (peer: a replica's GET /snapshot; state_dir: this replica's own snapshot; none: an empty index), 0 for the others.", []string{"origin"}, nil)
 	descRestored = prometheus.NewDesc("conductor_restore_sources",
-		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, lagging (not settled at the catch-up timeout).", []string{"outcome"}, nil)
+		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, restarted (the publisher restarted meanwhile: restored entries dropped, new stream indexed), lagging (not settled at the catch-up timeout).", []string{"outcome"}, nil)
 )
 
 // Collector exports the figures.
@@ -123,7 +126,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, o := range []struct {
 		name string
 		v    *atomic.Int64
-	}{{"restored", &st.restored}, {"in_order", &st.inOrder}, {"replay", &st.replayed}, {"cold", &st.cold}, {"lagging", &st.lagging}} {
+	}{{"restored", &st.restored}, {"in_order", &st.inOrder}, {"replay", &st.replayed}, {"cold", &st.cold}, {"restarted", &st.restarted}, {"lagging", &st.lagging}} {
 		ch <- prometheus.MustNewConstMetric(descRestored, prometheus.GaugeValue, float64(o.v.Load()), o.name)
 	}
 }

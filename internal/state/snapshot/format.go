@@ -122,6 +122,12 @@ type Source struct {
 	// source that had not received anything yet.
 	Seq    uint64 `msgpack:"seq"`
 	HasSeq bool   `msgpack:"has_seq"`
+	// Digest, when HasDigest, is an xxh3-64 of the batch applied at Seq
+	// (sources with a replay endpoint), checked against the publisher's
+	// replay record after a restart. Files written before it have
+	// neither key, and those sources resume unchecked.
+	Digest    uint64 `msgpack:"digest,omitempty"`
+	HasDigest bool   `msgpack:"has_digest,omitempty"`
 	// Stale sources stay stale after a restart; they hold no entries.
 	Stale bool `msgpack:"stale"`
 	// Bindings are a Mooncake source's object bindings; each holds one

@@ -55,7 +55,7 @@ func sample(t testing.TB) *Snapshot {
 	s := &Snapshot{
 		Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
 		Sources: []Source{
-			{Key: "a|default|0", Type: "vLLM", Seq: 41, HasSeq: true},
+			{Key: "a|default|0", Type: "vLLM", Seq: 41, HasSeq: true, Digest: 0x9e3779b97f4a7c15, HasDigest: true},
 			{Key: "a|default|1", Type: "vLLM", Seq: 7, HasSeq: true, Stale: true},
 			{Key: "b|t|0", Type: "SGLang"},
 			{Key: "master|default|0", Type: "Mooncake", Seq: 9, HasSeq: true, Bindings: []Binding{
