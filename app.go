@@ -162,13 +162,17 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Path: cfg.StateDir, Reset: cfg.StateReset, SnapshotInterval: cfg.SnapshotInterval,
 		CatchUpTimeout: cfg.CatchUpTimeout, Logger: log, SharedRegistrations: sh != nil,
 		Peers: sh.BootstrapPeers(cfg.BootstrapFrom, cfg.Etcd.Prefix, cfg.Etcd.AdvertiseURL, log), PeerToken: cfg.AuthToken,
+		IndexMemoryLimit: cfg.IndexMemoryBytes,
 	})
 	if err != nil {
 		return fail(err)
 	}
 	a.state = state
 	a.stops.push("state directory", nothingToReport(state.Release))
-	ix := index.New(index.Options{RemovalPause: removalPause})
+	if cfg.IndexMemoryNote != "" {
+		log.Info().Int64("index_memory_bytes", cfg.IndexMemoryBytes).Msg(cfg.IndexMemoryNote)
+	}
+	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	memo := hashing.NewMemo(cfg.MemoBytes)
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)

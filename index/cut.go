@@ -356,6 +356,7 @@ func (t *Table) StoreBatchGroups(id OwnerID, keys []uint64, tiers []TierMask, wo
 		if start[si] == start[si+1] {
 			continue
 		}
+		t.admit()
 		s := &t.stripes[si]
 		s.mu.Lock()
 		if s.dead || !t.registered(id) {

@@ -74,10 +74,18 @@ func (s *stripe) groupsOf(sl int) []uint32 {
 	return nil
 }
 
+// Accounted costs of the group dimension (budget.go): a group word, and a
+// key's shared references of other groups (the map entry and its counts).
+const (
+	groupWordBytes   = 4
+	sharedGroupBytes = 8 + 8 + MaxGroups*8 + 48
+)
+
 // groupsAppend mirrors ownerAppend: a new pair's word is implicit.
 func (s *stripe) groupsAppend(sl int) {
 	if g := s.groupsOf(sl); g != nil {
 		s.groups[sl] = append(g, 0)
+		s.charge(groupWordBytes)
 	}
 }
 
@@ -89,6 +97,7 @@ func (s *stripe) groupsRemoveAt(sl int, pos, last uint32) {
 	}
 	g[pos] = g[last]
 	g = g[:last]
+	s.charge(-groupWordBytes)
 	if cap(g) > 64 && len(g)*4 < cap(g) {
 		g = append([]uint32(nil), g...)
 	}
@@ -98,6 +107,7 @@ func (s *stripe) groupsRemoveAt(sl int, pos, last uint32) {
 // groupsTruncate mirrors clearOwner's cut of the reverse list to n entries.
 func (s *stripe) groupsTruncate(sl, n int) {
 	if g := s.groupsOf(sl); g != nil {
+		s.charge(-groupWordBytes * int64(len(g)-n))
 		if n == 0 {
 			s.groups[sl] = nil
 		} else {
@@ -129,6 +139,7 @@ func (s *stripe) groupStored(sl int, pos uint32, before uint8, t Tier, gr uint) 
 		}
 		g = make([]uint32, len(s.owned[sl]))
 		s.groups[sl] = g
+		s.charge(groupWordBytes * int64(len(g)))
 	}
 	g[pos] = explicitWord(g[pos], before) | 1<<(groupShift(t)+gr)
 }
@@ -229,6 +240,7 @@ func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
 		}
 		g = make([]uint32, len(s.owned[sl]))
 		s.groups[sl] = g
+		s.charge(groupWordBytes * int64(len(g)))
 	}
 	g[pos] = explicitWord(g[pos], before) | w
 }
@@ -293,6 +305,7 @@ func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
 	if r == nil {
 		r = new(sharedGroupRefs)
 		s.sharedGroups[key] = r
+		s.charge(sharedGroupBytes)
 	}
 	if r[g][i] != ^uint32(0) {
 		r[g][i]++
@@ -321,5 +334,6 @@ func (t *Table) ReleaseSharedGroup(tier Tier, g int, key uint64) {
 	r[g][i]--
 	if *r == (sharedGroupRefs{}) {
 		delete(s.sharedGroups, key)
+		s.charge(-sharedGroupBytes)
 	}
 }

@@ -27,6 +27,7 @@ type holderSets struct {
 	free   []uint32          // ids of freed sets
 	unused int               // interned sets without references
 	epoch  uint32
+	bytes  int64    // accounted memory of the sets (budget.go)
 	words  []uint32 // scratch for intern
 }
 
@@ -102,6 +103,7 @@ func (hs *holderSets) intern(first pair, rest []pair) uint32 {
 		return 0
 	}
 	hs.sets[id-1] = holderSet{words: slices.Clone(w), hash: h, refs: 1, next: head}
+	hs.bytes += holderSetBytes + 4*int64(len(w))
 	if hs.byHash == nil {
 		hs.byHash = make(map[uint64]uint32)
 	}
@@ -133,6 +135,9 @@ func (hs *holderSets) sweep() {
 	for i := range hs.sets {
 		id, set := uint32(i+1), &hs.sets[i]
 		if set.refs == 0 {
+			if set.words != nil {
+				hs.bytes -= holderSetBytes + 4*int64(len(set.words))
+			}
 			*set = holderSet{}
 			hs.free = append(hs.free, id)
 			continue

@@ -534,6 +534,9 @@ func TestHybridAgainstReference(t *testing.T) {
 		if err := groupsErr(tb); err != nil {
 			rt.Fatal(err)
 		}
+		if err := accountErr(tb); err != nil {
+			rt.Fatal(err)
+		}
 		// the snapshot keeps the group dimension and the layouts: a table
 		// restored from a cut answers exactly as the original
 		cuts := ix.BeginCut().Finish()

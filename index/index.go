@@ -23,6 +23,11 @@ type Options struct {
 	// with this pause after each (see reaper). Zero clears synchronously.
 	// The service uses it; Close must then be called to stop the worker.
 	RemovalPause time.Duration
+	// MemoryLimit, when positive, bounds the index's accounted memory in
+	// bytes: at the limit the least recently stored entries are evicted
+	// in the background (budget.go, evict.go; docs/index-memory.md). Zero
+	// is unbounded. Close must then be called to stop the evictor.
+	MemoryLimit int64
 }
 
 // DefaultStripes is used when Options.Stripes is not positive.
@@ -44,6 +49,8 @@ type Index struct {
 	scopes cowMap[ScopeKey, *Table]
 	// watch, when set, sees every change (watch.go).
 	watch atomic.Pointer[watcherBox]
+	// bud accounts the memory and, when bounded, drives eviction.
+	bud *budget
 }
 
 // New returns an empty index.
@@ -52,8 +59,11 @@ func New(opts Options) *Index {
 	if n <= 0 {
 		n = DefaultStripes
 	}
-	ix := &Index{stripes: n}
+	ix := &Index{stripes: n, bud: newBudget(opts.MemoryLimit)}
 	ix.reap.pause = opts.RemovalPause
+	if ix.bud.bounded() {
+		go ix.runEvictor()
+	}
 	return ix
 }
 
@@ -70,6 +80,7 @@ func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
 	return ix.tables.ensure(&ix.mu, ctx, func() *Table {
 		t := newTable(ctx, p, ix.stripes)
 		t.ix = ix
+		ix.attach(t, EvictedContext)
 		if ix.reap.pause > 0 {
 			t.reap = &ix.reap
 		}

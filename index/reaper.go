@@ -121,7 +121,12 @@ func (r *reaper) wait(close bool) {
 // Close stops background clearing: the running chunk finishes, queued
 // owners are left as they are (the process is shutting down), and later
 // removals clear synchronously. It returns once no reaper goroutine runs.
-func (ix *Index) Close() { ix.reap.wait(true) }
+// It also stops the evictor of a bounded index: writers no longer wait
+// for it, and the budget is no longer enforced.
+func (ix *Index) Close() {
+	ix.reap.wait(true)
+	ix.bud.close()
+}
 
 // Settle waits until every removed owner's entries are cleared, so tests
 // and tools can observe the index at rest.

@@ -31,6 +31,7 @@ func (ix *Index) EnsureScope(k ScopeKey) *Table {
 	return ix.scopes.ensure(&ix.mu, k, func() *Table {
 		t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, hashing.Profile{}, ix.stripes)
 		t.scope, t.scheme, t.ix = true, k.Scheme, ix
+		ix.attach(t, EvictedScope)
 		return t
 	})
 }
@@ -82,6 +83,7 @@ func (t *Table) Put(id OwnerID, tier Tier, key uint64) (added bool) {
 	if bit == 0 {
 		return false
 	}
+	t.admit()
 	h := mix(key)
 	s := t.stripeFor(h)
 	s.mu.Lock()

@@ -109,7 +109,9 @@ type stripe struct {
 	// gen counts the writers that have changed the stripe (see
 	// Table.changing); Table.Version sums it over the stripes.
 	gen atomic.Uint64
-	_   [64]byte // keep neighbouring stripes' locks off one cache line
+	// acct is the stripe's accounted memory and recency stamps (budget.go).
+	acct acct
+	_    [64]byte // keep neighbouring stripes' locks off one cache line
 }
 
 // mix is the splitmix64 finalizer: projected keys from tests or odd
@@ -233,6 +235,7 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 			}
 		case v&^mask == fp:
 			if idx := int(v&mask) - 1; s.blocks[idx].key == key {
+				s.stamp(idx)
 				return idx
 			}
 		}
@@ -255,6 +258,8 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 	}
 	s.slots[i] = fp | (idx + 1)
 	s.nlive++
+	s.stamp(int(idx))
+	s.charge(blockBytes)
 	return int(idx)
 }
 
@@ -317,12 +322,15 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 	s.blocks[idx] = block{ext: s.free}
 	s.free = uint32(idx + 1)
 	s.nlive--
+	s.charge(-blockBytes)
 	if s.nlive == 0 {
 		// Give everything back when a stripe empties (e.g. after a drop of
 		// all owners); a steady-state cache never gets here.
 		s.slots, s.blocks, s.free, s.ext, s.extFre, s.tombs = nil, nil, 0, nil, nil, 0
 		s.publishSlots()
 		s.sets = holderSets{epoch: s.sets.epoch + 1}
+		s.trimStamps(0)
+		s.charge(0)
 	} else if len(s.blocks) > 256 && s.nlive*4 < len(s.blocks) {
 		s.compact()
 	}
@@ -354,6 +362,7 @@ func (s *stripe) compact() {
 			}
 		}
 		s.blocks[hole] = *b
+		s.moveStamp(hole, j)
 	}
 	blocks := make([]block, s.nlive)
 	copy(blocks, s.blocks)
@@ -365,6 +374,7 @@ func (s *stripe) compact() {
 		}
 	}
 	s.blocks, s.free, s.ext, s.extFre = blocks, 0, ext, nil
+	s.trimStamps(s.nlive)
 	s.resize(s.nlive)
 }
 
@@ -430,8 +440,10 @@ func (s *stripe) addPair(b *block, p pair) {
 			s.ext = append(s.ext, nil)
 			b.ext = uint32(len(s.ext))
 		}
+		s.charge(extBytes)
 	}
 	s.ext[b.ext-1] = append(s.ext[b.ext-1], p)
+	s.charge(pairBytes)
 	s.reinternAdded(b, p)
 }
 
@@ -451,6 +463,7 @@ func (s *stripe) removePair(b *block, k int) {
 	}
 	ov = ov[:last]
 	s.ext[b.ext-1] = ov
+	s.charge(-pairBytes)
 	if last == 0 {
 		s.freeExt(b.ext)
 		b.ext = 0
@@ -464,6 +477,7 @@ func (s *stripe) freeExt(e uint32) {
 		s.ext[e-1] = s.ext[e-1][:0]
 	}
 	s.extFre = append(s.extFre, e)
+	s.charge(-extBytes)
 }
 
 // union recomputes the tiers held by anyone.
@@ -500,6 +514,7 @@ func (s *stripe) ownerAppend(id OwnerID, idx int) uint32 {
 		s.owned = owned
 	}
 	s.owned[sl] = append(s.owned[sl], uint32(idx))
+	s.charge(ownedBytes)
 	s.groupsAppend(sl)
 	return uint32(len(s.owned[sl]) - 1)
 }
@@ -530,6 +545,7 @@ func (s *stripe) ownerRemoveAt(id OwnerID, pos uint32) {
 		list = append([]uint32(nil), list...)
 	}
 	s.owned[sl] = list
+	s.charge(-ownedBytes)
 }
 
 // settle refreshes a changed block's union mask and interned holder list,
@@ -575,6 +591,7 @@ func (s *stripe) clearOwner(id OwnerID, tiers uint8, from, budget int) int {
 			s.removePair(b, s.findEngine(b, id))
 			s.settle(int(idx), b)
 		}
+		s.charge(-ownedBytes * int64(from-stop))
 		if stop == 0 {
 			s.owned[id.slot()] = nil
 		} else {

@@ -336,6 +336,7 @@ func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) {
 	if bit == 0 || g >= MaxGroups {
 		return
 	}
+	t.admit()
 	h := mix(key)
 	s := t.stripeFor(h)
 	s.mu.Lock()
@@ -474,6 +475,7 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 	if bit == 0 {
 		return
 	}
+	t.admit()
 	h := mix(key)
 	s := t.stripeFor(h)
 	s.mu.Lock()
@@ -542,7 +544,11 @@ func (t *Table) drop() {
 		s.slots, s.blocks, s.ext, s.extFre, s.owned, s.groups, s.sharedGroups = nil, nil, nil, nil, nil, nil, nil
 		s.publishSlots()
 		s.sets = holderSets{}
+		s.releaseAll()
 		s.nlive, s.free, s.tombs, s.tierKeys = 0, 0, 0, [numTiers]int{}
 		s.mu.Unlock()
+	}
+	if t.ix != nil {
+		t.ix.detach(t)
 	}
 }

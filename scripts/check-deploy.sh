@@ -67,4 +67,4 @@ done
 echo "check-deploy: chart lints and renders ($(grep -c '^kind: ' "$out/default.yaml") objects by default)"
 
 promtool check rules deploy/prometheus/alerts.yml
-(cd deploy/prometheus && promtool test rules alerts_test.yml)
+(cd deploy/prometheus && promtool test rules alerts_test.yml index_alerts_test.yml)

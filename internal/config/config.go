@@ -64,6 +64,10 @@ type Config struct {
 	// again while its context is unchanged skip hashing and the walk (0
 	// disables).
 	AnswerCacheBytes int
+	// IndexMemoryBytes bounds the index's accounted memory (0: unbounded);
+	// IndexMemoryNote, when set, says at INFO how the default was derived.
+	IndexMemoryBytes int64
+	IndexMemoryNote  string
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
@@ -141,6 +145,7 @@ type flags struct {
 	memo      *int
 	tokenMemo *int
 	answers   *int
+	indexMem  *string
 	tokenFile *string
 	grpcAddr  *string
 	grpcCert  *string
@@ -174,6 +179,7 @@ func newFlags() *flags {
 	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing; 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
 	f.answers = fl.Int("answer-cache-mib", DefaultAnswerCacheMiB, "MiB for the answer cache that lets a prompt asked again while its context is unchanged skip hashing and the walk; 0 disables (env CONDUCTOR_ANSWER_CACHE_MIB)")
+	f.indexMem = fl.String("index-memory-mib", "auto", "MiB budget for the index's accounted memory; at it the least recently stored blocks are evicted; auto is half the process's memory limit (cgroup v2 memory.max or GOMEMLIMIT), unbounded when none is known; 0 is unbounded (env CONDUCTOR_INDEX_MEMORY_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
 	f.grpcAddr = fl.String("grpc-addr", "", "listen address of the InferenceCache gRPC door, e.g. :9090 (env CONDUCTOR_GRPC_ADDR; default off)")
 	f.grpcCert = fl.String("grpc-tls-cert", "", "PEM certificate file for the gRPC door; needs --grpc-tls-key (env CONDUCTOR_GRPC_TLS_CERT; default plaintext)")
@@ -330,6 +336,11 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 	if err := memoSize(&c.AnswerCacheBytes, "answer cache", f.pick("answer-cache-mib", strconv.Itoa(*f.answers), getenv("CONDUCTOR_ANSWER_CACHE_MIB"))); err != nil {
 		return nil, err
 	}
+	ib, note, err := indexMemory(f.pick("index-memory-mib", *f.indexMem, getenv("CONDUCTOR_INDEX_MEMORY_MIB")), memoryLimit)
+	if err != nil {
+		return nil, err
+	}
+	c.IndexMemoryBytes, c.IndexMemoryNote = ib, note
 	if tf := f.pick("auth-token-file", *f.tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); tf != "" {
 		b, err := os.ReadFile(tf)
 		if err != nil {

@@ -26,6 +26,16 @@ type eventReader interface {
 	readEvent(r *msgp.Reader, env *envelope, i int) error
 }
 
+// MaxBatchEvents bounds the events of one batch: an event can take one
+// byte on the wire (an empty map) and a hundred or more decoded, so a
+// batch of millions of them, inside the message size limit, would cost
+// gigabytes before a single one is applied. Real batches are far shorter
+// (a vLLM or SGLang step has an event per request that changed the cache;
+// the Mooncake master sends at most max_batch_size, 50 by default); a
+// longer one is rejected whole as too_many_events
+// (docs/index-memory.md#other-limits).
+const MaxBatchEvents = 65536
+
 // decode walks one payload, handing each event to er. Nothing is applied
 // here: the batch dp_rank follows the events on the wire and a truncated
 // tail must reject the envelope, so effects wait until the whole payload
@@ -94,6 +104,9 @@ func (b *batch) decode(typ source.Type, payload []byte, er eventReader) Reason {
 	m, err := r.ArrayLen()
 	if err != nil {
 		return EnvInvalid
+	}
+	if m > MaxBatchEvents {
+		return EnvTooManyEvents
 	}
 	for i := 0; i < m; i++ {
 		if err := er.readEvent(r, env, i); err != nil {

@@ -28,6 +28,7 @@ const (
 	EnvLength
 	EnvTimestamp
 	EnvEventsNotArray
+	EnvTooManyEvents
 	EnvDPRank
 
 	// Batch rejection (docs/events.md#batch-dp-rank).
@@ -98,6 +99,7 @@ var reasonNames = [NumReasons]string{
 	EnvLength:           "length",
 	EnvTimestamp:        "timestamp",
 	EnvEventsNotArray:   "events_not_array",
+	EnvTooManyEvents:    "too_many_events",
 	EnvDPRank:           "dp_rank",
 	BatchDPMismatch:     "dp_rank_mismatch",
 	EvArrayEncoded:      "array_encoded_event",

@@ -115,6 +115,12 @@ var (
 	descOwners = prometheus.NewDesc("conductor_index_engine_owners",
 		"Registered engine owners (instance, dp rank), per context.", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descContexts    = prometheus.NewDesc("conductor_contexts", "Indexed contexts.", nil, nil)
+	descIndexMemory = prometheus.NewDesc("conductor_index_memory_bytes",
+		"Accounted memory of the index: blocks, holders, reverse lists, holder sets and tables of every context and producer scope (docs/index-memory.md).", nil, nil)
+	descIndexMemoryLimit = prometheus.NewDesc("conductor_index_memory_limit_bytes",
+		"The index's memory budget (--index-memory-mib); 0 when unbounded.", nil, nil)
+	descIndexEvictions = prometheus.NewDesc("conductor_index_evictions_total",
+		"Blocks evicted, least recently stored first, to keep the index within its budget, by kind of table (context or scope).", []string{"kind"}, nil)
 	descScopeBlocks = prometheus.NewDesc("conductor_scope_blocks",
 		"Blocks held in a tier, per producer-fed scope (gRPC ReportCacheState).", []string{"tenant", "model", "scheme", "adapter", "tier"}, nil)
 	descScopePrefixes = prometheus.NewDesc("conductor_scope_prefixes",
@@ -124,12 +130,12 @@ var (
 	descServices = prometheus.NewDesc("conductor_services", "Registered services by type.", []string{"type"}, nil)
 	descState    = prometheus.NewDesc("conductor_subscriber_state",
 		"1 for the current state of each service's subscriber, 0 for the others.", []string{"service", "type", "state"}, nil)
-	descStale = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
+	descStale    = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
 	descRestarts = prometheus.NewDesc("conductor_publisher_restarts_total",
 		"Publisher restarts detected per service (each a new epoch: the old process's entries dropped, the new stream indexed), since its source started.", []string{"service", "type"}, nil)
 	descRecoveries = prometheus.NewDesc("conductor_stale_recoveries_total",
 		"Stale states a service's source left by itself (--stale-recovery auto), since it started.", []string{"service", "type"}, nil)
-	descMemo  = prometheus.NewDesc("conductor_hash_memo_lookups_total",
+	descMemo = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
 	descTokenMemo = prometheus.NewDesc("conductor_token_memo_tokens_total",
 		"Token ids of accepted /query bodies copied from the token memo (hit) or decoded while it was consulted (miss).", []string{"result"}, nil)
@@ -191,7 +197,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -203,6 +209,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if ix := c.opts.Index; ix != nil {
 		tables := ix.Tables()
 		ch <- prometheus.MustNewConstMetric(descContexts, prometheus.GaugeValue, float64(len(tables)))
+		ch <- prometheus.MustNewConstMetric(descIndexMemory, prometheus.GaugeValue, float64(ix.MemoryBytes()))
+		ch <- prometheus.MustNewConstMetric(descIndexMemoryLimit, prometheus.GaugeValue, float64(ix.MemoryLimit()))
+		for _, k := range index.EvictionKinds {
+			ch <- prometheus.MustNewConstMetric(descIndexEvictions, prometheus.CounterValue, float64(ix.Evictions(k)), k.String())
+		}
 		for _, t := range tables {
 			k := t.Context()
 			bs := strconv.Itoa(k.BlockSize)

@@ -6,6 +6,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -55,7 +56,7 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		"conductor_events_applied_total":     {""},
 		"conductor_sequence_gaps_total":      {""},
 		"conductor_messages_dropped_total":   {"frame_count", "sequence_length", "sequence_reserved", "receive_error", "stale", "duplicate"},
-		"conductor_envelopes_rejected_total": {"empty_payload", "invalid_msgpack", "trailing_bytes", "not_array", "length", "timestamp", "events_not_array", "dp_rank"},
+		"conductor_envelopes_rejected_total": {"empty_payload", "invalid_msgpack", "trailing_bytes", "not_array", "length", "timestamp", "events_not_array", "too_many_events", "dp_rank"},
 		"conductor_batches_rejected_total":   {"dp_rank_mismatch"},
 		"conductor_events_ignored_total":     {"medium", "no_binding"},
 		"conductor_events_rejected_total": {"array_encoded_event", "not_map", "non_string_key", "duplicate_key",
@@ -96,5 +97,31 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		if v, ok := got["conductor_services"]["type="+typ+","]; !ok || v != 0 {
 			t.Errorf("conductor_services{type=%s} = %v, present %v; want 0", typ, v, ok)
 		}
+	}
+}
+
+// TestIndexMemorySeries: the budget's gauges and the eviction counter by
+// kind are exported from start-up, at zero evictions, and follow the index.
+func TestIndexMemorySeries(t *testing.T) {
+	ix := index.New(index.Options{MemoryLimit: 64 << 20})
+	defer ix.Close()
+	m := New(Options{Index: ix})
+	got := scrape(t, m)
+	if v := got["conductor_index_memory_limit_bytes"][""]; v != 64<<20 {
+		t.Errorf("conductor_index_memory_limit_bytes = %v, want %d", v, 64<<20)
+	}
+	for _, kind := range []string{"context", "scope"} {
+		if v, ok := got["conductor_index_evictions_total"]["kind="+kind+","]; !ok || v != 0 {
+			t.Errorf("conductor_index_evictions_total{kind=%s} = %v, present %v; want 0", kind, v, ok)
+		}
+	}
+	before := got["conductor_index_memory_bytes"][""]
+	tb := ix.EnsureTable(index.ContextKey{Model: "m", BlockSize: 16}, hashing.Profile{})
+	id := tb.AddEngineOwner("a", 0)
+	for k := range uint64(10000) {
+		tb.Store(id, index.Device, k+1)
+	}
+	if after := scrape(t, m)["conductor_index_memory_bytes"][""]; after <= before {
+		t.Errorf("conductor_index_memory_bytes %v after 10,000 blocks, %v before", after, before)
 	}
 }

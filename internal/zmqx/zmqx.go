@@ -11,10 +11,20 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
+// MaxMessageBytes is ZMQ_MAXMSGSIZE on every event socket: libzmq drops
+// the connection of a peer that sends a larger message (it never buffers
+// it), and the source reconnects on its own, seeing the messages lost
+// meanwhile as a sequence gap. The largest real batch, a vLLM step that
+// stores a 1 M-token prompt's blocks with their token ids, is about 6 MiB;
+// the limit bounds what one message may cost before it is decoded
+// (docs/index-memory.md#other-limits).
+const MaxMessageBytes = 16 << 20
+
 // NewSocket creates a socket with the options every event socket gets:
 // linger 0 (a closing socket never waits for unsent requests, so Stop and
-// Close are prompt), IPv6 enabled (endpoints may name IPv6 hosts), and the
-// given receive high-water mark in messages (0 means no limit).
+// Close are prompt), IPv6 enabled (endpoints may name IPv6 hosts), messages
+// of at most MaxMessageBytes, and the given receive high-water mark in
+// messages (0 means no limit).
 func NewSocket(t zmq.Type, rcvhwm int) (*zmq.Socket, error) {
 	s, err := zmq.NewSocket(t)
 	if err != nil {
@@ -36,6 +46,9 @@ func configure(s *zmq.Socket, rcvhwm int) error {
 	}
 	if err := s.SetIpv6(true); err != nil {
 		return fmt.Errorf("enable IPv6: %w", err)
+	}
+	if err := s.SetMaxmsgsize(MaxMessageBytes); err != nil {
+		return fmt.Errorf("set maximum message size: %w", err)
 	}
 	return nil
 }

@@ -27,9 +27,10 @@ const (
 	dropTier        = "bad_tier"        // not a CacheTier value
 	dropEmptyEntry  = "empty_entry"     // neither chain nor prefix_hash
 	dropProbeTenant = "probe_tenant"    // the reserved tenant: acknowledged, ignored
+	dropReplicas    = "replica_limit"   // the scope has producer.MaxReplicasPerScope other replicas
 )
 
-var allDropReasons = []string{dropNoScope, dropNoScheme, dropUnequal, dropEmptyHash, dropTokenCount, dropTier, dropEmptyEntry, dropProbeTenant}
+var allDropReasons = []string{dropNoScope, dropNoScheme, dropUnequal, dropEmptyHash, dropTokenCount, dropTier, dropEmptyEntry, dropProbeTenant, dropReplicas}
 
 // producerKey is the index key of a hash a producer sent: 8 bytes are the
 // key big-endian, as every InferenceCache sidecar sends; any other length
@@ -122,6 +123,10 @@ func (s *Server) applyUpdate(u *pb.CacheStateUpdate) {
 		if !haveW || ad != wAd {
 			w = st.Writer(index.ScopeKey{Tenant: rk.Tenant, Model: rk.Model, Scheme: u.GetHashScheme(), Adapter: ad}, rk.Replica)
 			wAd, haveW = ad, true
+		}
+		if w.Refused() {
+			s.m.dropped.WithLabelValues(dropReplicas).Inc()
+			continue
 		}
 		if hs := e.GetBlockHashes(); len(hs) > 0 {
 			cum := int32(0)

@@ -75,6 +75,8 @@ type Store struct {
 	// keys nobody holds any more are kept, so the cut reads every count
 	// of the keys it copied (they are pruned at a later clear).
 	cutting atomic.Int32
+	// refused counts reports dropped for MaxReplicasPerScope.
+	refused atomic.Uint64
 
 	stop chan struct{}
 	done chan struct{}
@@ -94,6 +96,7 @@ type replica struct {
 
 // scope is a producer-fed scope's bookkeeping beside its index table.
 type scope struct {
+	st     *Store
 	t      *index.Table
 	owners map[string]*owner // by replica id; under Store.mu
 	tokens [tokenShards]tokenShard
@@ -109,7 +112,21 @@ const tokenShards = 16
 type tokenShard struct {
 	mu sync.Mutex
 	m  map[uint64]int32
+	// pruneAt is the size at which the shard next forgets the counts of
+	// keys the index no longer holds (evicted by its memory budget, which
+	// does not tell the producer): twice what was left after the last
+	// prune, so pruning costs O(1) per new key.
+	pruneAt int
 }
+
+// minPruneAt is a shard's first pruning size.
+const minPruneAt = 4096
+
+// MaxReplicasPerScope bounds the replicas one producer-fed scope takes as
+// owners: replica ids come from clients, and each costs an owner slot and
+// registration state. A report from a replica beyond it is dropped (see
+// Writer) and counted by RefusedReplicas.
+const MaxReplicasPerScope = 4096
 
 // New returns an empty store; Start runs its expiry.
 func New(opts Options) *Store {
@@ -156,6 +173,10 @@ func (s *Store) Start() {
 		}
 	}()
 }
+
+// RefusedReplicas counts the reports dropped because their scope had
+// MaxReplicasPerScope replicas already.
+func (s *Store) RefusedReplicas() uint64 { return s.refused.Load() }
 
 // Close stops the sweep started by Start.
 func (s *Store) Close() {
@@ -242,19 +263,31 @@ func (s *Store) Writer(k index.ScopeKey, replicaID string) Writer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sc = s.scopes[k]; sc == nil {
-		sc = &scope{t: s.ix.EnsureScope(k), owners: map[string]*owner{}}
+		sc = &scope{st: s, t: s.ix.EnsureScope(k), owners: map[string]*owner{}}
 		s.scopes[k] = sc
 	}
 	if o = sc.owners[replicaID]; o == nil {
+		if len(sc.owners) >= MaxReplicasPerScope {
+			// A writer for owner 0, which every index operation ignores.
+			s.refused.Add(1)
+			return Writer{sc, &owner{}}
+		}
 		o = &owner{id: sc.t.AddEngineOwner(replicaID, 0)}
 		sc.owners[replicaID] = o
 	}
 	return Writer{sc, o}
 }
 
+// Refused reports whether the writer's replica was refused for
+// MaxReplicasPerScope: its Puts are no-ops.
+func (w Writer) Refused() bool { return w.o.id == 0 }
+
 // Put records that the replica holds key in tier, covering tokens tokens
 // from the start of the prompt; a re-report replaces tier and count.
 func (w Writer) Put(tier index.Tier, key uint64, tokens int32) {
+	if w.o.id == 0 {
+		return // a refused replica (MaxReplicasPerScope)
+	}
 	if w.sc.t.Put(w.o.id, tier, key) {
 		w.o.entries.Add(1)
 	}
@@ -269,6 +302,14 @@ func (sc *scope) setTokens(key uint64, tokens int32) {
 		sh.m = map[uint64]int32{}
 	}
 	sh.m[key] = tokens
+	if len(sh.m) >= max(sh.pruneAt, minPruneAt) && sc.st.cutting.Load() == 0 {
+		for k := range sh.m {
+			if !sc.t.Has(k) {
+				delete(sh.m, k)
+			}
+		}
+		sh.pruneAt = 2 * len(sh.m)
+	}
 	sh.mu.Unlock()
 }
 

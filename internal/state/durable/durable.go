@@ -58,6 +58,10 @@ type Options struct {
 	// dynamic registrations: the directory then neither reads nor writes
 	// its registration record, and keeps only the index snapshot.
 	SharedRegistrations bool
+	// IndexMemoryLimit is the index's memory budget (0: unbounded); a
+	// snapshot, from the directory or a peer, that would not fit it is
+	// refused (tooLarge).
+	IndexMemoryLimit int64
 }
 
 // State is the durable side of one running service. Its methods are safe
@@ -180,6 +184,9 @@ func (s *State) loadSnapshot() {
 	var snap *snapshot.Snapshot
 	if err == nil {
 		snap, err = snapshot.Read(data)
+	}
+	if err == nil {
+		err = s.tooLarge(snap)
 	}
 	if err != nil {
 		ev := s.log.Error().Str("file", name).Str("reason", err.Error())

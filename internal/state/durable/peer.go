@@ -82,6 +82,9 @@ func (s *State) fetch(peer string) (*snapshot.Snapshot, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	if err := s.tooLarge(snap); err != nil {
+		return nil, 0, err
+	}
 	return snap, int64(len(data)), nil
 }
 
