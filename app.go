@@ -174,12 +174,16 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
-	memo := hashing.NewMemo(cfg.MemoBytes)
+	// One engine answers both doors and owns their caches: the prefix
+	// memo and the answer cache, and the doors' token memos attached to
+	// it, all forgotten through engine.Forget.
+	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Answers: query.NewAnswers(cfg.AnswerCacheBytes)})
 	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
-	answers := query.NewAnswers(cfg.AnswerCacheBytes)
+	engine.Attach(tokenMemo, false)
 	memReturn := bgjob.New(returnMemory, nil)
-	// door is set once the gRPC door is open; OnContextDropped may run
-	// from registry goroutines before that.
+	// door is set once the gRPC door is open, for the sources' state
+	// changes its watchers hear of; sources may change state from their
+	// goroutines before that.
 	var door atomic.Pointer[grpcapi.Server]
 	// A nil set (the check turned off) gives services no checker.
 	var checks *hashcheck.Set
@@ -192,16 +196,10 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
-				// Nothing left to query: remembered chains and token
-				// arrays would only keep the memos' budgets resident.
-				memo.Reset()
-				tokenMemo.Reset()
-				answers.Reset()
-				if d := door.Load(); d != nil && len(ix.Scopes()) == 0 {
-					// Producer-fed scopes still answer token_ids
-					// lookups; with none left the door's memo goes too.
-					d.ResetMemo()
-				}
+				// Nothing left to query: remembered chains, answers
+				// and token arrays would only keep their budgets
+				// resident.
+				engine.Forget()
 			}
 			memReturn.Request()
 		},
@@ -235,9 +233,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// The last producer-fed scope went (cleared or
 				// expired): with no context left either, the
 				// door's token memo only keeps its budget resident.
-				if d := door.Load(); d != nil && len(ix.Tables()) == 0 {
-					d.ResetMemo()
-				}
+				engine.Forget()
 				memReturn.Request()
 			}})
 		state.AttachProducer(prod)
@@ -268,7 +264,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: memo, TokenMemo: tokenMemo, Answers: answers, Build: &build, HashChecks: checks,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
@@ -285,7 +281,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	srv := server.New(server.Options{
 		Registry: reg, Index: ix, Logger: log,
-		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Memo: memo, TokenMemo: tokenMemo, Answers: answers,
+		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Engine: engine, TokenMemo: tokenMemo,
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
 		Snapshot:    state.WriteSnapshot,
@@ -304,7 +300,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	})
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
-		if err := a.openDoor(cfg, prod, m, memo, answers, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+		if err := a.openDoor(cfg, prod, m, engine, func() bool { ok, _, _ := ready(); return ok }); err != nil {
 			return fail(err)
 		}
 		door.Store(a.door)
@@ -316,9 +312,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 }
 
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
-func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, memo *hashing.Memo, answers *query.Answers, ready func() bool) error {
+func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, engine *query.Engine, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Memo: memo, Answers: answers, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
+		Index: a.ix, Producer: prod, Engine: engine, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
@@ -523,3 +519,5 @@ func (s source) State() string { return s.Subscriber.State().String() }
 
 // Connected reports whether the subscription has reached its publisher.
 func (s source) Connected() bool { return s.Subscriber.Connected() }
+
+var _ registry.ConnectionReporter = source{}

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -141,10 +142,10 @@ func DecodeRegister(body []byte, lim Limits) (registry.Registration, *Error) {
 }
 
 func blockSize(c *cursor) (int, *Error) {
-	if k := c.peek(); k != kindInt {
+	if k := c.Kind(); k != msgp.Int {
 		return 0, Errorf(InvalidType, "block_size", "block_size must be an integer, got %s", k)
 	}
-	v, ok := int64Range(c.integer())
+	v, ok := msgp.Int64Range(c.int())
 	if ok && v <= 0 {
 		// The contract's own example answers invalid_value here.
 		return 0, Errorf(InvalidValue, "block_size", "block_size must be positive")
@@ -156,12 +157,11 @@ func blockSize(c *cursor) (int, *Error) {
 }
 
 func cacheGroup(c *cursor) (*int, *Error) {
-	switch k := c.peek(); k {
-	case kindNil:
-		c.p++
-		return nil, nil
-	case kindInt:
-		v, neg := c.integer()
+	switch k := c.Kind(); k {
+	case msgp.Nil:
+		return nil, c.nilValue()
+	case msgp.Int:
+		v, neg := c.int()
 		if neg || v != 0 {
 			return nil, Errorf(Unsupported, "cache_group", "only cache_group 0 is supported")
 		}
@@ -193,10 +193,13 @@ func decodeSpec(c *cursor, lim Limits) (hashing.Spec, *Error) {
 
 func decodeSpecMembers(c *cursor, lim Limits) (hashing.Spec, *Error) {
 	var s hashing.Spec
-	if k := c.peek(); k != kindMap {
+	if k := c.Kind(); k != msgp.Map {
 		return s, Errorf(InvalidType, "hash_profile", "hash_profile must be a map, got %s", k)
 	}
-	n := c.length()
+	n, err := c.MapLen()
+	if err != nil {
+		return s, errUnchecked
+	}
 	var seen fieldSet
 	for i := 0; i < n; i++ {
 		k, e := c.key("hash_profile")
@@ -218,8 +221,8 @@ func decodeSpecMembers(c *cursor, lim Limits) (hashing.Spec, *Error) {
 			}
 		case "python_hash_seed":
 			if e = seen.mark(hpSeed, "hash_profile.python_hash_seed"); e == nil {
-				if c.peek() == kindNil {
-					c.p++
+				if c.Kind() == msgp.Nil {
+					e = c.nilValue()
 					break
 				}
 				var seed string
@@ -412,7 +415,7 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 			return e
 		}
 	}
-	if c.checked && c.p != len(c.b) {
+	if c.checked && c.Remaining() != 0 {
 		return errUnchecked // trailing bytes
 	}
 	switch {
@@ -439,39 +442,41 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 	const field = "token_ids"
 	if c.checked {
-		if c.p >= len(c.b) {
+		if k, n, _, err := c.PeekHeader(); err != nil || k == msgp.Array && n > uint64(c.Remaining()) {
 			return errUnchecked
-		}
-		if k, n, _, err := header(c.b, c.p); err != nil || k == kindArray && n > uint64(len(c.b)-c.p) {
-			return errUnchecked
-		} else if k != kindArray {
+		} else if k != msgp.Array {
 			if e := c.ahead(); e != nil {
 				return e
 			}
 		}
 	}
-	switch k := c.peek(); k {
-	case kindArray:
-		n := c.length()
+	switch k := c.Kind(); k {
+	case msgp.Array:
+		n, err := c.ArrayLen()
+		if err != nil {
+			return errUnchecked
+		}
 		if n > lim.MaxTokens {
 			return Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
 		}
-		start, from := c.p, 0
+		start, from := c.Pos(), 0
+		body := c.Bytes()
 		dst := grow(q.buf, n)
 		q.buf, q.Tokens = dst, dst
 		learn := q.memo != nil && n >= memoMinTokens
 		if learn {
-			q.fps = fingerprints(c.b[start:], n, q.fps)
+			q.fps = fingerprints(body[start:], n, q.fps)
 			q.learn = memoLearn{start: start, fps: len(q.fps)}
-			if e, k, off := q.memo.match(c.b[start:], n, q.fps); k == n {
+			if e, k, off := q.memo.match(body[start:], n, q.fps); k == n {
 				q.Tokens = e.toks[:n:n]
-				c.p = start + off
-				q.learn.end, q.learn.reused = c.p, n
+				c.SetPos(start + off)
+				q.learn.end, q.learn.reused = c.Pos(), n
 				return nil
 			} else if k > 0 {
 				copy(dst, e.toks[:k])
 				q.ends = append(q.ends, e.ends[:k/memoChunk]...)
-				c.p, from, q.learn.reused = start+off, k, k
+				c.SetPos(start + off)
+				from, q.learn.reused = k, k
 			}
 		}
 		for i := from; i < n; {
@@ -479,17 +484,17 @@ func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 			if learn {
 				stop = min(n, (i/memoChunk+1)*memoChunk)
 			}
-			if i = decodeTokenRun(c, dst[:stop], i); i < stop {
+			if i = c.TokenRun(dst[:stop], i); i < stop {
 				// An element the run could not take: a rare format (negative,
 				// int8/16, 64-bit), a value out of range, a wrong type, or one
 				// of the last few elements of the body.
 				if e := c.ahead(); e != nil {
 					return e
 				}
-				if k := c.peek(); k != kindInt {
+				if k := c.Kind(); k != msgp.Int {
 					return elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
 				}
-				v, ok := int64Range(c.integer())
+				v, ok := msgp.Int64Range(c.int())
 				if !ok || v < math.MinInt32 || v > math.MaxInt32 {
 					return elemErrorf(OutOfRange, field, i, "token_ids[%d] is outside the int32 range", i)
 				}
@@ -497,13 +502,16 @@ func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 				i++
 			}
 			if learn && i == stop && i%memoChunk == 0 {
-				q.ends = append(q.ends, uint32(c.p-start))
+				q.ends = append(q.ends, uint32(c.Pos()-start))
 			}
 		}
-		q.learn.end = c.p
+		q.learn.end = c.Pos()
 		return nil
-	case kindBin:
-		b := c.bytes()
+	case msgp.Bin:
+		b, err := c.Str()
+		if err != nil {
+			return errUnchecked
+		}
 		if len(b)%4 != 0 {
 			return Errorf(InvalidValue, field, "binary token_ids must be a multiple of 4 bytes, got %d", len(b))
 		}

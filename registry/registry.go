@@ -77,6 +77,15 @@ type Source interface {
 	State() string
 }
 
+// ConnectionReporter is a Source that can tell whether it has reached its
+// publisher (a subscriber watching its connection). Readiness waits for
+// the config file's sources through it; a Source without it counts as
+// connected once started.
+type ConnectionReporter interface {
+	Source
+	Connected() bool
+}
+
 // Binding is what a source needs from the registry: its table and engine
 // owner (engines only), and a lookup from an event's context to the table
 // bound by an engine registration (Mooncake streams name contexts per event).
@@ -508,8 +517,8 @@ func (r *Registry) Contexts() []ContextView {
 }
 
 // Connected reports whether every named service is registered and its source
-// has connected to its publisher. Sources that cannot tell (no Connected
-// method) count as connected once started.
+// has connected to its publisher. Sources that cannot tell (not a
+// ConnectionReporter) count as connected once started.
 func (r *Registry) Connected(keys ...ServiceKey) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -518,7 +527,7 @@ func (r *Registry) Connected(keys ...ServiceKey) bool {
 		if !ok || e.source == nil {
 			return false
 		}
-		if c, ok := e.source.(interface{ Connected() bool }); ok && !c.Connected() {
+		if c, ok := e.source.(ConnectionReporter); ok && !c.Connected() {
 			return false
 		}
 	}

@@ -24,8 +24,10 @@ func TestErrorBody(t *testing.T) {
 	}{
 		{"validation", codec.Errorf(codec.InvalidType, "model", "model must be a string"), 400,
 			map[string]any{"error": "model must be a string", "reason": "invalid_type", "field": "model"}},
-		{"query engine", &query.Error{Kind: query.InvalidRequest, Detail: &codec.Error{Reason: codec.OutOfRange, Field: "token_ids", Index: 3, Msg: "m"}}, 400,
-			map[string]any{"error": "m", "reason": "out_of_range", "field": "token_ids", "index": int8(3)}},
+		{"query engine", &query.Error{Reason: query.OutOfRange, Field: "token_ids", Msg: "m"}, 400,
+			map[string]any{"error": "m", "reason": "out_of_range", "field": "token_ids"}},
+		{"query engine, missing", &query.Error{Reason: query.Missing, Field: "model", Msg: "model is required"}, 400,
+			map[string]any{"error": "model is required", "reason": "missing", "field": "model"}},
 		{"rule", &registry.RuleError{Field: "strategy", Msg: "bad"}, 400,
 			map[string]any{"error": "bad", "reason": "invalid_value", "field": "strategy"}},
 		{"rule missing", &registry.RuleError{Field: "python_hash_seed", Missing: true, Msg: "needed"}, 400,

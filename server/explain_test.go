@@ -18,7 +18,7 @@ import (
 // nowhere. shared adds the first 3 blocks to the shared cpu_share pool.
 func explainSetup(t *testing.T, debug, shared bool, memoBytes int) *harness {
 	t.Helper()
-	h := startServer(t, Options{DebugRoutes: debug, Memo: hashing.NewMemo(memoBytes), TokenMemo: codec.NewTokenMemo(memoBytes)})
+	h := startServerMemo(t, Options{DebugRoutes: debug, TokenMemo: codec.NewTokenMemo(memoBytes)}, hashing.NewMemo(memoBytes))
 	for i, inst := range []string{"a", "b"} {
 		body := pack(t, map[string]any{
 			"endpoint": "tcp://127.0.0.1:" + itoa(6000+i), "type": "vLLM", "modelname": "m", "instance_id": inst,

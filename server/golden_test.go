@@ -20,6 +20,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -81,9 +82,16 @@ type harness struct {
 
 func startServer(t *testing.T, opts Options) *harness {
 	t.Helper()
+	return startServerMemo(t, opts, nil)
+}
+
+// startServerMemo is startServer with an engine using memo (nil: none).
+func startServerMemo(t *testing.T, opts Options, memo *hashing.Memo) *harness {
+	t.Helper()
 	ix := index.New(index.Options{})
 	reg := registry.New(registry.Options{Index: ix})
 	opts.Registry, opts.Index = reg, ix
+	opts.Engine = query.New(query.Options{Index: ix, Memo: memo})
 	srv := New(opts)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -96,7 +104,7 @@ func startServer(t *testing.T, opts Options) *harness {
 		<-done
 		reg.Close()
 	})
-	return &harness{t: t, reg: reg, memo: opts.Memo, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
+	return &harness{t: t, reg: reg, memo: memo, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
 }
 
 // do sends one request and returns the status and decoded body.
@@ -294,7 +302,7 @@ func TestGoldenAPI(t *testing.T) {
 				if err := json.Unmarshal(raw, &gc); err != nil {
 					t.Fatalf("parse %s: %v", f, err)
 				}
-				h := startServer(t, Options{MaxBodyBytes: gc.MaxBody, Memo: hashing.NewMemo(memoBytes), TokenMemo: codec.NewTokenMemo(memoBytes)})
+				h := startServerMemo(t, Options{MaxBodyBytes: gc.MaxBody, TokenMemo: codec.NewTokenMemo(memoBytes)}, hashing.NewMemo(memoBytes))
 				for i, st := range gc.Steps {
 					if st.Store != nil {
 						if err := h.store(st.Store); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -79,7 +80,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 		}
 		bodies = append(bodies, body)
 	}
-	opts := Options{Registry: reg, Index: ix, Memo: hashing.NewMemo(memoBytes), TokenMemo: codec.NewTokenMemo(memoBytes)}
+	opts := Options{Registry: reg, Index: ix, Engine: query.New(query.Options{Index: ix, Memo: hashing.NewMemo(memoBytes)}), TokenMemo: codec.NewTokenMemo(memoBytes)}
 	return New(opts), bodies
 }
 
@@ -261,7 +262,7 @@ func benchColdMany(b *testing.B, enc string, memos bool) {
 		ctx.Response.Reset()
 		s.Handle(ctx)
 	}
-	hits, _ := s.opts.Memo.Stats()
+	hits, _ := s.query.Memo().Stats()
 	tokHits, _ := s.opts.TokenMemo.Stats()
 	b.ReportMetric(float64(hits+tokHits)/float64(b.N), "memo-hits/op")
 }

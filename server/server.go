@@ -19,7 +19,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bearer"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -45,15 +44,13 @@ type Options struct {
 	Observer Observer
 	// Metrics, when set, serves GET /metrics.
 	Metrics fasthttp.RequestHandler
-	// Memo, when set, lets warm queries skip SHA-256 for blocks seen
-	// before; answers are identical either way.
-	Memo *hashing.Memo
+	// Engine answers /query and /debug/explain (the one engine both doors
+	// share, with its caches); nil builds one over Index without caches.
+	Engine *query.Engine
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
-	// prefix seen before instead of decoding them.
+	// prefix seen before instead of decoding them. It is this door's
+	// cache; the service attaches it to the Engine, which forgets it.
 	TokenMemo *codec.TokenMemo
-	// Answers, when set, lets a prompt asked again while its context is
-	// unchanged skip hashing and the walk.
-	Answers *query.Answers
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
@@ -115,10 +112,10 @@ func New(opts Options) *Server {
 	case opts.MaxConnsPerIP < 0:
 		opts.MaxConnsPerIP = 0
 	}
-	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: query.New(query.Options{
-		Index: opts.Index, Limits: opts.Limits, Memo: opts.Memo, TokenMemo: opts.TokenMemo,
-		Answers: opts.Answers,
-	})}
+	if opts.Engine == nil {
+		opts.Engine = query.New(query.Options{Index: opts.Index, MaxTokens: opts.Limits.MaxTokens})
+	}
+	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: opts.Engine}
 	s.fs = &fasthttp.Server{
 		Handler:                      s.Handle,
 		ErrorHandler:                 s.transportError,
@@ -152,8 +149,8 @@ func (s *Server) Shutdown(ctx context.Context) error { return s.fs.ShutdownWithC
 
 // A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers
-// return are a closed set: validation errors (*codec.Error, also inside a
-// *query.Error), the registry's typed errors, and *httpError for what the
+// return are a closed set: validation errors (*codec.Error from decoding,
+// *query.Error from the engine's own rules), the registry's typed errors, and *httpError for what the
 // server itself refuses. Anything else is a 500.
 type handler func(s *Server, ctx *fasthttp.RequestCtx, out []byte) ([]byte, error)
 
@@ -177,6 +174,13 @@ var kindStatus = [...]int{
 	errInternal:     fasthttp.StatusInternalServerError,
 }
 
+// queryReasons are the contract's names of the query engine's refusals.
+var queryReasons = [...]codec.Reason{
+	query.Missing:      codec.Missing,
+	query.InvalidValue: codec.InvalidValue,
+	query.OutOfRange:   codec.OutOfRange,
+}
+
 // httpError is rendered as the {error} envelope with its kind's status.
 type httpError struct {
 	kind errorKind
@@ -192,6 +196,7 @@ func (e *httpError) Error() string { return e.msg }
 func errorBody(out []byte, err error) (status int, body []byte) {
 	var (
 		ve *codec.Error
+		qe *query.Error
 		re *registry.RuleError
 		ce *registry.ConflictError
 		se *registry.SourceError
@@ -200,6 +205,8 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 	switch {
 	case errors.As(err, &ve):
 		return fasthttp.StatusBadRequest, codec.AppendError(out, ve)
+	case errors.As(err, &qe):
+		return fasthttp.StatusBadRequest, codec.AppendError(out, &codec.Error{Reason: queryReasons[qe.Reason], Field: qe.Field, Index: codec.NoIndex, Msg: qe.Msg})
 	case errors.As(err, &re):
 		reason := codec.InvalidValue
 		if re.Missing {
@@ -224,54 +231,58 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 	return fasthttp.StatusInternalServerError, codec.AppendMessage(out, err.Error())
 }
 
+// route is one path's contract. A route answers through h (a buffered
+// body, rendered as MessagePack or JSON) or, when its response is not a
+// buffered body (the Prometheus exposition, the streamed snapshot),
+// through raw, which writes it itself; either way the method, token and
+// content-type checks, the error envelope and panic recovery are the
+// table's, the same for every route.
 type route struct {
-	method  string
-	msgpack bool // requires a MessagePack body
-	h       handler
-	mutates bool // changes registrations; needs the bearer token when one is set
+	method string
+	// msgpack: the request body must be MessagePack.
+	msgpack bool
+	// token: the bearer token is required when one is configured (the
+	// routes that change registrations or hand out the index).
+	token bool
 	// json: the route answers JSON, success and errors alike, when the
 	// request's Accept prefers application/json (see wantsJSON). Every
 	// other route answers only its errors in JSON then.
 	json bool
+	h    handler
+	raw  func(s *Server, ctx *fasthttp.RequestCtx)
+	// enabled, when set, says whether the route is served with these
+	// options; otherwise it is 404 like any unknown path.
+	enabled func(o *Options) bool
 }
 
+// routes is the whole HTTP surface. /debug/explain is served only with
+// Options.DebugRoutes: explaining a prompt is a separate route rather than
+// a flag on /query so that /query's contract response and its hot path
+// stay exactly as they are whatever a client sends, and so that a proxy
+// can keep operators' routes apart by path.
 var routes = map[string]route{
-	"/register":    {fasthttp.MethodPost, true, (*Server).register, true, false},
-	"/unregister":  {fasthttp.MethodPost, true, (*Server).unregister, true, false},
-	"/query":       {fasthttp.MethodPost, true, (*Server).lookup, false, false},
-	"/services":    {fasthttp.MethodGet, false, (*Server).services, false, true},
-	"/global_view": {fasthttp.MethodGet, false, (*Server).globalView, false, true},
-	"/healthz":     {fasthttp.MethodGet, false, (*Server).healthz, false, true},
-	"/readyz":      {fasthttp.MethodGet, false, (*Server).readyz, false, true},
+	"/register":    {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).register},
+	"/unregister":  {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).unregister},
+	"/query":       {method: fasthttp.MethodPost, msgpack: true, h: (*Server).lookup},
+	"/services":    {method: fasthttp.MethodGet, json: true, h: (*Server).services},
+	"/global_view": {method: fasthttp.MethodGet, json: true, h: (*Server).globalView},
+	"/healthz":     {method: fasthttp.MethodGet, json: true, h: (*Server).healthz},
+	"/readyz":      {method: fasthttp.MethodGet, json: true, h: (*Server).readyz},
+	"/metrics": {method: fasthttp.MethodGet, raw: func(s *Server, ctx *fasthttp.RequestCtx) { s.opts.Metrics(ctx) },
+		enabled: func(o *Options) bool { return o.Metrics != nil }},
+	snapshotPath: {method: fasthttp.MethodGet, token: true, raw: (*Server).serveSnapshot,
+		enabled: func(o *Options) bool { return o.Snapshot != nil }},
+	"/debug/explain": {method: fasthttp.MethodPost, msgpack: true, json: true, h: (*Server).explain,
+		enabled: func(o *Options) bool { return o.DebugRoutes }},
 }
 
-// debugRoutes are served only with Options.DebugRoutes. Explaining a
-// prompt is a separate route rather than a flag on /query so that /query's
-// contract response and its hot path stay exactly as they are whatever a
-// client sends, and so that a proxy can keep operators' routes apart by
-// path.
-var debugRoutes = map[string]route{
-	"/debug/explain": {fasthttp.MethodPost, true, (*Server).explain, false, true},
-}
-
-// route finds the route for path, debug routes included when enabled.
+// route finds the route for path among those these options serve.
 func (s *Server) route(path []byte) (route, bool) {
-	if rt, ok := routes[string(path)]; ok {
-		return rt, true
+	rt, ok := routes[string(path)]
+	if !ok || (rt.enabled != nil && !rt.enabled(&s.opts)) {
+		return route{}, false
 	}
-	if s.opts.DebugRoutes {
-		rt, ok := debugRoutes[string(path)]
-		return rt, ok
-	}
-	return route{}, false
-}
-
-func (s *Server) knownPath(path string) bool {
-	if _, ok := routes[path]; ok {
-		return true
-	}
-	_, ok := debugRoutes[path]
-	return ok && s.opts.DebugRoutes
+	return rt, true
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
@@ -279,22 +290,13 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b 
 // Handle is the fasthttp handler for every request.
 func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
-	if s.opts.Metrics != nil && string(ctx.Path()) == "/metrics" && ctx.IsGet() {
-		s.opts.Metrics(ctx)
-		s.observe("/metrics", ctx.Response.StatusCode(), start)
-		return
-	}
-	if s.opts.Snapshot != nil && string(ctx.Path()) == snapshotPath && ctx.IsGet() {
-		s.serveSnapshot(ctx)
-		s.observe(snapshotPath, ctx.Response.StatusCode(), start)
-		return
-	}
+	rt, known := s.route(ctx.Path())
 	bp := bufPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	rt, known := s.route(ctx.Path())
-	out, err := s.dispatch(ctx, rt, known, out)
+	out, wrote, err := s.dispatch(ctx, rt, known, out)
 	status := fasthttp.StatusOK
-	if err != nil {
+	switch {
+	case err != nil:
 		status, out = errorBody(out[:0], err)
 		if status == fasthttp.StatusServiceUnavailable && string(ctx.Path()) == "/readyz" {
 			// Not ready yet is the expected answer during start-up and
@@ -303,55 +305,69 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		} else if status >= 500 {
 			s.opts.Logger.Error().Str("path", string(ctx.Path())).Str("error", err.Error()).Msg("request failed")
 		}
+	case wrote:
+		status = ctx.Response.StatusCode()
 	}
-	ctx.SetStatusCode(status)
-	// Errors answer JSON on every route when asked, so a shell client can
-	// read reason and field; success bodies of the POST routes stay the
-	// contract's MessagePack whatever Accept says.
-	if (rt.json || err != nil) && wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
-		s.setJSON(ctx, out)
-	} else {
-		ctx.SetContentType("application/msgpack")
-		ctx.SetBody(out)
+	if !wrote {
+		ctx.SetStatusCode(status)
+		// Errors answer JSON on every route when asked, so a shell client
+		// can read reason and field; success bodies of the POST routes stay
+		// the contract's MessagePack whatever Accept says.
+		if (rt.json || err != nil) && wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
+			s.setJSON(ctx, out)
+		} else {
+			ctx.SetContentType("application/msgpack")
+			ctx.SetBody(out)
+		}
 	}
 	*bp = out
 	bufPool.Put(bp)
-	s.observe(string(ctx.Path()), status, start)
+	s.observe(ctx.Path(), known, status, start)
 }
 
-func (s *Server) observe(path string, status int, start time.Time) {
+func (s *Server) observe(path []byte, known bool, status int, start time.Time) {
 	if s.opts.Observer == nil {
 		return
 	}
-	if !s.knownPath(path) && path != "/metrics" && path != snapshotPath {
-		path = "other" // client-chosen paths must not become label values
+	label := "other" // client-chosen paths must not become label values
+	if known {
+		label = string(path)
 	}
-	s.opts.Observer.ObserveRequest(path, status, time.Since(start))
+	s.opts.Observer.ObserveRequest(label, status, time.Since(start))
 }
 
-func (s *Server) dispatch(ctx *fasthttp.RequestCtx, rt route, known bool, out []byte) (res []byte, err error) {
+// dispatch applies the route's checks and runs its handler, recovering a
+// panic as a 500. wrote tells that a raw route wrote the response itself
+// (and err is nil).
+func (s *Server) dispatch(ctx *fasthttp.RequestCtx, rt route, known bool, out []byte) (res []byte, wrote bool, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.opts.Logger.Error().Interface("panic", r).Str("path", string(ctx.Path())).Msg("handler panicked")
-			res, err = nil, &httpError{errInternal, "internal error"}
+			ctx.Response.Reset()
+			res, wrote, err = nil, false, &httpError{errInternal, "internal error"}
 		}
 	}()
 	if !known {
-		return nil, &httpError{errNotFound, "not found: " + string(ctx.Path())}
+		return nil, false, &httpError{errNotFound, "not found: " + string(ctx.Path())}
 	}
 	if string(ctx.Method()) != rt.method {
 		ctx.Response.Header.Set("Allow", rt.method)
-		return nil, &httpError{errMethod, "method not allowed; use " + rt.method}
+		return nil, false, &httpError{errMethod, "method not allowed; use " + rt.method}
 	}
-	if rt.mutates {
+	if rt.token {
 		if err := s.checkToken(ctx); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if rt.msgpack && !isMsgpack(ctx.Request.Header.ContentType()) {
-		return nil, codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack")
+		return nil, false, codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack")
 	}
-	return rt.h(s, ctx, out)
+	if rt.raw != nil {
+		rt.raw(s, ctx)
+		return out, true, nil
+	}
+	res, err = rt.h(s, ctx, out)
+	return res, false, err
 }
 
 // checkToken is the rule of every route that needs the bearer token: nil
@@ -464,16 +480,51 @@ var resultPool = sync.Pool{New: func() any { return new(query.Result) }}
 func (s *Server) lookup(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	res := resultPool.Get().(*query.Result)
 	defer resultPool.Put(res)
-	if err := s.query.LookupBody(ctx.PostBody(), res); err != nil {
+	if err := s.lookupBody(ctx.PostBody(), res); err != nil {
 		return nil, err
 	}
 	return codec.AppendQuery(out, res), nil
 }
 
+// bodyPool holds the decoded form of a body, so a /query allocates
+// nothing once its buffers have grown.
+var bodyPool = sync.Pool{New: func() any { return new(codec.QueryRequest) }}
+
+// lookupBody decodes a /query body (through the token memo) and answers it
+// into res. A body whose token array was decoded and whose context exists
+// teaches the token memo that array, before the lookup, so the prefix memo
+// may keep the remembered array; a query for a context nobody registered
+// leaves both memos as they were.
+func (s *Server) lookupBody(body []byte, res *query.Result) error {
+	q := bodyPool.Get().(*codec.QueryRequest)
+	defer bodyPool.Put(q)
+	if d := s.opts.TokenMemo.DecodeQuery(body, s.opts.Limits, q); d != nil {
+		return d
+	}
+	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt}
+	if s.query.Knows(req.Context) {
+		s.opts.TokenMemo.Remember(q)
+	}
+	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
+	_, err := s.query.Lookup(&req, res)
+	return err
+}
+
+// queryContext is the context a decoded /query names.
+func queryContext(q *codec.QueryRequest) index.ContextKey {
+	return index.ContextKey{Tenant: q.TenantID, Model: q.Model, Lora: q.LoraName, BlockSize: q.BlockSize}
+}
+
 // explain answers POST /debug/explain: for the /query body given, the
-// block keys computed and, per owner, where its run stopped and why.
+// block keys computed and, per owner, where its run stopped and why. The
+// body is decoded in full, without the token memo, which it does not
+// teach.
 func (s *Server) explain(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
-	x, err := s.query.ExplainBody(ctx.PostBody())
+	var q codec.QueryRequest
+	if d := codec.DecodeQuery(ctx.PostBody(), s.opts.Limits, &q); d != nil {
+		return nil, d
+	}
+	x, err := s.query.Explain(&query.Request{Context: queryContext(&q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens})
 	if err != nil {
 		return nil, err
 	}

@@ -60,3 +60,43 @@ func TestSnapshotRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestRawRoutesFollowTheTable: /metrics and /snapshot, which write their
+// own responses, get what every route gets from the route table: 405 with
+// Allow for a wrong method, 404 when the option is off, and a panic in
+// them answered as the 500 envelope instead of killing the connection.
+func TestRawRoutesFollowTheTable(t *testing.T) {
+	metrics := func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString("up 1\n") } // served: TestMetricsMove
+	snap := func(w io.Writer) error { _, err := w.Write([]byte("CNDSNAP")); return err }
+	on := startServer(t, Options{Metrics: metrics, Snapshot: snap})
+	off := startServer(t, Options{})
+	boom := startServer(t, Options{Metrics: func(*fasthttp.RequestCtx) { panic("scrape failed") }})
+	for _, tc := range []struct {
+		name   string
+		h      *harness
+		method string
+		path   string
+		status int
+		allow  string
+		env    string // the {error} message
+	}{
+		{"metrics, wrong method", on, "POST", "/metrics", 405, "GET", "method not allowed; use GET"},
+		{"metrics off", off, "GET", "/metrics", 404, "", "not found: /metrics"},
+		{"metrics panics", boom, "GET", "/metrics", 500, "", "internal error"},
+		{"snapshot, wrong method", on, "DELETE", "/snapshot", 405, "GET", "method not allowed; use GET"},
+		{"snapshot off", off, "GET", "/snapshot", 404, "", "not found: /snapshot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body, resp := tc.h.do(tc.method, tc.path, "", nil)
+			if status != tc.status {
+				t.Fatalf("status %d, want %d", status, tc.status)
+			}
+			if got := string(resp.Header.Peek("Allow")); got != tc.allow {
+				t.Errorf("Allow %q, want %q", got, tc.allow)
+			}
+			if m, ok := body.(map[string]any); !ok || m["error"] != tc.env || len(m) != 1 {
+				t.Errorf("body %v, want {error: %q}", body, tc.env)
+			}
+		})
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
 // Resume is where a source restored from a snapshot picks its stream up.
@@ -16,7 +15,7 @@ type Resume struct {
 	Stale bool
 	// Bindings are a Mooncake source's restored object bindings; each
 	// takes its shared reference again at Start.
-	Bindings []snapshot.Binding
+	Bindings []events.Binding
 	// Digest, when HasDigest, fingerprints the batch applied at Seq: with
 	// replay, the first message after the restart is checked against the
 	// publisher's record there, so a publisher that restarted meanwhile
@@ -46,7 +45,7 @@ type Position struct {
 	Seq      uint64
 	HasSeq   bool
 	Stale    bool
-	Bindings []snapshot.Binding
+	Bindings []events.Binding
 	// Digest fingerprints the batch applied at Seq (sources with replay).
 	Digest    uint64
 	HasDigest bool

@@ -10,8 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
 
 // resumeEnv is a vLLM source restored at seq 10, with its outcome recorded.
@@ -186,7 +186,7 @@ func TestResumeMooncakeBindings(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := newEnv(t, m, "pool-a-sub", []string{"vllm-a"}, pub.endpoint, "")
 	ctx := eventtest.ContextOf(m.Registrations["vllm-a"])
-	bindings := []snapshot.Binding{
+	bindings := []events.Binding{
 		{Backend: "be", Tenant: ctx.Tenant, Identity: "obj-1", Tier: uint8(index.CPUShare), Model: ctx.Model, Lora: ctx.Lora, BlockSize: ctx.BlockSize, Prefix: 5, FullHash: "00aa"},
 		{Backend: "be", Tenant: ctx.Tenant, Identity: "obj-2", Tier: uint8(index.Disk), Model: ctx.Model, Lora: ctx.Lora, BlockSize: ctx.BlockSize, Prefix: 6, FullHash: "00bb"},
 		// a context no engine binds any more: dropped
@@ -205,7 +205,7 @@ func TestResumeMooncakeBindings(t *testing.T) {
 		t.Errorf("restored references (-want +got):\n%s", diff)
 	}
 	pos := position(s, gate)
-	slices.SortFunc(pos.Bindings, func(a, b snapshot.Binding) int { return int(a.Prefix) - int(b.Prefix) })
+	slices.SortFunc(pos.Bindings, func(a, b events.Binding) int { return int(a.Prefix) - int(b.Prefix) })
 	if diff := cmp.Diff(Position{Seq: 4, HasSeq: true, Bindings: bindings[:2]}, pos); diff != "" {
 		t.Errorf("position (-want +got):\n%s", diff)
 	}

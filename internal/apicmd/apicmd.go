@@ -28,6 +28,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/internal/bearer"
 )
 
 // Exit codes, as the issue and `conductor hash` define them.
@@ -253,7 +254,7 @@ func newRequest(cmd command, o options, stdin io.Reader) (*http.Request, error) 
 		if t == "" {
 			return nil, fmt.Errorf("--token-file %s is empty", o.tokenFile)
 		}
-		req.Header.Set("Authorization", "Bearer "+t)
+		req.Header.Set("Authorization", bearer.Header(t))
 	}
 	return req, nil
 }

@@ -1,7 +1,8 @@
 // Package bearer is the one check of the shared bearer token
 // (--auth-token-file) that both doors ask of the calls that change state:
 // HTTP /register, /unregister and /snapshot, gRPC ReportCacheState and
-// PublishEvent. A peer replica sends it the same way (Header).
+// PublishEvent. Its clients (a peer replica, the operator CLI, the load
+// generator) build the header with Header.
 package bearer
 
 import (

@@ -5,8 +5,27 @@ import (
 	"slices"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 )
+
+// Binding is one object (or SGLang logical page) a Mooncake master
+// reported in a shared tier, as the decoder hands it over to be kept
+// across a restart. The snapshot file has its own record of it
+// (Binding, converted by durable state): the decoders and the
+// subscriber do not know the file format, and a field added to one and
+// not the other fails the conversion at compile time.
+type Binding struct {
+	Backend    string
+	Tenant     string
+	Identity   string
+	Tier       uint8 // an index.Tier: CPUShare or Disk
+	Model      string
+	Lora       string
+	BlockSize  int
+	Prefix     uint64
+	FullHash   string
+	Group      string
+	Components []string
+}
 
 // Bindings is what the Mooncake decoder offers for durable state: its
 // object bindings (which hold the shared tiers' references) copied out for
@@ -14,16 +33,16 @@ import (
 type Bindings interface {
 	// ExportBindings copies the binding table. The caller makes sure no
 	// batch is being applied meanwhile.
-	ExportBindings() []snapshot.Binding
+	ExportBindings() []Binding
 	// ImportBindings re-creates bindings before the first batch.
-	ImportBindings([]snapshot.Binding)
+	ImportBindings([]Binding)
 }
 
 // ExportBindings implements Bindings.
-func (d *mooncakeDecoder) ExportBindings() []snapshot.Binding {
-	out := make([]snapshot.Binding, 0, len(d.bindings))
+func (d *mooncakeDecoder) ExportBindings() []Binding {
+	out := make([]Binding, 0, len(d.bindings))
 	for k, b := range d.bindings {
-		sb := snapshot.Binding{
+		sb := Binding{
 			Backend: k.backend, Tenant: k.tenant, Identity: k.identity, Tier: uint8(k.tier),
 			Model: b.ctx.Model, Lora: b.ctx.Lora, BlockSize: b.ctx.BlockSize,
 			Prefix: b.prefix, FullHash: b.fullHash, Group: b.group,
@@ -39,7 +58,7 @@ func (d *mooncakeDecoder) ExportBindings() []snapshot.Binding {
 // ImportBindings implements Bindings: each binding takes its shared
 // reference again; one whose context no engine registration binds any
 // more, or binds to another profile, is dropped, as a live store would be.
-func (d *mooncakeDecoder) ImportBindings(bs []snapshot.Binding) {
+func (d *mooncakeDecoder) ImportBindings(bs []Binding) {
 	if d.lookup == nil {
 		return // no registrations to bind to
 	}

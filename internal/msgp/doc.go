@@ -6,8 +6,9 @@
 // arrays decoded or range-checked without a call per element.
 //
 // The package owns what the two share: the kind of every type byte, header
-// and size decoding, validation of one whole value, integer decoding, and
-// the token-run loops. Error models stay with the callers: codec maps a
+// and size decoding, validation of one whole value, integer decoding, the
+// token-run loops, and Reader, the one reader both decoders read with
+// (codec positions it in a request body, events in a batch). Error models stay with the callers: codec maps a
 // failure to the contract's error envelope, the event decoder to a counted
 // rejection reason. Here every malformed input is just ErrMalformed.
 package msgp

@@ -109,3 +109,44 @@ func (r *Reader) Int32Run(max int) (n int, inRange bool) {
 	r.p, n, inRange = ScanInt32Run(r.buf, r.p, max)
 	return n, inRange
 }
+
+// Bytes is the whole payload being read.
+func (r *Reader) Bytes() []byte { return r.buf }
+
+// SetPos moves to offset p of the payload (a position Pos returned, or
+// one past values the caller measured itself, as the token memo does).
+func (r *Reader) SetPos(p int) { r.p = p }
+
+// Kind is the kind of the next value, Invalid at the end of the payload:
+// for schema code that switches on it, in a payload validated beforehand
+// or whose next value CheckNext has checked.
+func (r *Reader) Kind() Kind {
+	if r.p >= len(r.buf) {
+		return Invalid
+	}
+	return kinds[r.buf[r.p]]
+}
+
+// PeekHeader decodes the next value's header without consuming it; see
+// Header.
+func (r *Reader) PeekHeader() (k Kind, n uint64, hdr int, err error) {
+	if r.p >= len(r.buf) {
+		return Invalid, 0, 0, ErrMalformed
+	}
+	return Header(r.buf, r.p)
+}
+
+// CheckNext reports whether the next value is well formed, however deeply
+// nested, without consuming it.
+func (r *Reader) CheckNext() error {
+	_, err := Skip(r.buf, r.p)
+	return err
+}
+
+// TokenRun decodes token ids into dst from index i with DecodeTokenRun's
+// fast loops and returns the index it stopped at, the reader moved past
+// the ids it took.
+func (r *Reader) TokenRun(dst []int32, i int) int {
+	r.p, i = DecodeTokenRun(r.buf, r.p, dst, i)
+	return i
+}

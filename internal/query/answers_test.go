@@ -182,10 +182,10 @@ func TestAnswersEqualWalks(t *testing.T) {
 						salt = "s"
 					}
 					req := &Request{Context: testCtx, Instance: inst, CacheSalt: salt, Tokens: pr}
-					if err := w.cached.Lookup(req, &got); err != nil {
+					if _, err := w.cached.Lookup(req, &got); err != nil {
 						t.Fatal(err)
 					}
-					if err := w.walking.Lookup(req, &want); err != nil {
+					if _, err := w.walking.Lookup(req, &want); err != nil {
 						t.Fatal(err)
 					}
 					if diff := cmp.Diff(want.Instances, got.Instances, cmpopts.EquateEmpty()); diff != "" {
@@ -227,10 +227,10 @@ func TestAnswersKeyedByEverythingAsked(t *testing.T) {
 	for round := range 2 { // the second round is answered from memory
 		for _, a := range asks {
 			var got, want Result
-			if err := w.cached.Lookup(&a.req, &got); err != nil {
+			if _, err := w.cached.Lookup(&a.req, &got); err != nil {
 				t.Fatal(err)
 			}
-			if err := w.walking.Lookup(&a.req, &want); err != nil {
+			if _, err := w.walking.Lookup(&a.req, &want); err != nil {
 				t.Fatal(err)
 			}
 			if diff := cmp.Diff(want.Instances, got.Instances, cmpopts.EquateEmpty()); diff != "" {
@@ -262,17 +262,17 @@ func TestAnswersKeepTheirOwnFilters(t *testing.T) {
 	body := []byte("a")
 	asked := Request{Context: testCtx, Tokens: pr, Instance: unsafe.String(&body[0], len(body))}
 	var first Result
-	if err := w.cached.Lookup(&asked, &first); err != nil {
+	if _, err := w.cached.Lookup(&asked, &first); err != nil {
 		t.Fatal(err)
 	}
 	body[0] = 'b' // the buffer now holds the next request
 	for _, instance := range []string{"b", "a"} {
 		req := Request{Context: testCtx, Tokens: pr, Instance: instance}
 		var got, want Result
-		if err := w.cached.Lookup(&req, &got); err != nil {
+		if _, err := w.cached.Lookup(&req, &got); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.walking.Lookup(&req, &want); err != nil {
+		if _, err := w.walking.Lookup(&req, &want); err != nil {
 			t.Fatal(err)
 		}
 		if diff := cmp.Diff(want.Instances, got.Instances, cmpopts.EquateEmpty()); diff != "" {
@@ -328,10 +328,10 @@ func TestAnswersUnderConcurrentWrites(t *testing.T) {
 		}
 		req := &Request{Context: testCtx, Tokens: w.prompts[r.IntN(len(w.prompts))]}
 		before := w.tbl.Version()
-		if err := w.cached.Lookup(req, &got); err != nil {
+		if _, err := w.cached.Lookup(req, &got); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.walking.Lookup(req, &want); err != nil {
+		if _, err := w.walking.Lookup(req, &want); err != nil {
 			t.Fatal(err)
 		}
 		stable := w.tbl.Version() == before

@@ -1,7 +1,6 @@
 package query
 
 import (
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
@@ -17,24 +16,24 @@ type Explanation struct {
 	Owners       []index.OwnerRun
 }
 
-// ExplainBody decodes a /query body and explains its answer. Unlike
-// LookupBody it hashes the whole prompt, neither reads nor teaches the
-// memos (so what it shows is computed afresh, and explaining a prompt
-// leaves no trace), and allocates freely: it is for operators. The counts
-// it reports per owner are those /query answers.
-func (e *Engine) ExplainBody(body []byte) (*Explanation, error) {
-	var q codec.QueryRequest
-	if d := codec.DecodeQuery(body, e.opts.Limits, &q); d != nil {
-		return nil, invalid(d)
+// Explain explains the answer Lookup gives req. Unlike Lookup it hashes
+// the whole prompt, neither reads nor teaches the caches (so what it
+// shows is computed afresh, and explaining a prompt leaves no trace), and
+// allocates freely: it is for operators. The counts it reports per owner
+// are those Lookup answers. The error, if any, is an *Error.
+func (e *Engine) Explain(req *Request) (*Explanation, error) {
+	ctx, err := e.check(req)
+	if err != nil {
+		return nil, err
 	}
 	x := &Explanation{}
-	tbl := e.opts.Index.Table(index.ContextKey{Tenant: q.TenantID, Model: q.Model, Lora: q.LoraName, BlockSize: q.BlockSize})
+	tbl := e.opts.Index.Table(ctx)
 	if tbl == nil {
 		return x, nil
 	}
 	x.ContextKnown = true
 	ch := hashing.AcquireChain()
-	ch.Reset(tbl.Profile(), q.BlockSize, q.Tokens, q.LoraName, q.CacheSalt)
+	ch.Reset(tbl.Profile(), ctx.BlockSize, req.Tokens, ctx.Lora, req.CacheSalt)
 	var keys []uint64
 	var tokens []int
 	total := 0
@@ -47,6 +46,6 @@ func (e *Engine) ExplainBody(body []byte) (*Explanation, error) {
 		keys, tokens = append(keys, k), append(tokens, total)
 	}
 	hashing.ReleaseChain(ch)
-	x.Blocks, x.Owners = tbl.Explain(keys, tokens, q.InstanceID)
+	x.Blocks, x.Owners = tbl.Explain(keys, tokens, req.Instance)
 	return x, nil
 }

@@ -1,66 +1,136 @@
 // Package query is the lookup engine: given a context, token ids and an
 // optional instance filter, it hashes the prompt's blocks and walks them
 // against the index, and returns per-owner tier counts. It owns the whole
-// sequence (decoding through the token memo, remembering the body's array,
-// a remembered answer at the same index version, or the pooled key chain
-// with the prefix memo, the walk and the chain's release), so the HTTP
-// handler, and any other door such as a gRPC lookup, calls one method
-// instead of repeating it.
+// sequence (a remembered answer at the same index version, or the pooled
+// key chain with the prefix memo, the walk and the chain's release) and
+// the caches it uses, so the HTTP door and the gRPC door call one method
+// of one Engine instead of repeating it. It knows no wire format: each
+// door decodes its own requests (codec for /query) and hands over
+// decoded ones.
 package query
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/registry"
 )
+
+// DefaultMaxTokens bounds a request's token ids unless Options say
+// otherwise (the /query contract's limit, docs/api.md).
+const DefaultMaxTokens = 2 << 20
 
 // Options configure an Engine.
 type Options struct {
 	Index *index.Index
-	// Limits bound a request; zero takes codec.DefaultLimits.
-	Limits codec.Limits
+	// MaxTokens bounds a request's token ids (DefaultMaxTokens if 0).
+	MaxTokens int
 	// Memo, when set, lets warm lookups skip SHA-256 for blocks seen
 	// before; answers are identical either way.
 	Memo *hashing.Memo
-	// TokenMemo, when set, lets warm bodies copy the token ids of a
-	// prefix seen before instead of decoding them.
-	TokenMemo *codec.TokenMemo
 	// Answers, when set, lets a prompt asked again while its table is
 	// unchanged skip the hashing and the walk; answers are identical
 	// either way.
 	Answers *Answers
 }
 
-// Engine answers lookups. It holds no per-request state and is safe for
-// concurrent use.
+// Cache is what a door keeps beside the engine for the engine's lookups
+// (a token memo): Reset forgets what it remembers.
+type Cache interface{ Reset() }
+
+// ResetFunc is a Cache forgotten by calling the function.
+type ResetFunc func()
+
+// Reset calls f.
+func (f ResetFunc) Reset() { f() }
+
+// Engine answers lookups for both doors and owns the caches that serve
+// them: the prefix memo, the answer cache, and the caches the doors attach
+// (Attach). Forget is the one way they are forgotten. It holds no
+// per-request state and is safe for concurrent use.
 type Engine struct {
 	opts Options
+
+	mu sync.Mutex
+	// ofContexts are forgotten with the last context, ofAny once no
+	// producer scope is left either (they serve scope lookups too).
+	ofContexts, ofAny []Cache
 }
 
 // New returns an engine over opts.Index.
 func New(opts Options) *Engine {
-	if opts.Limits == (codec.Limits{}) {
-		opts.Limits = codec.DefaultLimits()
+	if opts.MaxTokens <= 0 {
+		opts.MaxTokens = DefaultMaxTokens
 	}
-	return &Engine{opts: opts}
+	e := &Engine{opts: opts}
+	if opts.Memo != nil {
+		e.ofContexts = append(e.ofContexts, opts.Memo)
+	}
+	if opts.Answers != nil {
+		e.ofContexts = append(e.ofContexts, opts.Answers)
+	}
+	return e
 }
 
-// Limits are the bounds the engine enforces.
-func (e *Engine) Limits() codec.Limits { return e.opts.Limits }
+// Memo is the engine's prefix memo (nil when off), for its metrics.
+func (e *Engine) Memo() *hashing.Memo { return e.opts.Memo }
+
+// Answers is the engine's answer cache (nil when off), for its metrics.
+func (e *Engine) Answers() *Answers { return e.opts.Answers }
+
+// Attach hands the engine a door's cache to forget with its own: with the
+// last context, or, when alsoScopes (the cache serves producer-scope
+// lookups too), once no scope is left either.
+func (e *Engine) Attach(c Cache, alsoScopes bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if alsoScopes {
+		e.ofAny = append(e.ofAny, c)
+	} else {
+		e.ofContexts = append(e.ofContexts, c)
+	}
+}
+
+// Forget drops what the caches remember once nothing is left for them to
+// answer about: with no context in the index, the memos and answers of
+// context lookups; with no producer scope either, the caches that serve
+// both. Their budgets would otherwise stay resident for an empty index.
+// The service calls it whenever a context or a scope goes.
+func (e *Engine) Forget() {
+	if len(e.opts.Index.Tables()) > 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.ofContexts {
+		c.Reset()
+	}
+	if len(e.opts.Index.Scopes()) > 0 {
+		return
+	}
+	for _, c := range e.ofAny {
+		c.Reset()
+	}
+}
 
 // Request is one lookup with its token ids already decoded.
 type Request struct {
 	// Context selects the table; an unknown context answers no owners.
+	// An empty tenant is the default one.
 	Context index.ContextKey
 	// Instance, when not "", restricts the answer to that instance.
 	Instance  string
 	CacheSalt string
-	// Tokens are read, never modified, and not kept past the call.
+	// Tokens are read, never modified, and not kept past the call unless
+	// Shared.
 	Tokens []int32
+	// Shared says Tokens are never modified by anyone and may be kept by
+	// the prefix memo without a copy (a token memo's remembered array).
+	Shared bool
 }
 
 // Result is the per-owner answer: instances sorted by id, each with its
@@ -68,73 +138,55 @@ type Request struct {
 // time) so that a warm lookup allocates nothing.
 type Result = index.QueryResult
 
-// Kind is the closed set of ways a lookup can fail.
-type Kind uint8
+// Reason is the closed set of ways a request can be invalid.
+type Reason uint8
 
 const (
-	// InvalidRequest: the request breaks the schema or a limit; Detail
-	// names the contract's reason, field and element.
-	InvalidRequest Kind = iota + 1
+	// Missing: a required field is absent.
+	Missing Reason = iota + 1
+	// InvalidValue: a field's value is not allowed.
+	InvalidValue
+	// OutOfRange: a field is over its limit.
+	OutOfRange
 )
 
-// Error is a failed lookup. Nothing has been changed when one is returned.
+// Error is a refused lookup: the request breaks a rule, named by Reason
+// and the request field. Nothing has been changed when one is returned.
 type Error struct {
-	Kind   Kind
-	Detail *codec.Error
+	Reason Reason
+	Field  string
+	Msg    string
 }
 
-func (e *Error) Error() string { return e.Detail.Error() }
+func (e *Error) Error() string { return e.Field + ": " + e.Msg }
 
-// Unwrap exposes the contract's validation error.
-func (e *Error) Unwrap() error { return e.Detail }
-
-func invalid(d *codec.Error) error { return &Error{Kind: InvalidRequest, Detail: d} }
-
-// bodyPool holds the decoded form of a body, so a lookup from bytes
-// allocates nothing once its buffers have grown.
-var bodyPool = sync.Pool{New: func() any { return new(codec.QueryRequest) }}
-
-// LookupBody decodes a /query body and answers it into res. A body whose
-// token array was decoded and whose context exists teaches the token memo
-// that array; a query for a context nobody registered leaves both memos
-// as they were. The error, if any, is an *Error.
-func (e *Engine) LookupBody(body []byte, res *Result) error {
-	q := bodyPool.Get().(*codec.QueryRequest)
-	defer bodyPool.Put(q)
-	if d := e.opts.TokenMemo.DecodeQuery(body, e.opts.Limits, q); d != nil {
-		return invalid(d)
+// Knows reports whether the context has a table to answer from (an empty
+// tenant is the default one): a door's token memo learns only bodies
+// that name one, before the lookup, so the lookup can keep the learned
+// array without a copy.
+func (e *Engine) Knows(ctx index.ContextKey) bool {
+	if ctx.Tenant == "" {
+		ctx.Tenant = registry.DefaultTenant
 	}
-	res.Instances = res.Instances[:0]
-	tbl := e.opts.Index.Table(index.ContextKey{Tenant: q.TenantID, Model: q.Model, Lora: q.LoraName, BlockSize: q.BlockSize})
-	if tbl == nil {
-		return nil
-	}
-	e.opts.TokenMemo.Remember(q)
-	e.walk(tbl, q.Tokens, q.TokensShared(), q.LoraName, q.CacheSalt, q.InstanceID, res)
-	return nil
+	return e.opts.Index.Table(ctx) != nil
 }
 
 // Lookup answers req into res. It checks what a decoder would have: a
-// model, a positive block size and the token limit. The error, if any, is
-// an *Error.
-func (e *Engine) Lookup(req *Request, res *Result) error {
-	switch {
-	case req.Context.Model == "":
-		return invalid(codec.Errorf(codec.Missing, "model", "model is required"))
-	case req.Context.BlockSize <= 0:
-		return invalid(codec.Errorf(codec.InvalidValue, "block_size", "block_size must be positive"))
-	case len(req.Tokens) > e.opts.Limits.MaxTokens:
-		return invalid(codec.Errorf(codec.OutOfRange, "token_ids", "token_ids has %d tokens, the limit is %d", len(req.Tokens), e.opts.Limits.MaxTokens))
-	}
-	ctx := req.Context
-	if ctx.Tenant == "" {
-		ctx.Tenant = codec.DefaultTenant
+// model, a positive block size and the token limit. It reports whether
+// req's context exists (a door's token memo learns only bodies that name
+// one). The error, if any, is an *Error.
+func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
+	ctx, err := e.check(req)
+	if err != nil {
+		return false, err
 	}
 	res.Instances = res.Instances[:0]
-	if tbl := e.opts.Index.Table(ctx); tbl != nil {
-		e.walk(tbl, req.Tokens, false, ctx.Lora, req.CacheSalt, req.Instance, res)
+	tbl := e.opts.Index.Table(ctx)
+	if tbl == nil {
+		return false, nil
 	}
-	return nil
+	e.walk(tbl, req.Tokens, req.Shared, ctx.Lora, req.CacheSalt, req.Instance, res)
+	return true, nil
 }
 
 // walk answers from a remembered answer at the table's current version
@@ -168,4 +220,22 @@ func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt,
 		ans.remember(fp, tbl, ver, instance, salt, id, res)
 	}
 	hashing.ReleaseChain(ch)
+}
+
+// check applies the rules every request passes and returns its context,
+// the default tenant filled in.
+func (e *Engine) check(req *Request) (index.ContextKey, error) {
+	switch {
+	case req.Context.Model == "":
+		return index.ContextKey{}, &Error{Missing, "model", "model is required"}
+	case req.Context.BlockSize <= 0:
+		return index.ContextKey{}, &Error{InvalidValue, "block_size", "block_size must be positive"}
+	case len(req.Tokens) > e.opts.MaxTokens:
+		return index.ContextKey{}, &Error{OutOfRange, "token_ids", fmt.Sprintf("token_ids has %d tokens, the limit is %d", len(req.Tokens), e.opts.MaxTokens)}
+	}
+	ctx := req.Context
+	if ctx.Tenant == "" {
+		ctx.Tenant = registry.DefaultTenant
+	}
+	return ctx, nil
 }

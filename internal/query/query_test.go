@@ -5,10 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
@@ -42,7 +39,7 @@ func fixture(t *testing.T, tokens []int32, memos bool) (*Engine, *index.Index) {
 	}
 	opts := Options{Index: ix}
 	if memos {
-		opts.Memo, opts.TokenMemo = hashing.NewMemo(1<<20), codec.NewTokenMemo(1<<20)
+		opts.Memo = hashing.NewMemo(1 << 20)
 	}
 	return New(opts), ix
 }
@@ -55,115 +52,97 @@ func prompt(n int) []int32 {
 	return t
 }
 
-func body(t *testing.T, m map[string]any) []byte {
-	t.Helper()
-	b, err := msgpack.Marshal(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 func counts(dev int) index.TierCounts {
 	return index.TierCounts{Device: dev, CPULocal: dev, CPUShare: dev, Disk: dev}
 }
 
-// TestLookupAndBodyAgree checks that the decoded-tokens door and the body
-// door give the same per-owner answer, with and without the memos, cold
-// and warm.
-func TestLookupAndBodyAgree(t *testing.T) {
-	tokens := prompt(300) // long enough for the token memo to learn it
-	want := []index.InstanceHits{
-		{Instance: "a", Max: counts(12), Ranks: []index.RankHits{{Rank: 0, TierCounts: counts(12)}}},
-		{Instance: "b", Max: counts(4), Ranks: []index.RankHits{{Rank: 1, TierCounts: counts(4)}}},
-	}
-	for _, memos := range []bool{false, true} {
-		e, _ := fixture(t, tokens, memos)
-		raw := body(t, map[string]any{"model": "m", "block_size": 4, "token_ids": tokens})
-		for round := range 2 {
-			var res Result
-			if err := e.Lookup(&Request{Context: index.ContextKey{Model: "m", BlockSize: 4}, Tokens: tokens}, &res); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(want, res.Instances, cmpopts.EquateEmpty()); diff != "" {
-				t.Errorf("memos=%v round %d: Lookup (-want +got):\n%s", memos, round, diff)
-			}
-			var res2 Result
-			if err := e.LookupBody(raw, &res2); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(want, res2.Instances, cmpopts.EquateEmpty()); diff != "" {
-				t.Errorf("memos=%v round %d: LookupBody (-want +got):\n%s", memos, round, diff)
-			}
-		}
-		if memos {
-			if hits, _ := e.opts.TokenMemo.Stats(); hits == 0 {
-				t.Error("the token memo never supplied the repeated body's tokens")
-			}
-		}
-	}
-}
-
 // TestLookupFilterAndUnknownContext: an instance filter narrows the answer;
-// a context nobody registered answers no owners and teaches no memo.
+// a context nobody registered answers no owners, and Knows says which.
 func TestLookupFilterAndUnknownContext(t *testing.T) {
 	tokens := prompt(300)
 	e, _ := fixture(t, tokens, true)
 	var res Result
-	if err := e.Lookup(&Request{Context: testCtx, Instance: "b", Tokens: tokens}, &res); err != nil {
-		t.Fatal(err)
+	known, err := e.Lookup(&Request{Context: testCtx, Instance: "b", Tokens: tokens}, &res)
+	if err != nil || !known {
+		t.Fatalf("Lookup: known %v, %v", known, err)
 	}
 	want := []index.InstanceHits{{Instance: "b", Max: counts(4), Ranks: []index.RankHits{{Rank: 1, TierCounts: counts(4)}}}}
 	if diff := cmp.Diff(want, res.Instances); diff != "" {
 		t.Errorf("filtered (-want +got):\n%s", diff)
 	}
-	raw := body(t, map[string]any{"model": "other", "block_size": 4, "token_ids": tokens})
-	for range 2 {
-		if err := e.LookupBody(raw, &res); err != nil {
-			t.Fatal(err)
-		}
-		if len(res.Instances) != 0 {
-			t.Errorf("unknown context answered %v", res.Instances)
-		}
+	other := index.ContextKey{Model: "other", BlockSize: 4}
+	if known, err := e.Lookup(&Request{Context: other, Tokens: tokens}, &res); err != nil || known || len(res.Instances) != 0 {
+		t.Errorf("unknown context: known %v, %v, answered %v", known, err, res.Instances)
 	}
-	if b := e.opts.TokenMemo.Bytes(); b != 0 {
-		t.Errorf("a query for an unknown context left %d bytes in the token memo", b)
+	if e.Knows(other) || !e.Knows(index.ContextKey{Model: "m", BlockSize: 4}) {
+		t.Error("Knows disagrees with the index")
 	}
 }
 
-// TestLookupErrors: invalid requests fail with an *Error of kind
-// InvalidRequest carrying the contract's reason and field.
+// TestLookupErrors: invalid requests fail with an *Error carrying the
+// contract's reason and field.
 func TestLookupErrors(t *testing.T) {
 	e, _ := fixture(t, prompt(16), false)
-	e.opts.Limits.MaxTokens = 8
+	e.opts.MaxTokens = 8
 	type key struct {
-		Kind   Kind
-		Reason codec.Reason
+		Reason Reason
 		Field  string
 	}
 	for _, tc := range []struct {
 		name string
-		run  func(*Result) error
+		req  Request
 		want key
 	}{
-		{"no model", func(r *Result) error { return e.Lookup(&Request{Context: index.ContextKey{BlockSize: 4}}, r) }, key{InvalidRequest, codec.Missing, "model"}},
-		{"zero block size", func(r *Result) error { return e.Lookup(&Request{Context: index.ContextKey{Model: "m"}}, r) }, key{InvalidRequest, codec.InvalidValue, "block_size"}},
-		{"too many tokens", func(r *Result) error { return e.Lookup(&Request{Context: testCtx, Tokens: prompt(9)}, r) }, key{InvalidRequest, codec.OutOfRange, "token_ids"}},
-		{"body not a map", func(r *Result) error { return e.LookupBody([]byte{0x91, 0x01}, r) }, key{InvalidRequest, codec.InvalidType, ""}},
-		{"body unknown field", func(r *Result) error {
-			return e.LookupBody(body(t, map[string]any{"model": "m", "block_size": 4, "token_ids": []int{}, "x": 1}), r)
-		}, key{InvalidRequest, codec.UnknownField, "x"}},
+		{"no model", Request{Context: index.ContextKey{BlockSize: 4}}, key{Missing, "model"}},
+		{"zero block size", Request{Context: index.ContextKey{Model: "m"}}, key{InvalidValue, "block_size"}},
+		{"too many tokens", Request{Context: testCtx, Tokens: prompt(9)}, key{OutOfRange, "token_ids"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var res Result
-			err := tc.run(&res)
-			var qe *Error
-			if !errors.As(err, &qe) {
-				t.Fatalf("error %T %v, want *Error", err, err)
-			}
-			if diff := cmp.Diff(tc.want, key{qe.Kind, qe.Detail.Reason, qe.Detail.Field}); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
+			for name, run := range map[string]func() error{
+				"Lookup":  func() error { var res Result; _, err := e.Lookup(&tc.req, &res); return err },
+				"Explain": func() error { _, err := e.Explain(&tc.req); return err },
+			} {
+				var qe *Error
+				if err := run(); !errors.As(err, &qe) {
+					t.Fatalf("%s: error %T %v, want *Error", name, err, err)
+				}
+				if diff := cmp.Diff(tc.want, key{qe.Reason, qe.Field}); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", name, diff)
+				}
 			}
 		})
+	}
+}
+
+// TestForget: Forget empties the engine's caches and the attached ones
+// only once nothing is left for them: contexts' caches with the last
+// context, those that also serve scopes once no scope is left either.
+func TestForget(t *testing.T) {
+	tokens := prompt(600)
+	e, ix := fixture(t, tokens, true)
+	var ofContexts, ofAny int
+	e.Attach(ResetFunc(func() { ofContexts++ }), false)
+	e.Attach(ResetFunc(func() { ofAny++ }), true)
+	var res Result
+	if _, err := e.Lookup(&Request{Context: testCtx, Tokens: tokens}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if e.Memo().Bytes() == 0 {
+		t.Fatal("the lookup left nothing in the prefix memo")
+	}
+	e.Forget()
+	if ofContexts != 0 || ofAny != 0 || e.Memo().Bytes() == 0 {
+		t.Fatal("Forget emptied caches while a context is left")
+	}
+	ix.EnsureScope(index.ScopeKey{Scheme: "s"})
+	ix.DropTable(testCtx)
+	e.Forget()
+	if ofContexts != 1 || ofAny != 0 || e.Memo().Bytes() != 0 {
+		t.Fatalf("after the last context: contexts' caches reset %d times, scopes' %d, memo %d bytes", ofContexts, ofAny, e.Memo().Bytes())
+	}
+	ix.DropScope(index.ScopeKey{Scheme: "s"})
+	e.Forget()
+	if ofContexts != 2 || ofAny != 1 {
+		t.Fatalf("after the last scope: contexts' caches reset %d times, scopes' %d", ofContexts, ofAny)
 	}
 }

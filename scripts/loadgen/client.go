@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/internal/bearer"
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -74,7 +75,7 @@ func (a *api) do(method, path string, body []byte, auth bool) (int, []byte, erro
 		req.SetBodyRaw(body)
 	}
 	if auth && a.token != "" {
-		req.Header.Set("Authorization", "Bearer "+a.token)
+		req.Header.Set("Authorization", bearer.Header(a.token))
 	}
 	if err := a.hc.DoTimeout(req, resp, a.timeout); err != nil {
 		return 0, nil, fmt.Errorf("%s %s: %w", method, path, err)

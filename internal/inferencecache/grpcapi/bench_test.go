@@ -59,12 +59,13 @@ func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server,
 	if answers {
 		ans = query.NewAnswers(16 << 20)
 	}
-	hs := server.New(server.Options{Index: ix, Memo: memo, TokenMemo: tokenMemo, Answers: ans, Logger: zerolog.New(io.Discard)})
+	engine := query.New(query.Options{Index: ix, Memo: memo, Answers: ans})
+	hs := server.New(server.Options{Index: ix, Engine: engine, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
 	tm := 0
 	if memos {
 		tm = 64 << 20
 	}
-	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Memo: memo, Answers: ans, TokenMemoBytes: tm, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
+	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Engine: engine, TokenMemoBytes: tm, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -281,7 +282,7 @@ func BenchmarkLookupColdAffinity(b *testing.B) {
 			b.Fatalf("%v %v", resp, err)
 		}
 	}
-	hits, misses := gs.opts.Memo.Stats()
+	hits, misses := gs.query.Memo().Stats()
 	b.ReportMetric(float64(hits)/float64(b.N), "memo-hits/op")
 	b.ReportMetric(float64(misses)/float64(b.N), "hashed/op")
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
 )
 
 // TestConductorSchemeInputs: a Conductor context answers chains of 8-byte
@@ -165,7 +166,10 @@ func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
 // taken from the prefix memo (which it then is).
 func TestConductorAffinityForTokenIDs(t *testing.T) {
 	memo := hashing.NewMemo(1 << 20)
-	f := newFixture(t, func(o *Options) { o.Memo = memo; o.MinMatchedTokens = -1 })
+	f := newFixture(t, func(o *Options) {
+		o.Engine = query.New(query.Options{Index: o.Index, Memo: memo})
+		o.MinMatchedTokens = -1
+	})
 	prof := vllmProfile(t)
 	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
 	for i, r := range []string{"a", "b", "c"} {

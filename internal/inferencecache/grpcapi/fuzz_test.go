@@ -13,6 +13,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/query"
 )
 
 // indexState is what a lookup must leave unchanged.
@@ -44,7 +45,7 @@ func FuzzHandlers(f *testing.F) {
 	prof := vllmProfile(f)
 	ix := index.New(index.Options{Stripes: 4})
 	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Memo: hashing.NewMemo(1 << 20)})
+	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Engine: query.New(query.Options{Index: ix, Memo: hashing.NewMemo(1 << 20)})})
 	if err != nil {
 		f.Fatal(err)
 	}

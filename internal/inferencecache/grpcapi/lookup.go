@@ -301,7 +301,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 			if conductor {
 				derived = nil
 				if st.seedProf != nil {
-					derived = chainKeys(st.seedProf, st.seedBS, st.toks, adapter, s.opts.Memo)
+					derived = chainKeys(st.seedProf, st.seedBS, st.toks, adapter, s.query.Memo())
 				}
 			}
 		}
@@ -522,7 +522,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		}
 		// The query engine hashes and walks exactly as /query does (same
 		// prefix memo), so both doors give one answer for one prompt.
-		if err := s.query.Lookup(&query.Request{Context: tbl.Context(), Tokens: st.toks}, &st.res); err != nil {
+		if _, err := s.query.Lookup(&query.Request{Context: tbl.Context(), Tokens: st.toks}, &st.res); err != nil {
 			return lv, true, false
 		}
 	}

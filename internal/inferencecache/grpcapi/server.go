@@ -28,7 +28,6 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bearer"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
@@ -64,13 +63,12 @@ const (
 type Options struct {
 	Index    *index.Index
 	Producer *producer.Store
-	// Memo, when set, lets token_ids lookups on Conductor contexts reuse
-	// remembered digest chains, as /query does.
-	Memo *hashing.Memo
-	// Answers, when set, lets a token_ids lookup on a Conductor context
-	// asked again while the context is unchanged skip hashing and the
-	// walk, as /query does (the service shares one cache between them).
-	Answers *query.Answers
+	// Engine answers token_ids lookups on Conductor contexts: the one
+	// engine /query uses, with its prefix memo and answer cache, so both
+	// doors give one answer for one prompt (nil builds one over Index
+	// without caches). The door attaches its token memo to it, to be
+	// forgotten once neither a context nor a scope is left.
+	Engine *query.Engine
 	// TokenMemoBytes sizes the door's token memo, which lets a lookup
 	// repeating a token_ids prefix seen before copy those ids instead of
 	// decoding them (0: off).
@@ -180,7 +178,13 @@ func New(opts Options) (*Server, error) {
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
 	s.codec = newLookupCodec(newTokenMemo(opts.TokenMemoBytes))
-	s.query = query.New(query.Options{Index: opts.Index, Memo: opts.Memo, Answers: opts.Answers})
+	if opts.Engine == nil {
+		opts.Engine = query.New(query.Options{Index: opts.Index})
+	}
+	s.query = opts.Engine
+	// Producer-fed scopes answer token_ids lookups too, so the memo goes
+	// only when neither they nor the contexts are left.
+	s.query.Attach(query.ResetFunc(s.ResetMemo), true)
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),

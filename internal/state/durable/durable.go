@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
@@ -234,7 +235,7 @@ func (s *State) Resume(svc registry.Service, b registry.Binding) *subscriber.Res
 	if !ok {
 		return nil
 	}
-	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: src.Bindings, Digest: src.Digest, HasDigest: src.HasDigest}
+	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest}
 	if svc.IsEngine() && !src.Stale && b.Table != nil {
 		n := s.plan.restoreOwner(svc, b.Table, b.Owner)
 		s.stats.restoredPairs.Add(int64(n))
@@ -395,7 +396,7 @@ func (s *State) cut() *snapshot.Snapshot {
 			}
 			snap.Sources = append(snap.Sources, snapshot.Source{
 				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
-				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: pos[i].Bindings,
+				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: bindingsToFile(pos[i].Bindings),
 				Digest: pos[i].Digest, HasDigest: pos[i].HasDigest,
 			})
 		}
@@ -557,4 +558,30 @@ func (s *State) Release() {
 	if s.dir != nil {
 		s.dir.Close()
 	}
+}
+
+// bindingsToFile copies a Mooncake source's bindings into the snapshot
+// file's records (the same fields: the conversion fails to compile when
+// the two differ).
+func bindingsToFile(bs []events.Binding) []snapshot.Binding {
+	if bs == nil {
+		return nil
+	}
+	out := make([]snapshot.Binding, len(bs))
+	for i, b := range bs {
+		out[i] = snapshot.Binding(b)
+	}
+	return out
+}
+
+// bindingsFromFile is bindingsToFile's inverse, for a restored source.
+func bindingsFromFile(bs []snapshot.Binding) []events.Binding {
+	if bs == nil {
+		return nil
+	}
+	out := make([]events.Binding, len(bs))
+	for i, b := range bs {
+		out[i] = events.Binding(b)
+	}
+	return out
 }
