@@ -2,6 +2,7 @@ package codec
 
 import (
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -20,19 +21,25 @@ const (
 const groupsField = "kv_cache_groups"
 
 func decodeGroups(c *cursor, lim Limits) ([]registry.GroupDecl, *Error) {
-	if k := c.peek(); k != kindArray {
+	if k := c.Kind(); k != msgp.Array {
 		return nil, Errorf(InvalidType, groupsField, "kv_cache_groups must be an array, got %s", k)
 	}
-	n := c.length()
+	n, err := c.ArrayLen()
+	if err != nil {
+		return nil, errUnchecked
+	}
 	if n > index.MaxGroups {
 		return nil, Errorf(OutOfRange, groupsField, "kv_cache_groups has %d groups, the limit is %d", n, index.MaxGroups)
 	}
 	out := make([]registry.GroupDecl, n)
 	for i := range out {
-		if k := c.peek(); k != kindMap {
+		if k := c.Kind(); k != msgp.Map {
 			return nil, elemErrorf(InvalidType, groupsField, i, "a group must be a map, got %s", k)
 		}
-		m := c.length()
+		m, err := c.MapLen()
+		if err != nil {
+			return nil, errUnchecked
+		}
 		var seen fieldSet
 		d := &out[i]
 		for j := 0; j < m; j++ {
@@ -53,12 +60,12 @@ func decodeGroups(c *cursor, lim Limits) ([]registry.GroupDecl, *Error) {
 					d.BlockSize = int(v)
 				}
 			case "sliding_window":
-				if e = seen.mark(kgWindow, groupsField+".sliding_window"); e == nil && !c.nilValue() {
+				if e = seen.mark(kgWindow, groupsField+".sliding_window"); e == nil && !c.skipNil(&e) {
 					v, e = c.intField(groupsField+".sliding_window", 1, registry.MaxGroupTokens)
 					d.SlidingWindow = int(v)
 				}
 			case "chunk_size":
-				if e = seen.mark(kgChunk, groupsField+".chunk_size"); e == nil && !c.nilValue() {
+				if e = seen.mark(kgChunk, groupsField+".chunk_size"); e == nil && !c.skipNil(&e) {
 					v, e = c.intField(groupsField+".chunk_size", 1, registry.MaxGroupTokens)
 					d.ChunkSize = int(v)
 				}
@@ -83,10 +90,11 @@ func decodeGroups(c *cursor, lim Limits) ([]registry.GroupDecl, *Error) {
 	return out, nil
 }
 
-// nilValue consumes a nil value and reports whether there was one.
-func (c *cursor) nilValue() bool {
-	if c.peek() == kindNil {
-		c.p++
+// skipNil consumes a nil value and reports whether there was one (*e set
+// when it could not be read).
+func (c *cursor) skipNil(e **Error) bool {
+	if c.Kind() == msgp.Nil {
+		*e = c.nilValue()
 		return true
 	}
 	return false
