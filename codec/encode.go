@@ -308,12 +308,55 @@ func AppendExplain(b []byte, known bool, blocks []index.ExplainedBlock, owners [
 	b = appendArrayLen(appendStr(b, "owners"), len(owners))
 	for i := range owners {
 		o := &owners[i]
-		b = appendMapLen(b, 5)
+		if o.Hybrid != nil {
+			b = appendMapLen(b, 7)
+		} else {
+			b = appendMapLen(b, 5)
+		}
 		b = appendStr(appendStr(b, "instance_id"), o.Instance)
 		b = appendInt(appendStr(b, "dp_rank"), int64(o.Rank))
 		b = appendTiers(appendMapLen(appendStr(b, "matched"), 4), o.Counts)
 		b = appendInt(appendStr(b, "stopped_at_block"), int64(o.StopBlock))
 		b = appendStr(appendStr(b, "reason"), o.Reason.String())
+		if h := o.Hybrid; h != nil {
+			b = appendStr(b, "stopped_by_group")
+			if h.StopGroup < 0 {
+				b = appendNil(b)
+			} else {
+				b = appendInt(b, int64(h.StopGroup))
+			}
+			b = appendLayout(appendStr(b, "kv_cache_groups"), &h.Layout)
+		}
+	}
+	return b
+}
+
+// appendLayout writes a hybrid owner's layout for /debug/explain: whether
+// it was declared at registration, and per group index its kind (the rule
+// family; "unreported" for a group not heard from yet), block size and
+// window or chunk.
+func appendLayout(b []byte, l *index.Layout) []byte {
+	b = appendMapLen(b, 3)
+	b = appendBool(appendStr(b, "declared"), l.Declared)
+	b = appendBool(appendStr(b, "too_many_groups"), l.Overflow)
+	b = appendArrayLen(appendStr(b, "groups"), len(l.Groups))
+	for _, g := range l.Groups {
+		n := 2
+		if g.SlidingWindow != 0 {
+			n++
+		}
+		if g.ChunkSize != 0 {
+			n++
+		}
+		b = appendMapLen(b, n)
+		b = appendStr(appendStr(b, "kind"), g.Kind.String())
+		b = appendInt(appendStr(b, "block_size"), int64(g.BlockSize))
+		if g.SlidingWindow != 0 {
+			b = appendInt(appendStr(b, "sliding_window"), int64(g.SlidingWindow))
+		}
+		if g.ChunkSize != 0 {
+			b = appendInt(appendStr(b, "chunk_size"), int64(g.ChunkSize))
+		}
 	}
 	return b
 }

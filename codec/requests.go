@@ -49,6 +49,7 @@ const (
 	regDPRank
 	regHashProfile
 	regCacheGroup
+	regKVCacheGroups
 )
 
 // DecodeRegister decodes a /register body under its schema: field names,
@@ -113,6 +114,10 @@ func DecodeRegister(body []byte, lim Limits) (registry.Registration, *Error) {
 		case "cache_group":
 			if e = seen.mark(regCacheGroup, "cache_group"); e == nil {
 				r.CacheGroup, e = cacheGroup(&c)
+			}
+		case "kv_cache_groups":
+			if e = seen.mark(regKVCacheGroups, "kv_cache_groups"); e == nil {
+				r.KVCacheGroups, e = decodeGroups(&c, lim)
 			}
 		default:
 			return r, Errorf(UnknownField, string(k), "unknown field %q", string(k))

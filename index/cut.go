@@ -46,7 +46,8 @@ type tableCut struct {
 // encoded by Finish under no lock.
 type stripeCut struct {
 	blocks []block
-	ext    [][]pair // by ext handle - 1, deep-copied
+	ext    [][]pair   // by ext handle - 1, deep-copied
+	groups [][]uint32 // by slot, deep-copied (groups.go)
 }
 
 // Owner is an engine owner as a cut lists it.
@@ -72,8 +73,14 @@ type TableCut struct {
 	// Device, CPULocal, CPUShare and Disk from the lowest. Blocks held by
 	// no listed owner are absent.
 	Entries []byte
+	// A holder whose KV-cache groups are other than group 0 alone
+	// (groups.go) has the CPUShare bit set in its mask, which no engine
+	// tier uses, and its group word follows as another uvarint.
 	// Blocks and Pairs count the encoded blocks and (block, owner) pairs.
 	Blocks, Pairs int
+	// Layouts are the owners' layouts by position, for owners with a
+	// hybrid one (nil when every owner is dense).
+	Layouts []Layout
 }
 
 // BeginCut marks the moment a cut describes. The caller must keep every
@@ -117,6 +124,7 @@ func (c *Cut) Finish() []TableCut {
 		for i, o := range tc.view.owners {
 			r.Owners[i] = Owner{Instance: o.instance, Rank: o.rank}
 		}
+		r.Layouts = cutLayouts(tc.view)
 		for i := range t.stripes {
 			s := &t.stripes[i]
 			var blocks, pairs int
@@ -126,13 +134,13 @@ func (c *Cut) Finish() []TableCut {
 			if s.cutEpoch != tc.epoch {
 				s.cutEpoch = tc.epoch
 				if !s.dead {
-					r.Entries, blocks, pairs = encodeBlocks(r.Entries, s.blocks, s.ext, tc.view)
+					r.Entries, blocks, pairs = encodeBlocks(r.Entries, s.blocks, s.ext, s.groups, tc.view)
 				}
 				s.mu.RUnlock()
 			} else {
 				s.mu.RUnlock()
 				sc := &tc.out[i]
-				r.Entries, blocks, pairs = encodeBlocks(r.Entries, sc.blocks, sc.ext, tc.view)
+				r.Entries, blocks, pairs = encodeBlocks(r.Entries, sc.blocks, sc.ext, sc.groups, tc.view)
 				*sc = stripeCut{}
 			}
 			r.Blocks += blocks
@@ -175,19 +183,27 @@ func (tc *tableCut) capture(s *stripe) {
 			sc.ext[i] = flat[at:len(flat):len(flat)]
 		}
 	}
+	sc.groups = cloneGroups(s.groups)
 }
 
 // encodeBlocks appends a stripe's engine entries of owners registered at the
 // cut (view) to buf, in the encoding TableCut.Entries documents; blocks and
 // ext are the stripe's slab and overflow lists, or a copy of them.
-func encodeBlocks(buf []byte, slab []block, ext [][]pair, view *ownerView) (_ []byte, blocks, pairs int) {
+func encodeBlocks(buf []byte, slab []block, ext [][]pair, groups [][]uint32, view *ownerView) (_ []byte, blocks, pairs int) {
 	var held []uint64
+	n := 0 // holders in held, which also has their group words
 	add := func(p pair) {
 		if p.id() == 0 {
 			return // a shared reference
 		}
 		if pos := view.position(p.id()); pos >= 0 {
-			held = append(held, uint64(pos)<<maskBits|uint64(p.mask()&engineBit))
+			n++
+			h := uint64(pos)<<maskBits | uint64(p.mask()&engineBit)
+			if w := cutWord(groups, p); w != 0 {
+				held = append(held, h|bitShare, uint64(w))
+				return
+			}
+			held = append(held, h)
 		}
 	}
 	for i := range slab {
@@ -195,7 +211,7 @@ func encodeBlocks(buf []byte, slab []block, ext [][]pair, view *ownerView) (_ []
 		if b.first.own == 0 {
 			continue // free slab entry
 		}
-		held = held[:0]
+		held, n = held[:0], 0
 		add(b.first)
 		if b.ext != 0 {
 			for _, p := range ext[b.ext-1] {
@@ -206,12 +222,12 @@ func encodeBlocks(buf []byte, slab []block, ext [][]pair, view *ownerView) (_ []
 			continue
 		}
 		buf = binary.LittleEndian.AppendUint64(buf, b.key)
-		buf = binary.AppendUvarint(buf, uint64(len(held)))
+		buf = binary.AppendUvarint(buf, uint64(n))
 		for _, h := range held {
 			buf = binary.AppendUvarint(buf, h)
 		}
 		blocks++
-		pairs += len(held)
+		pairs += n
 	}
 	return buf, blocks, pairs
 }
@@ -224,6 +240,8 @@ type EntryVisitor func(key uint64, holders []EntryHolder)
 type EntryHolder struct {
 	Owner int
 	Tiers TierMask
+	// Groups is the holder's group word (groups.go), 0 for group 0 alone.
+	Groups uint32
 }
 
 // ErrBadEntries reports entries that do not decode.
@@ -255,10 +273,20 @@ func WalkEntries(entries []byte, owners int, visit EntryVisitor) (blocks, pairs 
 			}
 			p += w
 			pos, mask := h>>maskBits, TierMask(h&tierBits)
+			var word uint32
+			if mask&(1<<CPUShare) != 0 { // a group word follows
+				mask &^= 1 << CPUShare
+				gw, w := binary.Uvarint(entries[p:])
+				if w <= 0 || gw == 0 || gw > 1<<(3*groupBits)-1 || tierWordMask(uint8(mask))&uint32(gw) != uint32(gw) || !wordCovers(uint32(gw), uint8(mask)) {
+					return blocks, pairs, fmt.Errorf("%w: block %d: bad group word", ErrBadEntries, blocks)
+				}
+				p += w
+				word = uint32(gw)
+			}
 			if pos >= uint64(owners) || mask == 0 || mask&^AllEngineTiers != 0 {
 				return blocks, pairs, fmt.Errorf("%w: block %d: bad holder (owner %d of %d, tiers %#x)", ErrBadEntries, blocks, pos, owners, mask)
 			}
-			holders = append(holders, EntryHolder{Owner: int(pos), Tiers: mask})
+			holders = append(holders, EntryHolder{Owner: int(pos), Tiers: mask, Groups: word})
 		}
 		if visit != nil {
 			visit(key, holders)
@@ -276,16 +304,18 @@ func WalkEntries(entries []byte, owners int, visit EntryVisitor) (blocks, pairs 
 func (t *Table) Restore(entries []byte, owners []OwnerID) error {
 	keys := make([][]uint64, len(owners))
 	tiers := make([][]TierMask, len(owners))
+	words := make([][]uint32, len(owners))
 	_, _, err := WalkEntries(entries, len(owners), func(key uint64, hs []EntryHolder) {
 		for _, h := range hs {
 			if owners[h.Owner] != 0 {
 				keys[h.Owner] = append(keys[h.Owner], key)
 				tiers[h.Owner] = append(tiers[h.Owner], h.Tiers)
+				words[h.Owner] = append(words[h.Owner], h.Groups)
 			}
 		}
 	})
 	for i, id := range owners {
-		t.StoreBatch(id, keys[i], tiers[i])
+		t.StoreBatchGroups(id, keys[i], tiers[i], words[i])
 	}
 	return err
 }
@@ -295,6 +325,12 @@ func (t *Table) Restore(entries []byte, owners []OwnerID) error {
 // lock once for all its keys: restoring a snapshot's millions of entries
 // then costs a hash-table insert per entry, not a lock round trip per tier.
 func (t *Table) StoreBatch(id OwnerID, keys []uint64, tiers []TierMask) {
+	t.StoreBatchGroups(id, keys, tiers, nil)
+}
+
+// StoreBatchGroups is StoreBatch with each entry's group word (words[i],
+// 0 for group 0 alone; words nil for none), as a snapshot records them.
+func (t *Table) StoreBatchGroups(id OwnerID, keys []uint64, tiers []TierMask, words []uint32) {
 	if len(keys) == 0 {
 		return
 	}
@@ -341,13 +377,23 @@ func (t *Table) StoreBatch(id OwnerID, keys []uint64, tiers []TierMask) {
 			}
 			idx := s.findOrInsert(keys[i], hs[i])
 			b := &s.blocks[idx]
+			var before uint8
+			var pos uint32
 			if k := s.findEngine(b, id); k != noPair {
-				if p := s.pairAt(b, k); p.own&m != m {
+				p := s.pairAt(b, k)
+				before, pos = p.mask(), p.aux
+				if p.own&m != m {
 					p.own |= m
 					s.reintern(b)
 				}
 			} else {
-				s.addPair(b, pair{own: uint32(id)<<maskBits | m, aux: s.ownerAppend(id, idx)})
+				pos = s.ownerAppend(id, idx)
+				s.addPair(b, pair{own: uint32(id)<<maskBits | m, aux: pos})
+			}
+			if words != nil && words[i] != 0 {
+				s.groupsRestored(id.slot(), pos, before, uint8(m), words[i])
+			} else if s.groups != nil {
+				s.groupsRestored(id.slot(), pos, before, uint8(m), explicitWord(0, uint8(m)))
 			}
 			s.setMask(b, b.mask()|uint8(m))
 		}

@@ -27,6 +27,10 @@ func accountErr(tb *Table) error {
 		for _, l := range s.owned {
 			want += ownedBytes * int64(len(l))
 		}
+		for _, g := range s.groups {
+			want += groupWordBytes * int64(len(g))
+		}
+		want += sharedGroupBytes * int64(len(s.sharedGroups))
 		want += s.sets.bytes
 		for rk, list := range s.refs {
 			want += refListBytes

@@ -12,10 +12,14 @@ const (
 	// HeldByOthers: the block is indexed, but only other owners hold it
 	// (another instance or rank, or an owner no longer registered).
 	HeldByOthers
+
+	// GroupRule: a hybrid owner's hit ended where one KV-cache group's
+	// rule stopped it (OwnerRun.Hybrid names the group).
+	GroupRule
 )
 
 func (r StopReason) String() string {
-	return [...]string{"prompt_end", "key_absent", "held_by_others"}[r]
+	return [...]string{"prompt_end", "key_absent", "held_by_others", "group_rule"}[r]
 }
 
 // ExplainedBlock is one block of an explained prompt as the index sees it.
@@ -41,6 +45,17 @@ type OwnerRun struct {
 	Counts    TierCounts
 	StopBlock int
 	Reason    StopReason
+	// Hybrid is set for an owner with a hybrid layout (docs/hybrid.md):
+	// its counts come from the groups' rules, not from the blocks' union.
+	Hybrid *HybridRun
+}
+
+// HybridRun is how a hybrid owner's answer came about: its layout and, for
+// the widest (disk) count, the group whose rule ended the hit (-1 when
+// none did: the hit is the prompt's aligned full length).
+type HybridRun struct {
+	Layout    Layout
+	StopGroup int
 }
 
 // Explain walks keys (block i covering tokens[i] of the prompt, cumulative)
@@ -126,6 +141,9 @@ func (t *Table) Explain(keys []uint64, tokens []int, instance string) ([]Explain
 				setCount(&runs[i].Counts, Tier(tier), total)
 			}
 		}
+	}
+	if v.hybrid != nil {
+		t.explainHybrid(v, keys, tokens, owners, runs)
 	}
 	return blocks, runs
 }

@@ -22,6 +22,8 @@ type queryScratch struct {
 	// lists is, by stripe, the last interned holder list the walk
 	// resolved there (see holdersOf).
 	lists []listMemo
+	// hy is the working memory for owners with hybrid layouts.
+	hy hybridScratch
 }
 
 // listMemo is one stripe's interned holder list and the holder sets it
@@ -109,12 +111,22 @@ func (t *Table) query(v *ownerView, chain Chain, instance string, res *QueryResu
 		sc.alive[t] = a
 	}
 	sc.cnt = resize(sc.cnt, n)
+	hybrid := v.hybrid != nil && spanHybrid(v.hybrid[lo:hi])
+	if hybrid {
+		// The dense walk's union prefix bounds every full-attention
+		// group's hit, so it runs for hybrid owners too, recording the
+		// keys it hashes for their rules (hybrid_query.go).
+		chain = sc.hy.record(chain)
+	}
 	if words == 1 {
 		sc.lists = resize(sc.lists, len(t.stripes))
 		clear(sc.lists)
 		t.walkSmall(v, chain, lo, n, sc)
 	} else {
 		t.walk(v, chain, lo, n, sc)
+	}
+	if hybrid {
+		t.hybridCounts(v, lo, n, sc)
 	}
 
 	res.Instances = resize(res.Instances, i1-i0)

@@ -87,8 +87,15 @@ type stripe struct {
 	extFre  []uint32
 	// owned[slot] lists the slab indices of blocks the engine owner in that
 	// registration slot holds here (see OwnerID's layout in table.go).
-	owned    [][]uint32
-	tierKeys [numTiers]int
+	owned [][]uint32
+	// groups[slot], when not nil, runs parallel to owned[slot]: the
+	// KV-cache groups of each held block per tier (groups.go).
+	groups [][]uint32
+	// sharedGroups counts shared references of KV-cache groups other
+	// than 0 by key (groups.go); nil until a hybrid model's Mooncake
+	// object arrives.
+	sharedGroups map[uint64]*sharedGroupRefs
+	tierKeys     [numTiers]int
 	// sets interns the holder lists of blocks with overflow (see block.meta).
 	sets holderSets
 	// refs lists, per shared holder, the owned references counted in it
@@ -511,6 +518,7 @@ func (s *stripe) ownerAppend(id OwnerID, idx int) uint32 {
 	}
 	s.owned[sl] = append(s.owned[sl], uint32(idx))
 	s.charge(ownedBytes)
+	s.groupsAppend(sl)
 	return uint32(len(s.owned[sl]) - 1)
 }
 
@@ -534,6 +542,7 @@ func (s *stripe) ownerRemoveAt(id OwnerID, pos uint32) {
 		mb := &s.blocks[moved]
 		s.pairAt(mb, s.findEngine(mb, id)).aux = pos
 	}
+	s.groupsRemoveAt(sl, pos, uint32(last))
 	list = list[:last]
 	if cap(list) > 64 && len(list)*4 < cap(list) {
 		list = append([]uint32(nil), list...)
@@ -591,6 +600,7 @@ func (s *stripe) clearOwner(id OwnerID, tiers uint8, from, budget int) int {
 		} else {
 			s.owned[id.slot()] = list[:stop]
 		}
+		s.groupsTruncate(id.slot(), stop)
 		return stop
 	}
 	for i := from - 1; i >= stop; i-- {
@@ -599,6 +609,7 @@ func (s *stripe) clearOwner(id OwnerID, tiers uint8, from, budget int) int {
 		k := s.findEngine(b, id)
 		p := s.pairAt(b, k)
 		p.own &^= uint32(tiers)
+		s.groupsClearTiers(id.slot(), uint32(i), tiers)
 		if p.mask() == 0 {
 			s.ownerRemoveAt(id, uint32(i))
 			s.removePair(b, k)

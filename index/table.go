@@ -30,6 +30,12 @@ type Table struct {
 	slots     []slotInfo
 	freeSlots []int
 	dropped   bool // under regMu
+	// layouts are the owners' KV-cache group layouts (layout.go), under
+	// regMu; an owner without one is dense.
+	layouts map[OwnerID]*ownerLayout
+	// sharedGroups is set once a shared reference of a KV-cache group
+	// other than 0 arrives (groups.go), which the dense walk cannot see.
+	sharedGroups atomic.Bool
 
 	// reap, when set, clears removed owners in the background.
 	reap *reaper
@@ -84,6 +90,9 @@ type ownerView struct {
 	bySlot []uint64
 	owners []ownerRef
 	insts  []instSpan
+	// hybrid[i] is owners[i]'s compiled layout, nil for a dense owner;
+	// hybrid itself is nil when every owner is dense (hybrid.go).
+	hybrid []*hybridLayout
 }
 
 type ownerRef struct {
@@ -230,6 +239,7 @@ func (t *Table) RemoveEngineOwner(id OwnerID) {
 	}
 	inst := t.slots[sl].key.instance
 	delete(t.ids, t.slots[sl].key)
+	t.forgetLayout(id)
 	t.slots[sl].id = 0
 	t.publishLocked()
 	t.regMu.Unlock()
@@ -276,6 +286,7 @@ func (t *Table) publishLocked() {
 			v.insts[n-1].hi = i + 1
 		}
 	}
+	v.hybrid = t.layoutsFor(v.owners)
 	t.view.Store(v)
 }
 
@@ -316,9 +327,13 @@ func sharedTierBit(tier Tier) uint32 {
 // Disk; other tiers are ignored because engines cannot hold them). It is
 // idempotent, as replayed or re-asserted events require, and a no-op for an
 // unknown or removed owner.
-func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
+func (t *Table) Store(id OwnerID, tier Tier, key uint64) { t.store(id, tier, 0, key) }
+
+// store is Store for KV-cache group g (groups.go); group 0 of an owner that
+// never stored another group costs nothing beyond Store's own work.
+func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) {
 	bit := engineTierBit(tier)
-	if bit == 0 {
+	if bit == 0 || g >= MaxGroups {
 		return
 	}
 	t.admit()
@@ -333,13 +348,21 @@ func (t *Table) Store(id OwnerID, tier Tier, key uint64) {
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	k := s.findEngine(b, id)
+	var before uint8
+	var pos uint32
 	if k != noPair {
-		if p := s.pairAt(b, k); p.own&bit == 0 {
+		p := s.pairAt(b, k)
+		before, pos = p.mask(), p.aux
+		if p.own&bit == 0 {
 			p.own |= bit
 			s.reintern(b)
 		}
 	} else {
-		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
+		pos = s.ownerAppend(id, idx)
+		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: pos})
+	}
+	if g != 0 || s.groups != nil {
+		s.groupStored(id.slot(), pos, before, tier, g)
 	}
 	s.setMask(b, b.mask()|uint8(bit))
 	if k == noPair {
@@ -367,9 +390,13 @@ func (t *Table) lockBlock(key uint64) (s *stripe, idx int) {
 
 // Remove retracts one tier of key from engine owner id; anything absent is a
 // no-op, since removals may refer to blocks the index never saw.
-func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
+func (t *Table) Remove(id OwnerID, tier Tier, key uint64) { t.remove(id, tier, 0, key) }
+
+// remove is Remove for KV-cache group g: the tier stays held while another
+// group of the owner still holds the key there.
+func (t *Table) remove(id OwnerID, tier Tier, g uint, key uint64) {
 	bit := engineTierBit(tier)
-	if bit == 0 {
+	if bit == 0 || g >= MaxGroups {
 		return
 	}
 	s, idx := t.lockBlock(key)
@@ -385,6 +412,11 @@ func (t *Table) Remove(id OwnerID, tier Tier, key uint64) {
 	p := s.pairAt(b, k)
 	if p.own&bit == 0 {
 		return
+	}
+	if g != 0 || s.groups != nil {
+		if held, changed := s.groupRemoved(id.slot(), p.aux, p.mask(), tier, g); !changed || held {
+			return
+		}
 	}
 	p.own &^= bit
 	gone := p.mask() == 0
@@ -503,6 +535,7 @@ func (t *Table) drop() {
 	t.regMu.Lock()
 	t.dropped = true
 	clear(t.ids)
+	t.layouts = nil
 	t.slots, t.freeSlots = nil, nil
 	t.view.Store(emptyView)
 	t.regMu.Unlock()
@@ -511,7 +544,7 @@ func (t *Table) drop() {
 		s.mu.Lock()
 		t.changing(s)
 		s.dead = true
-		s.slots, s.blocks, s.ext, s.extFre, s.owned = nil, nil, nil, nil, nil
+		s.slots, s.blocks, s.ext, s.extFre, s.owned, s.groups, s.sharedGroups = nil, nil, nil, nil, nil, nil, nil
 		s.publishSlots()
 		s.sets = holderSets{}
 		s.orphanAllRefs()

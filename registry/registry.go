@@ -42,6 +42,9 @@ type Service struct {
 	// CacheGroup is nil when the client sent none; otherwise 0.
 	CacheGroup *int
 	Profile    hashing.Profile
+	// Groups is the declared KV-cache group layout (N 0: learned from
+	// events); never echoed in the contract's responses.
+	Groups KVCacheGroups
 }
 
 // Key is the service's registry key.
@@ -259,6 +262,7 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 	e := &entry{svc: svc}
 	if svc.IsEngine() {
 		e.owner = cs.table.AddEngineOwner(svc.InstanceID, svc.DPRank)
+		cs.table.SetLayout(e.owner, svc.Groups.Specs())
 	}
 	src, err := r.start(svc, e.owner)
 	if err != nil {

@@ -33,6 +33,9 @@ type Registration struct {
 	CacheGroup *int
 	// HashProfile is the profile as named; NewService resolves it.
 	HashProfile hashing.Spec
+	// KVCacheGroups is the optional declared layout of a hybrid model's
+	// KV-cache groups (nil: none declared; groups.go).
+	KVCacheGroups []GroupDecl
 }
 
 // RuleError is a registration that breaks one of the rules. Field names
@@ -93,6 +96,11 @@ func NewService(r Registration) (Service, error) {
 			return svc, ruleErrorf("replay_endpoint", "replay_endpoint %v", err)
 		}
 	}
+	groups, err := checkGroups(&r, svc.Type)
+	if err != nil {
+		return svc, err
+	}
+	svc.Groups = groups
 	spec := r.HashProfile
 	if spec.Strategy == "vllm_v1" && spec.PythonHashSeed == nil {
 		return svc, &RuleError{Field: "python_hash_seed", Missing: true, Msg: "python_hash_seed is required for strategy vllm_v1"}

@@ -134,7 +134,7 @@ var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
 	span(MetricEnvelopeRejected, events.EnvEmpty, events.EnvDPRank)
 	span(MetricBatchRejected, events.BatchDPMismatch, events.BatchDPMismatch)
 	span(MetricIgnored, events.IgnMedium, events.NoBinding)
-	span(MetricRejected, events.EvArrayEncoded, events.EvAssertion)
+	span(MetricRejected, events.EvArrayEncoded, events.EvLayout)
 	span(MetricStale, events.StaleGap, events.StaleInternal)
 	span(MetricReplays, events.ReplayRecovered, events.ReplayStopped)
 	return t

@@ -470,6 +470,15 @@ type staticEntry struct {
 	DPRank         *int        `json:"dp_rank"`
 	CacheGroup     *int        `json:"cache_group"`
 	HashProfile    *staticSpec `json:"hash_profile"`
+	// KVCacheGroups is /register's kv_cache_groups (docs/hybrid.md).
+	KVCacheGroups []staticGroup `json:"kv_cache_groups"`
+}
+
+type staticGroup struct {
+	Kind          *string `json:"kind"`
+	BlockSize     *int    `json:"block_size"`
+	SlidingWindow *int    `json:"sliding_window"`
+	ChunkSize     *int    `json:"chunk_size"`
 }
 
 type staticSpec struct {
@@ -513,8 +522,32 @@ func decodeStatic(raw json.RawMessage) (registry.Service, error) {
 			return registry.Service{}, fmt.Errorf("hash_profile.%s is required", req.name)
 		}
 	}
+	var groups []registry.GroupDecl
+	if e.KVCacheGroups != nil {
+		groups = []registry.GroupDecl{}
+		for i, g := range e.KVCacheGroups {
+			if g.Kind == nil || g.BlockSize == nil {
+				return registry.Service{}, fmt.Errorf("kv_cache_groups[%d]: kind and block_size are required", i)
+			}
+			d := registry.GroupDecl{Kind: *g.Kind, BlockSize: *g.BlockSize}
+			if g.SlidingWindow != nil {
+				if *g.SlidingWindow <= 0 {
+					return registry.Service{}, fmt.Errorf("kv_cache_groups[%d]: sliding_window must be positive", i)
+				}
+				d.SlidingWindow = *g.SlidingWindow
+			}
+			if g.ChunkSize != nil {
+				if *g.ChunkSize <= 0 {
+					return registry.Service{}, fmt.Errorf("kv_cache_groups[%d]: chunk_size must be positive", i)
+				}
+				d.ChunkSize = *g.ChunkSize
+			}
+			groups = append(groups, d)
+		}
+	}
 	return registry.NewService(registry.Registration{
-		Endpoint: *e.Endpoint, ReplayEndpoint: e.ReplayEndpoint, Type: *e.Type, ModelName: *e.ModelName,
+		KVCacheGroups: groups,
+		Endpoint:      *e.Endpoint, ReplayEndpoint: e.ReplayEndpoint, Type: *e.Type, ModelName: *e.ModelName,
 		LoraName: e.LoraName, TenantID: e.TenantID, InstanceID: *e.InstanceID,
 		BlockSize: *e.BlockSize, DPRank: *e.DPRank, CacheGroup: e.CacheGroup,
 		HashProfile: hashing.Spec{Strategy: *hp.Strategy, Algorithm: *hp.Algorithm, IndexProjection: *hp.IndexProjection, PythonHashSeed: hp.PythonHashSeed},

@@ -215,6 +215,16 @@ func store(tier, owner string, prefixes ...uint64) omap {
 	return m("op", "store", "tier", tier, "owner", owner, "prefixes", decimal(prefixes...))
 }
 
+// storeGroup and removeGroup are store and remove in a KV-cache group
+// other than 0 (docs/hybrid.md).
+func storeGroup(tier, owner string, group int, prefixes ...uint64) omap {
+	return store(tier, owner, prefixes...).with("group", group)
+}
+
+func removeGroup(tier, owner string, group int, prefixes ...uint64) omap {
+	return remove(tier, owner, prefixes...).with("group", group)
+}
+
 func remove(tier, owner string, prefixes ...uint64) omap {
 	return m("op", "remove", "tier", tier, "owner", owner, "prefixes", decimal(prefixes...))
 }

@@ -204,9 +204,36 @@ func fixtures() []F {
 			vStored([]uint64{v2}, v1, vllmTokens[4:], groupIdx(1)),
 			m("type", "BlockUpdated", "block_hashes", []uint64{v2}),
 			vStored([]uint64{v2}, v1, vllmTokens[4:], extra("foo", "bar"))),
-		Expect: ok(effects(store("device", vOwn, v1), store("device", vOwn, v2)),
-			"applied", "rejected: group_idx 1", "rejected: unknown tag", "applied (unknown key foo ignored)"),
+		Expect: ok(effects(store("device", vOwn, v1), storeGroup("device", vOwn, 1, v2), store("device", vOwn, v2)),
+			"applied", "applied (KV-cache group 1, docs/hybrid.md)", "rejected: unknown tag", "applied (unknown key foo ignored)"),
 		Producer: pVLLM, Seq: 14})
+
+	// vLLM hybrid models: one stream of blocks per KV-cache group
+	// (docs/hybrid.md#events).
+	window := func(w int) opt { return extra("kv_cache_spec_sliding_window", w) }
+	add(F{ID: "vllm_hybrid_two_groups", Source: "vLLM", Reg: "vllm-a",
+		Payload: vBatch(vStored([]uint64{v1, v2}, nil, tok8, specKind("sliding_window"), window(128)),
+			vStored([]uint64{v1, v2}, nil, tok8, groupIdx(1))),
+		Expect: ok(effects(store("device", vOwn, v1, v2), storeGroup("device", vOwn, 1, v1, v2)),
+			"applied (group 0, sliding window 128)", "applied (group 1, full attention)"),
+		Producer: "vLLM >= 0.21 serving a gpt-oss-style model (group 0 sliding window, group 1 full attention)", Seq: 15})
+	add(F{ID: "vllm_hybrid_mamba_sparse", Source: "vLLM", Reg: "vllm-a",
+		Payload: vBatch(vStored([]uint64{v1, v2}, nil, tok8, groupIdx(1)),
+			vStored([]uint64{v2}, nil, tok8, specKind("mamba"))),
+		Expect: ok(effects(storeGroup("device", vOwn, 1, v1, v2), store("device", vOwn, v2)),
+			"applied (group 1, full attention)", "applied (group 0, Mamba: only the chunk-end state, fewer hashes than blocks)"),
+		Producer: "vLLM >= 0.21 serving a Mamba hybrid in align mode", Seq: 16,
+		Note: "sparse kinds announce only some blocks; token spans are never matched to hashes for them"})
+	add(F{ID: "vllm_hybrid_partial", Source: "vLLM", Reg: "vllm-a",
+		Payload: vBatch(vStored([]uint64{v1}, nil, tok4, groupIdx(1), specKind("sliding_window"), window(16)),
+			vStored([]uint64{v2}, nil, tok8, groupIdx(1), specKind("sliding_window"), window(16), blockSize(8))),
+		Expect: ok(effects(storeGroup("device", vOwn, 1, v1), storeGroup("device", vOwn, 1, v2)),
+			"applied (a partial entry: one hash block)", "applied (the group's block of two hash blocks, keyed by the last)"),
+		Producer: "vLLM >= 0.21, hash block 4 below a group block of 8", Seq: 17})
+	add(F{ID: "vllm_hybrid_removed_with_kind", Source: "vLLM", Reg: "vllm-a",
+		Payload:  vBatch(vRemoved([]uint64{v1}, groupIdx(1), extra("kv_cache_spec_kind", "sliding_window", "kv_cache_spec_sliding_window", 128))),
+		Expect:   ok(effects(removeGroup("device", vOwn, 1, v1)), "applied (kind and window accepted on removals)"),
+		Producer: "a producer that sends the group's kind on removals too", Seq: 18})
 
 	// vLLM events that fail validation, one per payload.
 	type bad struct {
@@ -218,8 +245,12 @@ func fixtures() []F {
 		{"vllm_bad_negative_hash", vStored([]int64{-1}, nil, []int64{1, 2, 3, 4}), "rejected: negative integer hash"},
 		{"vllm_bad_short_bin", vStored([]any{[]byte{1, 2, 3, 4}}, nil, []int64{1, 2, 3, 4}), "rejected: binary hash shorter than 8 bytes"},
 		{"vllm_bad_block_size", vStored([]uint64{v1}, nil, tok4, blockSize(16)), "rejected: block_size 16 != registered 4"},
-		{"vllm_bad_sliding_window", vStored([]uint64{v1}, nil, tok4, specKind("sliding_window"), extra("kv_cache_spec_sliding_window", 128)),
-			"rejected: unsupported kv_cache_spec_kind / sliding window"},
+		{"vllm_bad_window_on_full", vStored([]uint64{v1}, nil, tok4, extra("kv_cache_spec_sliding_window", 128)),
+			"rejected: a sliding window on a full-attention group"},
+		{"vllm_bad_group_past_limit", vStored([]uint64{v1}, nil, tok4, groupIdx(10)),
+			"rejected: group_idx 10 is past the 10 groups an owner can have"},
+		{"vllm_bad_group_block_size", vStored([]uint64{v1}, nil, tok4, groupIdx(1), blockSize(6)),
+			"rejected: a group's block size is not a multiple of the registered (hash) block size"},
 		{"vllm_bad_extra_keys_len", vStored([]uint64{v1, v2}, nil, tok8, extraKeys([]any{nil})), "rejected: extra_keys length != block_hashes length"},
 		{"vllm_bad_token_range", vStored([]uint64{v1}, nil, []int64{1, 2, 3, 1 << 31}), "rejected: token id outside int32"},
 		{"vllm_bad_hashes_not_array", vStored(v1, nil, tok4, extraKeys(nil)), "rejected: block_hashes not an array"},
@@ -408,11 +439,11 @@ func fixtures() []F {
 		Expect: ok(nil, "rejected: seq_hashes conflicts with key hash"), Producer: pMoon, Seq: 11})
 	add(F{ID: "mooncake_bad_group_nonzero", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "cpu", group: "1", eventID: 16})),
-		Expect:  ok(nil, "rejected: group_id must be nil, empty or 0 (vllm_v1)"), Producer: pMoon, Seq: 12})
+		Expect:  ok(nil, "rejected: group_id 1 disagrees with the key's group:0 label (vllm_v1)"), Producer: pMoon, Seq: 12})
 	add(F{ID: "mooncake_group_label_in_key", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLMGroup1, medium: "cpu", eventID: 17})),
-		Expect: ok(effects(store("cpu_share", obj(kVLLMGroup1), v1)),
-			"applied: the group:1 label is not checked, as upstream does (docs/events.md#vllm-keys)"), Producer: pMoon, Seq: 13})
+		Expect: ok(effects(storeGroup("cpu_share", obj(kVLLMGroup1), 1, v1)),
+			"applied in KV-cache group 1, the key's group:1 label (docs/hybrid.md#mooncake)"), Producer: pMoon, Seq: 13})
 	add(F{ID: "mooncake_medium_gpu", Source: "Mooncake", Reg: "pool-a-sub",
 		Payload: mBatch(mEvent("stored", mo{key: kVLLM1, medium: "gpu", eventID: 18})),
 		Expect:  ok(nil, "ignored: medium gpu not a shared tier"), Producer: pMoon, Seq: 14})

@@ -95,6 +95,13 @@ func (d *mooncakeDecoder) ImportBindings(bs []Binding) {
 			continue
 		}
 		b := &binding{sink: sink, ctx: ctx, prefix: sb.Prefix, fullHash: sb.FullHash, group: sb.Group}
+		if !d.sglang {
+			g, ok := vllmObjectGroup(sb.Group, "")
+			if !ok {
+				continue
+			}
+			b.vgroup = g
+		}
 		if d.sglang {
 			b.components = make(map[string]struct{}, len(sb.Components))
 			for _, c := range sb.Components {

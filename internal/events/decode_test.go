@@ -106,7 +106,7 @@ func TestVLLMEventRules(t *testing.T) {
 		vllmStored(func(m map[string]any) { m["block_hashes"] = []any{bin16} }),                // 16-byte bin: last 8 bytes
 		vllmStored(func(m map[string]any) { m["kv_cache_spec_kind"] = nil }),                   // nil kind ok
 		vllmStored(func(m map[string]any) { m["kv_cache_spec_kind"] = "sink_full_attention" }), // ok
-		vllmStored(func(m map[string]any) { m["kv_cache_spec_kind"] = "mamba" }),               // reject
+		vllmStored(func(m map[string]any) { m["kv_cache_spec_kind"] = "mamba" }),               // a hybrid group 0 (docs/hybrid.md)
 		vllmStored(func(m map[string]any) { m["lora_id"] = 0; m["lora_name"] = "x" }),          // reject (lora name mismatch first)
 		vllmStored(func(m map[string]any) { m["medium"] = "gpu" }),                             // case-insensitive
 		vllmStored(func(m map[string]any) { m["medium"] = nil }),                               // ignored
@@ -121,7 +121,7 @@ func TestVLLMEventRules(t *testing.T) {
 	}
 	x.applyBatch(1, eventtest.Encode(t, []any{float32(1.5), events, uint64(0)}))
 	want := []string{
-		"applied:none", "applied:none", "applied:none", "rejected:attention_kind", "rejected:lora",
+		"applied:none", "applied:none", "applied:none", "applied:none", "rejected:lora",
 		"applied:none", "ignored:medium", "rejected:extra_keys", "applied:none", "rejected:wrong_type",
 		"applied:none", "rejected:missing_key", "applied:none", "rejected:array_encoded_event", "rejected:not_map",
 	}
@@ -235,15 +235,16 @@ func TestMooncakeBindings(t *testing.T) {
 	x.applyBatch(2, mcBatch(t,
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["model_name"] = "other" }), // assertion
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["seq_hashes"] = []any{v2} }),
-		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "2" }),
-		mcEventMap("removed", "disk", k1, nil), // other tier: no binding
+		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "2" }),  // the binding is group 0's: assertion
+		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["group_id"] = "10" }), // no such group
+		mcEventMap("removed", "disk", k1, nil),                                            // other tier: no binding
 		mcEventMap("removed", "cpu", k1, func(m map[string]any) { m["model_name"] = nil; m["group_id"] = "0" }),
 		mcEventMap("removed", "cpu", k1, nil), // duplicate remove
 		mcEventMap("cleared", "", "", func(m map[string]any) { m["medium"] = nil }),
 		mcEventMap("stored", "disk", k1, nil), // re-added after the clear
 		mcEventMap("cleared", "", "", func(m map[string]any) { m["medium"] = nil; m["tenant_id"] = "t2" }),
 	))
-	want = []string{"rejected:assertion", "rejected:assertion", "rejected:group", "no-op:no_binding",
+	want = []string{"rejected:assertion", "rejected:assertion", "rejected:assertion", "rejected:group", "no-op:no_binding",
 		"applied:none", "no-op:no_binding", "applied:none", "applied:none", "applied:none"}
 	if diff := cmp.Diff(want, results(x, 2)); diff != "" {
 		t.Errorf("batch 2 (-want +got):\n%s", diff)

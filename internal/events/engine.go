@@ -55,6 +55,7 @@ const (
 	iBlockSize = iota // ints
 	iLoraID
 	iGroupIdx
+	iWindow
 )
 
 // engineFieldSpecs returns the spec of every engine key both families
@@ -110,6 +111,11 @@ type engineEvent struct {
 	// check reads again (hashcheck.go), for stored events only.
 	bs    int32
 	spans [numSpans]span
+	// group is the event's KV-cache group and spec, when grouped says it
+	// carried group fields (vllm.go, docs/hybrid.md#events).
+	grouped bool
+	group   int32
+	spec    index.GroupSpec
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
@@ -141,6 +147,8 @@ type engineDecoder struct {
 	loraName  string
 	keepSpans bool
 	ls        linkScratch
+	// groups is the decoder's side of the owner's layout (vllm.go).
+	groups groupState
 }
 
 func newEngine(rules *engineRules, cfg Config) *engineDecoder {
@@ -152,6 +160,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		blockSize: int64(cfg.Context.BlockSize),
 		lora:      []byte(cfg.Context.Lora),
 		check:     cfg.Check,
+		groups:    groupState{log: cfg.Logger},
 		events:    make([]engineEvent, 0, 64),
 		keys:      make([]uint64, 0, 1024),
 		profile:   cfg.Profile,
@@ -444,6 +453,10 @@ func (d *engineDecoder) Apply(rep Reporter) {
 		}
 		switch ev.kind {
 		case evStored:
+			if ev.grouped {
+				d.applyGrouped(ev)
+				continue
+			}
 			for _, k := range d.keys[ev.off : ev.off+ev.n] {
 				sink.Store(owner, ev.tier, k)
 			}
@@ -456,6 +469,10 @@ func (d *engineDecoder) Apply(rep Reporter) {
 				d.linkStored(ev)
 			}
 		case evRemoved:
+			if ev.grouped {
+				d.applyGrouped(ev)
+				continue
+			}
 			for _, k := range d.keys[ev.off : ev.off+ev.n] {
 				sink.Remove(owner, ev.tier, k)
 			}

@@ -79,7 +79,7 @@ func (t *fieldTable) lookup(key []byte) (id uint8, known bool) {
 // values holds the kept values of one event, by slot.
 type values struct {
 	strs  [10][]byte
-	ints  [3]int64
+	ints  [4]int64
 	uints [3]uint64
 }
 

@@ -142,7 +142,9 @@ var hashChecks = map[string][2]uint64{
 	"vllm_stored_mla":           {1, 0},
 	"vllm_stored_newest_fields": {0, 1}, // a cache_salt in extra_keys, unsalted hash
 	"vllm_lora_stored":          {0, 1}, // a LoRA name, hash without it
-	"vllm_mixed_batch":          {2, 0},
+	"vllm_mixed_batch":          {3, 0}, // group 1 is checked too
+	"vllm_hybrid_two_groups":    {2, 0}, // the full-attention group; sliding windows are not
+	"vllm_hybrid_mamba_sparse":  {2, 0}, // likewise Mamba
 	"sglang_stored_gpu":         {1, 0},
 	"sglang_stored_cpu_pinned":  {2, 0},
 	"sglang_stored_disk":        {3, 0},

@@ -214,6 +214,9 @@ type binding struct {
 	group      string
 	components map[string]struct{} // SGLang: component suffixes present
 	ref        index.SharedRef
+	// vgroup is the vLLM KV-cache group of a vllm_v1 object (group is then
+	// its decimal form, "" for group 0; mooncake_groups.go).
+	vgroup int
 }
 
 // Accounted bytes of a binding (docs/index-memory.md#what-is-counted),
@@ -243,13 +246,18 @@ func (b *binding) accounted() int64 {
 }
 
 // bind records b under bk and takes its shared reference. A table dropped
-// since the lookup refuses it, and the binding is not kept.
-func (d *mooncakeDecoder) bind(bk bindingKey, b *binding) {
+// since the lookup refuses it, and the binding is not kept. It is false
+// only for a KV-cache group other than 0 on a sink without groups.
+func (d *mooncakeDecoder) bind(bk bindingKey, b *binding) bool {
 	b.key = bk
+	if b.vgroup != 0 {
+		return d.bindGroup(bk, b)
+	}
 	b.ref.Init(b, bk.tier, b.prefix, b.accounted(), &d.orphans)
 	if b.sink.AcquireSharedRef(&b.ref) {
 		d.bindings[bk] = b
 	}
+	return true
 }
 
 // dropOrphans forgets the bindings whose references the index evicted
@@ -600,14 +608,14 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		e.fail(EvObjectKey)
 		return
 	}
-	group := string(e.v.strs[mcGroup])
+	group, vgroup := string(e.v.strs[mcGroup]), 0
 	if !d.sglang {
-		// vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
-		if group != "" && group != "0" {
+		// vllm_v1: the object's KV-cache group (docs/hybrid.md#mooncake)
+		if vgroup, ok = vllmObjectGroup(group, string(e.v.strs[mcObjectKey])); !ok {
 			e.fail(EvGroup)
 			return
 		}
-		group = ""
+		group = groupName(vgroup)
 	}
 	if e.seqN == 1 && e.seq0 != prefix {
 		e.fail(EvSeqHashes)
@@ -626,11 +634,13 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		return // idempotent re-store
 	}
 	// new, or evicted by the index: the store binds it afresh
-	b := &binding{sink: sink, ctx: ctx, prefix: prefix, fullHash: fullHash, group: group}
+	b := &binding{sink: sink, ctx: ctx, prefix: prefix, fullHash: fullHash, group: group, vgroup: vgroup}
 	if d.sglang {
 		b.components = map[string]struct{}{component: {}}
 	}
-	d.bind(bk, b)
+	if !d.bind(bk, b) {
+		e.fail(EvGroup)
+	}
 }
 
 // applyRemoved drops the object's binding in the event's tier. The
@@ -644,9 +654,12 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 	if !ok {
 		return
 	}
-	if !d.sglang && len(e.v.strs[mcGroup]) != 0 && string(e.v.strs[mcGroup]) != "0" {
-		e.fail(EvGroup) // vllm_v1 indexes cache group 0 only (docs/events.md#group-id)
-		return
+	vgroup := 0
+	if !d.sglang {
+		if vgroup, ok = vllmObjectGroup(string(e.v.strs[mcGroup]), string(e.v.strs[mcObjectKey])); !ok {
+			e.fail(EvGroup)
+			return
+		}
 	}
 	identity, component := string(e.v.strs[mcObjectKey]), ""
 	if d.sglang {
@@ -685,7 +698,7 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		return
 	}
 	for _, b := range found[:n] {
-		if !d.removalAgrees(e, b) {
+		if !d.removalAgrees(e, b, vgroup) {
 			e.fail(EvAssertion)
 			return
 		}
@@ -699,14 +712,15 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 			}
 		}
 		delete(d.bindings, keys[i])
-		b.sink.ReleaseSharedRef(&b.ref)
+		b.release()
 	}
 }
 
 // removalAgrees checks a removal's own context and hash fields, which are
-// assertions about the binding it drops. A nil field asserts nothing,
+// assertions about the binding it drops (vgroup is its vllm_v1 KV-cache
+// group, docs/hybrid.md#mooncake). A nil field asserts nothing,
 // except a stamping publisher's nil lora_name, which states "no adapter".
-func (d *mooncakeDecoder) removalAgrees(e *mcEvent, b *binding) bool {
+func (d *mooncakeDecoder) removalAgrees(e *mcEvent, b *binding, vgroup int) bool {
 	lora := string(e.v.strs[mcLora])
 	if e.unstamped() && !e.hasVal(mLoraName) {
 		lora = b.ctx.Lora
@@ -715,6 +729,7 @@ func (d *mooncakeDecoder) removalAgrees(e *mcEvent, b *binding) bool {
 		lora != b.ctx.Lora ||
 		(e.hasVal(mBlockSize) && e.v.ints[mcBlockSize] != int64(b.ctx.BlockSize)) ||
 		(d.sglang && string(e.v.strs[mcGroup]) != b.group) ||
+		(!d.sglang && vgroup != b.vgroup) ||
 		(e.has(mConnectorBlockHash) && normalizeHex(string(e.v.strs[mcConnector])) != b.fullHash) ||
 		(e.seqN == 1 && e.seq0 != b.prefix))
 }
@@ -728,7 +743,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 	for k, b := range d.bindings {
 		if k.backend == backend && k.tenant == tenant {
 			delete(d.bindings, k)
-			b.sink.ReleaseSharedRef(&b.ref)
+			b.release()
 		}
 	}
 }
@@ -737,7 +752,7 @@ func (d *mooncakeDecoder) applyCleared(e *mcEvent) {
 // (stale or stopped, docs/events.md#retraction).
 func (d *mooncakeDecoder) Retract() {
 	for _, b := range d.bindings {
-		b.sink.ReleaseSharedRef(&b.ref)
+		b.release()
 	}
 	clear(d.bindings)
 	d.orphans.Drain()

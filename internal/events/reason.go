@@ -64,6 +64,7 @@ const (
 	EvSeqHashes
 	EvConflict
 	EvAssertion
+	EvLayout
 
 	// Ignored / no-op events.
 	IgnMedium
@@ -131,6 +132,7 @@ var reasonNames = [NumReasons]string{
 	EvSeqHashes:         "seq_hashes",
 	EvConflict:          "binding_conflict",
 	EvAssertion:         "assertion",
+	EvLayout:            "layout_conflict",
 	IgnMedium:           "medium",
 	NoBinding:           "no_binding",
 	StaleGap:            "gap",

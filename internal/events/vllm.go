@@ -2,6 +2,7 @@ package events
 
 import (
 	"bytes"
+	"math"
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
@@ -18,7 +19,7 @@ var vllmRules = engineRules{
 		f[fExtraKeys] = fieldSpec{"extra_keys", shapeOwn, noSlot}
 		f[fGroupIdx] = fieldSpec{"group_idx", shapeOptInt, iGroupIdx}
 		f[fSpecKind] = fieldSpec{"kv_cache_spec_kind", shapeOptStr, sSpecKind}
-		f[fSlidingWindow] = fieldSpec{"kv_cache_spec_sliding_window", shapeOptInt, noSlot}
+		f[fSlidingWindow] = fieldSpec{"kv_cache_spec_sliding_window", shapeOptInt, iWindow}
 		return f
 	}()),
 	keys: [numEvKinds]keyRule{
@@ -38,7 +39,9 @@ var vllmRules = engineRules{
 const (
 	vllmStoredRequired = 1<<fType | 1<<fBlockHashes | 1<<fParent | 1<<fTokenIDs |
 		1<<fBlockSize | 1<<fLoraID | 1<<fMedium | 1<<fLoraName
-	vllmRemovedAllowed  = 1<<fType | 1<<fBlockHashes | 1<<fMedium | 1<<fGroupIdx
+	// removals carry group_idx; kind and window are accepted when a
+	// producer sends them (docs/hybrid.md#events)
+	vllmRemovedAllowed  = 1<<fType | 1<<fBlockHashes | 1<<fMedium | 1<<fGroupIdx | 1<<fSpecKind | 1<<fSlidingWindow
 	vllmRemovedRequired = 1<<fType | 1<<fBlockHashes | 1<<fMedium
 
 	clearedAllowed = 1 << fType
@@ -48,8 +51,13 @@ const (
 // already passed the key rules.
 func checkVLLM(d *engineDecoder, ev *engineEvent, f *engineFields) {
 	reject := func(r Reason) { ev.result, ev.reason = Rejected, r }
+	if reason := groupFields(d, ev, f); reason != ReasonNone {
+		reject(reason)
+		return
+	}
 	if ev.kind == evStored {
-		if f.v.ints[iBlockSize] != d.blockSize {
+		if bs := f.v.ints[iBlockSize]; bs != d.blockSize && (!ev.grouped || bs <= 0 || bs%d.blockSize != 0 || bs > math.MaxInt32) {
+			// a group's blocks are whole hash blocks (docs/hybrid.md#block-sizes)
 			reject(EvBlockSize)
 			return
 		}
@@ -65,22 +73,7 @@ func checkVLLM(d *engineDecoder, ev *engineEvent, f *engineFields) {
 			reject(EvExtraKeys)
 			return
 		}
-		if f.nonNil&bit(fSpecKind) != 0 {
-			switch string(f.v.strs[sSpecKind]) {
-			case "full_attention", "mla_attention", "sink_full_attention":
-			default:
-				reject(EvAttention)
-				return
-			}
-		}
-		if f.nonNil&bit(fSlidingWindow) != 0 {
-			reject(EvAttention)
-			return
-		}
-	}
-	if f.nonNil&bit(fGroupIdx) != 0 && f.v.ints[iGroupIdx] != 0 {
-		reject(EvGroup)
-		return
+		ev.spec.BlockSize = int(f.v.ints[iBlockSize])
 	}
 	if !bytes.EqualFold(f.v.strs[sMedium], []byte("gpu")) {
 		ev.result, ev.reason = Ignored, IgnMedium
@@ -88,4 +81,51 @@ func checkVLLM(d *engineDecoder, ev *engineEvent, f *engineFields) {
 	}
 	ev.tier = index.Device
 	ev.result = Applied
+}
+
+// groupFields reads an event's KV-cache group fields (docs/hybrid.md#events).
+// An event without them, or of group 0 with a full-attention kind at the
+// hash block size, is a dense event, applied exactly as before hybrid
+// events existed; any other is grouped, and its spec is checked against
+// the owner's layout when it is applied.
+func groupFields(d *engineDecoder, ev *engineEvent, f *engineFields) Reason {
+	hasGroup := f.nonNil&bit(fGroupIdx) != 0
+	hasKind := f.nonNil&bit(fSpecKind) != 0
+	hasWindow := f.nonNil&bit(fSlidingWindow) != 0
+	g := int64(0)
+	if hasGroup {
+		g = f.v.ints[iGroupIdx]
+		if g < 0 || g > math.MaxInt32 {
+			return EvGroup
+		}
+	}
+	kind := index.KindOther
+	if hasKind {
+		kind = index.KindOf(string(f.v.strs[sSpecKind]))
+	}
+	if hasWindow {
+		if kind != index.KindSliding || f.v.ints[iWindow] <= 0 || f.v.ints[iWindow] > math.MaxInt32 {
+			return EvAttention
+		}
+	}
+	ev.spec = index.GroupSpec{Kind: kind, SlidingWindow: int(f.v.ints[iWindow])}
+	ev.group = int32(g)
+	switch {
+	case ev.kind == evRemoved:
+		ev.grouped = g != 0
+	case !hasGroup && !hasKind:
+	case g == 0 && (!hasKind || kind == index.KindFull):
+		// group 0 of full attention: a dense model's only group, hashed at
+		// its own block size; it goes through the layout only so that a
+		// later group finds it there
+		if f.v.ints[iBlockSize] != d.blockSize {
+			return EvBlockSize
+		}
+		ev.grouped = hasKind
+	default:
+		// group 0 of full attention applies exactly as a dense event; it
+		// goes through the layout only so that a later group finds it there
+		ev.grouped = true
+	}
+	return ReasonNone
 }

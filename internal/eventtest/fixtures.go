@@ -36,13 +36,16 @@ type Registration struct {
 
 // Effect is one index change a fixture expects.
 type Effect struct {
-	Op        string   `json:"op"`
-	Tier      string   `json:"tier"`
-	Tiers     []string `json:"tiers"`
-	Owner     string   `json:"owner"`
-	Prefixes  []string `json:"prefixes"`
-	BackendID string   `json:"backend_id"`
-	TenantID  string   `json:"tenant_id"`
+	Op       string   `json:"op"`
+	Tier     string   `json:"tier"`
+	Tiers    []string `json:"tiers"`
+	Owner    string   `json:"owner"`
+	Prefixes []string `json:"prefixes"`
+	// Group is the KV-cache group of an engine store or remove (0 when
+	// absent, docs/hybrid.md).
+	Group     int    `json:"group"`
+	BackendID string `json:"backend_id"`
+	TenantID  string `json:"tenant_id"`
 }
 
 // Expect is what a fixture expects of the envelope, the batch and each event.

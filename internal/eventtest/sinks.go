@@ -21,11 +21,15 @@ type Op struct {
 	Tier  index.Tier
 	Key   uint64
 	Mask  index.TierMask
+	Group int // KV-cache group of an engine store or remove
 }
 
 func (o Op) String() string {
 	if o.Kind == "clear" {
 		return fmt.Sprintf("clear(owner %d, mask %03b)", o.Owner, o.Mask)
+	}
+	if o.Group != 0 {
+		return fmt.Sprintf("%s(owner %d, tier %d, group %d, %d)", o.Kind, o.Owner, o.Tier, o.Group, o.Key)
 	}
 	return fmt.Sprintf("%s(owner %d, tier %d, %d)", o.Kind, o.Owner, o.Tier, o.Key)
 }
@@ -54,6 +58,26 @@ func (r *Recorder) Remove(id index.OwnerID, t index.Tier, k uint64) {
 	r.add(Op{Kind: "remove", Owner: id, Tier: t, Key: k})
 }
 
+// StoreGroup records an engine store of a KV-cache group (group 0 records
+// exactly as Store).
+func (r *Recorder) StoreGroup(id index.OwnerID, t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "store", Owner: id, Tier: t, Key: k, Group: g})
+}
+
+// RemoveGroup records an engine removal of a KV-cache group.
+func (r *Recorder) RemoveGroup(id index.OwnerID, t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "remove", Owner: id, Tier: t, Key: k, Group: g})
+}
+
+// NoteGroup accepts every layout but one past index.MaxGroups groups: the
+// recorder keeps no layout, so conflicts are tested against a real table.
+func (r *Recorder) NoteGroup(_ index.OwnerID, g int, _ index.GroupSpec) index.GroupNote {
+	if g >= index.MaxGroups {
+		return index.GroupTooMany
+	}
+	return index.GroupAgrees
+}
+
 // ClearOwner records an engine clear.
 func (r *Recorder) ClearOwner(id index.OwnerID, m index.TierMask) {
 	r.add(Op{Kind: "clear", Owner: id, Mask: m})
@@ -74,6 +98,16 @@ func (r *Recorder) ReleaseSharedRef(ref *index.SharedRef) {
 // recorder keeps no budget, so it is not an operation.
 func (r *Recorder) AdjustSharedRef(*index.SharedRef, int64) bool { return true }
 
+// AcquireSharedGroup records a shared reference of a KV-cache group.
+func (r *Recorder) AcquireSharedGroup(t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "acquire", Tier: t, Key: k, Group: g})
+}
+
+// ReleaseSharedGroup records a shared reference of a KV-cache group dropped.
+func (r *Recorder) ReleaseSharedGroup(t index.Tier, g int, k uint64) {
+	r.add(Op{Kind: "release", Tier: t, Key: k, Group: g})
+}
+
 // Take returns the calls recorded so far and forgets them.
 func (r *Recorder) Take() []Op {
 	r.mu.Lock()
@@ -91,11 +125,12 @@ func (r *Recorder) Snapshot() []Op {
 }
 
 // SharedBalance returns acquires minus releases per (tier, key), without
-// the pairs that balance out.
+// the pairs that balance out; a KV-cache group other than 0 is in the
+// first word's bits above the tier's 8.
 func SharedBalance(ops []Op) map[[2]uint64]int {
 	m := map[[2]uint64]int{}
 	for _, o := range ops {
-		k := [2]uint64{uint64(o.Tier), o.Key}
+		k := [2]uint64{uint64(o.Tier) | uint64(o.Group)<<8, o.Key}
 		switch o.Kind {
 		case "acquire":
 			m[k]++
@@ -129,7 +164,7 @@ func ExpectedOps(t testing.TB, f *Fixture, prior []Op) []Op {
 				owner = 0
 			}
 			for _, p := range ef.Prefixes {
-				out = append(out, Op{Kind: kind, Owner: owner, Tier: tier, Key: ParseU64(t, p)})
+				out = append(out, Op{Kind: kind, Owner: owner, Tier: tier, Key: ParseU64(t, p), Group: ef.Group})
 			}
 		case "clear":
 			var m index.TierMask
@@ -140,7 +175,7 @@ func ExpectedOps(t testing.TB, f *Fixture, prior []Op) []Op {
 		case "clear_shared":
 			for k, n := range SharedBalance(prior) {
 				for range n {
-					out = append(out, Op{Kind: "release", Tier: index.Tier(k[0]), Key: k[1]})
+					out = append(out, Op{Kind: "release", Tier: index.Tier(k[0] & 0xff), Key: k[1], Group: int(k[0] >> 8)})
 				}
 			}
 		default:

@@ -16,6 +16,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
@@ -153,6 +154,10 @@ var (
 	descHashSkipped = prometheus.NewDesc("conductor_hash_check_skipped_total",
 		"Sampled event blocks the hash check could not re-hash, by what the event lacked (docs/events.md, \"The hash check\").", []string{"service", "reason"}, nil)
 	descIngest = map[string]*prometheus.Desc{}
+	// descGroupKinds counts hybrid models' events by KV-cache group kind
+	// (docs/hybrid.md#metrics).
+	descGroupKinds = prometheus.NewDesc("conductor_events_group_kind_total",
+		"Applied vLLM BlockStored events that named a KV-cache group kind, by the kind's rule family: full_attention, sliding_window, chunked_local_attention, mamba, uncached or other.", []string{"kind"}, nil)
 )
 
 var tierNames = [...]string{"device", "cpu_local", "cpu_share", "disk"}
@@ -194,7 +199,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2]} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2]} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -284,6 +289,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descHashCheck, prometheus.CounterValue, float64(hc.SkippedTotal()), svc, "skipped")
 		for _, r := range hashcheck.SkipReasons() {
 			ch <- prometheus.MustNewConstMetric(descHashSkipped, prometheus.CounterValue, float64(hc.Skipped[r]), svc, r.String())
+		}
+	}
+	for k, n := range events.GroupKindEvents() {
+		if kind := index.GroupKind(k); kind != index.KindUnreported {
+			ch <- prometheus.MustNewConstMetric(descGroupKinds, prometheus.CounterValue, float64(n), kind.String())
 		}
 	}
 	for _, s := range c.opts.Counters.All() {

@@ -62,7 +62,7 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		"conductor_events_rejected_total": {"array_encoded_event", "not_map", "non_string_key", "duplicate_key",
 			"missing_key", "wrong_type", "unknown_tag", "foreign_key", "hash", "block_size", "lora", "group",
 			"attention_kind", "extra_keys", "token_range", "timestamp", "type_conflict", "dp_rank", "backend",
-			"context", "object_key", "seq_hashes", "binding_conflict", "assertion"},
+			"context", "object_key", "seq_hashes", "binding_conflict", "assertion", "layout_conflict"},
 		"conductor_stale_transitions_total": {"gap", "regression", "replay_unrecoverable", "replay_deadline", "buffer_overflow", "batch_rejected", "internal_error"},
 		"conductor_replays_total":           {"recovered", "retried", "unrecoverable", "deadline", "stopped"},
 	}
@@ -83,6 +83,15 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		if n := 3 * len(reasons); len(series) != n {
 			t.Errorf("%s exports %d series, want %d", fam, len(series), n)
 		}
+	}
+	kinds := got["conductor_events_group_kind_total"]
+	for _, k := range []string{"full_attention", "sliding_window", "chunked_local_attention", "mamba", "uncached", "other"} {
+		if v, ok := kinds["kind="+k+","]; !ok || v != 0 {
+			t.Errorf("conductor_events_group_kind_total{kind=%s} = %v, present %v; want 0", k, v, ok)
+		}
+	}
+	if len(kinds) != 6 {
+		t.Errorf("conductor_events_group_kind_total exports %v", kinds)
 	}
 	for _, typ := range []string{"vLLM", "SGLang", "Mooncake"} {
 		if v, ok := got["conductor_services"]["type="+typ+","]; !ok || v != 0 {

@@ -410,7 +410,7 @@ func (s *State) cut() *snapshot.Snapshot {
 		}
 		snap.Contexts = append(snap.Contexts, snapshot.Context{
 			Context: tc.Context, Profile: profileOf(&tc.Profile),
-			Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs,
+			Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs, Layouts: tc.Layouts,
 		})
 	}
 	if pc != nil {

@@ -27,8 +27,10 @@ type planContext struct {
 }
 
 type heldBlocks struct {
-	keys  []uint64
-	tiers []index.TierMask
+	keys   []uint64
+	tiers  []index.TierMask
+	words  []uint32 // KV-cache group words (nil while all are 0)
+	layout index.Layout
 }
 
 func newPlan(snap *snapshot.Snapshot) *plan {
@@ -44,14 +46,23 @@ func newPlan(snap *snapshot.Snapshot) *plan {
 		byPos := make([]*heldBlocks, len(c.Owners))
 		for i, o := range c.Owners {
 			byPos[i] = &heldBlocks{}
+			if i < len(c.Layouts) {
+				byPos[i].layout = c.Layouts[i]
+			}
 			pc.owners[o] = byPos[i]
 		}
 		// Read validated every entry already; this walk cannot fail.
 		_, _, _ = index.WalkEntries(c.Entries, len(c.Owners), func(key uint64, hs []index.EntryHolder) {
 			for _, h := range hs {
 				hb := byPos[h.Owner]
+				if h.Groups != 0 && hb.words == nil {
+					hb.words = make([]uint32, len(hb.keys), cap(hb.keys))
+				}
 				hb.keys = append(hb.keys, key)
 				hb.tiers = append(hb.tiers, h.Tiers)
+				if hb.words != nil {
+					hb.words = append(hb.words, h.Groups)
+				}
 			}
 		})
 		c.Entries = nil
@@ -91,7 +102,8 @@ func (p *plan) restoreOwner(svc registry.Service, t *index.Table, id index.Owner
 	if !ok {
 		return 0
 	}
-	t.StoreBatch(id, hb.keys, hb.tiers)
+	t.RestoreLayout(id, hb.layout)
+	t.StoreBatchGroups(id, hb.keys, hb.tiers, hb.words)
 	delete(pc.owners, o)
 	return len(hb.keys)
 }

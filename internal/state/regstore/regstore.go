@@ -198,6 +198,20 @@ func RegisterBody(svc *registry.Service) []byte {
 	if svc.CacheGroup != nil {
 		m["cache_group"] = *svc.CacheGroup
 	}
+	if svc.Groups.N > 0 {
+		var gs []any
+		for _, d := range svc.Groups.Decls() {
+			g := map[string]any{"kind": d.Kind, "block_size": d.BlockSize}
+			if d.SlidingWindow != 0 {
+				g["sliding_window"] = d.SlidingWindow
+			}
+			if d.ChunkSize != 0 {
+				g["chunk_size"] = d.ChunkSize
+			}
+			gs = append(gs, g)
+		}
+		m["kv_cache_groups"] = gs
+	}
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	enc.SetSortMapKeys(true)

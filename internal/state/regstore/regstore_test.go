@@ -47,6 +47,15 @@ func services(t testing.TB) []registry.Service {
 			"hash_profile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"},
 		}),
 		service(t, map[string]any{
+			"endpoint": "tcp://10.0.0.2:5557", "type": "vLLM", "modelname": "llama4", "instance_id": "hybrid", "block_size": 16, "dp_rank": 0,
+			"hash_profile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"},
+			"kv_cache_groups": []any{
+				map[string]any{"kind": "chunked_local_attention", "block_size": 16, "chunk_size": 8192},
+				map[string]any{"kind": "sliding_window", "block_size": 32, "sliding_window": 128},
+				map[string]any{"kind": "full_attention", "block_size": 16},
+			},
+		}),
+		service(t, map[string]any{
 			"endpoint": "ipc:///tmp/sglang.sock", "type": "SGLang", "modelname": "m2", "instance_id": "sg", "block_size": 1, "dp_rank": 0,
 			"hash_profile": map[string]any{"strategy": "sglang", "algorithm": "sha256_raw", "index_projection": "first64_be"},
 		}),
@@ -164,7 +173,7 @@ func TestLoadCorrupt(t *testing.T) {
 		}(), "format version 2, this release reads version 1"},
 		{"count too high", func() []byte {
 			b := append([]byte(nil), good...)
-			binary.LittleEndian.PutUint32(b[12:], 4)
+			binary.LittleEndian.PutUint32(b[12:], uint32(len(services(t))+1))
 			return reseal(b)
 		}(), "cut short"},
 		{"invalid registration", withBogus, "not a valid registration"},

@@ -168,6 +168,9 @@ type Context struct {
 	Entries []byte
 	Blocks  int
 	Pairs   int
+	// Layouts are the owners' hybrid layouts by position, as
+	// index.TableCut has them (nil when every owner is dense).
+	Layouts []index.Layout
 }
 
 // contextMeta is a context section's MessagePack part; the entries follow
@@ -186,6 +189,48 @@ type contextMeta struct {
 type ownerRecord struct {
 	Instance string `msgpack:"instance"`
 	Rank     int    `msgpack:"rank"`
+	// Layout is a hybrid owner's KV-cache group layout (docs/hybrid.md);
+	// absent for a dense owner, so files without hybrid owners are as
+	// before and older files read as all dense.
+	Layout *layoutRecord `msgpack:"layout,omitempty"`
+}
+
+type layoutRecord struct {
+	Declared bool          `msgpack:"declared"`
+	Overflow bool          `msgpack:"overflow"`
+	Groups   []groupRecord `msgpack:"groups"`
+}
+
+type groupRecord struct {
+	Kind          uint8 `msgpack:"kind"`
+	BlockSize     int   `msgpack:"block_size"`
+	SlidingWindow int   `msgpack:"sliding_window"`
+	ChunkSize     int   `msgpack:"chunk_size"`
+}
+
+func layoutOf(l *index.Layout) *layoutRecord {
+	if len(l.Groups) == 0 && !l.Overflow {
+		return nil
+	}
+	r := &layoutRecord{Declared: l.Declared, Overflow: l.Overflow, Groups: make([]groupRecord, len(l.Groups))}
+	for i, g := range l.Groups {
+		r.Groups[i] = groupRecord{Kind: uint8(g.Kind), BlockSize: g.BlockSize, SlidingWindow: g.SlidingWindow, ChunkSize: g.ChunkSize}
+	}
+	return r
+}
+
+func (r *layoutRecord) layout() (index.Layout, error) {
+	l := index.Layout{Declared: r.Declared, Overflow: r.Overflow}
+	if len(r.Groups) > index.MaxGroups {
+		return l, fmt.Errorf("a layout of %d groups", len(r.Groups))
+	}
+	for _, g := range r.Groups {
+		if index.GroupKind(g.Kind) >= index.NumGroupKinds || g.BlockSize < 0 || g.SlidingWindow < 0 || g.ChunkSize < 0 {
+			return l, fmt.Errorf("a malformed KV-cache group %+v", g)
+		}
+		l.Groups = append(l.Groups, index.GroupSpec{Kind: index.GroupKind(g.Kind), BlockSize: g.BlockSize, SlidingWindow: g.SlidingWindow, ChunkSize: g.ChunkSize})
+	}
+	return l, nil
 }
 
 // Write encodes s to w. The caller makes it durable (statedir.WriteAtomic).
@@ -217,6 +262,9 @@ func Write(w io.Writer, s *Snapshot) error {
 			Profile: c.Profile, Blocks: c.Blocks, Pairs: c.Pairs, Owners: make([]ownerRecord, len(c.Owners))}
 		for j, o := range c.Owners {
 			m.Owners[j] = ownerRecord{Instance: o.Instance, Rank: o.Rank}
+			if j < len(c.Layouts) {
+				m.Owners[j].Layout = layoutOf(&c.Layouts[j])
+			}
 		}
 		head, err := metaHead(&m)
 		if err != nil {
@@ -472,6 +520,16 @@ func readContext(payload []byte) (Context, error) {
 	}
 	for i, o := range m.Owners {
 		c.Owners[i] = index.Owner{Instance: o.Instance, Rank: o.Rank}
+		if o.Layout != nil {
+			if c.Layouts == nil {
+				c.Layouts = make([]index.Layout, len(m.Owners))
+			}
+			l, err := o.Layout.layout()
+			if err != nil {
+				return c, err
+			}
+			c.Layouts[i] = l
+		}
 	}
 	if err := checkOwners(c.Owners, func(o index.Owner) bool { return o.Instance == "" }); err != nil {
 		return c, err

@@ -37,6 +37,12 @@ func sample(t testing.TB) *Snapshot {
 		}
 		tb.Store(b0, index.Disk, k*7)
 	}
+	// a1 serves a hybrid model: its layout and group words are kept
+	ta.NoteGroup(a1, 0, index.GroupSpec{Kind: index.KindSliding, BlockSize: 16, SlidingWindow: 32})
+	ta.NoteGroup(a1, 1, index.GroupSpec{Kind: index.KindFull, BlockSize: 16})
+	for k := uint64(0); k < 500; k += 4 {
+		ta.StoreGroup(a1, index.CPULocal, 1, k)
+	}
 	scope := index.ScopeKey{Tenant: "acme", Model: "m", Scheme: "vllm", Adapter: "ad"}
 	ts := ix.EnsureScope(scope)
 	r0, r1 := ts.AddEngineOwner("r0", 0), ts.AddEngineOwner("r1", 0)
@@ -74,7 +80,7 @@ func sample(t testing.TB) *Snapshot {
 			s.Scopes = append(s.Scopes, sc)
 			continue
 		}
-		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
+		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs, Layouts: tc.Layouts})
 	}
 	s.Replicas = []Replica{
 		{Tenant: "acme", Model: "m", Replica: "r0", SilentNanos: int64(3 * time.Second), HasStats: true, StatsAgeNanos: int64(time.Minute),
@@ -101,6 +107,9 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if l := got.Contexts[0].Layouts; len(l) != 2 || len(l[1].Groups) != 2 || l[1].Groups[0].SlidingWindow != 32 {
+		t.Errorf("layouts %+v", l)
 	}
 	if want.Contexts[0].Pairs != 750 || want.Contexts[1].Pairs != 500 || want.Scopes[0].Pairs != 400 {
 		t.Errorf("sample pairs %d, %d, %d", want.Contexts[0].Pairs, want.Contexts[1].Pairs, want.Scopes[0].Pairs)
