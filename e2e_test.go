@@ -383,8 +383,8 @@ func TestMetricsMove(t *testing.T) {
 	eventually(t, "rejection counted", func() bool {
 		return metricSum(e.scrape(), "conductor_events_rejected_total{") >= 1
 	})
-	// Two more queries of the stored prompt: the second reuses both
-	// digests the first (or an earlier one) left in the prefix memo.
+	// Two more queries of the stored prompt: they reuse both digests
+	// (checked below) instead of hashing them.
 	for i := 0; i < 2; i++ {
 		if got := e.deviceHits("m0", tokens); got != 32 {
 			t.Fatalf("device %d", got)
@@ -404,14 +404,23 @@ func TestMetricsMove(t *testing.T) {
 		{`conductor_messages_received_total{reason="",source_type="vLLM"}`, 2},
 		{`conductor_subscriber_state{service="m0|default|0",state="live",type="vLLM"}`, 1},
 		{`conductor_services{type="vLLM"}`, 1},
-		// The same prompt was queried more than once: later queries reuse
-		// the digests of the first through the prefix memo.
-		{`conductor_hash_memo_lookups_total{result="hit"}`, 2},
 	}
 	for _, c := range checks {
 		if got := metricValue(after, c.series); got < c.min {
 			t.Errorf("%s = %v, want >= %v", c.series, got, c.min)
 		}
+	}
+	// The same prompt was queried more than once, so later queries took
+	// its two digests without hashing: from the prefix memo when a query
+	// ran before the event arrived and taught it, else from the verified
+	// links the event recorded (a chain links serve is not taught to the
+	// memo), so the two count together.
+	reused := metricValue(after, `conductor_hash_memo_lookups_total{result="hit"}`) + metricValue(after, `conductor_link_memo_hits_total`)
+	if reused < 2 {
+		t.Errorf("digests reused from the memo or the links: %v, want >= 2", reused)
+	}
+	if got := metricValue(after, `conductor_hash_memo_bytes`) + metricValue(after, `conductor_link_memo_bytes`); got <= 0 {
+		t.Errorf("conductor_hash_memo_bytes + conductor_link_memo_bytes = %v with digests remembered", got)
 	}
 	if metricValue(before, `conductor_http_requests_total{endpoint="/query",status="200"}`) >= 0 {
 		t.Error("query counter existed before any query")
@@ -436,12 +445,12 @@ func TestMetricsMove(t *testing.T) {
 	}
 	// The last context going empties both memos and the answer cache, so
 	// their budgets do not stay resident in an idle service.
-	memories := []string{"conductor_hash_memo_bytes", "conductor_token_memo_bytes", "conductor_answer_cache_bytes"}
-	for _, m := range memories {
+	for _, m := range []string{"conductor_token_memo_bytes", "conductor_answer_cache_bytes"} {
 		if got := metricValue(after, m); got <= 0 {
 			t.Errorf("%s = %v with entries remembered", m, got)
 		}
 	}
+	memories := []string{"conductor_hash_memo_bytes", "conductor_link_memo_bytes", "conductor_token_memo_bytes", "conductor_answer_cache_bytes"}
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "tenant_id": "default", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister: %d %v", status, out)
 	}
