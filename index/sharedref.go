@@ -134,21 +134,7 @@ func (t *Table) AcquireSharedRef(r *SharedRef) bool {
 	if s.dead || r.held || r.gone.Load() {
 		return false
 	}
-	t.changing(s)
-	idx := s.findOrInsert(r.key, h)
-	b := &s.blocks[idx]
-	k := s.findShared(b, bit)
-	if k != noPair {
-		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
-			p.aux++
-		}
-	} else {
-		s.addPair(b, pair{own: bit, aux: 1})
-	}
-	s.setMask(b, b.mask()|uint8(bit))
-	if k == noPair {
-		t.notify(KeyAdded, 0, r.key)
-	}
+	t.acquireSharedLocked(s, bit, r.key, h)
 	rk := refKey{r.key, bit}
 	if s.refs == nil {
 		s.refs = make(map[refKey][]*SharedRef)

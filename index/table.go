@@ -483,6 +483,15 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 		s.mu.Unlock()
 		return
 	}
+	t.acquireSharedLocked(s, bit, key, h)
+	s.mu.Unlock()
+}
+
+// acquireSharedLocked adds one reference to key's shared pair of tier bit
+// in stripe s (whose write lock the caller holds and which is not dead),
+// creating the pair and telling watchers of the key when it is the first;
+// a saturated count stays saturated.
+func (t *Table) acquireSharedLocked(s *stripe, bit uint32, key, h uint64) {
 	t.changing(s)
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
@@ -498,7 +507,6 @@ func (t *Table) AcquireShared(tier Tier, key uint64) {
 	if k == noPair {
 		t.notify(KeyAdded, 0, key)
 	}
-	s.mu.Unlock()
 }
 
 // ReleaseShared drops one reference taken by AcquireShared; the key leaves
