@@ -351,14 +351,14 @@ func main() {
 }
 
 // serverOptions are the build and start options of a spawned server. A
-// soak adds its memo size (for the answer cache too) unless --soak-memo-mib is negative (see
+// soak adds its memo size (for the answer cache and the verified links too) unless --soak-memo-mib is negative (see
 // soakConfig.memoMiB).
 func (o *options) serverOptions() serverOptions {
 	so := serverOptions{token: o.authToken, logLevel: o.serverLog, race: o.serverRace, args: o.serverArgs}
 	if o.soak.duration > 0 && o.soak.memoMiB >= 0 {
 		// First, so that --server-args can still override them.
 		so.args = append([]string{fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB), fmt.Sprintf("--token-memo-mib=%d", o.soak.memoMiB),
-			fmt.Sprintf("--answer-cache-mib=%d", o.soak.memoMiB)}, so.args...)
+			fmt.Sprintf("--answer-cache-mib=%d", o.soak.memoMiB), fmt.Sprintf("--link-memo-mib=%d", o.soak.memoMiB)}, so.args...)
 	}
 	return so
 }
