@@ -35,30 +35,7 @@ func benchStoreRemove(b *testing.B, reg string, mod func(map[string]any)) {
 		_, p, ok := lookup(ctx)
 		return sink, p, ok
 	}
-	var rep nopReporter
-	var stored, removed []any
-	for i := range 32 {
-		key := fmt.Sprintf("deploy@test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%064x", i+1)
-		stored = append(stored, mcEventMap("stored", "cpu", key, mod))
-		removed = append(removed, mcEventMap("removed", "cpu", key, mod))
-	}
-	p1, _ := msgpack.Marshal([]any{uint64(1000), stored, 0})
-	p2, _ := msgpack.Marshal([]any{uint64(1000), removed, 0})
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		for _, p := range [][]byte{p1, p2} {
-			if rej := d.Decode(p); rej != ReasonNone {
-				b.Fatal(rej)
-			}
-			d.Apply(rep)
-		}
-	}
-	b.StopTimer()
-	if len(d.bindings) != 0 {
-		b.Fatalf("%d bindings left", len(d.bindings))
-	}
-	b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "events/s")
+	runStoreRemove(b, d, mod)
 }
 
 type nopShared struct{}
@@ -83,12 +60,19 @@ func BenchmarkMooncakeStoreRemoveIndexed(b *testing.B) {
 		}
 		return ix.EnsureTable(ctx, *p), p, true
 	}
+	runStoreRemove(b, d, nil)
+}
+
+// runStoreRemove decodes and applies, per iteration, a batch storing 32
+// objects in cpu and one removing them, each event shaped by mod
+// (mcEventMap), and reports events per second.
+func runStoreRemove(b *testing.B, d *mooncakeDecoder, mod func(map[string]any)) {
 	var rep nopReporter
 	var stored, removed []any
 	for i := range 32 {
 		key := fmt.Sprintf("deploy@test-model@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@%064x", i+1)
-		stored = append(stored, mcEventMap("stored", "cpu", key, nil))
-		removed = append(removed, mcEventMap("removed", "cpu", key, nil))
+		stored = append(stored, mcEventMap("stored", "cpu", key, mod))
+		removed = append(removed, mcEventMap("removed", "cpu", key, mod))
 	}
 	p1, _ := msgpack.Marshal([]any{uint64(1000), stored, 0})
 	p2, _ := msgpack.Marshal([]any{uint64(1000), removed, 0})

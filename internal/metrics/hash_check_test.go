@@ -12,30 +12,17 @@ import (
 // hashCheckSeries gathers conductor_hash_check_total from the real
 // registry as "service/result" -> value.
 func hashCheckSeries(t *testing.T, m *Metrics) map[string]float64 {
-	t.Helper()
-	fams, err := m.Gatherer().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, f := range fams {
-		if f.GetName() != "conductor_hash_check_total" {
-			continue
-		}
-		for _, s := range f.GetMetric() {
-			l := map[string]string{}
-			for _, p := range s.GetLabel() {
-				l[p.GetName()] = p.GetValue()
-			}
-			out[l["service"]+"/"+l["result"]] = s.GetCounter().GetValue()
-		}
-	}
-	return out
+	return counterSeries(t, m, "conductor_hash_check_total", "result")
 }
 
 // hashSkippedSeries gathers conductor_hash_check_skipped_total as
 // "service/reason" -> value.
 func hashSkippedSeries(t *testing.T, m *Metrics) map[string]float64 {
+	return counterSeries(t, m, "conductor_hash_check_skipped_total", "reason")
+}
+
+// counterSeries gathers counter family name as "service/<label>" -> value.
+func counterSeries(t *testing.T, m *Metrics, name, label string) map[string]float64 {
 	t.Helper()
 	fams, err := m.Gatherer().Gather()
 	if err != nil {
@@ -43,7 +30,7 @@ func hashSkippedSeries(t *testing.T, m *Metrics) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, f := range fams {
-		if f.GetName() != "conductor_hash_check_skipped_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, s := range f.GetMetric() {
@@ -51,7 +38,7 @@ func hashSkippedSeries(t *testing.T, m *Metrics) map[string]float64 {
 			for _, p := range s.GetLabel() {
 				l[p.GetName()] = p.GetValue()
 			}
-			out[l["service"]+"/"+l["reason"]] = s.GetCounter().GetValue()
+			out[l["service"]+"/"+l[label]] = s.GetCounter().GetValue()
 		}
 	}
 	return out
