@@ -33,8 +33,14 @@ type Config struct {
 	// goroutine is its only user (its counts are atomic).
 	HashCheck *hashcheck.Checker
 	// Links, for vLLM sources, receives the links of the blocks ingest
-	// verifies (events.Config.Links); nil records none.
+	// verifies (events.Config.Links); nil records none. The verification
+	// waits until the source is idle (LinkDefer), so that stored blocks
+	// are visible without waiting for their SHA-256.
 	Links *hashing.Links
+	// LinkDefer bounds, in bytes, what the subscriber holds of applied
+	// events waiting for verification; 0 means DefaultLinkDefer and a
+	// negative value verifies each event as it is applied.
+	LinkDefer int
 	// WatchConnection says readiness waits for this source: it always
 	// gets a connection monitor (two extra sockets until the first
 	// TCP/IPC connection), so Connected and State report the connection

@@ -35,6 +35,19 @@ var (
 // so a stop request is noticed promptly even under full-speed traffic.
 const drainBurst = 1024
 
+// DefaultLinkDefer is how many bytes of applied vLLM events one
+// subscriber may hold for verification while messages keep arriving
+// (Config.LinkDefer): 16 MiB is about 200 K blocks of 16 tokens, a burst
+// of several seconds from one engine. Beyond it, events are left
+// unverified (conductor_link_verify_shed_total) rather than delaying what
+// comes next.
+const DefaultLinkDefer = 16 << 20
+
+// idleVerifyBlocks is how many waiting blocks are verified between two
+// looks at the socket: about 50 µs of SHA-256, so a message arriving meanwhile
+// waits little.
+const idleVerifyBlocks = 128
+
 // pollInterval is a safety net: the run loop wakes at least this often to
 // check the stop flag even if the stop socket misbehaves.
 const pollInterval = 2 * time.Second
@@ -97,7 +110,8 @@ type Subscriber struct {
 	poller    *zmq.Poller
 	replay    *replay.Client
 	dec       events.Decoder
-	rep       reporter // the outcome of each event of the batch being applied
+	verifier  events.Verifier // dec's waiting link verification, if any
+	rep       reporter        // the outcome of each event of the batch being applied
 	frames    [][]byte
 	rx        batchReceiver
 	depth     int    // nested drains (a replay drains the SUB from inside one)
@@ -187,10 +201,13 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	s.dec, err = events.New(events.Config{
 		Type: typ, Profile: cfg.Profile, Context: cfg.Context,
 		Engine: cfg.Engine, Owner: cfg.Owner, Lookup: cfg.Lookup, Logger: s.log,
-		Check: cfg.HashCheck, Links: cfg.Links,
+		Check: cfg.HashCheck, Links: cfg.Links, LinkDefer: linkDefer(cfg),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
+	}
+	if v, ok := s.dec.(events.Verifier); ok && linkDefer(cfg) > 0 {
+		s.verifier = v
 	}
 	if typ == source.Mooncake {
 		if cfg.ReplayEndpoint != "" {
@@ -206,6 +223,17 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 
 // isNilSink reports a missing sink, including a nil *index.Table wrapped in
 // the interface (which would only fail later, inside the goroutine).
+// linkDefer is the decoder's Config.LinkDefer for cfg.
+func linkDefer(cfg Config) int {
+	switch {
+	case cfg.Links == nil || cfg.LinkDefer < 0:
+		return 0
+	case cfg.LinkDefer == 0:
+		return DefaultLinkDefer
+	}
+	return cfg.LinkDefer
+}
+
 func isNilSink(e events.EngineSink) bool {
 	if e == nil {
 		return true
@@ -389,6 +417,9 @@ func (s *Subscriber) run() {
 			s.retract()
 			s.ungate()
 		}
+		if s.verifier != nil {
+			s.verifier.DropPending()
+		}
 		s.closeMonitor()
 		s.rx.discard()
 		if s.sub != nil {
@@ -419,8 +450,13 @@ func (s *Subscriber) run() {
 		if at := s.sessionDeadline(); !at.IsZero() {
 			timeout = max(min(timeout, time.Until(at)), time.Millisecond)
 		}
-		if s.rx.queued() {
+		verify := false
+		switch {
+		case s.rx.queued():
 			timeout = 0 // received messages wait in s.rx, not in the socket
+		case s.verifier != nil && s.verifier.PendingLinks() > 0:
+			// Verification waits for a moment with nothing to read.
+			timeout, verify = 0, true
 		}
 		polled, err := s.poller.Poll(timeout)
 		if err != nil {
@@ -450,6 +486,8 @@ func (s *Subscriber) run() {
 			if err := s.drain(s.onLive); errors.Is(err, errStopped) {
 				return
 			}
+		} else if verify && len(polled) == 0 {
+			s.verifier.VerifyPending(idleVerifyBlocks)
 		}
 		s.closeIfStale()
 		s.healSession(time.Now())

@@ -61,6 +61,27 @@ type Config struct {
 	// Links, for vLLM, receives the verified links of applied
 	// BlockStored events (links.go); nil records none.
 	Links *hashing.Links
+	// LinkDefer, when positive, lets the verification of applied events
+	// wait, in at most this many bytes copied from their payloads, until
+	// the caller runs it (Verifier): the blocks are in the index at once
+	// and the SHA-256 is off the path that makes them visible. An event
+	// beyond the bound is left unverified and counted
+	// (hashing.Links.Shed). 0 verifies each event as it is applied.
+	LinkDefer int
+}
+
+// Verifier is implemented by the decoders whose link verification can wait
+// (Config.LinkDefer). The caller runs it when no message is waiting, from
+// the decoder's goroutine, between batches.
+type Verifier interface {
+	// VerifyPending verifies waiting events, oldest first, until at
+	// least maxBlocks blocks were verified or none waits, and reports
+	// whether any still waits.
+	VerifyPending(maxBlocks int) bool
+	// PendingLinks is the number of blocks whose verification waits.
+	PendingLinks() int
+	// DropPending forgets the waiting verification (the source stops).
+	DropPending()
 }
 
 // New returns the decoder of cfg.Type.

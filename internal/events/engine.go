@@ -147,6 +147,7 @@ type engineDecoder struct {
 	loraName  string
 	keepSpans bool
 	ls        linkScratch
+	pend      pendingLinks
 	// groups is the decoder's side of the owner's layout (vllm.go).
 	groups groupState
 }
@@ -165,6 +166,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		keys:      make([]uint64, 0, 1024),
 		profile:   cfg.Profile,
 		loraName:  cfg.Context.Lora,
+		pend:      pendingLinks{max: cfg.LinkDefer},
 	}
 	if rules.typ == source.VLLM {
 		d.links = cfg.Links.Scope(&d.profile)
@@ -194,7 +196,11 @@ func (d *engineDecoder) Forget() {
 }
 
 // Retract implements Decoder: the owner's entries in every engine tier go.
-func (d *engineDecoder) Retract() { d.sink.ClearOwner(d.owner, index.AllEngineTiers) }
+// Verification still waiting is dropped with them.
+func (d *engineDecoder) Retract() {
+	d.DropPending()
+	d.sink.ClearOwner(d.owner, index.AllEngineTiers)
+}
 
 // engineFields collects one event's keys before kind-specific validation;
 // key order on the wire is free, so nothing can be checked until the map ends.
@@ -465,7 +471,11 @@ func (d *engineDecoder) Apply(rep Reporter) {
 					d.checkStored(ev, n)
 				}
 			}
-			if d.links.Enabled() {
+			switch {
+			case !d.links.Enabled():
+			case d.pend.max > 0:
+				d.deferLink(ev)
+			default:
 				d.linkStored(ev)
 			}
 		case evRemoved:

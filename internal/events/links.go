@@ -174,3 +174,151 @@ func (d *engineDecoder) published(dg *[32]byte, key uint64, pub []byte) bool {
 	}
 	return binary.BigEndian.Uint64(dg[24:]) == key
 }
+
+// pendingLinks is the verification that waits until the source is idle
+// (Config.LinkDefer, docs/architecture.md#verified-links): the applied
+// events' values a verification reads (token ids, hashes, parent, extra
+// keys), copied out of their payloads in arrival order, so that a chain's
+// parent is verified before its children. Verification only decides which
+// SHA-256 results are remembered, so when it waits, or is shed, queries
+// hash those blocks as they would without links: answers do not change.
+type pendingLinks struct {
+	max  int // bytes the waiting events may hold
+	buf  []byte
+	keys []uint64
+	evs  []engineEvent // spans into buf, keys at off
+	head int           // evs[head:] wait
+	n    int           // blocks waiting
+}
+
+// pendingEventBytes is what one waiting event costs besides its values:
+// its engineEvent, rounded up (TestPendingEventBytes).
+const pendingEventBytes = 128
+
+func (p *pendingLinks) bytes() int {
+	return len(p.buf) + 8*len(p.keys) + pendingEventBytes*len(p.evs)
+}
+
+// reset forgets every waiting event; the caller accounts for p.n. Buffers
+// a burst grew past keepPendingBytes go back to the heap, so an idle
+// source holds little.
+func (p *pendingLinks) reset() {
+	p.buf, p.keys = p.buf[:0], p.keys[:0]
+	p.evs, p.head, p.n = p.evs[:0], 0, 0
+	if cap(p.buf)+8*cap(p.keys)+pendingEventBytes*cap(p.evs) > keepPendingBytes {
+		p.buf, p.keys, p.evs = nil, nil, nil
+	}
+}
+
+// keepPendingBytes is what an idle source keeps of its waiting buffers.
+const keepPendingBytes = 256 << 10
+
+// compact moves the waiting events to the front of the buffers.
+func (p *pendingLinks) compact() {
+	if p.head == 0 {
+		return
+	}
+	if p.head == len(p.evs) {
+		p.reset()
+		return
+	}
+	first := &p.evs[p.head]
+	base, koff := int32(len(p.buf)), first.off
+	for i := p.head; i < len(p.evs); i++ {
+		for _, sp := range p.evs[i].spans {
+			if sp.end > sp.off {
+				base = min(base, sp.off)
+			}
+		}
+	}
+	p.buf = p.buf[:copy(p.buf, p.buf[base:])]
+	p.keys = p.keys[:copy(p.keys, p.keys[koff:])]
+	p.evs = p.evs[:copy(p.evs, p.evs[p.head:])]
+	p.head = 0
+	for i := range p.evs {
+		ev := &p.evs[i]
+		ev.off -= koff
+		for j := range ev.spans {
+			if sp := &ev.spans[j]; sp.end > sp.off {
+				sp.off, sp.end = sp.off-base, sp.end-base
+			}
+		}
+	}
+}
+
+// deferLink keeps what verifying ev reads, or sheds it when the bound is
+// reached.
+func (d *engineDecoder) deferLink(ev *engineEvent) {
+	if ev.n == 0 || ev.bs <= 0 {
+		return
+	}
+	p := &d.pend
+	lo, hi := int32(len(d.payload)), int32(0)
+	for _, sp := range ev.spans {
+		if sp.end > sp.off && int(sp.end) <= len(d.payload) {
+			lo, hi = min(lo, sp.off), max(hi, sp.end)
+		}
+	}
+	if hi <= lo {
+		return // nothing to verify against
+	}
+	need := int(hi-lo) + 8*int(ev.n) + pendingEventBytes
+	if p.bytes()+need > p.max {
+		p.compact()
+		if p.bytes()+need > p.max {
+			d.links.NoteShed(int(ev.n))
+			return
+		}
+	}
+	q := *ev
+	base := int32(len(p.buf)) - lo
+	for j := range q.spans {
+		if sp := &q.spans[j]; sp.end > sp.off && int(sp.end) <= len(d.payload) {
+			sp.off, sp.end = sp.off+base, sp.end+base
+		} else {
+			*sp = span{}
+		}
+	}
+	p.buf = append(p.buf, d.payload[lo:hi]...)
+	q.off = int32(len(p.keys))
+	p.keys = append(p.keys, d.keys[ev.off:ev.off+ev.n]...)
+	p.evs = append(p.evs, q)
+	p.n += int(ev.n)
+	d.links.NotePending(int(ev.n))
+}
+
+// DropPending implements Verifier.
+func (d *engineDecoder) DropPending() {
+	d.links.NotePending(-d.pend.n)
+	d.pend.reset()
+}
+
+// VerifyPending implements Verifier.
+func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
+	p := &d.pend
+	if p.head == len(p.evs) {
+		return false
+	}
+	// linkStored reads the decoder's payload and keys: aim them at the
+	// copies for the while.
+	payload, keys := d.payload, d.keys
+	d.payload, d.keys = p.buf, p.keys
+	done := 0
+	for p.head < len(p.evs) && done < maxBlocks {
+		ev := &p.evs[p.head]
+		d.linkStored(ev)
+		done += int(ev.n)
+		p.head++
+	}
+	p.n -= done
+	d.links.NotePending(-done)
+	d.payload, d.keys = payload, keys
+	if p.head == len(p.evs) {
+		p.reset()
+		return false
+	}
+	return true
+}
+
+// PendingLinks implements Verifier.
+func (d *engineDecoder) PendingLinks() int { return d.pend.n }

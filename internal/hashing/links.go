@@ -60,7 +60,9 @@ type Links struct {
 	bytes     atomic.Int64 // cur's and prev's
 
 	hits, misses, recorded atomic.Uint64
-	sink                   uint32 // keeps touch's loads (under mu)
+	shed                   atomic.Uint64 // blocks ingest left unverified (NoteShed)
+	pending                atomic.Int64  // blocks whose verification waits (NotePending)
+	sink                   uint32        // keeps touch's loads (under mu)
 }
 
 // LinkID identifies a chain prefix within a scope (see Links).
@@ -243,6 +245,39 @@ func (l *Links) Stats() (hits, misses, recorded uint64) {
 		return 0, 0, 0
 	}
 	return l.hits.Load(), l.misses.Load(), l.recorded.Load()
+}
+
+// Shed is how many stored blocks ingest left unverified because their
+// verification was waiting and its bound was reached (LinkScope.NoteShed):
+// queries hash those blocks, as without links.
+func (l *Links) Shed() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.shed.Load()
+}
+
+// NoteShed counts n stored blocks whose verification ingest gave up.
+func (s LinkScope) NoteShed(n int) {
+	if s.l != nil && n > 0 {
+		s.l.shed.Add(uint64(n))
+	}
+}
+
+// Pending is how many stored blocks wait for verification (NotePending),
+// over all sources.
+func (l *Links) Pending() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.pending.Load()
+}
+
+// NotePending adds delta to the blocks waiting for verification.
+func (s LinkScope) NotePending(delta int) {
+	if s.l != nil && delta != 0 {
+		s.l.pending.Add(int64(delta))
+	}
 }
 
 // LinkScope is Links for one vLLM profile: its encoding and its root

@@ -199,7 +199,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2]} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
 		ch <- d
 	}
 	for _, d := range descIngest {

@@ -79,6 +79,12 @@ type ingestResult struct {
 	// the blocks published (with several servers, which each ingest every
 	// block: their CPU time divided by blocks × servers).
 	ServerCPUPerBlockUS float64 `json:"server_cpu_per_block_us"`
+	// VerifiedSeconds is from the start of ingest until no stored block
+	// waits for link verification any more (then the query phases
+	// start); ServerCPUPerBlockVerifiedUS is the server CPU until then.
+	VerifiedSeconds             float64 `json:"verified_seconds"`
+	VerifiedBlocksPerSec        float64 `json:"verified_blocks_per_s"`
+	ServerCPUPerBlockVerifiedUS float64 `json:"server_cpu_per_block_verified_us"`
 }
 
 type levelResult struct {
@@ -208,6 +214,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| answers checked after the restart | %d (%d wrong) |\n", rs.Checked, rs.Failures)
 	}
 	fmt.Fprintf(w, "| server CPU per ingested block | %s |\n", fmtFrac(in.ServerCPUPerBlockUS))
+	fmt.Fprintf(w, "| until verified: seconds, rate, server CPU per block | %.2f s, %.0f blocks/s, %s |\n", in.VerifiedSeconds, in.VerifiedBlocksPerSec, fmtFrac(in.ServerCPUPerBlockVerifiedUS))
 	fmt.Fprintf(w, "| server RSS at start (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.Start), fmtBytes(r.RSSAnon.Start))
 	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))
 	fmt.Fprintf(w, "| server RSS after ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterIngest), fmtBytes(r.RSSAnon.AfterIngest))

@@ -1,0 +1,95 @@
+package events
+
+import (
+	"testing"
+	"unsafe"
+
+	"github.com/rs/zerolog"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
+)
+
+// TestPendingEventBytes: the bound a waiting event is charged covers its
+// engineEvent.
+func TestPendingEventBytes(t *testing.T) {
+	if s := int(unsafe.Sizeof(engineEvent{})); s > pendingEventBytes {
+		t.Fatalf("an engineEvent is %d bytes, pendingEventBytes %d", s, pendingEventBytes)
+	}
+}
+
+type countReporter struct{ applied int }
+
+func (c *countReporter) Report(_ int, res Result, _ Reason) {
+	if res == Applied {
+		c.applied++
+	}
+}
+
+// TestPendingLinksCompact: events waiting for verification, some verified
+// and the rest moved to the front of the buffers, are verified from their
+// moved copies exactly as they would have been in place: every block of
+// the chain ends up a link, and compacting frees the verified events'
+// bytes.
+func TestPendingLinksCompact(t *testing.T) {
+	m := eventtest.LoadManifest(t)
+	reg := m.Registration(t, "vllm-a")
+	prof := eventtest.ResolveProfile(t, reg)
+	links := hashing.NewLinks(8 << 20)
+	d := newEngine(&vllmRules, Config{Type: source.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
+		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, LinkDefer: 1 << 20})
+	const per, events = 4, 6
+	bs := reg.BlockSize
+	toks := make([]int32, per*events*bs)
+	for i := range toks {
+		toks[i] = int32(i*13 + 1)
+	}
+	c := hashing.AcquireChain()
+	defer hashing.ReleaseChain(c)
+	c.Reset(&prof, bs, toks, "", "")
+	var keys []uint64
+	for {
+		k, _, ok := c.Next()
+		if !ok {
+			break
+		}
+		keys = append(keys, k)
+	}
+	rep := &countReporter{}
+	for from := 0; from < len(keys); from += per {
+		var parent any
+		if from > 0 {
+			parent = keys[from-1]
+		}
+		p, err := msgpack.Marshal([]any{1.5, []any{map[string]any{"type": "BlockStored", "block_hashes": keys[from : from+per],
+			"parent_block_hash": parent, "token_ids": toks[from*bs : (from+per)*bs], "block_size": bs,
+			"lora_id": nil, "medium": "GPU", "lora_name": nil}}, 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why := d.Decode(p); why != ReasonNone {
+			t.Fatalf("envelope rejected: %v", why)
+		}
+		d.Apply(rep)
+		d.Forget()
+	}
+	if rep.applied != events || d.PendingLinks() != len(keys) || links.Len() != 0 {
+		t.Fatalf("applied %d events, %d blocks waiting, %d links; want %d, %d, 0", rep.applied, d.PendingLinks(), links.Len(), events, len(keys))
+	}
+	if !d.VerifyPending(2 * per) {
+		t.Fatal("nothing left waiting after two events were verified")
+	}
+	before := d.pend.bytes()
+	d.pend.compact()
+	if after := d.pend.bytes(); after >= before || d.pend.head != 0 || len(d.pend.evs) != events-2 {
+		t.Fatalf("compacting: %d bytes before, %d after, %d events at %d; want fewer bytes and %d events at 0",
+			before, after, len(d.pend.evs), d.pend.head, events-2)
+	}
+	for d.VerifyPending(1) {
+	}
+	if links.Len() != len(keys) || links.Pending() != 0 || links.Shed() != 0 {
+		t.Fatalf("%d links, %d waiting, %d shed; want %d, 0, 0", links.Len(), links.Pending(), links.Shed(), len(keys))
+	}
+}
