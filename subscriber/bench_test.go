@@ -2,10 +2,15 @@ package subscriber
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
+	"math/rand/v2"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
@@ -218,4 +223,133 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkIngestVLLMLinks is BenchmarkIngestVLLM/index with verified
+// links: real sha256_cbor chains (prompts of 512 blocks, events of 16
+// chained by key), so that every block is verified. It reports the rate
+// until the last batch is applied (visible) and until every block is
+// verified, with process CPU for each; defer=false verifies each event as
+// it is applied. Run it with -benchtime Nx, N at most linkBenchMessages.
+func BenchmarkIngestVLLMLinks(b *testing.B) {
+	for _, deferred := range []bool{false, true} {
+		b.Run(fmt.Sprintf("defer=%v", deferred), func(b *testing.B) { benchIngestLinks(b, deferred) })
+	}
+}
+
+const linkBenchMessages = 16384
+
+var linkBenchCorpus struct {
+	once     sync.Once
+	payloads [][]byte
+}
+
+func linkBenchPayloads(b *testing.B, prof *hashing.Profile) [][]byte {
+	c := &linkBenchCorpus
+	c.once.Do(func() {
+		rng := rand.New(rand.NewPCG(5, 6))
+		const prompt = 512
+		toks := make([]int32, prompt*benchBlockSize)
+		ch := hashing.AcquireChain()
+		defer hashing.ReleaseChain(ch)
+		for len(c.payloads) < linkBenchMessages {
+			for i := range toks {
+				toks[i] = rng.Int32N(32000)
+			}
+			ch.Reset(prof, benchBlockSize, toks, "", "")
+			var keys []uint64
+			for {
+				k, _, ok := ch.Next()
+				if !ok {
+					break
+				}
+				keys = append(keys, k)
+			}
+			for from := 0; from < len(keys); from += benchBlocks {
+				var parent any
+				if from > 0 {
+					parent = keys[from-1]
+				}
+				ev := map[string]any{"type": "BlockStored", "block_hashes": keys[from : from+benchBlocks], "parent_block_hash": parent,
+					"token_ids": toks[from*benchBlockSize : (from+benchBlocks)*benchBlockSize], "block_size": benchBlockSize,
+					"lora_id": nil, "medium": "GPU", "lora_name": nil}
+				p, err := msgpack.Marshal([]any{1789095808.5, []any{ev}, 0})
+				if err != nil {
+					b.Fatal(err)
+				}
+				c.payloads = append(c.payloads, p)
+			}
+		}
+	})
+	return c.payloads
+}
+
+func benchIngestLinks(b *testing.B, deferred bool) {
+	if b.N > linkBenchMessages {
+		b.Skipf("-benchtime %dx: at most %d messages", b.N, linkBenchMessages)
+	}
+	m := eventtest.LoadManifest(b)
+	reg := m.Registration(b, "vllm-a")
+	reg.BlockSize = benchBlockSize
+	prof := eventtest.ResolveProfile(b, reg)
+	ctx := eventtest.ContextOf(reg)
+	payloads := linkBenchPayloads(b, &prof)[:b.N]
+	tb := index.New(index.Options{}).EnsureTable(ctx, prof)
+	owner := tb.AddEngineOwner("bench", 0)
+	links := hashing.NewLinks(256 << 20)
+	linkDefer := -1
+	if deferred {
+		linkDefer = 0
+	}
+	pub := newPublisher(b, "tcp://127.0.0.1:*")
+	counters := NewCounters()
+	s, err := Start(Config{
+		Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint, Context: ctx,
+		Profile: prof, Engine: tb, Owner: owner, Logger: eventtest.Logger(b), Counters: counters,
+		HashCheck: benchChecker("bench|default|0", &prof), Links: links, LinkDefer: linkDefer,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Stop()
+	pub.waitSubscribed()
+	seqb := make([]byte, 8)
+	topic := []byte{}
+	b.ResetTimer()
+	cpu0 := processCPU()
+	start := time.Now()
+	for i, p := range payloads {
+		binary.BigEndian.PutUint64(seqb, uint64(i))
+		if _, err := pub.sock.SendBytes(topic, zmq.SNDMORE); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pub.sock.SendBytes(seqb, zmq.SNDMORE); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pub.sock.SendBytes(p, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	wait := func(done func() bool) {
+		for !done() {
+			if s.Stale() || time.Now().After(deadline) {
+				b.Fatalf("ingest did not finish: state %v, counters %v", s.State(), counters.Snapshot())
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	wait(func() bool { last, ok := s.LastSeq(); return ok && last == uint64(b.N-1) })
+	visible, cpuVisible := time.Since(start), processCPU()-cpu0
+	wait(func() bool { return links.Pending() == 0 })
+	verified, cpuVerified := time.Since(start), processCPU()-cpu0
+	b.StopTimer()
+	blocks := b.N * benchBlocks
+	if got := links.Len(); got != blocks {
+		b.Fatalf("%d links for %d blocks", got, blocks)
+	}
+	b.ReportMetric(float64(blocks)/visible.Seconds(), "visible-blocks/s")
+	b.ReportMetric(float64(blocks)/verified.Seconds(), "verified-blocks/s")
+	b.ReportMetric(float64(cpuVisible.Nanoseconds())/float64(blocks), "visible-cpu-ns/block")
+	b.ReportMetric(float64(cpuVerified.Nanoseconds())/float64(blocks), "verified-cpu-ns/block")
 }

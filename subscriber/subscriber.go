@@ -37,10 +37,11 @@ const drainBurst = 1024
 
 // DefaultLinkDefer is how many bytes of applied vLLM events one
 // subscriber may hold for verification while messages keep arriving
-// (Config.LinkDefer): 16 MiB is about 200 K blocks of 16 tokens, a burst
-// of several seconds from one engine. Beyond it, events are left
-// unverified (conductor_link_verify_shed_total) rather than delaying what
-// comes next.
+// (Config.LinkDefer): 16 MiB is about 200 K blocks of 16 tokens. A burst
+// of up to half that is made visible without waiting for its SHA-256;
+// beyond, events are verified as they arrive (events.Verifier.CatchUp),
+// and only an event too large for what is left goes unverified
+// (conductor_link_verify_shed_total).
 const DefaultLinkDefer = 16 << 20
 
 // idleVerifyBlocks is how many waiting blocks are verified between two
@@ -611,6 +612,9 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 		s.noteReceived()
 		if err := handle(frames); err != nil {
 			return err
+		}
+		if s.verifier != nil {
+			s.verifier.CatchUp()
 		}
 	}
 	return nil

@@ -64,8 +64,9 @@ type Config struct {
 	// LinkDefer, when positive, lets the verification of applied events
 	// wait, in at most this many bytes copied from their payloads, until
 	// the caller runs it (Verifier): the blocks are in the index at once
-	// and the SHA-256 is off the path that makes them visible. An event
-	// beyond the bound is left unverified and counted
+	// and the SHA-256 is off the path that makes them visible. Past half
+	// the bound, events are verified as they arrive (Verifier.CatchUp);
+	// one that does not fit is left unverified and counted
 	// (hashing.Links.Shed). 0 verifies each event as it is applied.
 	LinkDefer int
 }
@@ -78,6 +79,9 @@ type Verifier interface {
 	// least maxBlocks blocks were verified or none waits, and reports
 	// whether any still waits.
 	VerifyPending(maxBlocks int) bool
+	// CatchUp verifies waiting events while they hold more than half
+	// the bound; the caller runs it after each batch.
+	CatchUp()
 	// PendingLinks is the number of blocks whose verification waits.
 	PendingLinks() int
 	// DropPending forgets the waiting verification (the source stops).

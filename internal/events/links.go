@@ -195,8 +195,25 @@ type pendingLinks struct {
 // its engineEvent, rounded up (TestPendingEventBytes).
 const pendingEventBytes = 128
 
+// bytes is what the buffers hold, verified events not yet compacted away
+// included.
 func (p *pendingLinks) bytes() int {
 	return len(p.buf) + 8*len(p.keys) + pendingEventBytes*len(p.evs)
+}
+
+// live is what the events still waiting hold.
+func (p *pendingLinks) live() int {
+	if p.head == len(p.evs) {
+		return 0
+	}
+	ev := &p.evs[p.head]
+	lo := int32(len(p.buf))
+	for _, sp := range ev.spans {
+		if sp.end > sp.off {
+			lo = min(lo, sp.off)
+		}
+	}
+	return len(p.buf) - int(lo) + 8*(len(p.keys)-int(ev.off)) + pendingEventBytes*(len(p.evs)-p.head)
 }
 
 // reset forgets every waiting event; the caller accounts for p.n. Buffers
@@ -318,6 +335,15 @@ func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
 		return false
 	}
 	return true
+}
+
+// CatchUp implements Verifier: the waiting events are verified, oldest
+// first, until they hold at most half the bound. A burst longer than that
+// is verified as it arrives, as without waiting, rather than shed.
+func (d *engineDecoder) CatchUp() {
+	for d.pend.live() > d.pend.max/2 {
+		d.VerifyPending(1)
+	}
 }
 
 // PendingLinks implements Verifier.

@@ -114,11 +114,15 @@ func TestLinksDeferredAnswerAsHashing(t *testing.T) {
 				r.applyPayload(owner, p)
 				inline.applyPayload(owner, p)
 				from = to
-				switch rapid.IntRange(0, 3).Draw(rt, "then") {
+				switch rapid.IntRange(0, 4).Draw(rt, "then") {
 				case 1:
 					r.verify(rapid.IntRange(1, 8).Draw(rt, "slice"))
 				case 2:
 					query()
+				case 3:
+					for _, d := range r.decs {
+						d.(events.Verifier).CatchUp() // as the subscriber does after each batch
+					}
 				}
 			}
 		}
