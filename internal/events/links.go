@@ -182,85 +182,95 @@ func (d *engineDecoder) published(dg *[32]byte, key uint64, pub []byte) bool {
 // parent is verified before its children. Verification only decides which
 // SHA-256 results are remembered, so when it waits, or is shed, queries
 // hash those blocks as they would without links: answers do not change.
+//
+// The copies go into fixed-size chunks, taken in order and given back
+// once every event in them is verified: a burst costs one copy of each
+// event, where one growing buffer would copy the backlog again at every
+// doubling (and fault in fresh pages each time).
 type pendingLinks struct {
-	max  int // bytes the waiting events may hold
+	max    int          // bytes the waiting events may hold
+	chunks []*pendChunk // in arrival order; chunks[0] is verified first
+	free   []*pendChunk // emptied chunks kept for the next burst
+	held   int          // bytes of the chunks in use
+	n      int          // blocks waiting
+}
+
+// pendChunk holds waiting events: evs[head:] wait, their spans point into
+// buf and their keys (off, n) into keys.
+type pendChunk struct {
 	buf  []byte
 	keys []uint64
-	evs  []engineEvent // spans into buf, keys at off
-	head int           // evs[head:] wait
-	n    int           // blocks waiting
+	evs  []engineEvent
+	head int
 }
 
-// pendingEventBytes is what one waiting event costs besides its values:
-// its engineEvent, rounded up (TestPendingEventBytes).
-const pendingEventBytes = 128
+// Chunk capacities: 256 KiB of values, about 200 events of 16 blocks.
+const (
+	chunkBufBytes = 256 << 10
+	chunkKeys     = 8 << 10
+	chunkEvents   = 512
+	// pendingEventBytes is what one waiting event costs besides its
+	// values: its engineEvent, rounded up (TestPendingEventBytes).
+	pendingEventBytes = 128
+	chunkBytes        = chunkBufBytes + 8*chunkKeys + pendingEventBytes*chunkEvents
+	keepFreeChunks    = 1
+)
 
-// bytes is what the buffers hold, verified events not yet compacted away
-// included.
-func (p *pendingLinks) bytes() int {
-	return len(p.buf) + 8*len(p.keys) + pendingEventBytes*len(p.evs)
+// bytesOf is what a chunk holds in memory.
+func (c *pendChunk) bytesOf() int {
+	return cap(c.buf) + 8*cap(c.keys) + pendingEventBytes*cap(c.evs)
 }
 
-// live is what the events still waiting hold.
-func (p *pendingLinks) live() int {
-	if p.head == len(p.evs) {
-		return 0
-	}
-	ev := &p.evs[p.head]
-	lo := int32(len(p.buf))
-	for _, sp := range ev.spans {
-		if sp.end > sp.off {
-			lo = min(lo, sp.off)
-		}
-	}
-	return len(p.buf) - int(lo) + 8*(len(p.keys)-int(ev.off)) + pendingEventBytes*(len(p.evs)-p.head)
+// fits says whether an event of b value bytes and k keys goes into c.
+func (c *pendChunk) fits(b, k int) bool {
+	return len(c.buf)+b <= cap(c.buf) && len(c.keys)+k <= cap(c.keys) && len(c.evs) < cap(c.evs)
 }
 
-// reset forgets every waiting event; the caller accounts for p.n. Buffers
-// a burst grew past keepPendingBytes go back to the heap, so an idle
-// source holds little.
+// live is what the waiting events hold, rounded up to whole chunks.
+func (p *pendingLinks) live() int { return p.held }
+
+// reset forgets every waiting event; the caller accounts for p.n.
 func (p *pendingLinks) reset() {
-	p.buf, p.keys = p.buf[:0], p.keys[:0]
-	p.evs, p.head, p.n = p.evs[:0], 0, 0
-	if cap(p.buf)+8*cap(p.keys)+pendingEventBytes*cap(p.evs) > keepPendingBytes {
-		p.buf, p.keys, p.evs = nil, nil, nil
+	for _, c := range p.chunks {
+		p.release(c)
+	}
+	clear(p.chunks)
+	p.chunks, p.held, p.n = p.chunks[:0], 0, 0
+}
+
+// release gives an emptied chunk back, keeping a few standard ones.
+func (p *pendingLinks) release(c *pendChunk) {
+	if cap(c.buf) == chunkBufBytes && cap(c.keys) == chunkKeys && len(p.free) < keepFreeChunks {
+		c.buf, c.keys, c.evs, c.head = c.buf[:0], c.keys[:0], c.evs[:0], 0
+		p.free = append(p.free, c)
 	}
 }
 
-// keepPendingBytes is what an idle source keeps of its waiting buffers.
-const keepPendingBytes = 256 << 10
-
-// compact moves the waiting events to the front of the buffers.
-func (p *pendingLinks) compact() {
-	if p.head == 0 {
-		return
+// chunkFor returns the chunk an event of b value bytes and k keys goes
+// into, nil when the bound leaves no room for it.
+func (p *pendingLinks) chunkFor(b, k int) *pendChunk {
+	if n := len(p.chunks); n > 0 && p.chunks[n-1].fits(b, k) {
+		return p.chunks[n-1]
 	}
-	if p.head == len(p.evs) {
-		p.reset()
-		return
+	var c *pendChunk
+	switch {
+	case b > chunkBufBytes || k > chunkKeys:
+		// A large event gets a chunk of its own, sized to it.
+		c = &pendChunk{buf: make([]byte, 0, b), keys: make([]uint64, 0, k), evs: make([]engineEvent, 0, 1)}
+	case len(p.free) > 0:
+		c = p.free[len(p.free)-1]
+		p.free[len(p.free)-1] = nil
+		p.free = p.free[:len(p.free)-1]
+	default:
+		c = &pendChunk{buf: make([]byte, 0, chunkBufBytes), keys: make([]uint64, 0, chunkKeys), evs: make([]engineEvent, 0, chunkEvents)}
 	}
-	first := &p.evs[p.head]
-	base, koff := int32(len(p.buf)), first.off
-	for i := p.head; i < len(p.evs); i++ {
-		for _, sp := range p.evs[i].spans {
-			if sp.end > sp.off {
-				base = min(base, sp.off)
-			}
-		}
+	if p.held+c.bytesOf() > p.max {
+		p.release(c)
+		return nil
 	}
-	p.buf = p.buf[:copy(p.buf, p.buf[base:])]
-	p.keys = p.keys[:copy(p.keys, p.keys[koff:])]
-	p.evs = p.evs[:copy(p.evs, p.evs[p.head:])]
-	p.head = 0
-	for i := range p.evs {
-		ev := &p.evs[i]
-		ev.off -= koff
-		for j := range ev.spans {
-			if sp := &ev.spans[j]; sp.end > sp.off {
-				sp.off, sp.end = sp.off-base, sp.end-base
-			}
-		}
-	}
+	p.held += c.bytesOf()
+	p.chunks = append(p.chunks, c)
+	return c
 }
 
 // deferLink keeps what verifying ev reads, or sheds it when the bound is
@@ -269,7 +279,6 @@ func (d *engineDecoder) deferLink(ev *engineEvent) {
 	if ev.n == 0 || ev.bs <= 0 {
 		return
 	}
-	p := &d.pend
 	lo, hi := int32(len(d.payload)), int32(0)
 	for _, sp := range ev.spans {
 		if sp.end > sp.off && int(sp.end) <= len(d.payload) {
@@ -279,16 +288,13 @@ func (d *engineDecoder) deferLink(ev *engineEvent) {
 	if hi <= lo {
 		return // nothing to verify against
 	}
-	need := int(hi-lo) + 8*int(ev.n) + pendingEventBytes
-	if p.bytes()+need > p.max {
-		p.compact()
-		if p.bytes()+need > p.max {
-			d.links.NoteShed(int(ev.n))
-			return
-		}
+	c := d.pend.chunkFor(int(hi-lo), int(ev.n))
+	if c == nil {
+		d.links.NoteShed(int(ev.n))
+		return
 	}
 	q := *ev
-	base := int32(len(p.buf)) - lo
+	base := int32(len(c.buf)) - lo
 	for j := range q.spans {
 		if sp := &q.spans[j]; sp.end > sp.off && int(sp.end) <= len(d.payload) {
 			sp.off, sp.end = sp.off+base, sp.end+base
@@ -296,11 +302,11 @@ func (d *engineDecoder) deferLink(ev *engineEvent) {
 			*sp = span{}
 		}
 	}
-	p.buf = append(p.buf, d.payload[lo:hi]...)
-	q.off = int32(len(p.keys))
-	p.keys = append(p.keys, d.keys[ev.off:ev.off+ev.n]...)
-	p.evs = append(p.evs, q)
-	p.n += int(ev.n)
+	c.buf = append(c.buf, d.payload[lo:hi]...)
+	q.off = int32(len(c.keys))
+	c.keys = append(c.keys, d.keys[ev.off:ev.off+ev.n]...)
+	c.evs = append(c.evs, q)
+	d.pend.n += int(ev.n)
 	d.links.NotePending(int(ev.n))
 }
 
@@ -313,36 +319,41 @@ func (d *engineDecoder) DropPending() {
 // VerifyPending implements Verifier.
 func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
 	p := &d.pend
-	if p.head == len(p.evs) {
+	if len(p.chunks) == 0 {
 		return false
 	}
 	// linkStored reads the decoder's payload and keys: aim them at the
 	// copies for the while.
 	payload, keys := d.payload, d.keys
-	d.payload, d.keys = p.buf, p.keys
 	done := 0
-	for p.head < len(p.evs) && done < maxBlocks {
-		ev := &p.evs[p.head]
-		d.linkStored(ev)
-		done += int(ev.n)
-		p.head++
+	for len(p.chunks) > 0 && done < maxBlocks {
+		c := p.chunks[0]
+		d.payload, d.keys = c.buf, c.keys
+		for c.head < len(c.evs) && done < maxBlocks {
+			ev := &c.evs[c.head]
+			d.linkStored(ev)
+			done += int(ev.n)
+			c.head++
+		}
+		if c.head == len(c.evs) {
+			p.held -= c.bytesOf()
+			copy(p.chunks, p.chunks[1:])
+			p.chunks[len(p.chunks)-1] = nil
+			p.chunks = p.chunks[:len(p.chunks)-1]
+			p.release(c)
+		}
 	}
 	p.n -= done
 	d.links.NotePending(-done)
 	d.payload, d.keys = payload, keys
-	if p.head == len(p.evs) {
-		p.reset()
-		return false
-	}
-	return true
+	return len(p.chunks) > 0
 }
 
 // CatchUp implements Verifier: the waiting events are verified, oldest
 // first, until they hold at most half the bound. A burst longer than that
 // is verified as it arrives, as without waiting, rather than shed.
 func (d *engineDecoder) CatchUp() {
-	for d.pend.live() > d.pend.max/2 {
-		d.VerifyPending(1)
+	for d.pend.live() > d.pend.max/2 && d.VerifyPending(1) {
 	}
 }
 

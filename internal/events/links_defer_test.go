@@ -28,19 +28,19 @@ func (c *countReporter) Report(_ int, res Result, _ Reason) {
 	}
 }
 
-// TestPendingLinksCompact: events waiting for verification, some verified
-// and the rest moved to the front of the buffers, are verified from their
-// moved copies exactly as they would have been in place: every block of
-// the chain ends up a link, and compacting frees the verified events'
-// bytes.
-func TestPendingLinksCompact(t *testing.T) {
+// TestPendingLinksChunks: events waiting for verification, spread over
+// several chunks, are verified from their copies exactly as they would
+// have been in place: every block of the chain ends up a link, a chunk
+// is given back once its events are verified, and the bound counts only
+// the chunks in use.
+func TestPendingLinksChunks(t *testing.T) {
 	m := eventtest.LoadManifest(t)
 	reg := m.Registration(t, "vllm-a")
 	prof := eventtest.ResolveProfile(t, reg)
 	links := hashing.NewLinks(8 << 20)
 	d := newEngine(&vllmRules, Config{Type: source.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
-		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, LinkDefer: 1 << 20})
-	const per, events = 4, 6
+		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, LinkDefer: 16 << 20})
+	const per, events = 4, 3 * chunkEvents / 2
 	bs := reg.BlockSize
 	toks := make([]int32, per*events*bs)
 	for i := range toks {
@@ -75,21 +75,23 @@ func TestPendingLinksCompact(t *testing.T) {
 		d.Apply(rep)
 		d.Forget()
 	}
-	if rep.applied != events || d.PendingLinks() != len(keys) || links.Len() != 0 {
-		t.Fatalf("applied %d events, %d blocks waiting, %d links; want %d, %d, 0", rep.applied, d.PendingLinks(), links.Len(), events, len(keys))
+	if rep.applied != events || d.PendingLinks() != len(keys) || links.Len() != 0 || len(d.pend.chunks) != 2 {
+		t.Fatalf("applied %d events, %d blocks waiting in %d chunks, %d links; want %d, %d in 2, 0",
+			rep.applied, d.PendingLinks(), len(d.pend.chunks), links.Len(), events, len(keys))
 	}
-	if !d.VerifyPending(2 * per) {
-		t.Fatal("nothing left waiting after two events were verified")
+	if d.pend.live() != 2*chunkBytes {
+		t.Fatalf("the waiting events hold %d bytes, want two chunks' %d", d.pend.live(), 2*chunkBytes)
 	}
-	before := d.pend.bytes()
-	d.pend.compact()
-	if after := d.pend.bytes(); after >= before || d.pend.head != 0 || len(d.pend.evs) != events-2 {
-		t.Fatalf("compacting: %d bytes before, %d after, %d events at %d; want fewer bytes and %d events at 0",
-			before, after, len(d.pend.evs), d.pend.head, events-2)
+	if !d.VerifyPending(chunkEvents * per) {
+		t.Fatal("nothing left waiting after the first chunk was verified")
+	}
+	if len(d.pend.chunks) != 1 || d.pend.live() != chunkBytes || len(d.pend.free) != 1 {
+		t.Fatalf("after the first chunk: %d chunks in use holding %d bytes, %d free; want 1, %d, 1",
+			len(d.pend.chunks), d.pend.live(), len(d.pend.free), chunkBytes)
 	}
 	for d.VerifyPending(1) {
 	}
-	if links.Len() != len(keys) || links.Pending() != 0 || links.Shed() != 0 {
-		t.Fatalf("%d links, %d waiting, %d shed; want %d, 0, 0", links.Len(), links.Pending(), links.Shed(), len(keys))
+	if links.Len() != len(keys) || links.Pending() != 0 || links.Shed() != 0 || d.pend.live() != 0 {
+		t.Fatalf("%d links, %d waiting, %d shed, %d bytes held; want %d, 0, 0, 0", links.Len(), links.Pending(), links.Shed(), d.pend.live(), len(keys))
 	}
 }

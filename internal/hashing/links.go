@@ -123,6 +123,19 @@ func (g *linkGen) at(p runPos) (*runChunk, int) {
 type posTable struct {
 	slots []posSlot
 	n     int
+	// next, when set, is the zeroed memory grow moves the slots to
+	// (Record prepares it outside the lock).
+	next []posSlot
+}
+
+// faultIn touches every page of fresh slots, so that the page faults
+// happen now rather than when they are filled.
+func faultIn(s []posSlot) []posSlot {
+	const perPage = 4096 / posSlotBytes
+	for i := 0; i < len(s); i += perPage {
+		s[i].pos = 0
+	}
+	return s
 }
 
 type posSlot struct {
@@ -172,7 +185,11 @@ func (t *posTable) put(k uint64, p runPos) bool {
 
 func (t *posTable) grow() {
 	old := t.slots
-	t.slots = make([]posSlot, max(2*len(old), 1024))
+	if n := max(2*len(old), 1024); len(t.next) == n {
+		t.slots, t.next = t.next, nil
+	} else {
+		t.slots, t.next = make([]posSlot, n), nil
+	}
 	mask := len(t.slots) - 1
 	for _, s := range old {
 		if s.pos == 0 {
@@ -382,8 +399,36 @@ func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {
 // were not held a moment ago, and are filed without a lookup.
 func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known int) {
 	l := s.l
+	// A table that doubles takes fresh memory, and its first touch of
+	// each page is a page fault: done under the lock, other sources'
+	// ingest and every query would wait for it. So the doubled slots are
+	// allocated and faulted in first, and only filled under the lock.
+	l.mu.RLock()
+	var next [2]int
+	if g := l.cur; g != nil {
+		for i, t := range [2]*posTable{&g.index, &g.back} {
+			if (t.n+len(ids))*4 > len(t.slots)*3 && len(t.next) == 0 {
+				next[i] = max(2*len(t.slots), 1024)
+			}
+		}
+	}
+	l.mu.RUnlock()
+	var spare [2][]posSlot
+	for i, n := range next {
+		if n >= 1<<16 {
+			spare[i] = faultIn(make([]posSlot, n))
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if g := l.cur; g != nil && (spare[0] != nil || spare[1] != nil) {
+		for i, t := range [2]*posTable{&g.index, &g.back} {
+			if spare[i] != nil && len(spare[i]) == max(2*len(t.slots), 1024) {
+				t.next = spare[i]
+			}
+		}
+		defer func() { g.index.next, g.back.next = nil, nil }() // unused: filed blocks were held
+	}
 	g := l.cur
 	if g == nil {
 		g = &linkGen{}
