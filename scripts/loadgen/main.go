@@ -617,19 +617,33 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 
 	// Ingest.
 	m.memory(&rep.RSS.BeforeIngest, &rep.RSSAnon.BeforeIngest)
-	cpu0 := total(fl.cpus())
+	cpu0, self0 := total(fl.cpus()), selfCPU()
 	if err := s.ingest(ctx, c.distinctBlocks()+len(s.pubs), rep); err != nil {
 		return rep, err
 	}
 	// Each server ingests every block.
 	rep.Ingest.ServerCPUPerBlockUS = perUnit(cpu0, total(fl.cpus()), rep.Ingest.BlocksPublished*len(s.apis))
+	// The publishers run in this process, on the same cores.
+	rep.Ingest.PublisherCPUPerBlockUS = perUnit(self0, selfCPU(), rep.Ingest.BlocksPublished)
 	// The blocks are visible; their verification may still wait. The
 	// query phases start once it is done, so that what they measure does
 	// not depend on how far it got.
-	if err := s.awaitVerified(ctx, rep); err != nil {
+	polls, err := s.awaitVerified(ctx, rep)
+	if err != nil {
 		return rep, err
 	}
-	rep.Ingest.ServerCPUPerBlockVerifiedUS = perUnit(cpu0, total(fl.cpus()), rep.Ingest.BlocksPublished*len(s.apis))
+	cpuVerified := total(fl.cpus())
+	// Less what reading /metrics took the servers while waiting, measured
+	// on a few more reads.
+	const probes = 5
+	for range probes {
+		if _, err := s.pendingLinks(); err != nil {
+			return rep, err
+		}
+	}
+	perPoll := (total(fl.cpus()) - cpuVerified) / probes
+	rep.Ingest.ServerCPUPerBlockVerifiedUS = perUnit(cpu0, cpuVerified-time.Duration(polls)*perPoll, rep.Ingest.BlocksPublished*len(s.apis))
+	s.logf("server CPU per block until verified %.2f µs (less %d reads of /metrics at %v each)", rep.Ingest.ServerCPUPerBlockVerifiedUS, polls, perPoll)
 	m.memory(&rep.RSS.AfterIngest, &rep.RSSAnon.AfterIngest)
 
 	var chainPrompts [][]int32
@@ -872,33 +886,44 @@ func (s *session) awaitProbe(ctx context.Context, p *publisher, blockSize int) e
 // awaitVerified waits until no server has stored blocks waiting for link
 // verification (conductor_link_verify_pending_blocks, absent on a server
 // without links) and notes how long after the start of ingest that was.
-func (s *session) awaitVerified(ctx context.Context, rep *report) error {
+// It returns how many times it read the servers' /metrics.
+func (s *session) awaitVerified(ctx context.Context, rep *report) (int, error) {
 	start := time.Now()
 	deadline := start.Add(s.o.ingestTimeout)
-	for {
-		waiting := 0.0
-		for _, a := range s.apis {
-			m, _, err := a.metrics()
-			if err != nil {
-				return err
-			}
-			waiting += max(m.value("conductor_link_verify_pending_blocks", nil), 0)
+	for polls := 1; ; polls++ {
+		waiting, err := s.pendingLinks()
+		if err != nil {
+			return polls, err
 		}
 		if waiting == 0 {
 			rep.Ingest.VerifiedSeconds = rep.Ingest.Seconds + time.Since(start).Seconds()
 			rep.Ingest.VerifiedBlocksPerSec = float64(rep.Ingest.BlocksPublished) / rep.Ingest.VerifiedSeconds
 			s.logf("verified in %.0f ms more: %.0f blocks/s until verified", time.Since(start).Seconds()*1000, rep.Ingest.VerifiedBlocksPerSec)
-			return nil
+			return polls, nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("link verification still waiting for %.0f blocks after %v", waiting, s.o.ingestTimeout)
+			return polls, fmt.Errorf("link verification still waiting for %.0f blocks after %v", waiting, s.o.ingestTimeout)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return polls, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// pendingLinks is the stored blocks waiting for link verification on all
+// servers.
+func (s *session) pendingLinks() (float64, error) {
+	waiting := 0.0
+	for _, a := range s.apis {
+		m, _, err := a.metrics()
+		if err != nil {
+			return 0, err
+		}
+		waiting += max(m.value("conductor_link_verify_pending_blocks", nil), 0)
+	}
+	return waiting, nil
 }
 
 // ingest sends every publisher's corpus concurrently and polls

@@ -82,6 +82,9 @@ type ingestResult struct {
 	// VerifiedSeconds is from the start of ingest until no stored block
 	// waits for link verification any more (then the query phases
 	// start); ServerCPUPerBlockVerifiedUS is the server CPU until then.
+	// PublisherCPUPerBlockUS is the load generator's own CPU during ingest
+	// (its publishers, libzmq's send side, the polling) per block.
+	PublisherCPUPerBlockUS      float64 `json:"publisher_cpu_per_block_us"`
 	VerifiedSeconds             float64 `json:"verified_seconds"`
 	VerifiedBlocksPerSec        float64 `json:"verified_blocks_per_s"`
 	ServerCPUPerBlockVerifiedUS float64 `json:"server_cpu_per_block_verified_us"`
@@ -214,6 +217,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| answers checked after the restart | %d (%d wrong) |\n", rs.Checked, rs.Failures)
 	}
 	fmt.Fprintf(w, "| server CPU per ingested block | %s |\n", fmtFrac(in.ServerCPUPerBlockUS))
+	fmt.Fprintf(w, "| publishers' CPU per block (this process, same cores) | %s |\n", fmtFrac(in.PublisherCPUPerBlockUS))
 	fmt.Fprintf(w, "| until verified: seconds, rate, server CPU per block | %.2f s, %.0f blocks/s, %s |\n", in.VerifiedSeconds, in.VerifiedBlocksPerSec, fmtFrac(in.ServerCPUPerBlockVerifiedUS))
 	fmt.Fprintf(w, "| server RSS at start (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.Start), fmtBytes(r.RSSAnon.Start))
 	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))
