@@ -59,6 +59,7 @@ type Links struct {
 	cur, prev *linkGen
 	bytes     atomic.Int64 // cur's and prev's
 
+	preparing              atomic.Bool // a Record is faulting in a table's next slots
 	hits, misses, recorded atomic.Uint64
 	shed                   atomic.Uint64 // blocks ingest left unverified (NoteShed)
 	pending                atomic.Int64  // blocks whose verification waits (NotePending)
@@ -99,7 +100,8 @@ type linkGen struct {
 
 // bytes is the memory g holds: its chunks and both tables' slots.
 func (g *linkGen) bytes() int {
-	return len(g.chunks)*int(unsafe.Sizeof(runChunk{})) + (len(g.index.slots)+len(g.back.slots))*posSlotBytes
+	return len(g.chunks)*int(unsafe.Sizeof(runChunk{})) +
+		(len(g.index.slots)+len(g.back.slots)+len(g.index.next)+len(g.back.next))*posSlotBytes
 }
 
 // find returns where block id lies in g, if it is there.
@@ -401,33 +403,41 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 	l := s.l
 	// A table that doubles takes fresh memory, and its first touch of
 	// each page is a page fault: done under the lock, other sources'
-	// ingest and every query would wait for it. So the doubled slots are
-	// allocated and faulted in first, and only filled under the lock.
+	// ingest and every query would wait for it. So once a large table is
+	// 5/8 full, one Record allocates and faults in the doubled slots
+	// before taking the lock and parks them in next, where grow finds
+	// them at 3/4.
+	var spare [2][]posSlot
 	l.mu.RLock()
-	var next [2]int
 	if g := l.cur; g != nil {
 		for i, t := range [2]*posTable{&g.index, &g.back} {
-			if (t.n+len(ids))*4 > len(t.slots)*3 && len(t.next) == 0 {
-				next[i] = max(2*len(t.slots), 1024)
+			if len(t.slots) >= 1<<16 && t.next == nil && (t.n+len(ids))*8 > len(t.slots)*5 {
+				spare[i] = make([]posSlot, 0, 2*len(t.slots))
 			}
 		}
 	}
 	l.mu.RUnlock()
-	var spare [2][]posSlot
-	for i, n := range next {
-		if n >= 1<<16 {
-			spare[i] = faultIn(make([]posSlot, n))
+	if (spare[0] != nil || spare[1] != nil) && l.preparing.CompareAndSwap(false, true) {
+		defer l.preparing.Store(false)
+		for i := range spare {
+			if spare[i] != nil {
+				spare[i] = faultIn(spare[i][:cap(spare[i])])
+			}
 		}
+	} else {
+		spare = [2][]posSlot{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if g := l.cur; g != nil && (spare[0] != nil || spare[1] != nil) {
+	if g := l.cur; g != nil {
 		for i, t := range [2]*posTable{&g.index, &g.back} {
-			if spare[i] != nil && len(spare[i]) == max(2*len(t.slots), 1024) {
+			// Only within the generation's budget: past it, the
+			// generation gives way before the table would grow.
+			if spare[i] != nil && t.next == nil && len(spare[i]) == 2*len(t.slots) &&
+				g.bytes()+len(spare[i])*posSlotBytes <= l.maxBytes/2 {
 				t.next = spare[i]
 			}
 		}
-		defer func() { g.index.next, g.back.next = nil, nil }() // unused: filed blocks were held
 	}
 	g := l.cur
 	if g == nil {
@@ -506,8 +516,8 @@ func (g *linkGen) growth(newChunk bool) int {
 		b += int(unsafe.Sizeof(runChunk{}))
 	}
 	for _, t := range [2]*posTable{&g.index, &g.back} {
-		if (t.n+1)*4 > len(t.slots)*3 {
-			b += max(len(t.slots), 1024) * posSlotBytes
+		if (t.n+1)*4 > len(t.slots)*3 && len(t.next) == 0 {
+			b += max(len(t.slots), 1024) * posSlotBytes // next is counted already
 		}
 	}
 	return b
