@@ -84,6 +84,15 @@ type ReadyChain interface {
 	Ready() int
 }
 
+// HintedChain is a ReadyChain that may know where the block of the key
+// Next just returned lies (a hint from Table.Locate, 0 for none): keys
+// from verified links carry the one ingest took. The walk checks the
+// hinted slab entry before probing the slot table (locate.go).
+type HintedChain interface {
+	ReadyChain
+	Hint() uint32
+}
+
 // TierCounts are cumulative token counts: Device <= CPULocal <= CPUShare <= Disk.
 type TierCounts struct {
 	Device, CPULocal, CPUShare, Disk int

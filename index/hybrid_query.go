@@ -25,10 +25,11 @@ type hybridScratch struct {
 // it hashes, for the hybrid owners' rules; keeping Ready, it keeps the
 // walk's batched path for keys the memo serves.
 type recChain struct {
-	src   Chain
-	ready ReadyChain
-	keys  []uint64
-	covs  []int
+	src    Chain
+	ready  ReadyChain
+	hinted HintedChain
+	keys   []uint64
+	covs   []int
 }
 
 func (c *recChain) Next() (uint64, int, bool) {
@@ -37,6 +38,14 @@ func (c *recChain) Next() (uint64, int, bool) {
 		c.keys, c.covs = append(c.keys, k), append(c.covs, cov)
 	}
 	return k, cov, ok
+}
+
+// Hint passes the source chain's hint on (HintedChain).
+func (c *recChain) Hint() uint32 {
+	if c.hinted == nil {
+		return 0
+	}
+	return c.hinted.Hint()
 }
 
 func (c *recChain) Ready() int {
@@ -60,6 +69,7 @@ func (hy *hybridScratch) record(chain Chain) *recChain {
 	c := &hy.chain
 	c.src, c.keys, c.covs = chain, c.keys[:0], c.covs[:0]
 	c.ready, _ = chain.(ReadyChain)
+	c.hinted, _ = chain.(HintedChain)
 	return c
 }
 

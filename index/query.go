@@ -41,6 +41,7 @@ type listMemo struct {
 type readyScratch struct {
 	keys, hs []uint64
 	covs     []int
+	hints    []uint32 // HintedChain's, 0 for none
 	start    []int
 	order    []int32
 	held     [][4]uint64 // dev, loc, dsk, shared bits | readyFound
@@ -289,9 +290,11 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	r := &sc.ready
 	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
 	r.order, r.held = resize(r.order, n), resize(r.held, n)
+	r.hints = resize(r.hints, n)
 	r.start = resize(r.start, len(t.stripes)+1)
 	clear(r.start)
-	ended := false
+	hc, _ := chain.(HintedChain)
+	ended, unhinted := false, 0
 	for i := range n {
 		k, c, ok := chain.Next()
 		if !ok {
@@ -300,11 +303,21 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		}
 		h := mix(k)
 		si := t.stripeIndex(h)
-		// Every key is known before the first lookup, so the slot each
+		// Every key is known before the first lookup, so the line each
 		// lookup starts at is requested now: the batch's misses overlap
-		// instead of following one another.
-		t.stripes[si].prefetchSlot(h)
-		r.keys[i], r.hs[i], r.covs[i] = k, h, c
+		// instead of following one another. With a hint that is the
+		// block itself (locate.go), else the slot its probe starts at.
+		var hint uint32
+		if hc != nil {
+			hint = hc.Hint()
+		}
+		if hint != 0 {
+			t.stripes[si].prefetchAt(hint - 1)
+		} else {
+			t.stripes[si].prefetchSlot(h)
+			unhinted++
+		}
+		r.keys[i], r.hs[i], r.covs[i], r.hints[i] = k, h, c, hint
 		r.start[si+1]++
 	}
 	for i := 1; i < len(r.start); i++ {
@@ -319,11 +332,13 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	// before comparing any of their keys lets those misses overlap too,
 	// where find alone would wait for each in turn. That takes a stripe's
 	// read lock twice, briefly, so a stripe small enough to stay in the
-	// caches is left out.
+	// caches is left out, and so is a batch whose blocks all have hints
+	// (requested above already).
 	from := 0
 	for si := range t.stripes {
 		to := r.start[si]
-		if from == to {
+		if from == to || unhinted == 0 {
+			from = to
 			continue
 		}
 		s := &t.stripes[si]
@@ -333,7 +348,9 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		}
 		s.mu.RLock()
 		for _, i := range r.order[from:to] {
-			s.prefetchBlock(r.hs[i])
+			if r.hints[i] == 0 {
+				s.prefetchBlock(r.hs[i])
+			}
 		}
 		s.mu.RUnlock()
 		from = to
@@ -347,7 +364,12 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		s := &t.stripes[si]
 		s.mu.RLock()
 		for _, i := range r.order[from:to] {
-			idx := s.find(r.keys[i], r.hs[i])
+			var idx int
+			if hn := r.hints[i]; hn != 0 && s.holdsAt(r.keys[i], hn-1) {
+				idx = int(hn - 1)
+			} else {
+				idx = s.find(r.keys[i], r.hs[i])
+			}
 			if idx < 0 {
 				r.held[i] = [4]uint64{}
 				continue

@@ -79,8 +79,10 @@ type Chain struct {
 	linkPos   int
 	linkBatch int
 	pend      [][32]byte
+	pendHints []uint32 // pend's block hints (index.HintedChain)
 	pendI     int
 	ids       []LinkID
+	hint      uint32 // the hint of the block Next returned last
 
 	tails    []byte
 	tail0    int
@@ -194,12 +196,12 @@ func (c *Chain) endLinks() {
 	}
 	c.links, c.linkSc, c.linksOn, c.linkHits = nil, LinkScope{}, false, 0
 	c.linkPos, c.linkBatch, c.pendI = 0, 0, 0
-	c.pend = c.pend[:0]
+	c.pend, c.pendHints, c.hint = c.pend[:0], c.pendHints[:0], 0
 }
 
 const (
-	firstLinkBatch = 8
-	maxLinkBatch   = 256
+	firstLinkBatch = 32
+	maxLinkBatch   = 1024
 )
 
 // resolve looks up the verified digests of up to the next batch of full
@@ -223,7 +225,7 @@ func (c *Chain) resolve() int {
 		c.linkID, c.buf = c.linkSc.Next(c.linkID, c.tokens[c.linkPos*c.bs:(c.linkPos+1)*c.bs], c.buf)
 		c.linkPos++
 	}
-	c.linkBatch = min(max(2*c.linkBatch, firstLinkBatch), maxLinkBatch)
+	c.linkBatch = min(max(4*c.linkBatch, firstLinkBatch), maxLinkBatch)
 	n := min(c.linkBatch, full-c.block)
 	c.ids = c.ids[:0]
 	id := c.linkID
@@ -232,7 +234,7 @@ func (c *Chain) resolve() int {
 		id, c.buf = c.linkSc.Next(id, c.tokens[b*c.bs:(b+1)*c.bs], c.buf)
 		c.ids = append(c.ids, id)
 	}
-	c.pend, _ = c.linkSc.Resolve(c.ids, c.pend[:0])
+	c.pend, c.pendHints, _ = c.linkSc.Resolve(c.ids, c.pend[:0], c.pendHints[:0])
 	c.pendI = 0
 	if k := len(c.pend); k < n {
 		c.linksOn = false
@@ -269,6 +271,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		}
 		c.memoHits++
 		c.havePr = true
+		c.hint = 0
 		start := c.pos
 		c.pos = min(start+c.bs, c.limit)
 		c.block++
@@ -294,8 +297,10 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
 		c.seedSGLangSalt()
 	}
+	c.hint = 0
 	if c.pendI < len(c.pend) || (c.links != nil && c.resolve() > 0) {
 		c.parent = c.pend[c.pendI] // a verified digest (see Links)
+		c.hint = c.pendHints[c.pendI]
 		c.pendI++
 		c.linkHits++
 	} else {
@@ -335,6 +340,11 @@ func (c *Chain) lookUp() {
 		c.findPrefix()
 	}
 }
+
+// Hint is where the index held the block Next returned last when ingest
+// verified it (index.HintedChain): 0 unless that block came from verified
+// links. The index checks a hint before trusting it.
+func (c *Chain) Hint() uint32 { return c.hint }
 
 // Ready reports how many of the next Next calls are served without
 // hashing (index.ReadyChain): from the memo, looking it up first if this

@@ -66,18 +66,22 @@ type Links struct {
 // LinkID identifies a chain prefix within a scope (see Links).
 type LinkID = xxh3.Uint128
 
-// LinkBytes is what a verified block costs on average: its id and digest
-// in a run (48 bytes) and a 16-byte slot in each of the two tables at
-// their average load of 9/16 (between 3/8 after doubling and 3/4).
-// BenchmarkLinksMemory measures it.
-const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 2*posSlotBytes*16/9
+// LinkBytes is what a verified block costs on average: its id, digest
+// and block hint in a run (52 bytes) and a 16-byte slot in each of the two
+// tables at their average load of 9/16 (between 3/8 after doubling and
+// 3/4). BenchmarkLinksMemory measures it.
+const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 4 + 2*posSlotBytes*16/9
 
-// runChunk holds runs: ids[i] and digs[i] are one block's. A run never
-// crosses chunks, so a walk along one stays inside its arrays.
+// runChunk holds runs: ids[i], digs[i] and hints[i] are one block's. A
+// run never crosses chunks, so a walk along one stays inside its arrays.
+// hints[i] is where the index held the block when ingest filed it
+// (index.Table.Locate, 0 for unknown): a query hands it to the index walk,
+// which checks it before probing (index/locate.go).
 type runChunk struct {
-	ids  [chunkBlocks]LinkID
-	digs [chunkBlocks][32]byte
-	n    int
+	ids   [chunkBlocks]LinkID
+	digs  [chunkBlocks][32]byte
+	hints [chunkBlocks]uint32
+	n     int
 }
 
 const chunkBlocks = 2048
@@ -289,9 +293,10 @@ func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []by
 }
 
 // Resolve appends to out the verified digests of the blocks ids name, in
-// order, up to the first one not held, and reports whether every one
-// appended is in the current generation (ingest refreshes them otherwise).
-func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
+// order, up to the first one not held, and to hints their block hints; it
+// reports whether every one appended is in the current generation (ingest
+// refreshes them otherwise).
+func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]byte, []uint32, bool) {
 	l := s.l
 	fresh := true
 	l.mu.RLock()
@@ -301,6 +306,7 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
 	for _, id := range ids {
 		if ch != nil && off < ch.n && ch.ids[off] == id {
 			out = append(out, ch.digs[off]) // the run goes on
+			hints = append(hints, ch.hints[off])
 			off++
 			continue
 		}
@@ -317,9 +323,10 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
 			break
 		}
 		out = append(out, ch.digs[off])
+		hints = append(hints, ch.hints[off])
 		off++
 	}
-	return out, fresh
+	return out, hints, fresh
 }
 
 // ByKey returns the prefix id and digest of a verified block from the key
@@ -341,11 +348,12 @@ func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {
 }
 
 // Record files consecutive verified blocks of one chain: their prefix ids,
-// their keys as published and their digests. Blocks already in the
-// current generation are skipped; the others become runs there. known
-// says how many leading blocks may be held (Resolve found them); the rest
-// were not held a moment ago, and are filed without a lookup.
-func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known int) {
+// their keys as published, their digests and their block hints (nil for
+// none). Blocks already in the current generation are skipped, their hints
+// refreshed; the others become runs there. known says how many leading
+// blocks may be held (Resolve found them); the rest were not held a moment
+// ago, and are filed without a lookup.
+func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []uint32, known int) {
 	l := s.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -370,7 +378,10 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 	var ch *runChunk
 	for i, id := range ids {
 		if i < known {
-			if _, _, ok := g.find(id); ok {
+			if hc, off, ok := g.find(id); ok {
+				if hints != nil && hints[i] != 0 {
+					hc.hints[off] = hints[i] // the block may have moved
+				}
 				ch = nil // a run ends where a held block lies
 				continue
 			}
@@ -392,7 +403,10 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 			g.chunks = append(g.chunks, ch)
 		}
 		off := ch.n
-		ch.ids[off], ch.digs[off] = id, digs[i]
+		ch.ids[off], ch.digs[off], ch.hints[off] = id, digs[i], 0
+		if hints != nil {
+			ch.hints[off] = hints[i]
+		}
 		ch.n++
 		pos := runPos(len(g.chunks)-1)<<16 | runPos(off)
 		g.back.put(keys[i], pos)

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func testProfile(t testing.TB, algo string) *Profile {
@@ -45,7 +47,7 @@ func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64
 	}
 	for i := 0; i < n; i += 3 {
 		j := min(i+3, n)
-		sc.Record(ids[i:j], keys[i:j], digs[i:j], j-i)
+		sc.Record(ids[i:j], keys[i:j], digs[i:j], nil, j-i)
 	}
 }
 
@@ -155,22 +157,22 @@ func TestLinksBudget(t *testing.T) {
 			keys[j] = rng.Uint64()
 			digs[j][0], digs[j][1], digs[j][2] = byte(i), byte(i>>8), byte(j)
 		}
-		sc.Record(ids, keys, digs, len(ids))
+		sc.Record(ids, keys, digs, nil, len(ids))
 		if i%1000 == 0 {
-			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, 1) // stored again and again
+			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, nil, 1) // stored again and again
 		}
 		if l.Bytes() > budget {
 			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
 		}
 	}
-	got, fresh := sc.Resolve(ids, nil)
+	got, _, fresh := sc.Resolve(ids, nil, nil)
 	if !fresh || len(got) != len(ids) || got[4] != digs[4] {
 		t.Errorf("the newest run: %d of %d digests, fresh %v", len(got), len(ids), fresh)
 	}
 	if id, d, ok := sc.ByKey(keys[4]); !ok || id != ids[4] || d != digs[4] {
 		t.Error("the newest key is gone")
 	}
-	if got, _ := sc.Resolve(hot, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
+	if got, _, _ := sc.Resolve(hot, nil, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
 		t.Error("a link stored again and again aged out")
 	}
 	if k := l.Len(); k < budget/LinkBytes/4 || k > budget/48 {
@@ -180,7 +182,7 @@ func TestLinksBudget(t *testing.T) {
 	if l.Bytes() != 0 || l.Len() != 0 {
 		t.Errorf("after Reset: %d bytes, %d links", l.Bytes(), l.Len())
 	}
-	if got, _ := sc.Resolve(ids, nil); len(got) != 0 {
+	if got, _, _ := sc.Resolve(ids, nil, nil); len(got) != 0 {
 		t.Error("a link survived Reset")
 	}
 	if _, _, ok := sc.ByKey(keys[4]); ok {
@@ -221,7 +223,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		ids[i%run], keys[i%run] = id, uint64(i)+1
 		digs[i%run][24], digs[i%run][25], digs[i%run][26] = byte(i), byte(i>>8), byte(i>>16)
 		if i%run == run-1 {
-			sc.Record(ids, keys, digs, 0)
+			sc.Record(ids, keys, digs, nil, 0)
 		}
 	}
 	runtime.GC()
@@ -283,7 +285,7 @@ func TestLinksConcurrent(t *testing.T) {
 				for i, id := range ids {
 					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
 				}
-				sc.Record(ids, keys, digs, len(ids))
+				sc.Record(ids, keys, digs, nil, len(ids))
 			}
 		}()
 	}
@@ -296,7 +298,7 @@ func TestLinksConcurrent(t *testing.T) {
 		default:
 		}
 		ids := idsOf(r)
-		out, _ = sc.Resolve(ids, out[:0])
+		out, _, _ = sc.Resolve(ids, out[:0], nil)
 		for i, d := range out {
 			if d != digestOf(ids[i]) {
 				t.Fatalf("run %d block %d: a digest filed under another id", r, i)
@@ -325,5 +327,34 @@ func TestBlockHasherDigests(t *testing.T) {
 		if got := h.Digests(p, 4, &digs[1], toks[8:], "l", "s", nil); len(got) != 4 || got[0] != digs[2] || got[3] != digs[5] {
 			t.Errorf("%s from block 1: %d digests, want the chain's last 4", algo, len(got))
 		}
+	}
+}
+
+// TestLinksKeepHints checks that the block hints filed with a run come back
+// with its digests, that a block filed again refreshes its hint (the index
+// may have moved it), and that blocks filed without hints give 0.
+func TestLinksKeepHints(t *testing.T) {
+	sc := NewLinks(8 << 20).Scope(testProfile(t, AlgorithmSHA256CBOR))
+	ids := []LinkID{{Lo: 1, Hi: 1}, {Lo: 2, Hi: 2}, {Lo: 3, Hi: 3}}
+	keys := []uint64{11, 12, 13}
+	digs := [][32]byte{{1}, {2}, {3}}
+	sc.Record(ids[:2], keys[:2], digs[:2], []uint32{5, 6}, 0)
+	sc.Record(ids[2:], keys[2:], digs[2:], nil, 0)
+	resolve := func() []uint32 {
+		got, hints, _ := sc.Resolve(ids, nil, nil)
+		if len(got) != len(ids) {
+			t.Fatalf("%d of %d digests", len(got), len(ids))
+		}
+		return hints
+	}
+	if diff := cmp.Diff([]uint32{5, 6, 0}, resolve()); diff != "" {
+		t.Errorf("hints (-want +got):\n%s", diff)
+	}
+	sc.Record(ids, keys, digs, []uint32{5, 9, 7}, len(ids)) // all held: hints refreshed
+	if diff := cmp.Diff([]uint32{5, 9, 7}, resolve()); diff != "" {
+		t.Errorf("refreshed hints (-want +got):\n%s", diff)
+	}
+	if l := sc.l.Len(); l != len(ids) {
+		t.Errorf("%d links held, want %d", l, len(ids))
 	}
 }

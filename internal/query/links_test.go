@@ -360,6 +360,24 @@ func TestLinksFromIngest(t *testing.T) {
 			if hits, _, _ := r.links.Stats(); int(hits) != tc.want {
 				t.Errorf("the query took %d blocks from links, want %d", hits, tc.want)
 			}
+			// Linked blocks carry where ingest saw them in the index
+			// (index.HintedChain); hashed ones carry none.
+			tbl := r.on.opts.Index.Table(r.ctx)
+			ch := hashing.AcquireChain()
+			defer hashing.ReleaseChain(ch)
+			ch.Reset(&r.p, 4, toks, tc.lora, tc.querySalt)
+			ch.UseLinks(r.links)
+			for i := 0; ; i++ {
+				k, _, ok := ch.Next()
+				if !ok {
+					break
+				}
+				loc := []uint32{0}
+				tbl.Locate([]uint64{k}, loc)
+				if want := map[bool]uint32{true: loc[0], false: 0}[i < tc.want]; ch.Hint() != want || (i < tc.want && want == 0) {
+					t.Errorf("block %d: hint %d, want %d (located %d)", i, ch.Hint(), want, loc[0])
+				}
+			}
 		})
 	}
 }
