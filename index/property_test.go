@@ -200,7 +200,7 @@ func TestPropertyAgainstReference(t *testing.T) {
 		key := rapid.Uint64Range(0, 11)
 		tier := rapid.SampledFrom([]Tier{Device, CPULocal, CPUShare, Disk})
 		anyID := rapid.Custom(func(rt *rapid.T) OwnerID { return rapid.SampledFrom(ids).Draw(rt, "id") })
-		var res QueryResult // reused across queries, as the server does
+		var res QueryResult          // reused across queries, as the server does
 		stale := map[uint64]uint32{} // block hints located before
 
 		rt.Repeat(map[string]func(*rapid.T){
