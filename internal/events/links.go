@@ -28,6 +28,7 @@ type linkScratch struct {
 	ids     []hashing.LinkID
 	digs    [][32]byte
 	hints   []uint32
+	w       hashing.LinkWriter // this source's place in the links
 	buf     []byte
 	h       hashing.BlockHasher
 }
@@ -164,7 +165,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 		}
 	}
 	if m > 0 && (m > held || !fresh) {
-		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], d.locate(keys[:m]), held)
+		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], d.locate(keys[:m]), held, &ls.w)
 	}
 }
 

@@ -60,7 +60,8 @@ type Links struct {
 	bytes     atomic.Int64 // cur's and prev's
 
 	hits, misses, recorded atomic.Uint64
-	sink                   uint32 // keeps touch's loads (under mu)
+	sink                   uint32     // keeps touch's loads (under mu)
+	anon                   LinkWriter // for Record without a writer (under mu)
 }
 
 // LinkID identifies a chain prefix within a scope (see Links).
@@ -82,6 +83,7 @@ type runChunk struct {
 	digs  [chunkBlocks][32]byte
 	hints [chunkBlocks]uint32
 	n     int
+	pos   int // its index in its generation's chunks
 }
 
 const chunkBlocks = 2048
@@ -209,7 +211,7 @@ func (l *Links) Reset() {
 		return
 	}
 	l.mu.Lock()
-	l.cur, l.prev = nil, nil
+	l.cur, l.prev, l.anon = nil, nil, LinkWriter{}
 	l.bytes.Store(0)
 	l.mu.Unlock()
 }
@@ -347,13 +349,25 @@ func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {
 	return LinkID{}, [32]byte{}, false
 }
 
+// LinkWriter is one ingest stream's place in the links: the chunk its
+// blocks go on in. Engines publish a prompt's blocks in order, event after
+// event, and several engines' streams interleave at the subscriber; with
+// a chunk of its own per stream, a prompt's events make one run, which a
+// query walks with one lookup, instead of one run per event. The zero
+// LinkWriter is ready; Record serialises its use.
+type LinkWriter struct {
+	g  *linkGen
+	ch *runChunk
+}
+
 // Record files consecutive verified blocks of one chain: their prefix ids,
 // their keys as published, their digests and their block hints (nil for
 // none). Blocks already in the current generation are skipped, their hints
-// refreshed; the others become runs there. known says how many leading
-// blocks may be held (Resolve found them); the rest were not held a moment
-// ago, and are filed without a lookup.
-func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []uint32, known int) {
+// refreshed; the others become runs there, in w's chunk (nil: one shared
+// by callers without). known says how many leading blocks may be held
+// (Resolve found them); the rest were not held a moment ago, and are filed
+// without a lookup.
+func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []uint32, known int, w *LinkWriter) {
 	l := s.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -362,8 +376,16 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 		g = &linkGen{}
 		l.cur = g
 	}
+	if w == nil {
+		w = &l.anon
+	}
+	var ch *runChunk
+	if w.g == g {
+		ch = w.ch
+	}
 	added := 0
 	defer func() {
+		w.g, w.ch = l.cur, ch
 		l.recorded.Add(uint64(added))
 		b := l.cur.bytes()
 		if l.prev != nil {
@@ -375,22 +397,17 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 	// caches: load them all first, so their misses overlap instead of
 	// each insert waiting for its own.
 	l.sink ^= g.touch(ids[min(known, len(ids)):], keys[min(known, len(keys)):])
-	var ch *runChunk
 	for i, id := range ids {
 		if i < known {
 			if hc, off, ok := g.find(id); ok {
 				if hints != nil && hints[i] != 0 {
 					hc.hints[off] = hints[i] // the block may have moved
 				}
-				ch = nil // a run ends where a held block lies
 				continue
 			}
 		}
-		if ch == nil || ch.n == chunkBlocks {
+		if ch != nil && ch.n == chunkBlocks {
 			ch = nil
-			if k := len(g.chunks); k > 0 && g.chunks[k-1].n < chunkBlocks {
-				ch = g.chunks[k-1]
-			}
 		}
 		if g.bytes()+g.growth(ch == nil) > l.maxBytes/2 {
 			// The current generation is full: it becomes the old
@@ -399,7 +416,7 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 			l.cur, ch = g, nil
 		}
 		if ch == nil {
-			ch = new(runChunk)
+			ch = &runChunk{pos: len(g.chunks)}
 			g.chunks = append(g.chunks, ch)
 		}
 		off := ch.n
@@ -408,7 +425,7 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 			ch.hints[off] = hints[i]
 		}
 		ch.n++
-		pos := runPos(len(g.chunks)-1)<<16 | runPos(off)
+		pos := runPos(ch.pos)<<16 | runPos(off)
 		g.back.put(keys[i], pos)
 		if g.index.put(id.Hi, pos) {
 			added++

@@ -47,7 +47,7 @@ func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64
 	}
 	for i := 0; i < n; i += 3 {
 		j := min(i+3, n)
-		sc.Record(ids[i:j], keys[i:j], digs[i:j], nil, j-i)
+		sc.Record(ids[i:j], keys[i:j], digs[i:j], nil, j-i, nil)
 	}
 }
 
@@ -157,9 +157,9 @@ func TestLinksBudget(t *testing.T) {
 			keys[j] = rng.Uint64()
 			digs[j][0], digs[j][1], digs[j][2] = byte(i), byte(i>>8), byte(j)
 		}
-		sc.Record(ids, keys, digs, nil, len(ids))
+		sc.Record(ids, keys, digs, nil, len(ids), nil)
 		if i%1000 == 0 {
-			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, nil, 1) // stored again and again
+			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, nil, 1, nil) // stored again and again
 		}
 		if l.Bytes() > budget {
 			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
@@ -223,7 +223,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		ids[i%run], keys[i%run] = id, uint64(i)+1
 		digs[i%run][24], digs[i%run][25], digs[i%run][26] = byte(i), byte(i>>8), byte(i>>16)
 		if i%run == run-1 {
-			sc.Record(ids, keys, digs, nil, 0)
+			sc.Record(ids, keys, digs, nil, 0, nil)
 		}
 	}
 	runtime.GC()
@@ -285,7 +285,7 @@ func TestLinksConcurrent(t *testing.T) {
 				for i, id := range ids {
 					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
 				}
-				sc.Record(ids, keys, digs, nil, len(ids))
+				sc.Record(ids, keys, digs, nil, len(ids), nil)
 			}
 		}()
 	}
@@ -338,8 +338,8 @@ func TestLinksKeepHints(t *testing.T) {
 	ids := []LinkID{{Lo: 1, Hi: 1}, {Lo: 2, Hi: 2}, {Lo: 3, Hi: 3}}
 	keys := []uint64{11, 12, 13}
 	digs := [][32]byte{{1}, {2}, {3}}
-	sc.Record(ids[:2], keys[:2], digs[:2], []uint32{5, 6}, 0)
-	sc.Record(ids[2:], keys[2:], digs[2:], nil, 0)
+	sc.Record(ids[:2], keys[:2], digs[:2], []uint32{5, 6}, 0, nil)
+	sc.Record(ids[2:], keys[2:], digs[2:], nil, 0, nil)
 	resolve := func() []uint32 {
 		got, hints, _ := sc.Resolve(ids, nil, nil)
 		if len(got) != len(ids) {
@@ -350,11 +350,65 @@ func TestLinksKeepHints(t *testing.T) {
 	if diff := cmp.Diff([]uint32{5, 6, 0}, resolve()); diff != "" {
 		t.Errorf("hints (-want +got):\n%s", diff)
 	}
-	sc.Record(ids, keys, digs, []uint32{5, 9, 7}, len(ids)) // all held: hints refreshed
+	sc.Record(ids, keys, digs, []uint32{5, 9, 7}, len(ids), nil) // all held: hints refreshed
 	if diff := cmp.Diff([]uint32{5, 9, 7}, resolve()); diff != "" {
 		t.Errorf("refreshed hints (-want +got):\n%s", diff)
 	}
 	if l := sc.l.Len(); l != len(ids) {
 		t.Errorf("%d links held, want %d", l, len(ids))
+	}
+}
+
+// TestLinkWritersKeepRuns checks that two ingest streams whose events
+// interleave each file their chain as one run (consecutive entries of one
+// chunk, which a query walks with one lookup), and that blocks filed
+// without a writer still resolve.
+func TestLinkWritersKeepRuns(t *testing.T) {
+	l := NewLinks(8 << 20)
+	sc := l.Scope(testProfile(t, AlgorithmSHA256CBOR))
+	const events, per = 4, 8
+	chain := func(c uint64) ([]LinkID, []uint64, [][32]byte) {
+		ids := make([]LinkID, events*per)
+		keys := make([]uint64, len(ids))
+		digs := make([][32]byte, len(ids))
+		for i := range ids {
+			ids[i] = LinkID{Lo: c<<32 | uint64(i), Hi: c<<32 | uint64(i) | 1<<63}
+			keys[i] = c<<32 | uint64(i)
+			digs[i][0], digs[i][1] = byte(c), byte(i)
+		}
+		return ids, keys, digs
+	}
+	var ws [2]LinkWriter
+	var ids [3][]LinkID
+	var keys [3][]uint64
+	var digs [3][][32]byte
+	for c := range ids {
+		ids[c], keys[c], digs[c] = chain(uint64(c + 1))
+	}
+	for e := range events {
+		for c := range ids {
+			from, to := e*per, (e+1)*per
+			var w *LinkWriter
+			if c < len(ws) {
+				w = &ws[c]
+			} // chain 2 has no writer
+			sc.Record(ids[c][from:to], keys[c][from:to], digs[c][from:to], nil, 0, w)
+		}
+	}
+	for c := range ids {
+		got, _, _ := sc.Resolve(ids[c], nil, nil)
+		if diff := cmp.Diff(digs[c], got); diff != "" {
+			t.Fatalf("chain %d (-want +got):\n%s", c, diff)
+		}
+	}
+	g := l.cur
+	for c := range ws {
+		ch0, off0, ok := g.find(ids[c][0])
+		for i, id := range ids[c] {
+			ch, off, found := g.find(id)
+			if !ok || !found || ch != ch0 || off != off0+i {
+				t.Fatalf("chain %d block %d: not in its writer's run (chunk %p offset %d, run starts %p %d)", c, i, ch, off, ch0, off0)
+			}
+		}
 	}
 }
