@@ -208,20 +208,21 @@ func asReady(c *keyChain, ready, want int) (Chain, int) {
 	return &readyChain{c, ready}, calls
 }
 
-// hintedChain is a readyChain whose keys come with block hints
-// (HintedChain): right, stale or wrong ones, none of which may change an
-// answer or how far the chain is advanced.
+// hintedChain is a readyChain that hands its ready keys over in batches
+// with block hints (BatchChain): right, stale or wrong ones, none of which
+// may change an answer or how far the chain is advanced.
 type hintedChain struct {
 	*readyChain
 	hints []uint32
 }
 
-// Hint is the hint of the key Next returned last.
-func (c *hintedChain) Hint() uint32 {
-	if c.i == 0 || c.i > len(c.hints) {
-		return 0
+func (c *hintedChain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	for range min(n, c.Ready()) {
+		i := c.i
+		k, cov, _ := c.Next()
+		keys, covs, hints = append(keys, k), append(covs, cov), append(hints, c.hints[i])
 	}
-	return c.hints[c.i-1]
+	return keys, covs, hints
 }
 
 // hintModes are the hints a test chain carries: none, those Locate gives

@@ -25,11 +25,11 @@ type hybridScratch struct {
 // it hashes, for the hybrid owners' rules; keeping Ready, it keeps the
 // walk's batched path for keys the memo serves.
 type recChain struct {
-	src    Chain
-	ready  ReadyChain
-	hinted HintedChain
-	keys   []uint64
-	covs   []int
+	src   Chain
+	ready ReadyChain
+	batch BatchChain
+	keys  []uint64
+	covs  []int
 }
 
 func (c *recChain) Next() (uint64, int, bool) {
@@ -40,12 +40,16 @@ func (c *recChain) Next() (uint64, int, bool) {
 	return k, cov, ok
 }
 
-// Hint passes the source chain's hint on (HintedChain).
-func (c *recChain) Hint() uint32 {
-	if c.hinted == nil {
-		return 0
-	}
-	return c.hinted.Hint()
+// recBatch is recChain over a BatchChain, passing its batches on.
+type recBatch struct{ *recChain }
+
+// TakeReady passes the source chain's batch on (BatchChain), recording
+// its keys.
+func (c recBatch) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	from := len(keys)
+	keys, covs, hints = c.batch.TakeReady(n, keys, covs, hints)
+	c.keys, c.covs = append(c.keys, keys[from:]...), append(c.covs, covs[from:]...)
+	return keys, covs, hints
 }
 
 func (c *recChain) Ready() int {
@@ -65,11 +69,13 @@ func (c *recChain) rest() {
 }
 
 // record starts recording chain.
-func (hy *hybridScratch) record(chain Chain) *recChain {
+func (hy *hybridScratch) record(chain Chain) Chain {
 	c := &hy.chain
 	c.src, c.keys, c.covs = chain, c.keys[:0], c.covs[:0]
 	c.ready, _ = chain.(ReadyChain)
-	c.hinted, _ = chain.(HintedChain)
+	if c.batch, _ = chain.(BatchChain); c.batch != nil {
+		return recBatch{c}
+	}
 	return c
 }
 

@@ -41,7 +41,7 @@ type listMemo struct {
 type readyScratch struct {
 	keys, hs []uint64
 	covs     []int
-	hints    []uint32 // HintedChain's, 0 for none
+	hints    []uint32 // 0: none (BatchChain)
 	start    []int
 	order    []int32
 	held     [][4]uint64 // dev, loc, dsk, shared bits | readyFound
@@ -288,36 +288,39 @@ func (t *Table) walkKeys(w *smallWalk, chain Chain) {
 func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	bySlot, lo, un, sc, alive, hm := w.bySlot, w.lo, w.un, w.sc, &w.alive, &w.hm
 	r := &sc.ready
-	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
-	r.order, r.held = resize(r.order, n), resize(r.held, n)
-	r.hints = resize(r.hints, n)
+	ended := false
+	if bc, _ := chain.(BatchChain); bc != nil {
+		r.keys, r.covs, r.hints = bc.TakeReady(n, r.keys[:0], r.covs[:0], r.hints[:0])
+		n = len(r.keys)
+	} else {
+		r.keys, r.covs, r.hints = resize(r.keys, n), resize(r.covs, n), resize(r.hints, n)
+		for i := range n {
+			k, c, ok := chain.Next()
+			if !ok {
+				n, ended = i, true
+				break
+			}
+			r.keys[i], r.covs[i], r.hints[i] = k, c, 0
+		}
+	}
+	r.hs, r.order, r.held = resize(r.hs, n), resize(r.order, n), resize(r.held, n)
 	r.start = resize(r.start, len(t.stripes)+1)
 	clear(r.start)
-	hc, _ := chain.(HintedChain)
-	ended, unhinted := false, 0
-	for i := range n {
-		k, c, ok := chain.Next()
-		if !ok {
-			n, ended = i, true
-			break
-		}
+	unhinted := 0
+	for i, k := range r.keys[:n] {
 		h := mix(k)
 		si := t.stripeIndex(h)
 		// Every key is known before the first lookup, so the line each
 		// lookup starts at is requested now: the batch's misses overlap
 		// instead of following one another. With a hint that is the
 		// block itself (locate.go), else the slot its probe starts at.
-		var hint uint32
-		if hc != nil {
-			hint = hc.Hint()
-		}
-		if hint != 0 {
+		if hint := r.hints[i]; hint != 0 {
 			t.stripes[si].prefetchAt(hint - 1)
 		} else {
 			t.stripes[si].prefetchSlot(h)
 			unhinted++
 		}
-		r.keys[i], r.hs[i], r.covs[i], r.hints[i] = k, h, c, hint
+		r.hs[i] = h
 		r.start[si+1]++
 	}
 	for i := 1; i < len(r.start); i++ {

@@ -331,6 +331,62 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]
 	return out, hints, fresh
 }
 
+// Followed is what Follow found: the index keys, block hints and digests
+// of the blocks it took, in order, and the prefix id of the last one. The
+// digests are the links' own, which are never written again once filed.
+type Followed struct {
+	Keys  []uint64
+	Hints []uint32
+	Digs  []*[32]byte
+	ID    LinkID
+}
+
+// Follow takes the verified links of the blocks of tokens (bs tokens each,
+// whole blocks only) that extend the chain prefix whose id is prefix: it
+// computes each block's prefix id and takes its link, stopping at the
+// first block without one, so no id is computed past it. It appends to f
+// the keys (a vLLM digest's low 64 bits, big-endian) and hints of the
+// blocks taken, and their digests, and sets f.ID to the last one's
+// (unchanged when none). This is a query's use of Links: the ids are computed under
+// the read lock, in the walk along a run, which saves a pass over them,
+// and a query needs a digest only where hashing resumes. buf is scratch,
+// returned grown.
+func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, buf []byte) []byte {
+	l := s.l
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var ch *runChunk
+	off, taken := 0, 0
+	for b := 0; (b+1)*bs <= len(tokens); b++ {
+		var id LinkID
+		id, buf = s.Next(prefix, tokens[b*bs:(b+1)*bs], buf)
+		if ch == nil || off >= ch.n || ch.ids[off] != id {
+			// The start of a run: look the block up.
+			ok := false
+			if g := l.cur; g != nil {
+				ch, off, ok = g.find(id)
+			}
+			if !ok && l.prev != nil {
+				ch, off, ok = l.prev.find(id)
+			}
+			if !ok {
+				break
+			}
+		}
+		d := &ch.digs[off]
+		f.Keys = append(f.Keys, binary.BigEndian.Uint64(d[24:]))
+		f.Hints = append(f.Hints, ch.hints[off])
+		f.Digs = append(f.Digs, d)
+		prefix = id
+		off++
+		taken++
+	}
+	if taken > 0 {
+		f.ID = prefix
+	}
+	return buf
+}
+
 // ByKey returns the prefix id and digest of a verified block from the key
 // an engine names it by (as a parent), if it is still held.
 func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {

@@ -241,7 +241,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		c.Reset(p, bs, toks[w*512*bs:(w+1)*512*bs], "", "")
 		c.UseLinks(l)
 		for c.Ready() > 0 {
-			for range len(c.pend) - c.pendI {
+			for range len(c.pend.Keys) - c.pendI {
 				c.Next()
 				blocks++
 			}

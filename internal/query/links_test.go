@@ -3,9 +3,11 @@ package query
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 	"pgregory.net/rapid"
@@ -367,16 +369,18 @@ func TestLinksFromIngest(t *testing.T) {
 			defer hashing.ReleaseChain(ch)
 			ch.Reset(&r.p, 4, toks, tc.lora, tc.querySalt)
 			ch.UseLinks(r.links)
-			for i := 0; ; i++ {
-				k, _, ok := ch.Next()
-				if !ok {
-					break
-				}
-				loc := []uint32{0}
-				tbl.Locate([]uint64{k}, loc)
-				if want := map[bool]uint32{true: loc[0], false: 0}[i < tc.want]; ch.Hint() != want || (i < tc.want && want == 0) {
-					t.Errorf("block %d: hint %d, want %d (located %d)", i, ch.Hint(), want, loc[0])
-				}
+			var ready []uint64
+			var hints []uint32
+			for n := ch.Ready(); n > 0; n = ch.Ready() {
+				ready, _, hints = ch.TakeReady(n, ready, nil, hints)
+			}
+			if len(ready) != tc.want {
+				t.Fatalf("%d blocks ready, want %d", len(ready), tc.want)
+			}
+			located := make([]uint32, len(ready))
+			tbl.Locate(ready, located)
+			if d := cmp.Diff(located, hints, cmpopts.EquateEmpty()); d != "" || slices.Contains(hints, 0) {
+				t.Errorf("hints of linked blocks (-located +carried):\n%s", d)
 			}
 		})
 	}
