@@ -348,9 +348,19 @@ func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]u
 		k, cov := c.takeRemembered()
 		keys, covs, hints = append(keys, k), append(covs, cov), append(hints, 0)
 	}
-	for ; n > 0 && c.pendI < len(c.pend.Keys); n-- {
-		hints = append(hints, c.pend.Hints[c.pendI])
-		keys, covs = append(keys, c.takeLinked()), append(covs, c.bs)
+	if k := min(n, len(c.pend.Keys)-c.pendI); k > 0 {
+		// Linked blocks in bulk: Next's bookkeeping (takeLinked) once.
+		i, j := c.pendI, c.pendI+k
+		keys, hints = append(keys, c.pend.Keys[i:j]...), append(hints, c.pend.Hints[i:j]...)
+		for range k {
+			covs = append(covs, c.bs)
+		}
+		c.pendI, c.linkHits = j-1, c.linkHits+uint64(k-1)
+		if c.memo != nil {
+			c.memoMisses += uint64(k - 1)
+		}
+		c.pos, c.block = c.pos+(k-1)*c.bs, c.block+k-1
+		c.takeLinked() // the last, which sets what a Next would
 	}
 	return keys, covs, hints
 }

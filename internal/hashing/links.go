@@ -67,11 +67,11 @@ type Links struct {
 // LinkID identifies a chain prefix within a scope (see Links).
 type LinkID = xxh3.Uint128
 
-// LinkBytes is what a verified block costs on average: its id, digest
-// and block hint in a run (52 bytes) and a 16-byte slot in each of the two
-// tables at their average load of 9/16 (between 3/8 after doubling and
-// 3/4). BenchmarkLinksMemory measures it.
-const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 4 + 2*posSlotBytes*16/9
+// LinkBytes is what a verified block costs on average: its id, digest,
+// key and block hint in a run (60 bytes) and a 16-byte slot in each of the
+// two tables at their average load of 9/16 (between 3/8 after doubling
+// and 3/4). BenchmarkLinksMemory measures it.
+const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 2*posSlotBytes*16/9
 
 // runChunk holds runs: ids[i], digs[i] and hints[i] are one block's. A
 // run never crosses chunks, so a walk along one stays inside its arrays.
@@ -81,6 +81,7 @@ const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 4 + 2*posSlotBytes*16/9
 type runChunk struct {
 	ids   [chunkBlocks]LinkID
 	digs  [chunkBlocks][32]byte
+	keys  [chunkBlocks]uint64 // the digests' index keys, which a query reads
 	hints [chunkBlocks]uint32
 	n     int
 	pos   int // its index in its generation's chunks
@@ -373,10 +374,9 @@ func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, bu
 				break
 			}
 		}
-		d := &ch.digs[off]
-		f.Keys = append(f.Keys, binary.BigEndian.Uint64(d[24:]))
+		f.Keys = append(f.Keys, ch.keys[off])
 		f.Hints = append(f.Hints, ch.hints[off])
-		f.Digs = append(f.Digs, d)
+		f.Digs = append(f.Digs, &ch.digs[off])
 		prefix = id
 		off++
 		taken++
@@ -477,6 +477,7 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 		}
 		off := ch.n
 		ch.ids[off], ch.digs[off], ch.hints[off] = id, digs[i], 0
+		ch.keys[off] = binary.BigEndian.Uint64(digs[i][24:]) // vLLM's low64_be
 		if hints != nil {
 			ch.hints[off] = hints[i]
 		}

@@ -412,3 +412,74 @@ func TestLinkWritersKeepRuns(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeReadyIsNext checks that taking a chain's ready blocks in batches
+// (TakeReady, as the index walk does) yields what calling Next for each
+// would, memo-served and linked blocks alike, and leaves the chain where
+// Next would: the blocks hashed after them, and every Digest, agree.
+func TestTakeReadyIsNext(t *testing.T) {
+	const bs, blocks = 4, 300 // more than a first link batch
+	toks := make([]int32, blocks*bs+3)
+	for i := range toks {
+		toks[i] = int32(i*31 + 1)
+	}
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	keys, digs := referenceChain(p, bs, toks, "", "")
+	for _, linked := range []int{0, 1, 17, 200, blocks} {
+		for _, remembered := range []int{0, 5} {
+			for _, batch := range []int{1, 3, 1000} {
+				t.Run(fmt.Sprintf("linked=%d/memo=%d/batch=%d", linked, remembered, batch), func(t *testing.T) {
+					l := NewLinks(1 << 20)
+					record(l.Scope(p), bs, toks, "", "", keys, digs, linked)
+					m := NewMemo(1 << 20)
+					if remembered > 0 { // teach the memo a shorter chain
+						c := AcquireChain()
+						c.Reset(p, bs, toks[:remembered*bs], "", "")
+						c.UseMemo(m)
+						for _, _, ok := c.Next(); ok; _, _, ok = c.Next() {
+						}
+						ReleaseChain(c)
+					}
+					c := AcquireChain()
+					defer ReleaseChain(c)
+					c.Reset(p, bs, toks, "", "")
+					c.UseMemo(m)
+					c.UseLinks(l)
+					var got []uint64
+					var last []int // after which block each digest was read
+					var gotDigs [][32]byte
+					for {
+						if r := c.Ready(); r > 0 {
+							var covs []int
+							var ks []uint64
+							ks, covs, _ = c.TakeReady(min(r, batch), ks, covs, nil)
+							for i, cov := range covs {
+								if cov != bs {
+									t.Fatalf("block %d covers %d", len(got)+i, cov)
+								}
+							}
+							got = append(got, ks...)
+							last, gotDigs = append(last, len(got)-1), append(gotDigs, c.Digest())
+							continue
+						}
+						k, _, ok := c.Next()
+						if !ok {
+							break
+						}
+						got = append(got, k)
+						last, gotDigs = append(last, len(got)-1), append(gotDigs, c.Digest())
+					}
+					if diff := cmp.Diff(keys, got); diff != "" {
+						t.Fatalf("keys (-Next +TakeReady):\n%s", diff)
+					}
+					// Each Digest is that of the block taken last.
+					for i, b := range last {
+						if gotDigs[i] != digs[b] {
+							t.Fatalf("Digest after block %d differs", b)
+						}
+					}
+				})
+			}
+		}
+	}
+}
