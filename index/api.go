@@ -84,6 +84,19 @@ type ReadyChain interface {
 	Ready() int
 }
 
+// BatchChain is a ReadyChain that hands its ready keys over in one call,
+// each with a hint of where its block lies (from Table.Locate; 0 for
+// none): keys from verified links carry the one ingest took. The walk
+// checks a hinted slab entry before probing the slot table (locate.go).
+type BatchChain interface {
+	ReadyChain
+	// TakeReady is Next for up to n of the keys Ready counts: it appends
+	// each key, the tokens it covers and its hint to keys, covs and
+	// hints. (Plain slices: the chains that implement it live below
+	// this package.)
+	TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32)
+}
+
 // TierCounts are cumulative token counts: Device <= CPULocal <= CPUShare <= Disk.
 type TierCounts struct {
 	Device, CPULocal, CPUShare, Disk int

@@ -341,6 +341,7 @@ func BenchmarkWalkLargeTable(b *testing.B) {
 		}
 	}
 	var chains []*keyChain
+	var hints [][]uint32
 	for q := range 300 {
 		c := &keyChain{}
 		o := q % owners
@@ -349,8 +350,11 @@ func BenchmarkWalkLargeTable(b *testing.B) {
 			c.keys = append(c.keys, benchKey(o*perOwner+base+i))
 		}
 		chains = append(chains, c)
+		h := make([]uint32, blocks)
+		tb.Locate(c.keys, h)
+		hints = append(hints, h)
 	}
-	for _, mode := range []string{"keys", "ready", "hashing", "hashing-alone"} {
+	for _, mode := range []string{"keys", "ready", "hinted", "hashing", "hashing-alone"} {
 		b.Run(mode, func(b *testing.B) {
 			var res QueryResult
 			i := 0
@@ -362,6 +366,8 @@ func BenchmarkWalkLargeTable(b *testing.B) {
 				switch mode {
 				case "ready":
 					ch = &readyChain{c, blocks}
+				case "hinted": // what verified links give
+					ch = &hintedChain{&readyChain{c, blocks}, hints[(i-1)%len(chains)]}
 				case "hashing":
 					ch = &hashingChain{keyChain: c}
 				case "hashing-alone": // what the walk adds to "hashing"

@@ -369,6 +369,7 @@ func (t *Table) StoreBatchGroups(id OwnerID, keys []uint64, tiers []TierMask, wo
 		if want := s.nlive + start[si+1] - start[si]; (want+s.tombs)*5 > len(s.slots)*4 {
 			s.resize(want)
 			s.blocks = slices.Grow(s.blocks, max(0, want-len(s.blocks)))
+			s.publishBlocks()
 		}
 		for _, i := range order[start[si]:start[si+1]] {
 			m := uint32(tiers[i]) & engineBit

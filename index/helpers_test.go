@@ -208,6 +208,72 @@ func asReady(c *keyChain, ready, want int) (Chain, int) {
 	return &readyChain{c, ready}, calls
 }
 
+// hintedChain is a readyChain that hands its ready keys over in batches
+// with block hints (BatchChain): right, stale or wrong ones, none of which
+// may change an answer or how far the chain is advanced.
+type hintedChain struct {
+	*readyChain
+	hints []uint32
+}
+
+func (c *hintedChain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	for range min(n, c.Ready()) {
+		i := c.i
+		k, cov, _ := c.Next()
+		keys, covs, hints = append(keys, k), append(covs, cov), append(hints, c.hints[i])
+	}
+	return keys, covs, hints
+}
+
+// hintModes are the hints a test chain carries: none, those Locate gives
+// now, those it gave some time before (stale), and arbitrary ones.
+const (
+	hintsNone = iota
+	hintsNow
+	hintsStale
+	hintsWrong
+	numHintModes
+)
+
+// hintsFor returns the hints of keys under mode, drawing arbitrary ones
+// from r; stale maps keys to hints located earlier, and takes the ones
+// located now.
+func hintsFor(tb *Table, keys []uint64, mode int, stale map[uint64]uint32, r func(n int) int) []uint32 {
+	now := make([]uint32, len(keys))
+	tb.Locate(keys, now)
+	defer func() {
+		for i, k := range keys {
+			stale[k] = now[i]
+		}
+	}()
+	switch mode {
+	case hintsNow:
+		return now
+	case hintsStale:
+		old := make([]uint32, len(keys))
+		for i, k := range keys {
+			old[i] = stale[k]
+		}
+		return old
+	case hintsWrong:
+		h := make([]uint32, len(keys))
+		for i := range h {
+			h[i] = uint32(r(64))
+		}
+		return h
+	}
+	return nil
+}
+
+// asHinted is asReady with block hints (nil: none) on the batched keys.
+func asHinted(c *keyChain, ready, want int, hints []uint32) (Chain, int) {
+	ch, calls := asReady(c, ready, want)
+	if rc, ok := ch.(*readyChain); ok && hints != nil {
+		return &hintedChain{rc, hints}, calls
+	}
+	return ch, calls
+}
+
 // walkCalls is how many times a walk advances a chain of n keys whose first
 // ready keys come as a batch, given decide, the number of blocks it
 // decides on: up to and including the block that ends the walk, n+1 when

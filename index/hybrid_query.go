@@ -27,6 +27,7 @@ type hybridScratch struct {
 type recChain struct {
 	src   Chain
 	ready ReadyChain
+	batch BatchChain
 	keys  []uint64
 	covs  []int
 }
@@ -37,6 +38,18 @@ func (c *recChain) Next() (uint64, int, bool) {
 		c.keys, c.covs = append(c.keys, k), append(c.covs, cov)
 	}
 	return k, cov, ok
+}
+
+// recBatch is recChain over a BatchChain, passing its batches on.
+type recBatch struct{ *recChain }
+
+// TakeReady passes the source chain's batch on (BatchChain), recording
+// its keys.
+func (c recBatch) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	from := len(keys)
+	keys, covs, hints = c.batch.TakeReady(n, keys, covs, hints)
+	c.keys, c.covs = append(c.keys, keys[from:]...), append(c.covs, covs[from:]...)
+	return keys, covs, hints
 }
 
 func (c *recChain) Ready() int {
@@ -56,10 +69,13 @@ func (c *recChain) rest() {
 }
 
 // record starts recording chain.
-func (hy *hybridScratch) record(chain Chain) *recChain {
+func (hy *hybridScratch) record(chain Chain) Chain {
 	c := &hy.chain
 	c.src, c.keys, c.covs = chain, c.keys[:0], c.covs[:0]
 	c.ready, _ = chain.(ReadyChain)
+	if c.batch, _ = chain.(BatchChain); c.batch != nil {
+		return recBatch{c}
+	}
 	return c
 }
 

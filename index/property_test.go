@@ -200,7 +200,8 @@ func TestPropertyAgainstReference(t *testing.T) {
 		key := rapid.Uint64Range(0, 11)
 		tier := rapid.SampledFrom([]Tier{Device, CPULocal, CPUShare, Disk})
 		anyID := rapid.Custom(func(rt *rapid.T) OwnerID { return rapid.SampledFrom(ids).Draw(rt, "id") })
-		var res QueryResult // reused across queries, as the server does
+		var res QueryResult          // reused across queries, as the server does
+		stale := map[uint64]uint32{} // block hints located before
 
 		rt.Repeat(map[string]func(*rapid.T){
 			"add": func(rt *rapid.T) {
@@ -252,7 +253,9 @@ func TestPropertyAgainstReference(t *testing.T) {
 				}
 				filter := rapid.SampledFrom([]string{"", "", "a", "b", "z"}).Draw(rt, "filter")
 				want, calls := m.query(c.keys, c.cov, filter)
-				ch, calls := asReady(c, rapid.IntRange(0, n).Draw(rt, "ready"), calls)
+				hints := hintsFor(tb, c.keys, rapid.IntRange(0, numHintModes-1).Draw(rt, "hints"), stale,
+					func(n int) int { return rapid.IntRange(0, n-1).Draw(rt, "hint") })
+				ch, calls := asHinted(c, rapid.IntRange(0, n).Draw(rt, "ready"), calls, hints)
 				tb.Query(ch, filter, &res)
 				got := res.Instances
 				if got == nil {
@@ -299,6 +302,7 @@ func TestRandomizedAgainstReference(t *testing.T) {
 		m := newRefModel()
 		ids := []OwnerID{0}
 		var res QueryResult
+		stale := map[uint64]uint32{} // block hints located before
 		tiers := []Tier{Device, CPULocal, CPUShare, Disk}
 		for i := range ops {
 			id := ids[r.IntN(len(ids))]
@@ -354,7 +358,8 @@ func TestRandomizedAgainstReference(t *testing.T) {
 				}
 				filter := []string{"", "a", "b", "c", "x"}[r.IntN(5)]
 				want, calls := m.query(c.keys, c.cov, filter)
-				ch, calls := asReady(c, r.IntN(len(c.keys)+1), calls)
+				hints := hintsFor(tb, c.keys, r.IntN(numHintModes), stale, r.IntN)
+				ch, calls := asHinted(c, r.IntN(len(c.keys)+1), calls, hints)
 				tb.Query(ch, filter, &res)
 				got := res.Instances
 				if got == nil {

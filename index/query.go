@@ -41,6 +41,7 @@ type listMemo struct {
 type readyScratch struct {
 	keys, hs []uint64
 	covs     []int
+	hints    []uint32 // 0: none (BatchChain)
 	start    []int
 	order    []int32
 	held     [][4]uint64 // dev, loc, dsk, shared bits | readyFound
@@ -287,24 +288,39 @@ func (t *Table) walkKeys(w *smallWalk, chain Chain) {
 func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	bySlot, lo, un, sc, alive, hm := w.bySlot, w.lo, w.un, w.sc, &w.alive, &w.hm
 	r := &sc.ready
-	r.keys, r.hs, r.covs = resize(r.keys, n), resize(r.hs, n), resize(r.covs, n)
-	r.order, r.held = resize(r.order, n), resize(r.held, n)
+	ended := false
+	if bc, _ := chain.(BatchChain); bc != nil {
+		r.keys, r.covs, r.hints = bc.TakeReady(n, r.keys[:0], r.covs[:0], r.hints[:0])
+		n = len(r.keys)
+	} else {
+		r.keys, r.covs, r.hints = resize(r.keys, n), resize(r.covs, n), resize(r.hints, n)
+		for i := range n {
+			k, c, ok := chain.Next()
+			if !ok {
+				n, ended = i, true
+				break
+			}
+			r.keys[i], r.covs[i], r.hints[i] = k, c, 0
+		}
+	}
+	r.hs, r.order, r.held = resize(r.hs, n), resize(r.order, n), resize(r.held, n)
 	r.start = resize(r.start, len(t.stripes)+1)
 	clear(r.start)
-	ended := false
-	for i := range n {
-		k, c, ok := chain.Next()
-		if !ok {
-			n, ended = i, true
-			break
-		}
+	unhinted := 0
+	for i, k := range r.keys[:n] {
 		h := mix(k)
 		si := t.stripeIndex(h)
-		// Every key is known before the first lookup, so the slot each
+		// Every key is known before the first lookup, so the line each
 		// lookup starts at is requested now: the batch's misses overlap
-		// instead of following one another.
-		t.stripes[si].prefetchSlot(h)
-		r.keys[i], r.hs[i], r.covs[i] = k, h, c
+		// instead of following one another. With a hint that is the
+		// block itself (locate.go), else the slot its probe starts at.
+		if hint := r.hints[i]; hint != 0 {
+			t.stripes[si].prefetchAt(hint - 1)
+		} else {
+			t.stripes[si].prefetchSlot(h)
+			unhinted++
+		}
+		r.hs[i] = h
 		r.start[si+1]++
 	}
 	for i := 1; i < len(r.start); i++ {
@@ -319,11 +335,13 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	// before comparing any of their keys lets those misses overlap too,
 	// where find alone would wait for each in turn. That takes a stripe's
 	// read lock twice, briefly, so a stripe small enough to stay in the
-	// caches is left out.
+	// caches is left out, and so is a batch whose blocks all have hints
+	// (requested above already).
 	from := 0
 	for si := range t.stripes {
 		to := r.start[si]
-		if from == to {
+		if from == to || unhinted == 0 {
+			from = to
 			continue
 		}
 		s := &t.stripes[si]
@@ -333,7 +351,9 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		}
 		s.mu.RLock()
 		for _, i := range r.order[from:to] {
-			s.prefetchBlock(r.hs[i])
+			if r.hints[i] == 0 {
+				s.prefetchBlock(r.hs[i])
+			}
 		}
 		s.mu.RUnlock()
 		from = to
@@ -347,7 +367,12 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		s := &t.stripes[si]
 		s.mu.RLock()
 		for _, i := range r.order[from:to] {
-			idx := s.find(r.keys[i], r.hs[i])
+			var idx int
+			if hn := r.hints[i]; hn != 0 && s.holdsAt(r.keys[i], hn-1) {
+				idx = int(hn - 1)
+			} else {
+				idx = s.find(r.keys[i], r.hs[i])
+			}
 			if idx < 0 {
 				r.held[i] = [4]uint64{}
 				continue

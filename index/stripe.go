@@ -105,6 +105,9 @@ type stripe struct {
 	// without the lock; see there.
 	slotsAt  atomic.Uintptr
 	slotsLen atomic.Int64
+	// blocksAt and blocksCap mirror the slab for prefetchAt, likewise.
+	blocksAt  atomic.Uintptr
+	blocksCap atomic.Int64
 	// pos is the stripe's position in its table; cutEpoch is the last cut
 	// it was copied for (see Cut), under mu.
 	pos      int
@@ -150,6 +153,34 @@ func (s *stripe) publishSlots() {
 	}
 	s.slotsAt.Store(uintptr(unsafe.Pointer(&s.slots[0])))
 	s.slotsLen.Store(int64(len(s.slots)))
+}
+
+// publishBlocks mirrors the slab for prefetchAt; writers call it, under
+// the lock, whenever the slab's backing array may have changed.
+func (s *stripe) publishBlocks() {
+	if cap(s.blocks) == 0 {
+		s.blocksCap.Store(0)
+		return
+	}
+	s.blocksAt.Store(uintptr(unsafe.Pointer(unsafe.SliceData(s.blocks))))
+	s.blocksCap.Store(int64(cap(s.blocks)))
+}
+
+// prefetchAt starts loading slab entry idx without the lock, for a lookup
+// that has a hint of where its block lies (see Table.Locate). Like
+// prefetchSlot it is only a hint: a stale mirror loads a useless line.
+func (s *stripe) prefetchAt(idx uint32) {
+	if int64(idx) < s.blocksCap.Load() {
+		prefetch(s.blocksAt.Load() + uintptr(idx)*unsafe.Sizeof(block{}))
+	}
+}
+
+// holdsAt reports whether the live block of key lies at slab index idx, a
+// hint from Table.Locate; the caller holds the lock. A free entry has no
+// holder (and a zero key), so a hint to a block deleted since, or to an
+// entry reused for another key, fails and the caller probes as usual.
+func (s *stripe) holdsAt(key uint64, idx uint32) bool {
+	return int(idx) < len(s.blocks) && s.blocks[idx].key == key && s.blocks[idx].first.own != 0
 }
 
 // prefetchSlot starts loading the slot where a lookup of hash h begins,
@@ -257,7 +288,11 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 		s.blocks[idx] = block{key: key}
 	} else {
 		idx = uint32(len(s.blocks))
+		c := cap(s.blocks)
 		s.blocks = append(s.blocks, block{key: key})
+		if cap(s.blocks) != c {
+			s.publishBlocks()
+		}
 	}
 	s.slots[i] = fp | (idx + 1)
 	s.nlive++
@@ -331,6 +366,7 @@ func (s *stripe) deleteBlock(idx int, h uint64) {
 		// all owners); a steady-state cache never gets here.
 		s.slots, s.blocks, s.free, s.ext, s.extFre, s.tombs = nil, nil, 0, nil, nil, 0
 		s.publishSlots()
+		s.publishBlocks()
 		s.sets = holderSets{epoch: s.sets.epoch + 1}
 		s.trimStamps(0)
 		s.charge(0)
@@ -377,6 +413,7 @@ func (s *stripe) compact() {
 		}
 	}
 	s.blocks, s.free, s.ext, s.extFre = blocks, 0, ext, nil
+	s.publishBlocks()
 	s.trimStamps(s.nlive)
 	s.resize(s.nlive)
 }

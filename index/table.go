@@ -554,6 +554,7 @@ func (t *Table) drop() {
 		s.dead = true
 		s.slots, s.blocks, s.ext, s.extFre, s.owned, s.groups, s.sharedGroups = nil, nil, nil, nil, nil, nil, nil
 		s.publishSlots()
+		s.publishBlocks()
 		s.sets = holderSets{}
 		s.orphanAllRefs()
 		s.releaseAll()

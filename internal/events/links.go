@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
@@ -26,6 +27,8 @@ type linkScratch struct {
 	extras  []hashcheck.Extras
 	ids     []hashing.LinkID
 	digs    [][32]byte
+	hints   []uint32
+	w       hashing.LinkWriter // this source's place in the links
 	buf     []byte
 	h       hashing.BlockHasher
 }
@@ -128,7 +131,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 	// SHA-256; the rest are hashed from their parents in one run and
 	// compared.
 	var fresh bool
-	ls.digs, fresh = d.links.Resolve(ls.ids, ls.digs[:0])
+	ls.digs, ls.hints, fresh = d.links.Resolve(ls.ids, ls.digs[:0], ls.hints[:0])
 	held := len(ls.digs)
 	pub := func(i int) []byte {
 		if len(ls.digests) == n {
@@ -162,7 +165,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 		}
 	}
 	if m > 0 && (m > held || !fresh) {
-		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], held)
+		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], d.locate(keys[:m]), held, &ls.w)
 	}
 }
 
@@ -359,3 +362,22 @@ func (d *engineDecoder) CatchUp() {
 
 // PendingLinks implements Verifier.
 func (d *engineDecoder) PendingLinks() int { return d.pend.n }
+
+// Locator is what a sink that can say where it keeps blocks offers
+// (*index.Table does): block hints a query's walk checks before probing
+// (index/locate.go).
+type Locator interface {
+	Locate(keys []uint64, hints []uint32)
+}
+
+// locate returns the block hints of keys, just stored, for the links to
+// keep beside them; nil when the sink cannot say.
+func (d *engineDecoder) locate(keys []uint64) []uint32 {
+	loc, ok := d.sink.(Locator)
+	if !ok {
+		return nil
+	}
+	d.ls.hints = slices.Grow(d.ls.hints[:0], len(keys))[:len(keys)]
+	loc.Locate(keys, d.ls.hints)
+	return d.ls.hints
+}

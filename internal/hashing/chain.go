@@ -69,8 +69,9 @@ type Chain struct {
 	// Links); linksOn says whether the next block may still look there (a
 	// query stops at its first block without one). linkID is the prefix
 	// id of blocks [0, linkPos) under linkSc, made at first use; pend
-	// holds the digests of the next blocks, looked up in one batch
-	// (resolve), pend[pendI] being block c.block's.
+	// holds the keys and hints of the next blocks, followed in one batch
+	// (resolve), pend.Keys[pendI] being block c.block's, and the digest
+	// of its last block, the parent of the first block hashed after it.
 	links     *Links
 	linkSc    LinkScope
 	linksOn   bool
@@ -78,9 +79,9 @@ type Chain struct {
 	linkID    LinkID
 	linkPos   int
 	linkBatch int
-	pend      [][32]byte
+	pend      Followed
 	pendI     int
-	ids       []LinkID
+	pendDig   *[32]byte // the digest of the block Next returned last, if linked
 
 	tails    []byte
 	tail0    int
@@ -194,21 +195,22 @@ func (c *Chain) endLinks() {
 	}
 	c.links, c.linkSc, c.linksOn, c.linkHits = nil, LinkScope{}, false, 0
 	c.linkPos, c.linkBatch, c.pendI = 0, 0, 0
-	c.pend = c.pend[:0]
+	c.pend.Keys, c.pend.Hints, c.pendDig = c.pend.Keys[:0], c.pend.Hints[:0], nil
+	clear(c.pend.Digs) // the links' memory, not to be kept by the pool
+	c.pend.Digs = c.pend.Digs[:0]
 }
 
 const (
-	firstLinkBatch = 8
-	maxLinkBatch   = 256
+	firstLinkBatch = 128
+	maxLinkBatch   = 1024
 )
 
-// resolve looks up the verified digests of up to the next batch of full
-// blocks, from block c.block on, into pend, and returns how many it found
+// resolve follows the verified links of up to the next batch of full
+// blocks, from block c.block on, into pend, and returns how many it took
 // (the blocks before the first one without a link; that block ends the
-// query's use of links). The blocks' prefix ids depend only on tokens, so
-// they are computed first and looked up under one read lock, mostly by
-// walking a run (Links). Batches start small and double, so that a walk
-// ending early wastes little.
+// query's use of links). Links.Follow computes no prefix id past that
+// block; the batch bounds what a walk that ends early (the index no
+// longer holds a linked block) reads in vain, and grows fourfold.
 func (c *Chain) resolve() int {
 	full := c.limit / c.bs
 	if !c.linksOn || c.block >= full {
@@ -223,24 +225,19 @@ func (c *Chain) resolve() int {
 		c.linkID, c.buf = c.linkSc.Next(c.linkID, c.tokens[c.linkPos*c.bs:(c.linkPos+1)*c.bs], c.buf)
 		c.linkPos++
 	}
-	c.linkBatch = min(max(2*c.linkBatch, firstLinkBatch), maxLinkBatch)
+	c.linkBatch = min(max(4*c.linkBatch, firstLinkBatch), maxLinkBatch)
 	n := min(c.linkBatch, full-c.block)
-	c.ids = c.ids[:0]
-	id := c.linkID
-	for i := range n {
-		b := c.block + i
-		id, c.buf = c.linkSc.Next(id, c.tokens[b*c.bs:(b+1)*c.bs], c.buf)
-		c.ids = append(c.ids, id)
-	}
-	c.pend, _ = c.linkSc.Resolve(c.ids, c.pend[:0])
-	c.pendI = 0
-	if k := len(c.pend); k < n {
+	clear(c.pend.Digs)
+	c.pend.Keys, c.pend.Hints, c.pend.Digs, c.pendI = c.pend.Keys[:0], c.pend.Hints[:0], c.pend.Digs[:0], 0
+	c.buf = c.linkSc.Follow(c.linkID, c.tokens[c.block*c.bs:(c.block+n)*c.bs], c.bs, &c.pend, c.buf)
+	k := len(c.pend.Keys)
+	if k < n {
 		c.linksOn = false
 	}
-	if k := len(c.pend); k > 0 {
-		c.linkID, c.linkPos = c.ids[k-1], c.block+k
+	if k > 0 {
+		c.linkID, c.linkPos = c.pend.ID, c.block+k
 	}
-	return len(c.pend)
+	return k
 }
 
 // KeepTokens promises that the token slice given to Reset is never
@@ -260,19 +257,8 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		return 0, 0, false
 	}
 	if c.block < c.reuseK {
-		// A block of the memo's remembered prefix (always a full one).
-		// Only the prefix's last digest is copied: it is the parent of
-		// the first block hashed after it.
-		d := &c.reuse.digests[c.block]
-		if c.block == c.reuseK-1 {
-			c.parent = *d
-		}
-		c.memoHits++
-		c.havePr = true
-		start := c.pos
-		c.pos = min(start+c.bs, c.limit)
-		c.block++
-		return c.key(d), c.pos - start, true
+		k, covered := c.takeRemembered()
+		return k, covered, true
 	}
 	start := c.pos
 	end := c.limit
@@ -294,13 +280,11 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if (c.kind == kindSGLang || c.kind == kindSGLangBigram) && c.block == 0 && c.salt != "" {
 		c.seedSGLangSalt()
 	}
-	if c.pendI < len(c.pend) || (c.links != nil && c.resolve() > 0) {
-		c.parent = c.pend[c.pendI] // a verified digest (see Links)
-		c.pendI++
-		c.linkHits++
-	} else {
-		c.hashBlock(start, end)
+	if c.pendI < len(c.pend.Keys) || (c.links != nil && c.resolve() > 0) {
+		return c.takeLinked(), c.bs, true
 	}
+	c.pendDig = nil
+	c.hashBlock(start, end)
 	if c.memo != nil {
 		c.memoMisses++
 		if len(c.fpVals) > 0 && end-start == c.bs && len(c.digs) == c.block-c.reuseK {
@@ -315,6 +299,70 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	c.pos = end
 	c.block++
 	return c.key(&c.parent), end - start, true
+}
+
+// takeLinked is Next for a block verified links serve (see Links): its
+// key from pend, and the last one's digest copied as the parent of the
+// block hashed after them (Digest reads the others where they lie). Such a block is not recorded for the memo, which
+// does not learn a chain links served (rememberPrefix).
+func (c *Chain) takeLinked() uint64 {
+	i := c.pendI
+	c.pendI++
+	c.linkHits++
+	if c.memo != nil {
+		c.memoMisses++
+	}
+	c.pendDig = c.pend.Digs[i]
+	if c.pendI == len(c.pend.Keys) {
+		c.parent = *c.pendDig
+	}
+	c.havePr = true
+	c.pos += c.bs
+	c.block++
+	return c.pend.Keys[i]
+}
+
+// takeRemembered is Next for a block of the memo's remembered prefix
+// (always a full one). Only the prefix's last digest is copied: it is the
+// parent of the first block hashed after it.
+func (c *Chain) takeRemembered() (uint64, int) {
+	d := &c.reuse.digests[c.block]
+	if c.block == c.reuseK-1 {
+		c.parent = *d
+	}
+	c.pendDig = nil
+	c.memoHits++
+	c.havePr = true
+	start := c.pos
+	c.pos = min(start+c.bs, c.limit)
+	c.block++
+	return c.key(d), c.pos - start
+}
+
+// TakeReady is Next for up to n of the blocks Ready counts, in one call
+// (index.BatchChain): it appends their keys, the tokens each covers (a
+// whole block) and their block hints (0 for none) to b; it stops early at
+// a block that needs hashing.
+func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	for ; n > 0 && c.pos < c.limit && c.block < c.reuseK; n-- {
+		k, cov := c.takeRemembered()
+		keys, covs, hints = append(keys, k), append(covs, cov), append(hints, 0)
+	}
+	if k := min(n, len(c.pend.Keys)-c.pendI); k > 0 {
+		// Linked blocks in bulk: Next's bookkeeping (takeLinked) once.
+		i, j := c.pendI, c.pendI+k
+		keys, hints = append(keys, c.pend.Keys[i:j]...), append(hints, c.pend.Hints[i:j]...)
+		for range k {
+			covs = append(covs, c.bs)
+		}
+		c.pendI, c.linkHits = j-1, c.linkHits+uint64(k-1)
+		if c.memo != nil {
+			c.memoMisses += uint64(k - 1)
+		}
+		c.pos, c.block = c.pos+(k-1)*c.bs, c.block+k-1
+		c.takeLinked() // the last, which sets what a Next would
+	}
+	return keys, covs, hints
 }
 
 // key is a block digest's 64-bit index key: vLLM projects its low 64 bits
@@ -352,7 +400,7 @@ func (c *Chain) Ready() int {
 	if c.links == nil {
 		return 0
 	}
-	if r := len(c.pend) - c.pendI; r > 0 {
+	if r := len(c.pend.Keys) - c.pendI; r > 0 {
 		return r
 	}
 	return c.resolve()

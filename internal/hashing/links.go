@@ -64,23 +64,30 @@ type Links struct {
 	shed                   atomic.Uint64 // blocks ingest left unverified (NoteShed)
 	pending                atomic.Int64  // blocks whose verification waits (NotePending)
 	sink                   uint32        // keeps touch's loads (under mu)
+	anon                   LinkWriter    // for Record without a writer (under mu)
 }
 
 // LinkID identifies a chain prefix within a scope (see Links).
 type LinkID = xxh3.Uint128
 
-// LinkBytes is what a verified block costs on average: its id and digest
-// in a run (48 bytes) and a 16-byte slot in each of the two tables at
-// their average load of 9/16 (between 3/8 after doubling and 3/4).
-// BenchmarkLinksMemory measures it.
-const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 2*posSlotBytes*16/9
+// LinkBytes is what a verified block costs on average: its id, digest,
+// key and block hint in a run (60 bytes) and a 16-byte slot in each of the
+// two tables at their average load of 9/16 (between 3/8 after doubling
+// and 3/4). BenchmarkLinksMemory measures it.
+const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 2*posSlotBytes*16/9
 
-// runChunk holds runs: ids[i] and digs[i] are one block's. A run never
-// crosses chunks, so a walk along one stays inside its arrays.
+// runChunk holds runs: ids[i], digs[i] and hints[i] are one block's. A
+// run never crosses chunks, so a walk along one stays inside its arrays.
+// hints[i] is where the index held the block when ingest filed it
+// (index.Table.Locate, 0 for unknown): a query hands it to the index walk,
+// which checks it before probing (index/locate.go).
 type runChunk struct {
-	ids  [chunkBlocks]LinkID
-	digs [chunkBlocks][32]byte
-	n    int
+	ids   [chunkBlocks]LinkID
+	digs  [chunkBlocks][32]byte
+	keys  [chunkBlocks]uint64 // the digests' index keys, which a query reads
+	hints [chunkBlocks]uint32
+	n     int
+	pos   int // its index in its generation's chunks
 }
 
 const chunkBlocks = 2048
@@ -226,7 +233,7 @@ func (l *Links) Reset() {
 		return
 	}
 	l.mu.Lock()
-	l.cur, l.prev = nil, nil
+	l.cur, l.prev, l.anon = nil, nil, LinkWriter{}
 	l.bytes.Store(0)
 	l.mu.Unlock()
 }
@@ -343,9 +350,10 @@ func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []by
 }
 
 // Resolve appends to out the verified digests of the blocks ids name, in
-// order, up to the first one not held, and reports whether every one
-// appended is in the current generation (ingest refreshes them otherwise).
-func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
+// order, up to the first one not held, and to hints their block hints; it
+// reports whether every one appended is in the current generation (ingest
+// refreshes them otherwise).
+func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]byte, []uint32, bool) {
 	l := s.l
 	fresh := true
 	l.mu.RLock()
@@ -355,6 +363,7 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
 	for _, id := range ids {
 		if ch != nil && off < ch.n && ch.ids[off] == id {
 			out = append(out, ch.digs[off]) // the run goes on
+			hints = append(hints, ch.hints[off])
 			off++
 			continue
 		}
@@ -371,9 +380,65 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
 			break
 		}
 		out = append(out, ch.digs[off])
+		hints = append(hints, ch.hints[off])
 		off++
 	}
-	return out, fresh
+	return out, hints, fresh
+}
+
+// Followed is what Follow found: the index keys, block hints and digests
+// of the blocks it took, in order, and the prefix id of the last one. The
+// digests are the links' own, which are never written again once filed.
+type Followed struct {
+	Keys  []uint64
+	Hints []uint32
+	Digs  []*[32]byte
+	ID    LinkID
+}
+
+// Follow takes the verified links of the blocks of tokens (bs tokens each,
+// whole blocks only) that extend the chain prefix whose id is prefix: it
+// computes each block's prefix id and takes its link, stopping at the
+// first block without one, so no id is computed past it. It appends to f
+// the keys (a vLLM digest's low 64 bits, big-endian) and hints of the
+// blocks taken, and their digests, and sets f.ID to the last one's
+// (unchanged when none). This is a query's use of Links: the ids are computed under
+// the read lock, in the walk along a run, which saves a pass over them,
+// and a query needs a digest only where hashing resumes. buf is scratch,
+// returned grown.
+func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, buf []byte) []byte {
+	l := s.l
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	var ch *runChunk
+	off, taken := 0, 0
+	for b := 0; (b+1)*bs <= len(tokens); b++ {
+		var id LinkID
+		id, buf = s.Next(prefix, tokens[b*bs:(b+1)*bs], buf)
+		if ch == nil || off >= ch.n || ch.ids[off] != id {
+			// The start of a run: look the block up.
+			ok := false
+			if g := l.cur; g != nil {
+				ch, off, ok = g.find(id)
+			}
+			if !ok && l.prev != nil {
+				ch, off, ok = l.prev.find(id)
+			}
+			if !ok {
+				break
+			}
+		}
+		f.Keys = append(f.Keys, ch.keys[off])
+		f.Hints = append(f.Hints, ch.hints[off])
+		f.Digs = append(f.Digs, &ch.digs[off])
+		prefix = id
+		off++
+		taken++
+	}
+	if taken > 0 {
+		f.ID = prefix
+	}
+	return buf
 }
 
 // ByKey returns the prefix id and digest of a verified block from the key
@@ -394,12 +459,25 @@ func (s LinkScope) ByKey(key uint64) (LinkID, [32]byte, bool) {
 	return LinkID{}, [32]byte{}, false
 }
 
+// LinkWriter is one ingest stream's place in the links: the chunk its
+// blocks go on in. Engines publish a prompt's blocks in order, event after
+// event, and several engines' streams interleave at the subscriber; with
+// a chunk of its own per stream, a prompt's events make one run, which a
+// query walks with one lookup, instead of one run per event. The zero
+// LinkWriter is ready; Record serialises its use.
+type LinkWriter struct {
+	g  *linkGen
+	ch *runChunk
+}
+
 // Record files consecutive verified blocks of one chain: their prefix ids,
-// their keys as published and their digests. Blocks already in the
-// current generation are skipped; the others become runs there. known
-// says how many leading blocks may be held (Resolve found them); the rest
-// were not held a moment ago, and are filed without a lookup.
-func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known int) {
+// their keys as published, their digests and their block hints (nil for
+// none). Blocks already in the current generation are skipped, their hints
+// refreshed; the others become runs there, in w's chunk (nil: one shared
+// by callers without). known says how many leading blocks may be held
+// (Resolve found them); the rest were not held a moment ago, and are filed
+// without a lookup.
+func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []uint32, known int, w *LinkWriter) {
 	l := s.l
 	// A table that doubles takes fresh memory, and its first touch of
 	// each page is a page fault: done under the lock, other sources'
@@ -407,25 +485,24 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 	// 5/8 full, one Record allocates and faults in the doubled slots
 	// before taking the lock and parks them in next, where grow finds
 	// them at 3/4.
-	var spare [2][]posSlot
+	var want [2]int
 	l.mu.RLock()
 	if g := l.cur; g != nil {
 		for i, t := range [2]*posTable{&g.index, &g.back} {
 			if len(t.slots) >= 1<<16 && t.next == nil && (t.n+len(ids))*8 > len(t.slots)*5 {
-				spare[i] = make([]posSlot, 0, 2*len(t.slots))
+				want[i] = 2 * len(t.slots)
 			}
 		}
 	}
 	l.mu.RUnlock()
-	if (spare[0] != nil || spare[1] != nil) && l.preparing.CompareAndSwap(false, true) {
+	var spare [2][]posSlot
+	if want != [2]int{} && l.preparing.CompareAndSwap(false, true) {
 		defer l.preparing.Store(false)
-		for i := range spare {
-			if spare[i] != nil {
-				spare[i] = faultIn(spare[i][:cap(spare[i])])
+		for i, n := range want {
+			if n > 0 {
+				spare[i] = faultIn(make([]posSlot, n))
 			}
 		}
-	} else {
-		spare = [2][]posSlot{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -444,8 +521,16 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 		g = &linkGen{}
 		l.cur = g
 	}
+	if w == nil {
+		w = &l.anon
+	}
+	var ch *runChunk
+	if w.g == g {
+		ch = w.ch
+	}
 	added := 0
 	defer func() {
+		w.g, w.ch = l.cur, ch
 		l.recorded.Add(uint64(added))
 		b := l.cur.bytes()
 		if l.prev != nil {
@@ -457,19 +542,17 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 	// caches: load them all first, so their misses overlap instead of
 	// each insert waiting for its own.
 	l.sink ^= g.touch(ids[min(known, len(ids)):], keys[min(known, len(keys)):])
-	var ch *runChunk
 	for i, id := range ids {
 		if i < known {
-			if _, _, ok := g.find(id); ok {
-				ch = nil // a run ends where a held block lies
+			if hc, off, ok := g.find(id); ok {
+				if hints != nil && hints[i] != 0 {
+					hc.hints[off] = hints[i] // the block may have moved
+				}
 				continue
 			}
 		}
-		if ch == nil || ch.n == chunkBlocks {
+		if ch != nil && ch.n == chunkBlocks {
 			ch = nil
-			if k := len(g.chunks); k > 0 && g.chunks[k-1].n < chunkBlocks {
-				ch = g.chunks[k-1]
-			}
 		}
 		if g.bytes()+g.growth(ch == nil) > l.maxBytes/2 {
 			// The current generation is full: it becomes the old
@@ -478,13 +561,17 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, known in
 			l.cur, ch = g, nil
 		}
 		if ch == nil {
-			ch = new(runChunk)
+			ch = &runChunk{pos: len(g.chunks)}
 			g.chunks = append(g.chunks, ch)
 		}
 		off := ch.n
-		ch.ids[off], ch.digs[off] = id, digs[i]
+		ch.ids[off], ch.digs[off], ch.hints[off] = id, digs[i], 0
+		ch.keys[off] = binary.BigEndian.Uint64(digs[i][24:]) // vLLM's low64_be
+		if hints != nil {
+			ch.hints[off] = hints[i]
+		}
 		ch.n++
-		pos := runPos(len(g.chunks)-1)<<16 | runPos(off)
+		pos := runPos(ch.pos)<<16 | runPos(off)
 		g.back.put(keys[i], pos)
 		if g.index.put(id.Hi, pos) {
 			added++

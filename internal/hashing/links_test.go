@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func testProfile(t testing.TB, algo string) *Profile {
@@ -45,7 +47,7 @@ func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64
 	}
 	for i := 0; i < n; i += 3 {
 		j := min(i+3, n)
-		sc.Record(ids[i:j], keys[i:j], digs[i:j], j-i)
+		sc.Record(ids[i:j], keys[i:j], digs[i:j], nil, j-i, nil)
 	}
 }
 
@@ -155,22 +157,22 @@ func TestLinksBudget(t *testing.T) {
 			keys[j] = rng.Uint64()
 			digs[j][0], digs[j][1], digs[j][2] = byte(i), byte(i>>8), byte(j)
 		}
-		sc.Record(ids, keys, digs, len(ids))
+		sc.Record(ids, keys, digs, nil, len(ids), nil)
 		if i%1000 == 0 {
-			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, 1) // stored again and again
+			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, nil, 1, nil) // stored again and again
 		}
 		if l.Bytes() > budget {
 			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
 		}
 	}
-	got, fresh := sc.Resolve(ids, nil)
+	got, _, fresh := sc.Resolve(ids, nil, nil)
 	if !fresh || len(got) != len(ids) || got[4] != digs[4] {
 		t.Errorf("the newest run: %d of %d digests, fresh %v", len(got), len(ids), fresh)
 	}
 	if id, d, ok := sc.ByKey(keys[4]); !ok || id != ids[4] || d != digs[4] {
 		t.Error("the newest key is gone")
 	}
-	if got, _ := sc.Resolve(hot, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
+	if got, _, _ := sc.Resolve(hot, nil, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
 		t.Error("a link stored again and again aged out")
 	}
 	if k := l.Len(); k < budget/LinkBytes/4 || k > budget/48 {
@@ -180,7 +182,7 @@ func TestLinksBudget(t *testing.T) {
 	if l.Bytes() != 0 || l.Len() != 0 {
 		t.Errorf("after Reset: %d bytes, %d links", l.Bytes(), l.Len())
 	}
-	if got, _ := sc.Resolve(ids, nil); len(got) != 0 {
+	if got, _, _ := sc.Resolve(ids, nil, nil); len(got) != 0 {
 		t.Error("a link survived Reset")
 	}
 	if _, _, ok := sc.ByKey(keys[4]); ok {
@@ -221,7 +223,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		ids[i%run], keys[i%run] = id, uint64(i)+1
 		digs[i%run][24], digs[i%run][25], digs[i%run][26] = byte(i), byte(i>>8), byte(i>>16)
 		if i%run == run-1 {
-			sc.Record(ids, keys, digs, 0)
+			sc.Record(ids, keys, digs, nil, 0, nil)
 		}
 	}
 	runtime.GC()
@@ -239,7 +241,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		c.Reset(p, bs, toks[w*512*bs:(w+1)*512*bs], "", "")
 		c.UseLinks(l)
 		for c.Ready() > 0 {
-			for range len(c.pend) - c.pendI {
+			for range len(c.pend.Keys) - c.pendI {
 				c.Next()
 				blocks++
 			}
@@ -283,7 +285,7 @@ func TestLinksConcurrent(t *testing.T) {
 				for i, id := range ids {
 					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
 				}
-				sc.Record(ids, keys, digs, len(ids))
+				sc.Record(ids, keys, digs, nil, len(ids), nil)
 			}
 		}()
 	}
@@ -296,7 +298,7 @@ func TestLinksConcurrent(t *testing.T) {
 		default:
 		}
 		ids := idsOf(r)
-		out, _ = sc.Resolve(ids, out[:0])
+		out, _, _ = sc.Resolve(ids, out[:0], nil)
 		for i, d := range out {
 			if d != digestOf(ids[i]) {
 				t.Fatalf("run %d block %d: a digest filed under another id", r, i)
@@ -324,6 +326,160 @@ func TestBlockHasherDigests(t *testing.T) {
 		}
 		if got := h.Digests(p, 4, &digs[1], toks[8:], "l", "s", nil); len(got) != 4 || got[0] != digs[2] || got[3] != digs[5] {
 			t.Errorf("%s from block 1: %d digests, want the chain's last 4", algo, len(got))
+		}
+	}
+}
+
+// TestLinksKeepHints checks that the block hints filed with a run come back
+// with its digests, that a block filed again refreshes its hint (the index
+// may have moved it), and that blocks filed without hints give 0.
+func TestLinksKeepHints(t *testing.T) {
+	sc := NewLinks(8 << 20).Scope(testProfile(t, AlgorithmSHA256CBOR))
+	ids := []LinkID{{Lo: 1, Hi: 1}, {Lo: 2, Hi: 2}, {Lo: 3, Hi: 3}}
+	keys := []uint64{11, 12, 13}
+	digs := [][32]byte{{1}, {2}, {3}}
+	sc.Record(ids[:2], keys[:2], digs[:2], []uint32{5, 6}, 0, nil)
+	sc.Record(ids[2:], keys[2:], digs[2:], nil, 0, nil)
+	resolve := func() []uint32 {
+		got, hints, _ := sc.Resolve(ids, nil, nil)
+		if len(got) != len(ids) {
+			t.Fatalf("%d of %d digests", len(got), len(ids))
+		}
+		return hints
+	}
+	if diff := cmp.Diff([]uint32{5, 6, 0}, resolve()); diff != "" {
+		t.Errorf("hints (-want +got):\n%s", diff)
+	}
+	sc.Record(ids, keys, digs, []uint32{5, 9, 7}, len(ids), nil) // all held: hints refreshed
+	if diff := cmp.Diff([]uint32{5, 9, 7}, resolve()); diff != "" {
+		t.Errorf("refreshed hints (-want +got):\n%s", diff)
+	}
+	if l := sc.l.Len(); l != len(ids) {
+		t.Errorf("%d links held, want %d", l, len(ids))
+	}
+}
+
+// TestLinkWritersKeepRuns checks that two ingest streams whose events
+// interleave each file their chain as one run (consecutive entries of one
+// chunk, which a query walks with one lookup), and that blocks filed
+// without a writer still resolve.
+func TestLinkWritersKeepRuns(t *testing.T) {
+	l := NewLinks(8 << 20)
+	sc := l.Scope(testProfile(t, AlgorithmSHA256CBOR))
+	const events, per = 4, 8
+	chain := func(c uint64) ([]LinkID, []uint64, [][32]byte) {
+		ids := make([]LinkID, events*per)
+		keys := make([]uint64, len(ids))
+		digs := make([][32]byte, len(ids))
+		for i := range ids {
+			ids[i] = LinkID{Lo: c<<32 | uint64(i), Hi: c<<32 | uint64(i) | 1<<63}
+			keys[i] = c<<32 | uint64(i)
+			digs[i][0], digs[i][1] = byte(c), byte(i)
+		}
+		return ids, keys, digs
+	}
+	var ws [2]LinkWriter
+	var ids [3][]LinkID
+	var keys [3][]uint64
+	var digs [3][][32]byte
+	for c := range ids {
+		ids[c], keys[c], digs[c] = chain(uint64(c + 1))
+	}
+	for e := range events {
+		for c := range ids {
+			from, to := e*per, (e+1)*per
+			var w *LinkWriter
+			if c < len(ws) {
+				w = &ws[c]
+			} // chain 2 has no writer
+			sc.Record(ids[c][from:to], keys[c][from:to], digs[c][from:to], nil, 0, w)
+		}
+	}
+	for c := range ids {
+		got, _, _ := sc.Resolve(ids[c], nil, nil)
+		if diff := cmp.Diff(digs[c], got); diff != "" {
+			t.Fatalf("chain %d (-want +got):\n%s", c, diff)
+		}
+	}
+	g := l.cur
+	for c := range ws {
+		ch0, off0, ok := g.find(ids[c][0])
+		for i, id := range ids[c] {
+			ch, off, found := g.find(id)
+			if !ok || !found || ch != ch0 || off != off0+i {
+				t.Fatalf("chain %d block %d: not in its writer's run (chunk %p offset %d, run starts %p %d)", c, i, ch, off, ch0, off0)
+			}
+		}
+	}
+}
+
+// TestTakeReadyIsNext checks that taking a chain's ready blocks in batches
+// (TakeReady, as the index walk does) yields what calling Next for each
+// would, memo-served and linked blocks alike, and leaves the chain where
+// Next would: the blocks hashed after them, and every Digest, agree.
+func TestTakeReadyIsNext(t *testing.T) {
+	const bs, blocks = 4, 300 // more than a first link batch
+	toks := make([]int32, blocks*bs+3)
+	for i := range toks {
+		toks[i] = int32(i*31 + 1)
+	}
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	keys, digs := referenceChain(p, bs, toks, "", "")
+	for _, linked := range []int{0, 1, 17, 200, blocks} {
+		for _, remembered := range []int{0, 5} {
+			for _, batch := range []int{1, 3, 1000} {
+				t.Run(fmt.Sprintf("linked=%d/memo=%d/batch=%d", linked, remembered, batch), func(t *testing.T) {
+					l := NewLinks(1 << 20)
+					record(l.Scope(p), bs, toks, "", "", keys, digs, linked)
+					m := NewMemo(1 << 20)
+					if remembered > 0 { // teach the memo a shorter chain
+						c := AcquireChain()
+						c.Reset(p, bs, toks[:remembered*bs], "", "")
+						c.UseMemo(m)
+						for _, _, ok := c.Next(); ok; _, _, ok = c.Next() {
+						}
+						ReleaseChain(c)
+					}
+					c := AcquireChain()
+					defer ReleaseChain(c)
+					c.Reset(p, bs, toks, "", "")
+					c.UseMemo(m)
+					c.UseLinks(l)
+					var got []uint64
+					var last []int // after which block each digest was read
+					var gotDigs [][32]byte
+					for {
+						if r := c.Ready(); r > 0 {
+							var covs []int
+							var ks []uint64
+							ks, covs, _ = c.TakeReady(min(r, batch), ks, covs, nil)
+							for i, cov := range covs {
+								if cov != bs {
+									t.Fatalf("block %d covers %d", len(got)+i, cov)
+								}
+							}
+							got = append(got, ks...)
+							last, gotDigs = append(last, len(got)-1), append(gotDigs, c.Digest())
+							continue
+						}
+						k, _, ok := c.Next()
+						if !ok {
+							break
+						}
+						got = append(got, k)
+						last, gotDigs = append(last, len(got)-1), append(gotDigs, c.Digest())
+					}
+					if diff := cmp.Diff(keys, got); diff != "" {
+						t.Fatalf("keys (-Next +TakeReady):\n%s", diff)
+					}
+					// Each Digest is that of the block taken last.
+					for i, b := range last {
+						if gotDigs[i] != digs[b] {
+							t.Fatalf("Digest after block %d differs", b)
+						}
+					}
+				})
+			}
 		}
 	}
 }

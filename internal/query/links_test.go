@@ -3,9 +3,11 @@ package query
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 	"pgregory.net/rapid"
@@ -359,6 +361,26 @@ func TestLinksFromIngest(t *testing.T) {
 			}
 			if hits, _, _ := r.links.Stats(); int(hits) != tc.want {
 				t.Errorf("the query took %d blocks from links, want %d", hits, tc.want)
+			}
+			// Linked blocks carry where ingest saw them in the index
+			// (index.HintedChain); hashed ones carry none.
+			tbl := r.on.opts.Index.Table(r.ctx)
+			ch := hashing.AcquireChain()
+			defer hashing.ReleaseChain(ch)
+			ch.Reset(&r.p, 4, toks, tc.lora, tc.querySalt)
+			ch.UseLinks(r.links)
+			var ready []uint64
+			var hints []uint32
+			for n := ch.Ready(); n > 0; n = ch.Ready() {
+				ready, _, hints = ch.TakeReady(n, ready, nil, hints)
+			}
+			if len(ready) != tc.want {
+				t.Fatalf("%d blocks ready, want %d", len(ready), tc.want)
+			}
+			located := make([]uint32, len(ready))
+			tbl.Locate(ready, located)
+			if d := cmp.Diff(located, hints, cmpopts.EquateEmpty()); d != "" || slices.Contains(hints, 0) {
+				t.Errorf("hints of linked blocks (-located +carried):\n%s", d)
 			}
 		})
 	}

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +194,45 @@ func TestPercentile(t *testing.T) {
 	ten := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	if percentile(ten, 0.99) != 10 || percentile(ten, 0.5) != 5 {
 		t.Errorf("ten samples: p50 %v p99 %v", percentile(ten, 0.5), percentile(ten, 0.99))
+	}
+}
+
+// TestProcessClock: another process's CPU-time clock is read to the
+// nanosecond, moves with the work it does, and agrees with its ticks in
+// /proc/<pid>/stat.
+func TestProcessClock(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no sh: %v", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	var prev time.Duration
+	for prev < 50*time.Millisecond { // until it has done some work
+		d, err := processClock(pid)
+		if err != nil {
+			t.Fatalf("processClock: %v", err)
+		}
+		if d < prev {
+			t.Fatalf("clock went back: %v after %v", d, prev)
+		}
+		prev = d
+		runtime.Gosched()
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := processClock(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks, err := parseStatCPU(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ticks < prev-20*time.Millisecond || ticks > after+20*time.Millisecond {
+		t.Errorf("stat ticks %v outside the clock's %v..%v by more than two ticks", ticks, prev, after)
 	}
 }
 

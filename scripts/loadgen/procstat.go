@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat.
@@ -16,12 +17,32 @@ import (
 const clockTicks = 100
 
 // procCPU returns the CPU time (user plus system) process pid has used.
+// It reads the process's CPU-time clock, which the scheduler keeps to the
+// nanosecond for all its threads, dead ones included; utime and stime in
+// /proc/<pid>/stat, the fallback, count whole ticks of 10 ms, too coarse
+// for a pass of a hundred queries of a few hundred µs each (the figure
+// could only move in steps of 10 ms over the pass).
 func procCPU(pid int) (time.Duration, error) {
+	if d, err := processClock(pid); err == nil {
+		return d, nil
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
 	return parseStatCPU(b)
+}
+
+// processClock reads the CPU-time clock of process pid, the clock id
+// clock_getcpuclockid(3) gives: the pid's complement shifted over the
+// clock's type bits, CPUCLOCK_SCHED (2), with the per-thread bit clear.
+func processClock(pid int) (time.Duration, error) {
+	id := uintptr(int32((^pid)<<3 | 2))
+	var ts syscall.Timespec
+	if _, _, e := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, id, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
+		return 0, e
+	}
+	return time.Duration(ts.Nano()), nil
 }
 
 // parseStatCPU reads utime and stime (fields 14 and 15) from a
