@@ -135,6 +135,9 @@ type posTable struct {
 	// next, when set, is the zeroed memory grow moves the slots to
 	// (Record prepares it outside the lock).
 	next []posSlot
+	// noNext is a size at which prepared slots did not fit the budget:
+	// grow makes its own there.
+	noNext int
 }
 
 // faultIn touches every page of fresh slots, so that the page faults
@@ -489,7 +492,8 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 	l.mu.RLock()
 	if g := l.cur; g != nil {
 		for i, t := range [2]*posTable{&g.index, &g.back} {
-			if len(t.slots) >= 1<<16 && t.next == nil && (t.n+len(ids))*8 > len(t.slots)*5 {
+			if len(t.slots) >= 1<<16 && t.next == nil && t.noNext != len(t.slots) &&
+				(t.n+len(ids))*8 > len(t.slots)*5 && g.bytes()+2*len(t.slots)*posSlotBytes <= l.maxBytes/2 {
 				want[i] = 2 * len(t.slots)
 			}
 		}
@@ -510,9 +514,13 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 		for i, t := range [2]*posTable{&g.index, &g.back} {
 			// Only within the generation's budget: past it, the
 			// generation gives way before the table would grow.
-			if spare[i] != nil && t.next == nil && len(spare[i]) == 2*len(t.slots) &&
-				g.bytes()+len(spare[i])*posSlotBytes <= l.maxBytes/2 {
+			if spare[i] == nil {
+				continue
+			}
+			if t.next == nil && len(spare[i]) == 2*len(t.slots) && g.bytes()+len(spare[i])*posSlotBytes <= l.maxBytes/2 {
 				t.next = spare[i]
+			} else {
+				t.noNext = len(t.slots) // not again at this size
 			}
 		}
 	}

@@ -483,3 +483,35 @@ func TestTakeReadyIsNext(t *testing.T) {
 		}
 	}
 }
+
+// TestLinksPrepareWithinBudget: the doubled slots Record prepares ahead
+// of a grow are made only when they fit the generation's budget, and once
+// per size: near the budget, every Record preparing them again (and
+// throwing them away) would allocate a table per call.
+func TestLinksPrepareWithinBudget(t *testing.T) {
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	budget := 16 << 20
+	l := NewLinks(budget)
+	sc := l.Scope(p)
+	rng := rand.New(rand.NewPCG(3, 4))
+	ids := make([]LinkID, 5)
+	keys := make([]uint64, 5)
+	digs := make([][32]byte, 5)
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	before := ms.TotalAlloc
+	const records = 80_000
+	for range records {
+		for j := range ids {
+			ids[j] = LinkID{Lo: rng.Uint64(), Hi: rng.Uint64()}
+			keys[j] = rng.Uint64()
+		}
+		sc.Record(ids, keys, digs, nil, 0, nil)
+	}
+	runtime.ReadMemStats(&ms)
+	// Generations of 8 MiB turning over about six times, tables doubling
+	// inside each: a few hundred MiB at most.
+	if got := ms.TotalAlloc - before; got > 40*uint64(budget) {
+		t.Fatalf("%d records of 5 blocks allocated %d MiB, want under %d", records, got>>20, 40*budget>>20)
+	}
+}
