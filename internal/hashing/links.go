@@ -67,27 +67,35 @@ type Links struct {
 // LinkID identifies a chain prefix within a scope (see Links).
 type LinkID = xxh3.Uint128
 
-// LinkBytes is what a verified block costs on average: its id, digest,
-// key and block hint in a run (60 bytes) and a 16-byte slot in each of the
-// two tables at their average load of 9/16 (between 3/8 after doubling
-// and 3/4). BenchmarkLinksMemory measures it.
-const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 2*posSlotBytes*16/9
+// LinkBytes is what a verified block costs on average: its prefix id,
+// digest, key, tokens' id, block hint and child flag in a run (77 bytes)
+// and a 16-byte slot in each of the two tables at their average load of
+// 9/16 (between 3/8 after doubling and 3/4). BenchmarkLinksMemory
+// measures it.
+const LinkBytes = 2*int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 1 + 2*posSlotBytes*16/9
 
 // runChunk holds runs: ids[i], digs[i] and hints[i] are one block's. A
 // run never crosses chunks, so a walk along one stays inside its arrays.
 // hints[i] is where the index held the block when ingest filed it
 // (index.Table.Locate, 0 for unknown): a query hands it to the index walk,
 // which checks it before probing (index/locate.go).
+//
+// toks[i] is the id of block i's tokens alone (TokensID) and child[i] says
+// that block i-1 of the chunk is its parent: a query that matched block
+// i-1 takes block i on comparing its own tokens' id, cheaper than the
+// prefix id it would otherwise compute (ids[i] is then its prefix id).
 type runChunk struct {
 	ids   [chunkBlocks]LinkID
 	digs  [chunkBlocks][32]byte
 	keys  [chunkBlocks]uint64 // the digests' index keys, which a query reads
+	toks  [chunkBlocks]LinkID
 	hints [chunkBlocks]uint32
+	child [chunkBlocks]bool
 	n     int
 	pos   int // its index in its generation's chunks
 }
 
-const chunkBlocks = 2048
+const chunkBlocks = 1024
 
 // runPos is where a block lies: chunk index << 16 | offset.
 type runPos uint32
@@ -286,6 +294,17 @@ func (s LinkScope) Root(lora, salt string, buf []byte) (LinkID, []byte) {
 	return xxh3.Hash128Seed(buf, s.l.seed), buf
 }
 
+// tokensSeed sets the ids of tokens alone (TokensID) apart from prefix ids.
+const tokensSeed = 0x6c696e6b2d746f6b // "link-tok"
+
+// TokensID identifies one block's tokens alone, whatever precedes them:
+// xxh3-128 of their bytes under the links' seed (another one than prefix
+// ids'), with no copy. Within a run (runChunk.child) it stands for the
+// prefix id: the parent is the run's previous block, already matched.
+func (s LinkScope) TokensID(tokens []int32) LinkID {
+	return xxh3.Hash128Seed(int32Bytes(tokens), s.l.seed^tokensSeed)
+}
+
 // Next is the prefix id of the chain prefix extended by one block of
 // tokens. buf is scratch, returned grown.
 func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []byte) {
@@ -359,10 +378,15 @@ func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, bu
 	var ch *runChunk
 	off, taken := 0, 0
 	for b := 0; (b+1)*bs <= len(tokens); b++ {
-		var id LinkID
-		id, buf = s.Next(prefix, tokens[b*bs:(b+1)*bs], buf)
-		if ch == nil || off >= ch.n || ch.ids[off] != id {
+		block := tokens[b*bs : (b+1)*bs]
+		if ch != nil && off < ch.n && ch.child[off] && ch.toks[off] == s.TokensID(block) {
+			// The run goes on: block off's parent is the block
+			// just taken, and its tokens are the query's.
+			prefix = ch.ids[off]
+		} else {
 			// The start of a run: look the block up.
+			var id LinkID
+			id, buf = s.Next(prefix, block, buf)
 			ok := false
 			if g := l.cur; g != nil {
 				ch, off, ok = g.find(id)
@@ -373,11 +397,11 @@ func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, bu
 			if !ok {
 				break
 			}
+			prefix = id
 		}
 		f.Keys = append(f.Keys, ch.keys[off])
 		f.Hints = append(f.Hints, ch.hints[off])
 		f.Digs = append(f.Digs, &ch.digs[off])
-		prefix = id
 		off++
 		taken++
 	}
@@ -416,14 +440,35 @@ type LinkWriter struct {
 	ch *runChunk
 }
 
-// Record files consecutive verified blocks of one chain: their prefix ids,
-// their keys as published, their digests and their block hints (nil for
-// none). Blocks already in the current generation are skipped, their hints
-// refreshed; the others become runs there, in w's chunk (nil: one shared
-// by callers without). known says how many leading blocks may be held
-// (Resolve found them); the rest were not held a moment ago, and are filed
-// without a lookup.
-func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []uint32, known int, w *LinkWriter) {
+// LinkRun is consecutive verified blocks of one chain, for Record.
+type LinkRun struct {
+	// Parent is the prefix id the first block extends (Root's for a
+	// chain's first block).
+	Parent LinkID
+	// IDs are the blocks' prefix ids, Keys their keys as published, Digs
+	// their digests.
+	IDs  []LinkID
+	Keys []uint64
+	Digs [][32]byte
+	// Toks are the ids of the blocks' tokens (TokensID); nil when not
+	// known, and a query then looks every block up instead of following.
+	Toks []LinkID
+	// Hints are the blocks' hints in the index (Table.Locate); nil for
+	// none.
+	Hints []uint32
+	// Known is how many leading blocks may be held already (Resolve
+	// found them); the rest were not held a moment ago, and are filed
+	// without a lookup.
+	Known int
+}
+
+// Record files the blocks of r. Blocks already in the current generation
+// are skipped, their hints refreshed; the others become runs there, in w's
+// chunk (nil: one shared by callers without writers). A block filed right
+// after its parent is marked a child, so a query follows it by its tokens'
+// id (runChunk).
+func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
+	ids, keys, digs, hints, known := r.IDs, r.Keys, r.Digs, r.Hints, r.Known
 	l := s.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -480,6 +525,15 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 		ch.keys[off] = binary.BigEndian.Uint64(digs[i][24:]) // vLLM's low64_be
 		if hints != nil {
 			ch.hints[off] = hints[i]
+		}
+		ch.toks[off], ch.child[off] = LinkID{}, false
+		if r.Toks != nil {
+			parent := r.Parent
+			if i > 0 {
+				parent = ids[i-1]
+			}
+			ch.toks[off] = r.Toks[i]
+			ch.child[off] = off > 0 && ch.ids[off-1] == parent
 		}
 		ch.n++
 		pos := runPos(ch.pos)<<16 | runPos(off)
