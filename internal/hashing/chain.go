@@ -69,9 +69,10 @@ type Chain struct {
 	// Links); linksOn says whether the next block may still look there (a
 	// query stops at its first block without one). linkID is the prefix
 	// id of blocks [0, linkPos) under linkSc, made at first use; pend
-	// holds the keys and hints of the next blocks, followed in one batch
-	// (resolve), pend.Keys[pendI] being block c.block's, and the digest
-	// of its last block, the parent of the first block hashed after it.
+	// holds the keys, hints and digests of the next blocks, followed in
+	// one batch (resolve), pend.Keys[pendI] being block c.block's; the
+	// digests are the links' own, read in place (Digest) except the
+	// last, the parent of the first block hashed after them.
 	links     *Links
 	linkSc    LinkScope
 	linksOn   bool
@@ -303,8 +304,9 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 
 // takeLinked is Next for a block verified links serve (see Links): its
 // key from pend, and the last one's digest copied as the parent of the
-// block hashed after them (Digest reads the others where they lie). Such a block is not recorded for the memo, which
-// does not learn a chain links served (rememberPrefix).
+// block hashed after them (Digest reads the others where they lie). Such
+// a block is not recorded for the memo, which does not learn a chain
+// links served (rememberPrefix).
 func (c *Chain) takeLinked() uint64 {
 	i := c.pendI
 	c.pendI++
@@ -341,8 +343,8 @@ func (c *Chain) takeRemembered() (uint64, int) {
 
 // TakeReady is Next for up to n of the blocks Ready counts, in one call
 // (index.BatchChain): it appends their keys, the tokens each covers (a
-// whole block) and their block hints (0 for none) to b; it stops early at
-// a block that needs hashing.
+// whole block) and their block hints (0 for none) to keys, covs and
+// hints; it stops early at a block that needs hashing.
 func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
 	for ; n > 0 && c.pos < c.limit && c.block < c.reuseK; n-- {
 		k, cov := c.takeRemembered()

@@ -74,9 +74,10 @@ type LinkID = xxh3.Uint128
 // measures it.
 const LinkBytes = 2*int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 1 + 2*posSlotBytes*16/9
 
-// runChunk holds runs: ids[i], digs[i] and hints[i] are one block's. A
-// run never crosses chunks, so a walk along one stays inside its arrays.
-// hints[i] is where the index held the block when ingest filed it
+// runChunk holds runs: ids[i], digs[i], keys[i], toks[i], hints[i] and
+// child[i] are one block's. A run never crosses chunks, so a walk along
+// one stays inside its arrays. keys[i] is the digest's index key (a query
+// reads it without the digest's line). hints[i] is where the index held the block when ingest filed it
 // (index.Table.Locate, 0 for unknown): a query hands it to the index walk,
 // which checks it before probing (index/locate.go).
 //
@@ -362,14 +363,14 @@ type Followed struct {
 }
 
 // Follow takes the verified links of the blocks of tokens (bs tokens each,
-// whole blocks only) that extend the chain prefix whose id is prefix: it
-// computes each block's prefix id and takes its link, stopping at the
-// first block without one, so no id is computed past it. It appends to f
-// the keys (a vLLM digest's low 64 bits, big-endian) and hints of the
-// blocks taken, and their digests, and sets f.ID to the last one's
-// (unchanged when none). This is a query's use of Links: the ids are computed under
-// the read lock, in the walk along a run, which saves a pass over them,
-// and a query needs a digest only where hashing resumes. buf is scratch,
+// whole blocks only) that extend the chain prefix whose id is prefix,
+// stopping at the first block without one. Where a run starts it computes
+// the block's prefix id and looks it up; inside a run it compares the
+// block's tokens' id with the next entry's (runChunk). It appends to f
+// the keys (a vLLM digest's low 64 bits, big-endian), hints and digests
+// of the blocks taken and sets f.ID to the last one's prefix id
+// (unchanged when none). This is a query's use of Links: it computes
+// nothing past the last link and copies no digest; buf is scratch,
 // returned grown.
 func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, buf []byte) []byte {
 	l := s.l
