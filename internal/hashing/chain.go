@@ -82,7 +82,7 @@ type Chain struct {
 	linkBatch int
 	pend      Followed
 	pendI     int
-	pendDig   *[32]byte // the digest of the block Next returned last, if linked
+	linked    int // 1 + pend's index of the block Next returned last, if linked (0: not)
 
 	tails    []byte
 	tail0    int
@@ -196,9 +196,8 @@ func (c *Chain) endLinks() {
 	}
 	c.links, c.linkSc, c.linksOn, c.linkHits = nil, LinkScope{}, false, 0
 	c.linkPos, c.linkBatch, c.pendI = 0, 0, 0
-	c.pend.Keys, c.pend.Hints, c.pendDig = c.pend.Keys[:0], c.pend.Hints[:0], nil
-	clear(c.pend.Digs) // the links' memory, not to be kept by the pool
-	c.pend.Digs = c.pend.Digs[:0]
+	c.pend.Reset() // the links' memory, not to be kept by the pool
+	c.linked = 0
 }
 
 const (
@@ -228,8 +227,8 @@ func (c *Chain) resolve() int {
 	}
 	c.linkBatch = min(max(4*c.linkBatch, firstLinkBatch), maxLinkBatch)
 	n := min(c.linkBatch, full-c.block)
-	clear(c.pend.Digs)
-	c.pend.Keys, c.pend.Hints, c.pend.Digs, c.pendI = c.pend.Keys[:0], c.pend.Hints[:0], c.pend.Digs[:0], 0
+	c.pend.Reset()
+	c.pendI, c.linked = 0, 0
 	c.buf = c.linkSc.Follow(c.linkID, c.tokens[c.block*c.bs:(c.block+n)*c.bs], c.bs, &c.pend, c.buf)
 	k := len(c.pend.Keys)
 	if k < n {
@@ -284,7 +283,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.pendI < len(c.pend.Keys) || (c.links != nil && c.resolve() > 0) {
 		return c.takeLinked(), c.bs, true
 	}
-	c.pendDig = nil
+	c.linked = 0
 	c.hashBlock(start, end)
 	if c.memo != nil {
 		c.memoMisses++
@@ -314,9 +313,9 @@ func (c *Chain) takeLinked() uint64 {
 	if c.memo != nil {
 		c.memoMisses++
 	}
-	c.pendDig = c.pend.Digs[i]
+	c.linked = c.pendI
 	if c.pendI == len(c.pend.Keys) {
-		c.parent = *c.pendDig
+		c.parent = *c.pend.Digest(i)
 	}
 	c.havePr = true
 	c.pos += c.bs
@@ -332,7 +331,7 @@ func (c *Chain) takeRemembered() (uint64, int) {
 	if c.block == c.reuseK-1 {
 		c.parent = *d
 	}
-	c.pendDig = nil
+	c.linked = 0
 	c.memoHits++
 	c.havePr = true
 	start := c.pos

@@ -352,14 +352,48 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]
 	return out, hints, fresh
 }
 
-// Followed is what Follow found: the index keys, block hints and digests
-// of the blocks it took, in order, and the prefix id of the last one. The
-// digests are the links' own, which are never written again once filed.
+// Followed is what Follow found: the index keys and block hints of the
+// blocks it took, in order, the prefix id of the last one, and where they
+// lie, for their digests (Digest).
 type Followed struct {
 	Keys  []uint64
 	Hints []uint32
-	Digs  []*[32]byte
 	ID    LinkID
+	runs  []followedRun
+}
+
+// followedRun is n consecutive blocks Follow took from one chunk, from
+// offset off on.
+type followedRun struct {
+	ch     *runChunk
+	off, n int
+}
+
+// Digest is the digest of block i of those f holds: the links' own, which
+// is never written again once filed.
+func (f *Followed) Digest(i int) *[32]byte {
+	for _, r := range f.runs {
+		if i < r.n {
+			return &r.ch.digs[r.off+i]
+		}
+		i -= r.n
+	}
+	return nil
+}
+
+// Reset empties f, dropping its references to the links' memory.
+func (f *Followed) Reset() {
+	clear(f.runs)
+	f.Keys, f.Hints, f.runs = f.Keys[:0], f.Hints[:0], f.runs[:0]
+}
+
+// take appends blocks [from, to) of ch.
+func (f *Followed) take(ch *runChunk, from, to int) {
+	if to > from {
+		f.Keys = append(f.Keys, ch.keys[from:to]...)
+		f.Hints = append(f.Hints, ch.hints[from:to]...)
+		f.runs = append(f.runs, followedRun{ch, from, to - from})
+	}
 }
 
 // Follow takes the verified links of the blocks of tokens (bs tokens each,
@@ -377,36 +411,41 @@ func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, bu
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var ch *runChunk
-	off, taken := 0, 0
+	from, off := 0, 0 // the blocks of ch taken since the last lookup
+	runs := len(f.runs)
 	for b := 0; (b+1)*bs <= len(tokens); b++ {
 		block := tokens[b*bs : (b+1)*bs]
 		if ch != nil && off < ch.n && ch.child[off] && ch.toks[off] == s.TokensID(block) {
 			// The run goes on: block off's parent is the block
 			// just taken, and its tokens are the query's.
-			prefix = ch.ids[off]
-		} else {
-			// The start of a run: look the block up.
-			var id LinkID
-			id, buf = s.Next(prefix, block, buf)
-			ok := false
-			if g := l.cur; g != nil {
-				ch, off, ok = g.find(id)
-			}
-			if !ok && l.prev != nil {
-				ch, off, ok = l.prev.find(id)
-			}
-			if !ok {
-				break
-			}
-			prefix = id
+			off++
+			continue
 		}
-		f.Keys = append(f.Keys, ch.keys[off])
-		f.Hints = append(f.Hints, ch.hints[off])
-		f.Digs = append(f.Digs, &ch.digs[off])
-		off++
-		taken++
+		// The start of a run: look the block up.
+		if ch != nil {
+			f.take(ch, from, off)
+			prefix = ch.ids[off-1]
+		}
+		id, nbuf := s.Next(prefix, block, buf)
+		buf = nbuf
+		ok := false
+		if g := l.cur; g != nil {
+			ch, off, ok = g.find(id)
+		}
+		if !ok && l.prev != nil {
+			ch, off, ok = l.prev.find(id)
+		}
+		if !ok {
+			ch = nil
+			break
+		}
+		from, off = off, off+1
 	}
-	if taken > 0 {
+	if ch != nil {
+		f.take(ch, from, off)
+		prefix = ch.ids[off-1]
+	}
+	if len(f.runs) > runs {
 		f.ID = prefix
 	}
 	return buf
