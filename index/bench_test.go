@@ -3,6 +3,7 @@ package index
 import (
 	"crypto/sha256"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
@@ -396,4 +398,46 @@ func (c *hashingChain) Next() (uint64, int, bool) {
 	c.sum = sha256.Sum256(c.buf[:55])
 	c.buf[1] ^= c.sum[0]
 	return c.keyChain.Next()
+}
+
+// BenchmarkMachineRandomReads is what this machine charges for the walk's
+// unavoidable memory traffic, apart from any of the index's work: the key
+// of 512 slab entries at random in a 64 MiB slab (larger than the caches
+// a core has to itself), all addresses known up front as a batch's hints
+// are, read one after another (independent loads, which the core
+// overlaps) or each requested first (as walkReady does).
+func BenchmarkMachineRandomReads(b *testing.B) {
+	slab := make([]block, 64<<20/int(unsafe.Sizeof(block{})))
+	for i := range slab {
+		slab[i].key = uint64(i)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 512
+	sets := make([][]int, 1024)
+	for i := range sets {
+		sets[i] = make([]int, n)
+		for j := range sets[i] {
+			sets[i][j] = rng.IntN(len(slab))
+		}
+	}
+	var sink uint64
+	b.Run("independent", func(b *testing.B) {
+		for i := range b.N {
+			for _, j := range sets[i%len(sets)] {
+				sink += slab[j].key
+			}
+		}
+	})
+	b.Run("prefetched", func(b *testing.B) {
+		for i := range b.N {
+			idx := sets[i%len(sets)]
+			for _, j := range idx {
+				prefetch(uintptr(unsafe.Pointer(&slab[j])))
+			}
+			for _, j := range idx {
+				sink += slab[j].key
+			}
+		}
+	})
+	_ = sink
 }

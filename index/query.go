@@ -280,19 +280,24 @@ func (t *Table) walkKeys(w *smallWalk, chain Chain) {
 }
 
 // walkReady is walkSmall's start for the n keys a ReadyChain has without
-// hashing: it takes them all, reads their blocks stripe by stripe (one read
-// lock per stripe touched instead of one per block, and lookups within a
-// stripe free to overlap their cache misses), then applies them in chain
-// order exactly as walkSmall would. It adds the tokens matched to w.total
-// and reports whether the walk may go on past the batch.
+// hashing: it takes them all (in one call from a BatchChain, with their
+// block hints), reads their blocks stripe by stripe (one read lock per
+// stripe touched instead of one per block, and lookups within a stripe
+// free to overlap their cache misses; a hinted block is checked where it
+// lies before any probe, locate.go), then applies them in chain order
+// exactly as walkSmall would. It adds the tokens matched to w.total and
+// reports whether the walk may go on past the batch.
 func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	bySlot, lo, un, sc, alive, hm := w.bySlot, w.lo, w.un, w.sc, &w.alive, &w.hm
 	r := &sc.ready
-	ended := false
+	ended, took := false, false
 	if bc, _ := chain.(BatchChain); bc != nil {
 		r.keys, r.covs, r.hints = bc.TakeReady(n, r.keys[:0], r.covs[:0], r.hints[:0])
-		n = len(r.keys)
-	} else {
+		if took = len(r.keys) > 0; took {
+			n = len(r.keys)
+		}
+	}
+	if !took { // key by key (a chain without batches, or a batch that gave none)
 		r.keys, r.covs, r.hints = resize(r.keys, n), resize(r.covs, n), resize(r.hints, n)
 		for i := range n {
 			k, c, ok := chain.Next()

@@ -238,10 +238,13 @@ func (s *stripe) orphanAllRefs() {
 
 func (r *SharedRef) orphan() {
 	r.held = false
-	r.gone.Store(true)
+	// Into the owner's orphans before it reads as gone, so that whoever
+	// sees Gone also finds it there (TestMooncakeBindingFlood counts the
+	// owner's bindings as live or orphaned while the evictor runs).
 	if r.orphans != nil {
 		r.orphans.add(r)
 	}
+	r.gone.Store(true)
 }
 
 // AdjustSharedRef changes what held reference r accounts for by delta

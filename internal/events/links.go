@@ -26,6 +26,7 @@ type linkScratch struct {
 	digests [][]byte
 	extras  []hashcheck.Extras
 	ids     []hashing.LinkID
+	toks    []hashing.LinkID
 	digs    [][32]byte
 	hints   []uint32
 	w       hashing.LinkWriter // this source's place in the links
@@ -122,6 +123,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 		return
 	}
 	keys := d.keys[ev.off : ev.off+ev.n]
+	parentID := id
 	ls.ids = ls.ids[:0]
 	for i := range m {
 		id, ls.buf = d.links.Next(id, ls.tokens[i*bs:(i+1)*bs], ls.buf)
@@ -165,7 +167,12 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 		}
 	}
 	if m > 0 && (m > held || !fresh) {
-		d.links.Record(ls.ids[:m], keys[:m], ls.digs[:m], d.locate(keys[:m]), held, &ls.w)
+		ls.toks = ls.toks[:0]
+		for i := range m {
+			ls.toks = append(ls.toks, d.links.TokensID(ls.tokens[i*bs:(i+1)*bs]))
+		}
+		d.links.Record(&hashing.LinkRun{Parent: parentID, IDs: ls.ids[:m], Keys: keys[:m], Digs: ls.digs[:m],
+			Toks: ls.toks, Hints: d.locate(keys[:m]), Known: held}, &ls.w)
 	}
 }
 

@@ -97,8 +97,8 @@ func (c *Chain) Digest() [32]byte {
 		return [32]byte{}
 	case c.block <= c.reuseK:
 		return c.reuse.digests[c.block-1]
-	case c.pendDig != nil:
-		return *c.pendDig
+	case c.linked > 0:
+		return *c.pend.Digest(c.linked - 1)
 	}
 	return c.parent
 }

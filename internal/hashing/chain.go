@@ -69,9 +69,10 @@ type Chain struct {
 	// Links); linksOn says whether the next block may still look there (a
 	// query stops at its first block without one). linkID is the prefix
 	// id of blocks [0, linkPos) under linkSc, made at first use; pend
-	// holds the keys and hints of the next blocks, followed in one batch
-	// (resolve), pend.Keys[pendI] being block c.block's, and the digest
-	// of its last block, the parent of the first block hashed after it.
+	// holds the keys, hints and digests of the next blocks, followed in
+	// one batch (resolve), pend.Keys[pendI] being block c.block's; the
+	// digests are the links' own, read in place (Digest) except the
+	// last, the parent of the first block hashed after them.
 	links     *Links
 	linkSc    LinkScope
 	linksOn   bool
@@ -81,7 +82,7 @@ type Chain struct {
 	linkBatch int
 	pend      Followed
 	pendI     int
-	pendDig   *[32]byte // the digest of the block Next returned last, if linked
+	linked    int // 1 + pend's index of the block Next returned last, if linked (0: not)
 
 	tails    []byte
 	tail0    int
@@ -195,9 +196,8 @@ func (c *Chain) endLinks() {
 	}
 	c.links, c.linkSc, c.linksOn, c.linkHits = nil, LinkScope{}, false, 0
 	c.linkPos, c.linkBatch, c.pendI = 0, 0, 0
-	c.pend.Keys, c.pend.Hints, c.pendDig = c.pend.Keys[:0], c.pend.Hints[:0], nil
-	clear(c.pend.Digs) // the links' memory, not to be kept by the pool
-	c.pend.Digs = c.pend.Digs[:0]
+	c.pend.Reset() // the links' memory, not to be kept by the pool
+	c.linked = 0
 }
 
 const (
@@ -227,8 +227,8 @@ func (c *Chain) resolve() int {
 	}
 	c.linkBatch = min(max(4*c.linkBatch, firstLinkBatch), maxLinkBatch)
 	n := min(c.linkBatch, full-c.block)
-	clear(c.pend.Digs)
-	c.pend.Keys, c.pend.Hints, c.pend.Digs, c.pendI = c.pend.Keys[:0], c.pend.Hints[:0], c.pend.Digs[:0], 0
+	c.pend.Reset()
+	c.pendI, c.linked = 0, 0
 	c.buf = c.linkSc.Follow(c.linkID, c.tokens[c.block*c.bs:(c.block+n)*c.bs], c.bs, &c.pend, c.buf)
 	k := len(c.pend.Keys)
 	if k < n {
@@ -283,7 +283,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if c.pendI < len(c.pend.Keys) || (c.links != nil && c.resolve() > 0) {
 		return c.takeLinked(), c.bs, true
 	}
-	c.pendDig = nil
+	c.linked = 0
 	c.hashBlock(start, end)
 	if c.memo != nil {
 		c.memoMisses++
@@ -303,8 +303,9 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 
 // takeLinked is Next for a block verified links serve (see Links): its
 // key from pend, and the last one's digest copied as the parent of the
-// block hashed after them (Digest reads the others where they lie). Such a block is not recorded for the memo, which
-// does not learn a chain links served (rememberPrefix).
+// block hashed after them (Digest reads the others where they lie). Such
+// a block is not recorded for the memo, which does not learn a chain
+// links served (rememberPrefix).
 func (c *Chain) takeLinked() uint64 {
 	i := c.pendI
 	c.pendI++
@@ -312,9 +313,9 @@ func (c *Chain) takeLinked() uint64 {
 	if c.memo != nil {
 		c.memoMisses++
 	}
-	c.pendDig = c.pend.Digs[i]
+	c.linked = c.pendI
 	if c.pendI == len(c.pend.Keys) {
-		c.parent = *c.pendDig
+		c.parent = *c.pend.Digest(i)
 	}
 	c.havePr = true
 	c.pos += c.bs
@@ -330,7 +331,7 @@ func (c *Chain) takeRemembered() (uint64, int) {
 	if c.block == c.reuseK-1 {
 		c.parent = *d
 	}
-	c.pendDig = nil
+	c.linked = 0
 	c.memoHits++
 	c.havePr = true
 	start := c.pos
@@ -341,8 +342,8 @@ func (c *Chain) takeRemembered() (uint64, int) {
 
 // TakeReady is Next for up to n of the blocks Ready counts, in one call
 // (index.BatchChain): it appends their keys, the tokens each covers (a
-// whole block) and their block hints (0 for none) to b; it stops early at
-// a block that needs hashing.
+// whole block) and their block hints (0 for none) to keys, covs and
+// hints; it stops early at a block that needs hashing.
 func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
 	for ; n > 0 && c.pos < c.limit && c.block < c.reuseK; n-- {
 		k, cov := c.takeRemembered()

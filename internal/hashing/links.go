@@ -70,27 +70,36 @@ type Links struct {
 // LinkID identifies a chain prefix within a scope (see Links).
 type LinkID = xxh3.Uint128
 
-// LinkBytes is what a verified block costs on average: its id, digest,
-// key and block hint in a run (60 bytes) and a 16-byte slot in each of the
-// two tables at their average load of 9/16 (between 3/8 after doubling
-// and 3/4). BenchmarkLinksMemory measures it.
-const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 2*posSlotBytes*16/9
+// LinkBytes is what a verified block costs on average: its prefix id,
+// digest, key, tokens' id, block hint and child flag in a run (77 bytes)
+// and a 16-byte slot in each of the two tables at their average load of
+// 9/16 (between 3/8 after doubling and 3/4). BenchmarkLinksMemory
+// measures it.
+const LinkBytes = 2*int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 1 + 2*posSlotBytes*16/9
 
-// runChunk holds runs: ids[i], digs[i] and hints[i] are one block's. A
-// run never crosses chunks, so a walk along one stays inside its arrays.
-// hints[i] is where the index held the block when ingest filed it
+// runChunk holds runs: ids[i], digs[i], keys[i], toks[i], hints[i] and
+// child[i] are one block's. A run never crosses chunks, so a walk along
+// one stays inside its arrays. keys[i] is the digest's index key (a query
+// reads it without the digest's line). hints[i] is where the index held the block when ingest filed it
 // (index.Table.Locate, 0 for unknown): a query hands it to the index walk,
 // which checks it before probing (index/locate.go).
+//
+// toks[i] is the id of block i's tokens alone (TokensID) and child[i] says
+// that block i-1 of the chunk is its parent: a query that matched block
+// i-1 takes block i on comparing its own tokens' id, cheaper than the
+// prefix id it would otherwise compute (ids[i] is then its prefix id).
 type runChunk struct {
 	ids   [chunkBlocks]LinkID
 	digs  [chunkBlocks][32]byte
 	keys  [chunkBlocks]uint64 // the digests' index keys, which a query reads
+	toks  [chunkBlocks]LinkID
 	hints [chunkBlocks]uint32
+	child [chunkBlocks]bool
 	n     int
 	pos   int // its index in its generation's chunks
 }
 
-const chunkBlocks = 2048
+const chunkBlocks = 1024
 
 // runPos is where a block lies: chunk index << 16 | offset.
 type runPos uint32
@@ -343,6 +352,17 @@ func (s LinkScope) Root(lora, salt string, buf []byte) (LinkID, []byte) {
 	return xxh3.Hash128Seed(buf, s.l.seed), buf
 }
 
+// tokensSeed sets the ids of tokens alone (TokensID) apart from prefix ids.
+const tokensSeed = 0x6c696e6b2d746f6b // "link-tok"
+
+// TokensID identifies one block's tokens alone, whatever precedes them:
+// xxh3-128 of their bytes under the links' seed (another one than prefix
+// ids'), with no copy. Within a run (runChunk.child) it stands for the
+// prefix id: the parent is the run's previous block, already matched.
+func (s LinkScope) TokensID(tokens []int32) LinkID {
+	return xxh3.Hash128Seed(int32Bytes(tokens), s.l.seed^tokensSeed)
+}
+
 // Next is the prefix id of the chain prefix extended by one block of
 // tokens. buf is scratch, returned grown.
 func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []byte) {
@@ -389,56 +409,100 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]
 	return out, hints, fresh
 }
 
-// Followed is what Follow found: the index keys, block hints and digests
-// of the blocks it took, in order, and the prefix id of the last one. The
-// digests are the links' own, which are never written again once filed.
+// Followed is what Follow found: the index keys and block hints of the
+// blocks it took, in order, the prefix id of the last one, and where they
+// lie, for their digests (Digest).
 type Followed struct {
 	Keys  []uint64
 	Hints []uint32
-	Digs  []*[32]byte
 	ID    LinkID
+	runs  []followedRun
+}
+
+// followedRun is n consecutive blocks Follow took from one chunk, from
+// offset off on.
+type followedRun struct {
+	ch     *runChunk
+	off, n int
+}
+
+// Digest is the digest of block i of those f holds: the links' own, which
+// is never written again once filed.
+func (f *Followed) Digest(i int) *[32]byte {
+	for _, r := range f.runs {
+		if i < r.n {
+			return &r.ch.digs[r.off+i]
+		}
+		i -= r.n
+	}
+	return nil
+}
+
+// Reset empties f, dropping its references to the links' memory.
+func (f *Followed) Reset() {
+	clear(f.runs)
+	f.Keys, f.Hints, f.runs = f.Keys[:0], f.Hints[:0], f.runs[:0]
+}
+
+// take appends blocks [from, to) of ch.
+func (f *Followed) take(ch *runChunk, from, to int) {
+	if to > from {
+		f.Keys = append(f.Keys, ch.keys[from:to]...)
+		f.Hints = append(f.Hints, ch.hints[from:to]...)
+		f.runs = append(f.runs, followedRun{ch, from, to - from})
+	}
 }
 
 // Follow takes the verified links of the blocks of tokens (bs tokens each,
-// whole blocks only) that extend the chain prefix whose id is prefix: it
-// computes each block's prefix id and takes its link, stopping at the
-// first block without one, so no id is computed past it. It appends to f
-// the keys (a vLLM digest's low 64 bits, big-endian) and hints of the
-// blocks taken, and their digests, and sets f.ID to the last one's
-// (unchanged when none). This is a query's use of Links: the ids are computed under
-// the read lock, in the walk along a run, which saves a pass over them,
-// and a query needs a digest only where hashing resumes. buf is scratch,
+// whole blocks only) that extend the chain prefix whose id is prefix,
+// stopping at the first block without one. Where a run starts it computes
+// the block's prefix id and looks it up; inside a run it compares the
+// block's tokens' id with the next entry's (runChunk). It appends to f
+// the keys (a vLLM digest's low 64 bits, big-endian), hints and digests
+// of the blocks taken and sets f.ID to the last one's prefix id
+// (unchanged when none). This is a query's use of Links: it computes
+// nothing past the last link and copies no digest; buf is scratch,
 // returned grown.
 func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, buf []byte) []byte {
 	l := s.l
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	var ch *runChunk
-	off, taken := 0, 0
+	from, off := 0, 0 // the blocks of ch taken since the last lookup
+	runs := len(f.runs)
 	for b := 0; (b+1)*bs <= len(tokens); b++ {
-		var id LinkID
-		id, buf = s.Next(prefix, tokens[b*bs:(b+1)*bs], buf)
-		if ch == nil || off >= ch.n || ch.ids[off] != id {
-			// The start of a run: look the block up.
-			ok := false
-			if g := l.cur; g != nil {
-				ch, off, ok = g.find(id)
-			}
-			if !ok && l.prev != nil {
-				ch, off, ok = l.prev.find(id)
-			}
-			if !ok {
-				break
-			}
+		block := tokens[b*bs : (b+1)*bs]
+		if ch != nil && off < ch.n && ch.child[off] && ch.toks[off] == s.TokensID(block) {
+			// The run goes on: block off's parent is the block
+			// just taken, and its tokens are the query's.
+			off++
+			continue
 		}
-		f.Keys = append(f.Keys, ch.keys[off])
-		f.Hints = append(f.Hints, ch.hints[off])
-		f.Digs = append(f.Digs, &ch.digs[off])
-		prefix = id
-		off++
-		taken++
+		// The start of a run: look the block up.
+		if ch != nil {
+			f.take(ch, from, off)
+			prefix = ch.ids[off-1]
+		}
+		id, nbuf := s.Next(prefix, block, buf)
+		buf = nbuf
+		ok := false
+		if g := l.cur; g != nil {
+			ch, off, ok = g.find(id)
+		}
+		if !ok && l.prev != nil {
+			ch, off, ok = l.prev.find(id)
+		}
+		if !ok {
+			ch = nil
+			break
+		}
+		from, off = off, off+1
 	}
-	if taken > 0 {
+	if ch != nil {
+		f.take(ch, from, off)
+		prefix = ch.ids[off-1]
+	}
+	if len(f.runs) > runs {
 		f.ID = prefix
 	}
 	return buf
@@ -473,14 +537,35 @@ type LinkWriter struct {
 	ch *runChunk
 }
 
-// Record files consecutive verified blocks of one chain: their prefix ids,
-// their keys as published, their digests and their block hints (nil for
-// none). Blocks already in the current generation are skipped, their hints
-// refreshed; the others become runs there, in w's chunk (nil: one shared
-// by callers without). known says how many leading blocks may be held
-// (Resolve found them); the rest were not held a moment ago, and are filed
-// without a lookup.
-func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []uint32, known int, w *LinkWriter) {
+// LinkRun is consecutive verified blocks of one chain, for Record.
+type LinkRun struct {
+	// Parent is the prefix id the first block extends (Root's for a
+	// chain's first block).
+	Parent LinkID
+	// IDs are the blocks' prefix ids, Keys their keys as published, Digs
+	// their digests.
+	IDs  []LinkID
+	Keys []uint64
+	Digs [][32]byte
+	// Toks are the ids of the blocks' tokens (TokensID); nil when not
+	// known, and a query then looks every block up instead of following.
+	Toks []LinkID
+	// Hints are the blocks' hints in the index (Table.Locate); nil for
+	// none.
+	Hints []uint32
+	// Known is how many leading blocks may be held already (Resolve
+	// found them); the rest were not held a moment ago, and are filed
+	// without a lookup.
+	Known int
+}
+
+// Record files the blocks of r. Blocks already in the current generation
+// are skipped, their hints refreshed; the others become runs there, in w's
+// chunk (nil: one shared by callers without writers). A block filed right
+// after its parent is marked a child, so a query follows it by its tokens'
+// id (runChunk).
+func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
+	ids, keys, digs, hints, known := r.IDs, r.Keys, r.Digs, r.Hints, r.Known
 	l := s.l
 	// A table that doubles takes fresh memory, and its first touch of
 	// each page is a page fault: done under the lock, other sources'
@@ -577,6 +662,15 @@ func (s LinkScope) Record(ids []LinkID, keys []uint64, digs [][32]byte, hints []
 		ch.keys[off] = binary.BigEndian.Uint64(digs[i][24:]) // vLLM's low64_be
 		if hints != nil {
 			ch.hints[off] = hints[i]
+		}
+		ch.toks[off], ch.child[off] = LinkID{}, false
+		if r.Toks != nil {
+			parent := r.Parent
+			if i > 0 {
+				parent = ids[i-1]
+			}
+			ch.toks[off] = r.Toks[i]
+			ch.child[off] = off > 0 && ch.ids[off-1] == parent
 		}
 		ch.n++
 		pos := runPos(ch.pos)<<16 | runPos(off)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -47,7 +48,7 @@ func record(sc LinkScope, bs int, toks []int32, lora, salt string, keys []uint64
 	}
 	for i := 0; i < n; i += 3 {
 		j := min(i+3, n)
-		sc.Record(ids[i:j], keys[i:j], digs[i:j], nil, j-i, nil)
+		sc.Record(&LinkRun{IDs: ids[i:j], Keys: keys[i:j], Digs: digs[i:j], Known: j - i}, nil)
 	}
 }
 
@@ -157,9 +158,9 @@ func TestLinksBudget(t *testing.T) {
 			keys[j] = rng.Uint64()
 			digs[j][0], digs[j][1], digs[j][2] = byte(i), byte(i>>8), byte(j)
 		}
-		sc.Record(ids, keys, digs, nil, len(ids), nil)
+		sc.Record(&LinkRun{IDs: ids, Keys: keys, Digs: digs, Known: len(ids)}, nil)
 		if i%1000 == 0 {
-			sc.Record(hot, []uint64{77}, [][32]byte{{7}}, nil, 1, nil) // stored again and again
+			sc.Record(&LinkRun{IDs: hot, Keys: []uint64{77}, Digs: [][32]byte{{7}}, Known: 1}, nil) // stored again and again
 		}
 		if l.Bytes() > budget {
 			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
@@ -223,7 +224,7 @@ func BenchmarkLinksMemory(b *testing.B) {
 		ids[i%run], keys[i%run] = id, uint64(i)+1
 		digs[i%run][24], digs[i%run][25], digs[i%run][26] = byte(i), byte(i>>8), byte(i>>16)
 		if i%run == run-1 {
-			sc.Record(ids, keys, digs, nil, 0, nil)
+			sc.Record(&LinkRun{IDs: ids, Keys: keys, Digs: digs}, nil)
 		}
 	}
 	runtime.GC()
@@ -285,7 +286,7 @@ func TestLinksConcurrent(t *testing.T) {
 				for i, id := range ids {
 					digs[i], keys[i] = digestOf(id), uint64(r*runLen+i+1)
 				}
-				sc.Record(ids, keys, digs, nil, len(ids), nil)
+				sc.Record(&LinkRun{IDs: ids, Keys: keys, Digs: digs, Known: len(ids)}, nil)
 			}
 		}()
 	}
@@ -338,8 +339,8 @@ func TestLinksKeepHints(t *testing.T) {
 	ids := []LinkID{{Lo: 1, Hi: 1}, {Lo: 2, Hi: 2}, {Lo: 3, Hi: 3}}
 	keys := []uint64{11, 12, 13}
 	digs := [][32]byte{{1}, {2}, {3}}
-	sc.Record(ids[:2], keys[:2], digs[:2], []uint32{5, 6}, 0, nil)
-	sc.Record(ids[2:], keys[2:], digs[2:], nil, 0, nil)
+	sc.Record(&LinkRun{IDs: ids[:2], Keys: keys[:2], Digs: digs[:2], Hints: []uint32{5, 6}}, nil)
+	sc.Record(&LinkRun{IDs: ids[2:], Keys: keys[2:], Digs: digs[2:]}, nil)
 	resolve := func() []uint32 {
 		got, hints, _ := sc.Resolve(ids, nil, nil)
 		if len(got) != len(ids) {
@@ -350,7 +351,7 @@ func TestLinksKeepHints(t *testing.T) {
 	if diff := cmp.Diff([]uint32{5, 6, 0}, resolve()); diff != "" {
 		t.Errorf("hints (-want +got):\n%s", diff)
 	}
-	sc.Record(ids, keys, digs, []uint32{5, 9, 7}, len(ids), nil) // all held: hints refreshed
+	sc.Record(&LinkRun{IDs: ids, Keys: keys, Digs: digs, Hints: []uint32{5, 9, 7}, Known: len(ids)}, nil) // all held: hints refreshed
 	if diff := cmp.Diff([]uint32{5, 9, 7}, resolve()); diff != "" {
 		t.Errorf("refreshed hints (-want +got):\n%s", diff)
 	}
@@ -392,7 +393,7 @@ func TestLinkWritersKeepRuns(t *testing.T) {
 			if c < len(ws) {
 				w = &ws[c]
 			} // chain 2 has no writer
-			sc.Record(ids[c][from:to], keys[c][from:to], digs[c][from:to], nil, 0, w)
+			sc.Record(&LinkRun{IDs: ids[c][from:to], Keys: keys[c][from:to], Digs: digs[c][from:to]}, w)
 		}
 	}
 	for c := range ids {
@@ -506,12 +507,68 @@ func TestLinksPrepareWithinBudget(t *testing.T) {
 			ids[j] = LinkID{Lo: rng.Uint64(), Hi: rng.Uint64()}
 			keys[j] = rng.Uint64()
 		}
-		sc.Record(ids, keys, digs, nil, 0, nil)
+		sc.Record(&LinkRun{IDs: ids, Keys: keys, Digs: digs}, nil)
 	}
 	runtime.ReadMemStats(&ms)
 	// Generations of 8 MiB turning over about six times, tables doubling
 	// inside each: a few hundred MiB at most.
 	if got := ms.TotalAlloc - before; got > 40*uint64(budget) {
 		t.Fatalf("%d records of 5 blocks allocated %d MiB, want under %d", records, got>>20, 40*budget>>20)
+	}
+}
+
+// TestFollowTakesOnlyItsChain: a query follows a run by its blocks' tokens
+// only where the run's next block is the child of the one it matched. A
+// writer that files another chain's blocks after a chain (even with the
+// very tokens the chain goes on with) does not extend it, and a chain
+// filed event by event stays one run.
+func TestFollowTakesOnlyItsChain(t *testing.T) {
+	const bs = 4
+	p := testProfile(t, AlgorithmSHA256CBOR)
+	toks := make([]int32, 8*bs)
+	for i := range toks {
+		toks[i] = int32(i*13 + 5)
+	}
+	keys, digs := referenceChain(p, bs, toks, "", "")
+	// other starts a chain with the tokens of toks' block 4.
+	other := slices.Clone(toks[4*bs : 6*bs])
+	okeys, odigs := referenceChain(p, bs, other, "", "")
+	l := NewLinks(8 << 20)
+	sc := l.Scope(p)
+	ids := func(toks []int32) (LinkID, []LinkID, []LinkID) {
+		root, buf := sc.Root("", "", nil)
+		id := root
+		var ids, tids []LinkID
+		for b := 0; (b+1)*bs <= len(toks); b++ {
+			id, buf = sc.Next(id, toks[b*bs:(b+1)*bs], buf)
+			ids, tids = append(ids, id), append(tids, sc.TokensID(toks[b*bs:(b+1)*bs]))
+		}
+		return root, ids, tids
+	}
+	root, aIDs, aToks := ids(toks)
+	_, oIDs, oToks := ids(other)
+	var w LinkWriter
+	sc.Record(&LinkRun{Parent: root, IDs: aIDs[:4], Keys: keys[:4], Digs: digs[:4], Toks: aToks[:4]}, &w)
+	sc.Record(&LinkRun{Parent: root, IDs: oIDs, Keys: okeys, Digs: odigs, Toks: oToks}, &w)
+	follow := func() []uint64 {
+		var f Followed
+		sc.Follow(root, toks, bs, &f, nil)
+		return f.Keys
+	}
+	if diff := cmp.Diff(keys[:4], follow()); diff != "" {
+		t.Fatalf("with another chain after its run (-want +got):\n%s", diff)
+	}
+	// The rest of the chain, filed by the same writer: a child of block 3
+	// though not next to it, and then one run on.
+	sc.Record(&LinkRun{Parent: aIDs[3], IDs: aIDs[4:], Keys: keys[4:], Digs: digs[4:], Toks: aToks[4:]}, &w)
+	if diff := cmp.Diff(keys, follow()); diff != "" {
+		t.Fatalf("whole chain (-want +got):\n%s", diff)
+	}
+	g := l.cur
+	for i, want := range []bool{false, true, true, true, false, true, true, true} {
+		ch, off, ok := g.find(aIDs[i])
+		if !ok || ch.child[off] != want {
+			t.Errorf("block %d: found %v, child %v, want %v", i, ok, ok && ch.child[off], want)
+		}
 	}
 }

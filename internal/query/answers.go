@@ -45,6 +45,7 @@ type answer struct {
 	salt     string
 	id       xxh3.Uint128 // the prompt's (promptID)
 	hits     []index.InstanceHits
+	fp       [1]uint64 // Fps's array
 }
 
 func (a *answer) Rec() *memostore.Record { return &a.Record }
@@ -142,11 +143,19 @@ func (a *Answers) lookup(fp uint64, tbl *index.Table, instance, salt string, id 
 // remember keeps res as the answer for this prompt at ver, replacing any
 // older answer for the same prompt.
 func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, instance, salt string, id xxh3.Uint128, res *Result) {
+	// Most lookups are cold (a prompt asked once), so an answer costs
+	// three allocations: itself, its instances and all their ranks.
 	hits := make([]index.InstanceHits, len(res.Instances))
+	nr := 0
+	for _, src := range res.Instances {
+		nr += len(src.Ranks)
+	}
+	ranks := make([]index.RankHits, 0, nr)
 	size := answerOverhead + len(instance) + len(salt)
 	for i, src := range res.Instances {
-		hits[i] = index.InstanceHits{Instance: src.Instance, Max: src.Max,
-			Ranks: append([]index.RankHits(nil), src.Ranks...)}
+		from := len(ranks)
+		ranks = append(ranks, src.Ranks...)
+		hits[i] = index.InstanceHits{Instance: src.Instance, Max: src.Max, Ranks: ranks[from:len(ranks):len(ranks)]}
 		size += int(unsafe.Sizeof(src)) + len(src.Instance) + len(src.Ranks)*int(unsafe.Sizeof(index.RankHits{}))
 	}
 	// instance and salt are copied: /query decodes them as views of the
@@ -154,7 +163,8 @@ func (a *Answers) remember(fp uint64, tbl *index.Table, ver index.Version, insta
 	// and an answer whose filters changed under it would never match its
 	// own prompt again.
 	e := &answer{tbl: tbl, ver: ver, instance: strings.Clone(instance), salt: strings.Clone(salt), id: id, hits: hits}
-	e.Fps = []uint64{fp}
+	e.fp[0] = fp
+	e.Fps = e.fp[:]
 	e.Size = size
 	a.store().Insert(e, func(old *answer) bool { return old.matches(tbl, instance, salt, id) })
 }

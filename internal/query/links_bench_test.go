@@ -86,7 +86,9 @@ func BenchmarkColdLookup(b *testing.B) {
 func coldLookups(b *testing.B, c *coldCorpus) {
 	for _, mode := range []string{"chain", "links", "hashing"} {
 		b.Run(mode, func(b *testing.B) {
-			e := New(Options{Index: c.r.on.opts.Index, Memo: hashing.NewMemo(64 << 20), Links: c.r.links})
+			// The service's caches: every prompt is new to the answer
+			// cache and the memo (both reset each round).
+			e := New(Options{Index: c.r.on.opts.Index, Memo: hashing.NewMemo(64 << 20), Links: c.r.links, Answers: NewAnswers(16 << 20)})
 			if mode == "hashing" {
 				e.opts.Links = nil
 			}
@@ -113,7 +115,8 @@ func coldLookups(b *testing.B, c *coldCorpus) {
 					continue
 				}
 				if i%len(c.prompts) == 0 {
-					e.opts.Memo.Reset() // every prompt new to the memo
+					e.opts.Memo.Reset()
+					e.opts.Answers.Reset()
 				}
 				if _, err := e.Lookup(&Request{Context: c.r.ctx, Tokens: toks}, res); err != nil {
 					b.Fatal(err)

@@ -42,6 +42,7 @@ type linkRig struct {
 	ctx     index.ContextKey
 	links   *hashing.Links
 	decs    []events.Decoder
+	owners  []index.OwnerID
 	on, off *Engine
 	rep     nopReporter
 	enc     *msgpack.Encoder
@@ -71,8 +72,9 @@ func newRig(t failer, algo, lora string, owners, bs int, links bool) *linkRig {
 	ix := index.New(index.Options{})
 	tbl := ix.EnsureTable(r.ctx, p)
 	for i := range owners {
+		r.owners = append(r.owners, tbl.AddEngineOwner(fmt.Sprintf("i%d", i), 0))
 		dec, err := events.New(events.Config{Type: source.VLLM, Profile: p, Context: r.ctx, Engine: tbl,
-			Owner: tbl.AddEngineOwner(fmt.Sprintf("i%d", i), 0), Links: r.links, Logger: zerolog.Nop()})
+			Owner: r.owners[i], Links: r.links, Logger: zerolog.Nop()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -252,6 +254,23 @@ func TestLinksAnswerAsHashing(t *testing.T) {
 		}
 		if r.rep.rejected != 0 {
 			rt.Fatalf("%d events rejected", r.rep.rejected)
+		}
+		// The index moves on after ingest: blocks evicted, some stored
+		// again elsewhere in their slabs, so the hints the links took
+		// go stale (the links keep them; answers must not change).
+		tbl := r.on.opts.Index.Table(r.ctx)
+		for range rapid.IntRange(0, 12).Draw(rt, "evictions") {
+			toks := prompts[rapid.IntRange(0, len(prompts)-1).Draw(rt, "eprompt")]
+			keys, _ := r.chain(toks, rapid.SampledFrom(salts).Draw(rt, "esalt"), -1)
+			if len(keys) == 0 {
+				continue
+			}
+			k := keys[rapid.IntRange(0, len(keys)-1).Draw(rt, "eblock")]
+			o := r.owners[rapid.IntRange(0, owners-1).Draw(rt, "eowner")]
+			tbl.Remove(o, index.Device, k)
+			if rapid.Bool().Draw(rt, "again") {
+				tbl.Store(o, index.Device, k)
+			}
 		}
 		for range rapid.IntRange(1, 10).Draw(rt, "queries") {
 			toks := prompts[rapid.IntRange(0, len(prompts)-1).Draw(rt, "qprompt")]

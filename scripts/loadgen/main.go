@@ -655,6 +655,9 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
 	}
 	if o.coldPass {
+		// What ingest left the servers to do (a garbage collection of
+		// the heap it grew) is not the cold queries' cost.
+		s.settle(ctx, fl)
 		s.logf("cold pass: %d stored prompts, each asked once", len(cold))
 		cr, err := s.coldPass(ctx, cold, ids, fails, fl)
 		rep.Cold = cr
@@ -834,6 +837,33 @@ func parallel(pubs []*publisher, f func(p *publisher) error) error {
 
 // probeTimeout bounds the wait for one subscription to connect.
 const probeTimeout = 15 * time.Second
+
+// settle waits, up to settleTimeout, until the servers' CPU time grows
+// by less than settleIdle over a settleWindow: until they are done with
+// background work before a phase that charges them its CPU.
+func (s *session) settle(ctx context.Context, fl fleet) {
+	const (
+		settleWindow  = 100 * time.Millisecond
+		settleIdle    = 2 * time.Millisecond
+		settleTimeout = 10 * time.Second
+	)
+	start := time.Now()
+	prev := total(fl.cpus())
+	for time.Since(start) < settleTimeout && prev >= 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(settleWindow):
+		}
+		now := total(fl.cpus())
+		if now-prev < settleIdle {
+			s.logf("servers idle after %v", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		prev = now
+	}
+	s.logf("servers still busy after %v; going on", settleTimeout)
+}
 
 // awaitProbe publishes p's probe block until a /query for it, restricted
 // to p's instance, shows it on the device tier of every server. A SUB
