@@ -39,7 +39,9 @@ type Config struct {
 	Links *hashing.Links
 	// LinkDefer bounds, in bytes, what the subscriber holds of applied
 	// events waiting for verification; 0 means DefaultLinkDefer and a
-	// negative value verifies each event as it is applied.
+	// negative value verifies each event as it is applied. The waiting
+	// events are held in chunks of 384 KiB, so a bound below one chunk
+	// sheds every event.
 	LinkDefer int
 	// WatchConnection says readiness waits for this source: it always
 	// gets a connection monitor (two extra sockets until the first
