@@ -222,8 +222,6 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	return s, nil
 }
 
-// isNilSink reports a missing sink, including a nil *index.Table wrapped in
-// the interface (which would only fail later, inside the goroutine).
 // linkDefer is the decoder's Config.LinkDefer for cfg.
 func linkDefer(cfg Config) int {
 	switch {
@@ -235,6 +233,8 @@ func linkDefer(cfg Config) int {
 	return cfg.LinkDefer
 }
 
+// isNilSink reports a missing sink, including a nil *index.Table wrapped in
+// the interface (which would only fail later, inside the goroutine).
 func isNilSink(e events.EngineSink) bool {
 	if e == nil {
 		return true
