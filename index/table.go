@@ -329,12 +329,20 @@ func sharedTierBit(tier Tier) uint32 {
 // unknown or removed owner.
 func (t *Table) Store(id OwnerID, tier Tier, key uint64) { t.store(id, tier, 0, key) }
 
+// StoreLocated is Store that also returns the block's hint (its slab index
+// plus one, locate.go), 0 when nothing was stored: ingest keeps it for the
+// verified links without looking the block up again.
+func (t *Table) StoreLocated(id OwnerID, tier Tier, key uint64) uint32 {
+	return t.store(id, tier, 0, key)
+}
+
 // store is Store for KV-cache group g (groups.go); group 0 of an owner that
-// never stored another group costs nothing beyond Store's own work.
-func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) {
+// never stored another group costs nothing beyond Store's own work. It
+// returns the block's hint, as StoreLocated.
+func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) uint32 {
 	bit := engineTierBit(tier)
 	if bit == 0 || g >= MaxGroups {
-		return
+		return 0
 	}
 	t.admit()
 	h := mix(key)
@@ -342,7 +350,7 @@ func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) {
 	s.mu.Lock()
 	if s.dead || !t.registered(id) {
 		s.mu.Unlock()
-		return
+		return 0
 	}
 	t.changing(s)
 	idx := s.findOrInsert(key, h)
@@ -369,6 +377,7 @@ func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) {
 		t.notify(KeyAdded, id, key)
 	}
 	s.mu.Unlock()
+	return uint32(idx + 1)
 }
 
 // lockBlock write-locks key's stripe and returns it with the block's slab

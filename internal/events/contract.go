@@ -120,6 +120,14 @@ type EngineSink interface {
 	ClearOwner(id index.OwnerID, tiers index.TierMask)
 }
 
+// LocatingSink is an EngineSink that also says where it stored a block,
+// as *index.Table does: the block hint that verified links keep beside
+// the block, so that a query's walk reads it without a probe
+// (index/locate.go).
+type LocatingSink interface {
+	StoreLocated(id index.OwnerID, tier index.Tier, key uint64) uint32
+}
+
 // SharedSink is the part of an index table a Mooncake source writes to:
 // shared-tier presence is reference counted, one reference per object
 // binding, because several objects (TP ranks, K/V parts) can carry one block.

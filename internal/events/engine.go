@@ -2,6 +2,7 @@ package events
 
 import (
 	"math"
+	"slices"
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
@@ -130,6 +131,12 @@ type engineDecoder struct {
 	lora      []byte
 	events    []engineEvent
 	keys      []uint64
+	// hints[i] is where the sink stored the block of keys[i] (index's
+	// block hint), for a stored event while verified links are on: the
+	// links keep it beside the block (links.go). locSink is sink when it
+	// can say (*index.Table can).
+	hints   []uint32
+	locSink LocatingSink
 	// fields and mapEv are the event under decoding; kept here so that
 	// walking its map allocates nothing.
 	fields engineFields
@@ -171,6 +178,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 	if rules.typ == source.VLLM {
 		d.links = cfg.Links.Scope(&d.profile)
 	}
+	d.locSink, _ = cfg.Engine.(LocatingSink)
 	d.keepSpans = d.check != nil || d.links.Enabled()
 	return d
 }
@@ -452,6 +460,10 @@ func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
 // owner.
 func (d *engineDecoder) Apply(rep Reporter) {
 	sink, owner := d.sink, d.owner
+	linking := d.links.Enabled()
+	if linking {
+		d.hints = slices.Grow(d.hints[:0], len(d.keys))[:len(d.keys)]
+	}
 	for i := range d.events {
 		ev := &d.events[i]
 		if ev.result != Applied {
@@ -463,8 +475,19 @@ func (d *engineDecoder) Apply(rep Reporter) {
 				d.applyGrouped(ev)
 				continue
 			}
-			for _, k := range d.keys[ev.off : ev.off+ev.n] {
-				sink.Store(owner, ev.tier, k)
+			keys := d.keys[ev.off : ev.off+ev.n]
+			if linking && d.locSink != nil {
+				hints := d.hints[ev.off : ev.off+ev.n]
+				for j, k := range keys {
+					hints[j] = d.locSink.StoreLocated(owner, ev.tier, k)
+				}
+			} else {
+				if linking {
+					clear(d.hints[ev.off : ev.off+ev.n])
+				}
+				for _, k := range keys {
+					sink.Store(owner, ev.tier, k)
+				}
 			}
 			if d.check != nil {
 				if n := d.check.Sample(int(ev.n)); n > 0 {

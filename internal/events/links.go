@@ -3,7 +3,6 @@ package events
 import (
 	"bytes"
 	"encoding/binary"
-	"slices"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
@@ -28,7 +27,6 @@ type linkScratch struct {
 	ids     []hashing.LinkID
 	toks    []hashing.LinkID
 	digs    [][32]byte
-	hints   []uint32
 	w       hashing.LinkWriter // this source's place in the links
 	buf     []byte
 	h       hashing.BlockHasher
@@ -133,7 +131,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 	// SHA-256; the rest are hashed from their parents in one run and
 	// compared.
 	var fresh bool
-	ls.digs, ls.hints, fresh = d.links.Resolve(ls.ids, ls.digs[:0], ls.hints[:0])
+	ls.digs, fresh = d.links.Resolve(ls.ids, ls.digs[:0])
 	held := len(ls.digs)
 	pub := func(i int) []byte {
 		if len(ls.digests) == n {
@@ -172,7 +170,7 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 			ls.toks = append(ls.toks, d.links.TokensID(ls.tokens[i*bs:(i+1)*bs]))
 		}
 		d.links.Record(&hashing.LinkRun{Parent: parentID, IDs: ls.ids[:m], Keys: keys[:m], Digs: ls.digs[:m],
-			Toks: ls.toks, Hints: d.locate(keys[:m]), Known: held}, &ls.w)
+			Toks: ls.toks, Hints: d.hints[ev.off : ev.off+int32(m)], Known: held}, &ls.w)
 	}
 }
 
@@ -206,12 +204,20 @@ type pendingLinks struct {
 }
 
 // pendChunk holds waiting events: evs[head:] wait, their spans point into
-// buf and their keys (off, n) into keys.
+// buf and their keys (off, n) into keys, with their block hints at the
+// same offsets in hints.
 type pendChunk struct {
-	buf  []byte
-	keys []uint64
-	evs  []engineEvent
-	head int
+	buf   []byte
+	keys  []uint64
+	hints []uint32
+	evs   []engineEvent
+	head  int
+}
+
+// newPendChunk returns an empty chunk for b value bytes, k keys and e
+// events.
+func newPendChunk(b, k, e int) *pendChunk {
+	return &pendChunk{buf: make([]byte, 0, b), keys: make([]uint64, 0, k), hints: make([]uint32, 0, k), evs: make([]engineEvent, 0, e)}
 }
 
 // Chunk capacities: 256 KiB of values, about 200 events of 16 blocks.
@@ -222,13 +228,13 @@ const (
 	// pendingEventBytes is what one waiting event costs besides its
 	// values: its engineEvent, rounded up (TestPendingEventBytes).
 	pendingEventBytes = 128
-	chunkBytes        = chunkBufBytes + 8*chunkKeys + pendingEventBytes*chunkEvents
+	chunkBytes        = chunkBufBytes + 12*chunkKeys + pendingEventBytes*chunkEvents
 	keepFreeChunks    = 1
 )
 
 // bytesOf is what a chunk holds in memory.
 func (c *pendChunk) bytesOf() int {
-	return cap(c.buf) + 8*cap(c.keys) + pendingEventBytes*cap(c.evs)
+	return cap(c.buf) + 8*cap(c.keys) + 4*cap(c.hints) + pendingEventBytes*cap(c.evs)
 }
 
 // fits says whether an event of b value bytes and k keys goes into c.
@@ -251,7 +257,7 @@ func (p *pendingLinks) reset() {
 // release gives an emptied chunk back, keeping a few standard ones.
 func (p *pendingLinks) release(c *pendChunk) {
 	if cap(c.buf) == chunkBufBytes && cap(c.keys) == chunkKeys && len(p.free) < keepFreeChunks {
-		c.buf, c.keys, c.evs, c.head = c.buf[:0], c.keys[:0], c.evs[:0], 0
+		c.buf, c.keys, c.hints, c.evs, c.head = c.buf[:0], c.keys[:0], c.hints[:0], c.evs[:0], 0
 		p.free = append(p.free, c)
 	}
 }
@@ -266,13 +272,13 @@ func (p *pendingLinks) chunkFor(b, k int) *pendChunk {
 	switch {
 	case b > chunkBufBytes || k > chunkKeys:
 		// A large event gets a chunk of its own, sized to it.
-		c = &pendChunk{buf: make([]byte, 0, b), keys: make([]uint64, 0, k), evs: make([]engineEvent, 0, 1)}
+		c = newPendChunk(b, k, 1)
 	case len(p.free) > 0:
 		c = p.free[len(p.free)-1]
 		p.free[len(p.free)-1] = nil
 		p.free = p.free[:len(p.free)-1]
 	default:
-		c = &pendChunk{buf: make([]byte, 0, chunkBufBytes), keys: make([]uint64, 0, chunkKeys), evs: make([]engineEvent, 0, chunkEvents)}
+		c = newPendChunk(chunkBufBytes, chunkKeys, chunkEvents)
 	}
 	if p.held+c.bytesOf() > p.max {
 		p.release(c)
@@ -315,6 +321,7 @@ func (d *engineDecoder) deferLink(ev *engineEvent) {
 	c.buf = append(c.buf, d.payload[lo:hi]...)
 	q.off = int32(len(c.keys))
 	c.keys = append(c.keys, d.keys[ev.off:ev.off+ev.n]...)
+	c.hints = append(c.hints, d.hints[ev.off:ev.off+ev.n]...)
 	c.evs = append(c.evs, q)
 	d.pend.n += int(ev.n)
 	d.links.NotePending(int(ev.n))
@@ -332,13 +339,13 @@ func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
 	if len(p.chunks) == 0 {
 		return false
 	}
-	// linkStored reads the decoder's payload and keys: aim them at the
-	// copies for the while.
-	payload, keys := d.payload, d.keys
+	// linkStored reads the decoder's payload, keys and hints: aim them at
+	// the copies for the while.
+	payload, keys, hints := d.payload, d.keys, d.hints
 	done := 0
 	for len(p.chunks) > 0 && done < maxBlocks {
 		c := p.chunks[0]
-		d.payload, d.keys = c.buf, c.keys
+		d.payload, d.keys, d.hints = c.buf, c.keys, c.hints
 		for c.head < len(c.evs) && done < maxBlocks {
 			ev := &c.evs[c.head]
 			d.linkStored(ev)
@@ -355,7 +362,7 @@ func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
 	}
 	p.n -= done
 	d.links.NotePending(-done)
-	d.payload, d.keys = payload, keys
+	d.payload, d.keys, d.hints = payload, keys, hints
 	return len(p.chunks) > 0
 }
 
@@ -369,22 +376,3 @@ func (d *engineDecoder) CatchUp() {
 
 // PendingLinks implements Verifier.
 func (d *engineDecoder) PendingLinks() int { return d.pend.n }
-
-// Locator is what a sink that can say where it keeps blocks offers
-// (*index.Table does): block hints a query's walk checks before probing
-// (index/locate.go).
-type Locator interface {
-	Locate(keys []uint64, hints []uint32)
-}
-
-// locate returns the block hints of keys, just stored, for the links to
-// keep beside them; nil when the sink cannot say.
-func (d *engineDecoder) locate(keys []uint64) []uint32 {
-	loc, ok := d.sink.(Locator)
-	if !ok {
-		return nil
-	}
-	d.ls.hints = slices.Grow(d.ls.hints[:0], len(keys))[:len(keys)]
-	loc.Locate(keys, d.ls.hints)
-	return d.ls.hints
-}

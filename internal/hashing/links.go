@@ -373,10 +373,11 @@ func (s LinkScope) Next(prefix LinkID, tokens []int32, buf []byte) (LinkID, []by
 }
 
 // Resolve appends to out the verified digests of the blocks ids name, in
-// order, up to the first one not held, and to hints their block hints; it
-// reports whether every one appended is in the current generation (ingest
-// refreshes them otherwise).
-func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]byte, []uint32, bool) {
+// order, up to the first one not held, and reports whether every one
+// appended is in the current generation (ingest refreshes them
+// otherwise). It is ingest's lookup of what it verified before; a query
+// follows runs by tokens instead (Follow).
+func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
 	l := s.l
 	fresh := true
 	l.mu.RLock()
@@ -386,7 +387,6 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]
 	for _, id := range ids {
 		if ch != nil && off < ch.n && ch.ids[off] == id {
 			out = append(out, ch.digs[off]) // the run goes on
-			hints = append(hints, ch.hints[off])
 			off++
 			continue
 		}
@@ -403,10 +403,9 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte, hints []uint32) ([][32]
 			break
 		}
 		out = append(out, ch.digs[off])
-		hints = append(hints, ch.hints[off])
 		off++
 	}
-	return out, hints, fresh
+	return out, fresh
 }
 
 // Followed is what Follow found: the index keys and block hints of the

@@ -166,14 +166,14 @@ func TestLinksBudget(t *testing.T) {
 			t.Fatalf("after %d runs: %d bytes, budget %d", i+1, l.Bytes(), budget)
 		}
 	}
-	got, _, fresh := sc.Resolve(ids, nil, nil)
+	got, fresh := sc.Resolve(ids, nil)
 	if !fresh || len(got) != len(ids) || got[4] != digs[4] {
 		t.Errorf("the newest run: %d of %d digests, fresh %v", len(got), len(ids), fresh)
 	}
 	if id, d, ok := sc.ByKey(keys[4]); !ok || id != ids[4] || d != digs[4] {
 		t.Error("the newest key is gone")
 	}
-	if got, _, _ := sc.Resolve(hot, nil, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
+	if got, _ := sc.Resolve(hot, nil); len(got) != 1 || got[0] != ([32]byte{7}) {
 		t.Error("a link stored again and again aged out")
 	}
 	if k := l.Len(); k < budget/LinkBytes/4 || k > budget/48 {
@@ -183,7 +183,7 @@ func TestLinksBudget(t *testing.T) {
 	if l.Bytes() != 0 || l.Len() != 0 {
 		t.Errorf("after Reset: %d bytes, %d links", l.Bytes(), l.Len())
 	}
-	if got, _, _ := sc.Resolve(ids, nil, nil); len(got) != 0 {
+	if got, _ := sc.Resolve(ids, nil); len(got) != 0 {
 		t.Error("a link survived Reset")
 	}
 	if _, _, ok := sc.ByKey(keys[4]); ok {
@@ -299,7 +299,7 @@ func TestLinksConcurrent(t *testing.T) {
 		default:
 		}
 		ids := idsOf(r)
-		out, _, _ = sc.Resolve(ids, out[:0], nil)
+		out, _ = sc.Resolve(ids, out[:0])
 		for i, d := range out {
 			if d != digestOf(ids[i]) {
 				t.Fatalf("run %d block %d: a digest filed under another id", r, i)
@@ -341,10 +341,14 @@ func TestLinksKeepHints(t *testing.T) {
 	digs := [][32]byte{{1}, {2}, {3}}
 	sc.Record(&LinkRun{IDs: ids[:2], Keys: keys[:2], Digs: digs[:2], Hints: []uint32{5, 6}}, nil)
 	sc.Record(&LinkRun{IDs: ids[2:], Keys: keys[2:], Digs: digs[2:]}, nil)
-	resolve := func() []uint32 {
-		got, hints, _ := sc.Resolve(ids, nil, nil)
-		if len(got) != len(ids) {
-			t.Fatalf("%d of %d digests", len(got), len(ids))
+	resolve := func() []uint32 { // the hints kept beside the blocks
+		var hints []uint32
+		for _, id := range ids {
+			ch, off, ok := sc.l.cur.find(id)
+			if !ok {
+				t.Fatalf("block %v not held", id)
+			}
+			hints = append(hints, ch.hints[off])
 		}
 		return hints
 	}
@@ -397,7 +401,7 @@ func TestLinkWritersKeepRuns(t *testing.T) {
 		}
 	}
 	for c := range ids {
-		got, _, _ := sc.Resolve(ids[c], nil, nil)
+		got, _ := sc.Resolve(ids[c], nil)
 		if diff := cmp.Diff(digs[c], got); diff != "" {
 			t.Fatalf("chain %d (-want +got):\n%s", c, diff)
 		}

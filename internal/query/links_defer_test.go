@@ -2,6 +2,7 @@ package query
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -144,6 +145,15 @@ func TestLinksDeferredAnswerAsHashing(t *testing.T) {
 		}
 		for range rapid.IntRange(1, 6).Draw(rt, "queries") {
 			query()
+		}
+		// Nothing moved in the index, so every link carries where its
+		// block was stored, however late it was verified.
+		for _, toks := range prompts {
+			for _, salt := range salts {
+				if _, carried, located := r.linkedHints(toks, salt); !slices.Equal(carried, located) {
+					rt.Fatalf("tokens %v salt %q: hints carried %v, the blocks lie at %v", toks, salt, carried, located)
+				}
+			}
 		}
 		shed += r.links.Shed()
 		if r.links.Shed() == 0 && r.links.Len() != inline.links.Len() {

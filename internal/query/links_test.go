@@ -194,6 +194,22 @@ func (r *linkRig) lookup(e *Engine, toks []int32, salt, instance string) *Result
 // points, chained by key or by digest) and random queries (stored prompts,
 // their prefixes and extensions, other salts, instance filters) give the
 // same answer with the links on and off.
+// linkedHints follows the links for toks (under salt and the rig's LoRA)
+// as a query's chain does and returns the keys they serve, the block
+// hints those carry, and the hints the table gives for the keys now.
+func (r *linkRig) linkedHints(toks []int32, salt string) (ready []uint64, carried, located []uint32) {
+	ch := hashing.AcquireChain()
+	defer hashing.ReleaseChain(ch)
+	ch.Reset(&r.p, r.ctx.BlockSize, toks, r.ctx.Lora, salt)
+	ch.UseLinks(r.links)
+	for n := ch.Ready(); n > 0; n = ch.Ready() {
+		ready, _, carried = ch.TakeReady(n, ready, nil, carried)
+	}
+	located = make([]uint32, len(ready))
+	r.on.opts.Index.Table(r.ctx).Locate(ready, located)
+	return ready, carried, located
+}
+
 func TestLinksAnswerAsHashing(t *testing.T) {
 	var hits, answered uint64 // over all runs, so the property is not vacuous
 	rapid.Check(t, func(rt *rapid.T) {
@@ -382,23 +398,12 @@ func TestLinksFromIngest(t *testing.T) {
 				t.Errorf("the query took %d blocks from links, want %d", hits, tc.want)
 			}
 			// Linked blocks carry where ingest saw them in the index
-			// (index.HintedChain); hashed ones carry none.
-			tbl := r.on.opts.Index.Table(r.ctx)
-			ch := hashing.AcquireChain()
-			defer hashing.ReleaseChain(ch)
-			ch.Reset(&r.p, 4, toks, tc.lora, tc.querySalt)
-			ch.UseLinks(r.links)
-			var ready []uint64
-			var hints []uint32
-			for n := ch.Ready(); n > 0; n = ch.Ready() {
-				ready, _, hints = ch.TakeReady(n, ready, nil, hints)
-			}
+			// (index.BatchChain); hashed ones carry none.
+			ready, carried, located := r.linkedHints(toks, tc.querySalt)
 			if len(ready) != tc.want {
 				t.Fatalf("%d blocks ready, want %d", len(ready), tc.want)
 			}
-			located := make([]uint32, len(ready))
-			tbl.Locate(ready, located)
-			if d := cmp.Diff(located, hints, cmpopts.EquateEmpty()); d != "" || slices.Contains(hints, 0) {
+			if d := cmp.Diff(located, carried, cmpopts.EquateEmpty()); d != "" || slices.Contains(carried, 0) {
 				t.Errorf("hints of linked blocks (-located +carried):\n%s", d)
 			}
 		})
