@@ -278,6 +278,19 @@ func sharedSlot(tier Tier) int {
 	return -1
 }
 
+// lockSharedGroup returns key's stripe, write-locked, and tier's slot in
+// a sharedGroupRefs, for a reference of group g; nil when tier or g is not
+// one a group reference can have.
+func (t *Table) lockSharedGroup(tier Tier, g int, key uint64) (*stripe, int) {
+	i := sharedSlot(tier)
+	if i < 0 || g < 0 || g >= MaxGroups {
+		return nil, 0
+	}
+	s := t.stripeFor(mix(key))
+	s.mu.Lock()
+	return s, i
+}
+
 // AcquireSharedGroup is AcquireShared for KV-cache group g: a hybrid
 // model's Mooncake object of that group. Group 0 is AcquireShared itself.
 func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
@@ -285,13 +298,10 @@ func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
 		t.AcquireShared(tier, key)
 		return
 	}
-	i := sharedSlot(tier)
-	if i < 0 || g < 0 || g >= MaxGroups {
+	s, i := t.lockSharedGroup(tier, g, key)
+	if s == nil {
 		return
 	}
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dead {
 		return
@@ -318,13 +328,10 @@ func (t *Table) ReleaseSharedGroup(tier Tier, g int, key uint64) {
 		t.ReleaseShared(tier, key)
 		return
 	}
-	i := sharedSlot(tier)
-	if i < 0 || g < 0 || g >= MaxGroups {
+	s, i := t.lockSharedGroup(tier, g, key)
+	if s == nil {
 		return
 	}
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := s.sharedGroups[key]
 	if s.dead || r == nil || r[g][i] == 0 {

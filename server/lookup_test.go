@@ -10,6 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 )
@@ -21,27 +22,7 @@ var lookupCtx = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 4}
 // the memos on or off.
 func lookupFixture(t *testing.T, tokens []int32, memos bool) *Server {
 	t.Helper()
-	seed := "0"
-	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix := index.New(index.Options{})
-	tbl := ix.EnsureTable(lookupCtx, p)
-	a, b := tbl.AddEngineOwner("a", 0), tbl.AddEngineOwner("b", 1)
-	ch := hashing.AcquireChain()
-	defer hashing.ReleaseChain(ch)
-	ch.Reset(tbl.Profile(), lookupCtx.BlockSize, tokens, "", "")
-	for i := 0; i < 3; i++ {
-		k, _, ok := ch.Next()
-		if !ok {
-			t.Fatal("prompt too short")
-		}
-		tbl.Store(a, index.Device, k)
-		if i == 0 {
-			tbl.Store(b, index.Device, k)
-		}
-	}
+	ix := eventtest.PrefixTable(t, lookupCtx, tokens)
 	qo := query.Options{Index: ix}
 	opts := Options{Index: ix}
 	if memos {

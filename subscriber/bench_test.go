@@ -18,7 +18,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
-	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
 )
 
@@ -184,15 +183,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	for i := range b.N {
 		patchHashes(p, offs, uint64(i))
 		binary.BigEndian.PutUint64(seqb, uint64(i))
-		if _, err := pub.sock.SendBytes(topic, zmq.SNDMORE); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pub.sock.SendBytes(seqb, zmq.SNDMORE); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pub.sock.SendBytes(p, 0); err != nil {
-			b.Fatal(err)
-		}
+		pub.sendFrames(topic, seqb, p)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -320,15 +311,7 @@ func benchIngestLinks(b *testing.B, deferred bool) {
 	start := time.Now()
 	for i, p := range payloads {
 		binary.BigEndian.PutUint64(seqb, uint64(i))
-		if _, err := pub.sock.SendBytes(topic, zmq.SNDMORE); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pub.sock.SendBytes(seqb, zmq.SNDMORE); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pub.sock.SendBytes(p, 0); err != nil {
-			b.Fatal(err)
-		}
+		pub.sendFrames(topic, seqb, p)
 	}
 	deadline := time.Now().Add(time.Minute)
 	wait := func(done func() bool) {

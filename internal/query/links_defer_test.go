@@ -98,19 +98,7 @@ func TestLinksDeferredAnswerAsHashing(t *testing.T) {
 				if from > 0 {
 					s.parent, s.parentDig = &keys[from-1], &digs[from-1]
 				}
-				s.extraKeys = make([]any, to-from)
-				for i := from; i < to; i++ {
-					var items []any
-					if i == 0 && salt != "" {
-						items = append(items, map[string]any{"type": "cache_salt", "salt": salt})
-					}
-					if i == mm {
-						items = append(items, map[string]any{"type": "mm", "hash": "img"})
-					}
-					if items != nil {
-						s.extraKeys[i-from] = items
-					}
-				}
+				s.extraKeys = typedExtras(len(keys), mm, salt)[from:to]
 				p := r.encode(s)
 				r.applyPayload(owner, p)
 				inline.applyPayload(owner, p)

@@ -194,6 +194,26 @@ func (r *linkRig) lookup(e *Engine, toks []int32, salt, instance string) *Result
 // points, chained by key or by digest) and random queries (stored prompts,
 // their prefixes and extensions, other salts, instance filters) give the
 // same answer with the links on and off.
+// typedExtras is the extra_keys of a chain of n blocks as vLLM types them:
+// the salt in block 0's (when salt is not ""), an image hash in block mm's
+// (-1: none), nil for the other blocks.
+func typedExtras(n, mm int, salt string) []any {
+	ek := make([]any, n)
+	for i := range ek {
+		var items []any
+		if i == 0 && salt != "" {
+			items = append(items, map[string]any{"type": "cache_salt", "salt": salt})
+		}
+		if i == mm {
+			items = append(items, map[string]any{"type": "mm", "hash": "img"})
+		}
+		if items != nil {
+			ek[i] = items
+		}
+	}
+	return ek
+}
+
 // linkedHints follows the links for toks (under salt and the rig's LoRA)
 // as a query's chain does and returns the keys they serve, the block
 // hints those carry, and the hints the table gives for the keys now.
@@ -248,19 +268,7 @@ func TestLinksAnswerAsHashing(t *testing.T) {
 				}
 				switch extras {
 				case "typed":
-					s.extraKeys = make([]any, to-from)
-					for i := from; i < to; i++ {
-						var items []any
-						if i == 0 && salt != "" {
-							items = append(items, map[string]any{"type": "cache_salt", "salt": salt})
-						}
-						if i == mm {
-							items = append(items, map[string]any{"type": "mm", "hash": "img"})
-						}
-						if items != nil {
-							s.extraKeys[i-from] = items
-						}
-					}
+					s.extraKeys = typedExtras(len(keys), mm, salt)[from:to]
 				case "nil":
 					s.extraKeys = make([]any, to-from) // one nil per block: no extras said
 				}
@@ -328,22 +336,6 @@ func TestLinksFromIngest(t *testing.T) {
 	for i := range toks {
 		toks[i] = int32(i % 7)
 	}
-	typed := func(n, mm int, salt string) []any {
-		ek := make([]any, n)
-		for i := range ek {
-			var items []any
-			if i == 0 && salt != "" {
-				items = append(items, map[string]any{"type": "cache_salt", "salt": salt})
-			}
-			if i == mm {
-				items = append(items, map[string]any{"type": "mm", "hash": "img"})
-			}
-			if items != nil {
-				ek[i] = items
-			}
-		}
-		return ek
-	}
 	cases := []struct {
 		name      string
 		lora      string
@@ -382,7 +374,7 @@ func TestLinksFromIngest(t *testing.T) {
 					s.parent, s.parentDig = &keys[span[0]-1], &digs[span[0]-1]
 				}
 				if tc.extras {
-					s.extraKeys = typed(10, tc.mm, tc.salt)[span[0]:span[1]]
+					s.extraKeys = typedExtras(10, tc.mm, tc.salt)[span[0]:span[1]]
 				}
 				r.apply(s)
 			}

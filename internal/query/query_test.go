@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
@@ -16,27 +17,7 @@ var testCtx = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 4}
 // on device and (b, 1) the first block, plus an engine with the memos on.
 func fixture(t *testing.T, tokens []int32, memos bool) (*Engine, *index.Index) {
 	t.Helper()
-	seed := "0"
-	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ix := index.New(index.Options{})
-	tbl := ix.EnsureTable(testCtx, p)
-	a, b := tbl.AddEngineOwner("a", 0), tbl.AddEngineOwner("b", 1)
-	ch := hashing.AcquireChain()
-	defer hashing.ReleaseChain(ch)
-	ch.Reset(tbl.Profile(), testCtx.BlockSize, tokens, "", "")
-	for i := 0; i < 3; i++ {
-		k, _, ok := ch.Next()
-		if !ok {
-			t.Fatal("prompt too short")
-		}
-		tbl.Store(a, index.Device, k)
-		if i == 0 {
-			tbl.Store(b, index.Device, k)
-		}
-	}
+	ix := eventtest.PrefixTable(t, testCtx, tokens)
 	opts := Options{Index: ix}
 	if memos {
 		opts.Memo = hashing.NewMemo(1 << 20)
