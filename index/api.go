@@ -85,7 +85,7 @@ type ReadyChain interface {
 }
 
 // BatchChain is a ReadyChain that hands its ready keys over in one call,
-// each with a hint of where its block lies (from Table.Locate; 0 for
+// each with a hint of where its block lies (see locate.go; 0 for
 // none): keys from verified links carry the one ingest took. The walk
 // checks a hinted slab entry before probing the slot table (locate.go).
 type BatchChain interface {

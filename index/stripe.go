@@ -167,7 +167,7 @@ func (s *stripe) publishBlocks() {
 }
 
 // prefetchAt starts loading slab entry idx without the lock, for a lookup
-// that has a hint of where its block lies (see Table.Locate). Like
+// that has a hint of where its block lies (locate.go). Like
 // prefetchSlot it is only a hint: a stale mirror loads a useless line.
 func (s *stripe) prefetchAt(idx uint32) {
 	if int64(idx) < s.blocksCap.Load() {
@@ -176,7 +176,7 @@ func (s *stripe) prefetchAt(idx uint32) {
 }
 
 // holdsAt reports whether the live block of key lies at slab index idx, a
-// hint from Table.Locate; the caller holds the lock. A free entry has no
+// hint (locate.go); the caller holds the lock. A free entry has no
 // holder (and a zero key), so a hint to a block deleted since, or to an
 // entry reused for another key, fails and the caller probes as usual.
 func (s *stripe) holdsAt(key uint64, idx uint32) bool {

@@ -80,9 +80,10 @@ const LinkBytes = 2*int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 4 + 1 + 2*posSlotByt
 // runChunk holds runs: ids[i], digs[i], keys[i], toks[i], hints[i] and
 // child[i] are one block's. A run never crosses chunks, so a walk along
 // one stays inside its arrays. keys[i] is the digest's index key (a query
-// reads it without the digest's line). hints[i] is where the index held the block when ingest filed it
-// (index.Table.Locate, 0 for unknown): a query hands it to the index walk,
-// which checks it before probing (index/locate.go).
+// reads it without the digest's line). hints[i] is where the index held
+// the block when ingest stored it (what index.Table.StoreLocated
+// returned, 0 for unknown): a query hands it to the index walk, which
+// checks it before probing (index/locate.go).
 //
 // toks[i] is the id of block i's tokens alone (TokensID) and child[i] says
 // that block i-1 of the chunk is its parent: a query that matched block
@@ -549,7 +550,7 @@ type LinkRun struct {
 	// Toks are the ids of the blocks' tokens (TokensID); nil when not
 	// known, and a query then looks every block up instead of following.
 	Toks []LinkID
-	// Hints are the blocks' hints in the index (Table.Locate); nil for
+	// Hints are the blocks' hints in the index (what Table.StoreLocated returned); nil for
 	// none.
 	Hints []uint32
 	// Known is how many leading blocks may be held already (Resolve
@@ -566,47 +567,14 @@ type LinkRun struct {
 func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
 	ids, keys, digs, hints, known := r.IDs, r.Keys, r.Digs, r.Hints, r.Known
 	l := s.l
-	// A table that doubles takes fresh memory, and its first touch of
-	// each page is a page fault: done under the lock, other sources'
-	// ingest and every query would wait for it. So once a large table is
-	// 5/8 full, one Record allocates and faults in the doubled slots
-	// before taking the lock and parks them in next, where grow finds
-	// them at 3/4.
-	var want [2]int
-	l.mu.RLock()
-	if g := l.cur; g != nil {
-		for i, t := range [2]*posTable{&g.index, &g.back} {
-			if len(t.slots) >= 1<<16 && t.next == nil && t.noNext != len(t.slots) &&
-				(t.n+len(ids))*8 > len(t.slots)*5 && g.bytes()+2*len(t.slots)*posSlotBytes <= l.maxBytes/2 {
-				want[i] = 2 * len(t.slots)
-			}
-		}
-	}
-	l.mu.RUnlock()
-	var spare [2][]posSlot
-	if want != [2]int{} && l.preparing.CompareAndSwap(false, true) {
+	spare, prepared := l.prepareGrowth(len(ids))
+	if prepared {
 		defer l.preparing.Store(false)
-		for i, n := range want {
-			if n > 0 {
-				spare[i] = faultIn(make([]posSlot, n))
-			}
-		}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if g := l.cur; g != nil {
-		for i, t := range [2]*posTable{&g.index, &g.back} {
-			// Only within the generation's budget: past it, the
-			// generation gives way before the table would grow.
-			if spare[i] == nil {
-				continue
-			}
-			if t.next == nil && len(spare[i]) == 2*len(t.slots) && g.bytes()+len(spare[i])*posSlotBytes <= l.maxBytes/2 {
-				t.next = spare[i]
-			} else {
-				t.noNext = len(t.slots) // not again at this size
-			}
-		}
+	if g := l.cur; g != nil && prepared {
+		g.adoptSpare(spare, l.maxBytes/2)
 	}
 	g := l.cur
 	if g == nil {
@@ -677,6 +645,55 @@ func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
 		if g.index.put(id.Hi, pos) {
 			added++
 		} // else another ingest filed it meanwhile: this copy is spare
+	}
+}
+
+// prepareGrowth is the first half of taking a table's doubling out of
+// the lock. A table that doubles takes fresh memory, and its first touch
+// of each page is a page fault: done under the lock, other sources'
+// ingest and every query would wait for it. So once a large table of the
+// current generation is 5/8 full (with adding more blocks to come), one
+// Record allocates and faults in the doubled slots before it takes the
+// lock (prepareGrowth), and parks them in next under it (adoptSpare),
+// where grow finds them at 3/4. prepared says this caller holds the
+// preparing flag, to clear once it has adopted what it made.
+func (l *Links) prepareGrowth(adding int) (spare [2][]posSlot, prepared bool) {
+	var want [2]int
+	l.mu.RLock()
+	if g := l.cur; g != nil {
+		for i, t := range [2]*posTable{&g.index, &g.back} {
+			if len(t.slots) >= 1<<16 && t.next == nil && t.noNext != len(t.slots) &&
+				(t.n+adding)*8 > len(t.slots)*5 && g.bytes()+2*len(t.slots)*posSlotBytes <= l.maxBytes/2 {
+				want[i] = 2 * len(t.slots)
+			}
+		}
+	}
+	l.mu.RUnlock()
+	if want == [2]int{} || !l.preparing.CompareAndSwap(false, true) {
+		return spare, false
+	}
+	for i, n := range want {
+		if n > 0 {
+			spare[i] = faultIn(make([]posSlot, n))
+		}
+	}
+	return spare, true
+}
+
+// adoptSpare parks prepareGrowth's slots in the tables they were made
+// for, under the lock, where they still fit: the table has not grown
+// meanwhile and g stays within its budget (past it, the generation gives
+// way before the table would grow).
+func (g *linkGen) adoptSpare(spare [2][]posSlot, budget int) {
+	for i, t := range [2]*posTable{&g.index, &g.back} {
+		if spare[i] == nil {
+			continue
+		}
+		if t.next == nil && len(spare[i]) == 2*len(t.slots) && g.bytes()+len(spare[i])*posSlotBytes <= budget {
+			t.next = spare[i]
+		} else {
+			t.noNext = len(t.slots) // not again at this size
+		}
 	}
 }
 
