@@ -416,6 +416,16 @@ func TestLinkWritersKeepRuns(t *testing.T) {
 			}
 		}
 	}
+	// After Reset (the last context went) a writer's chunk belongs to
+	// a generation that is gone: its next blocks go into the new one.
+	l.Reset()
+	sc.Record(&LinkRun{IDs: ids[0], Keys: keys[0], Digs: digs[0]}, &ws[0])
+	if got, _ := sc.Resolve(ids[0], nil); len(got) != len(ids[0]) || l.Len() != len(ids[0]) {
+		t.Fatalf("after Reset: %d of %d digests, %d links held", len(got), len(ids[0]), l.Len())
+	}
+	if ws[0].g != l.cur {
+		t.Error("the writer still points into the generation Reset dropped")
+	}
 }
 
 // TestTakeReadyIsNext checks that taking a chain's ready blocks in batches
