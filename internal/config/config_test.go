@@ -13,6 +13,15 @@ import (
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 
+// noFile is an environment that names no config file, so only flags and
+// the environment count; Load only reads it.
+var noFile = map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+
+// noFileWith is noFile with one more variable.
+func noFileWith(k, v string) map[string]string {
+	return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", k: v}
+}
+
 func writeFile(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "conductor_config.json")
@@ -87,7 +96,7 @@ func TestLoad(t *testing.T) {
 func TestAuthToken(t *testing.T) {
 	tokenFile := writeFile(t, "  tok-123\n")
 	empty := writeFile(t, "\n")
-	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
+	base := noFile
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -115,10 +124,8 @@ func TestAuthToken(t *testing.T) {
 }
 
 func TestMemoSize(t *testing.T) {
-	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
-	withEnv := func(k, v string) map[string]string {
-		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", k: v}
-	}
+	base := noFile
+	withEnv := noFileWith
 	hash := func(c *Config) int { return c.MemoBytes }
 	token := func(c *Config) int { return c.TokenMemoBytes }
 	for _, tc := range []struct {
@@ -232,10 +239,8 @@ func TestFlagDefaultsYield(t *testing.T) {
 }
 
 func TestDebugRoutes(t *testing.T) {
-	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
-	withEnv := func(v string) map[string]string {
-		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_DEBUG_ROUTES": v}
-	}
+	base := noFile
+	withEnv := func(v string) map[string]string { return noFileWith("CONDUCTOR_DEBUG_ROUTES", v) }
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -264,10 +269,8 @@ func TestDebugRoutes(t *testing.T) {
 }
 
 func TestHashCheckEvery(t *testing.T) {
-	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
-	withEnv := func(v string) map[string]string {
-		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_HASH_CHECK_EVERY": v}
-	}
+	base := noFile
+	withEnv := func(v string) map[string]string { return noFileWith("CONDUCTOR_HASH_CHECK_EVERY", v) }
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -333,10 +336,8 @@ func TestGRPCDoor(t *testing.T) {
 }
 
 func TestStaleRecovery(t *testing.T) {
-	base := map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent"}
-	withEnv := func(v string) map[string]string {
-		return map[string]string{"CONDUCTOR_CONFIG_PATH": "/nonexistent", "CONDUCTOR_STALE_RECOVERY": v}
-	}
+	base := noFile
+	withEnv := func(v string) map[string]string { return noFileWith("CONDUCTOR_STALE_RECOVERY", v) }
 	for _, tc := range []struct {
 		name string
 		args []string
