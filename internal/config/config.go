@@ -89,6 +89,9 @@ type Config struct {
 	ShowVersion bool
 	// DebugRoutes enables the operator routes (POST /debug/explain).
 	DebugRoutes bool
+	// HugePages lets the service have its dense memory put on transparent
+	// huge pages when the host's THP mode is "madvise" (internal/hugepage).
+	HugePages bool
 	// PprofAddr, when not "", serves the Go runtime's profiles there, on a
 	// listener of their own (off by default).
 	PprofAddr string
@@ -163,6 +166,7 @@ type flags struct {
 	version   *bool
 	// debugRoutes is --debug-routes.
 	debugRoutes *bool
+	hugePages   *bool
 	pprofAddr   *string
 	hashCheck   *int
 	stateDir    *string
@@ -198,6 +202,7 @@ func newFlags() *flags {
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
 	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
+	f.hugePages = fl.Bool("huge-pages", true, `on hosts whose transparent huge page mode is "madvise", have the kernel put the service's fully used memory on 2 MiB pages after it grows, which roughly halves the cost of a cold query's random index reads; false leaves page sizes to the kernel (env CONDUCTOR_HUGE_PAGES)`)
 	f.pprofAddr = fl.String("pprof-addr", "", `serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060, apart from the API (env CONDUCTOR_PPROF_ADDR); default off`)
 	f.stateDir = fl.String("state-dir", defaultStateDir(), `directory for registrations and index snapshots (env CONDUCTOR_STATE_DIR); "" keeps them in memory only`)
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
@@ -267,7 +272,7 @@ func Usage() string {
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
 		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
-		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
+		HugePages: true, SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
 }
 
 // Load reads configuration. args are the command-line arguments without the
@@ -374,13 +379,11 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 		c.HashCheckEvery = n
 	}
-	c.DebugRoutes = *f.debugRoutes
-	if v := getenv("CONDUCTOR_DEBUG_ROUTES"); v != "" && !f.set["debug-routes"] {
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, fmt.Errorf("invalid CONDUCTOR_DEBUG_ROUTES %q: want 1, true, 0 or false", v)
-		}
-		c.DebugRoutes = on
+	if c.DebugRoutes, err = f.pickBool("debug-routes", *f.debugRoutes, "CONDUCTOR_DEBUG_ROUTES", getenv); err != nil {
+		return nil, err
+	}
+	if c.HugePages, err = f.pickBool("huge-pages", *f.hugePages, "CONDUCTOR_HUGE_PAGES", getenv); err != nil {
+		return nil, err
 	}
 	c.GRPCAddr = f.pick("grpc-addr", *f.grpcAddr, getenv("CONDUCTOR_GRPC_ADDR"))
 	c.GRPCTLSCert = f.pick("grpc-tls-cert", *f.grpcCert, getenv("CONDUCTOR_GRPC_TLS_CERT"))
@@ -402,6 +405,21 @@ func (f *flags) pick(name, flagVal, env string) string {
 		return flagVal
 	}
 	return env
+}
+
+// pickBool is pick for a boolean setting: the flag when given, otherwise
+// the environment variable env when set (1, true, 0, false, as
+// strconv.ParseBool reads them), otherwise the flag's default.
+func (f *flags) pickBool(name string, flagVal bool, env string, getenv func(string) string) (bool, error) {
+	v := getenv(env)
+	if f.set[name] || v == "" {
+		return flagVal, nil
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("invalid %s %q: want 1, true, 0 or false", env, v)
+	}
+	return on, nil
 }
 
 // ParseLevel maps the documented level names (case-insensitive) to zerolog.

@@ -658,6 +658,12 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		// What ingest left the servers to do (a garbage collection of
 		// the heap it grew) is not the cold queries' cost.
 		s.settle(ctx, fl)
+		rep.HugeBeforeCold = -1
+		if pid := fl[0].pid; pid > 0 {
+			if b, err := procAnonHuge(pid); err == nil {
+				rep.HugeBeforeCold = b
+			}
+		}
 		s.logf("cold pass: %d stored prompts, each asked once", len(cold))
 		cr, err := s.coldPass(ctx, cold, ids, fails, fl)
 		rep.Cold = cr
@@ -838,25 +844,32 @@ func parallel(pubs []*publisher, f func(p *publisher) error) error {
 // probeTimeout bounds the wait for one subscription to connect.
 const probeTimeout = 15 * time.Second
 
-// settle waits, up to settleTimeout, until the servers' CPU time grows
-// by less than settleIdle over a settleWindow: until they are done with
-// background work before a phase that charges them its CPU.
+// settle waits, up to settleTimeout, until the servers' CPU time has
+// grown by less than settleIdle in each of settleQuiet's windows in a
+// row: until they are done with background work before a phase that
+// charges them its CPU. Quiet spans more than the two 500 ms ticks after
+// which a server's huge-page pass follows the growth ingest caused
+// (internal/hugepage), so the pass is over, not still to come.
 func (s *session) settle(ctx context.Context, fl fleet) {
 	const (
 		settleWindow  = 100 * time.Millisecond
 		settleIdle    = 2 * time.Millisecond
-		settleTimeout = 10 * time.Second
+		settleQuiet   = 12 // windows: 1.2 s
+		settleTimeout = 15 * time.Second
 	)
 	start := time.Now()
 	prev := total(fl.cpus())
-	for time.Since(start) < settleTimeout && prev >= 0 {
+	for quiet := 0; time.Since(start) < settleTimeout && prev >= 0; {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(settleWindow):
 		}
 		now := total(fl.cpus())
-		if now-prev < settleIdle {
+		if quiet++; now-prev >= settleIdle {
+			quiet = 0
+		}
+		if quiet == settleQuiet {
 			s.logf("servers idle after %v", time.Since(start).Round(time.Millisecond))
 			return
 		}

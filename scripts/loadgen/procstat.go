@@ -75,6 +75,16 @@ func procRSS(pid int) (int64, error) { return procStatusKB(pid, "VmRSS:") }
 // shared libraries that it has touched.
 func procAnonRSS(pid int) (int64, error) { return procStatusKB(pid, "RssAnon:") }
 
+// procAnonHuge returns how much of process pid's anonymous memory is on
+// transparent huge pages (AnonHugePages of its smaps_rollup).
+func procAnonHuge(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseStatusKB(b, "AnonHugePages:")
+}
+
 // procStatusKB reads one "<key>   1234 kB" figure of /proc/<pid>/status.
 func procStatusKB(pid int, key string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

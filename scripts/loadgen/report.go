@@ -47,7 +47,11 @@ type report struct {
 	Restart *restartResult `json:"restart,omitempty"`
 	RSS     rssResult      `json:"server_rss_bytes"`
 	RSSAnon rssResult      `json:"server_rss_anon_bytes"`
-	Checked int64          `json:"answers_checked"`
+	// HugeBeforeCold is how much of the (first) server's anonymous memory
+	// was on transparent huge pages when the cold pass began (-1: not
+	// read).
+	HugeBeforeCold int64 `json:"server_huge_page_bytes_before_cold"`
+	Checked        int64 `json:"answers_checked"`
 
 	// LoadAverage is /proc/loadavg's 1-minute figure at the start and the
 	// end: on a shared machine other work skews every number here.
@@ -223,6 +227,9 @@ func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))
 	fmt.Fprintf(w, "| server RSS after ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterIngest), fmtBytes(r.RSSAnon.AfterIngest))
 	fmt.Fprintf(w, "| server RSS after query load (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterLoad), fmtBytes(r.RSSAnon.AfterLoad))
+	if r.HugeBeforeCold >= 0 && r.Cold != nil {
+		fmt.Fprintf(w, "| server memory on huge pages when the cold pass began | %s |\n", fmtBytes(r.HugeBeforeCold))
+	}
 	fmt.Fprintf(w, "| server RSS after unregistration (anonymous), read after | %s (%s), %.1f s |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg), r.AfterUnregSeconds)
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
