@@ -25,7 +25,7 @@ type linkScratch struct {
 	digests [][]byte
 	extras  []hashcheck.Extras
 	ids     []hashing.LinkID
-	toks    []hashing.LinkID
+	toks    []uint64
 	digs    [][32]byte
 	w       hashing.LinkWriter // this source's place in the links
 	buf     []byte

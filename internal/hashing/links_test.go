@@ -549,10 +549,11 @@ func TestFollowTakesOnlyItsChain(t *testing.T) {
 	okeys, odigs := referenceChain(p, bs, other, "", "")
 	l := NewLinks(8 << 20)
 	sc := l.Scope(p)
-	ids := func(toks []int32) (LinkID, []LinkID, []LinkID) {
+	ids := func(toks []int32) (LinkID, []LinkID, []uint64) {
 		root, buf := sc.Root("", "", nil)
 		id := root
-		var ids, tids []LinkID
+		var ids []LinkID
+		var tids []uint64
 		for b := 0; (b+1)*bs <= len(toks); b++ {
 			id, buf = sc.Next(id, toks[b*bs:(b+1)*bs], buf)
 			ids, tids = append(ids, id), append(tids, sc.TokensID(toks[b*bs:(b+1)*bs]))
