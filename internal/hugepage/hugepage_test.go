@@ -2,11 +2,12 @@ package hugepage
 
 import (
 	"bufio"
-	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +29,8 @@ func TestParseMapsLine(t *testing.T) {
 		{"7f0000000000-7f0000400000 r--p 00000000 00:00 0 ", addrRange{}, false},
 		{"7f0000000000-7f0000400000 rw-p 00001000 08:01 4242                       /usr/lib/libzmq.so.5", addrRange{}, false},
 		{"7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]", addrRange{}, false},
+		{"c000000000-c004000000 rw-p 00000000 00:00 0                              [anon: Go: heap]", addrRange{0xc000000000, 0xc004000000}, true},
+		{"7f0000000000-7f0000400000 rw-p 00000000 00:00 0                          [anon:zmq]", addrRange{0x7f0000000000, 0x7f0000400000}, true},
 		{"zz-7f0000400000 rw-p 00000000 00:00 0 ", addrRange{}, false},
 		{"7f0000400000-7f0000000000 rw-p 00000000 00:00 0 ", addrRange{}, false},
 		{"", addrRange{}, false},
@@ -135,62 +138,113 @@ func residentPages(t *testing.T, b []byte) int {
 	return n
 }
 
-// requireCollapse fails unless the kernel knows MADV_COLLAPSE, which the
-// service's hosts (Linux 6.1 or later) do.
-func requireCollapse(t *testing.T, err error) {
+// mapsOf writes a maps file naming only the regions given, so that a
+// pass looks at nothing else of the test binary.
+func mapsOf(t *testing.T, regions ...[]byte) string {
 	t.Helper()
-	if errors.Is(err, ErrUnsupported) {
-		t.Fatalf("%v: the tests need Linux 6.1 or later", err)
+	var b strings.Builder
+	for _, r := range regions {
+		lo := uintptr(unsafe.Pointer(&r[0]))
+		fmt.Fprintf(&b, "%x-%x rw-p 00000000 00:00 0 \n", lo, lo+uintptr(len(r)))
 	}
-	if err != nil {
+	p := filepath.Join(t.TempDir(), "maps")
+	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return p
 }
 
-// TestPassCollapsesOnlyDenseChunks is the package's contract on the real
-// kernel: a fully resident region ends on huge pages, and a half-resident
-// one is left as it was, holes included (collapsing it would have made
-// every page resident).
-func TestPassCollapsesOnlyDenseChunks(t *testing.T) {
+// collapser is a collapser in madvise mode on this kernel, which must
+// know MADV_COLLAPSE (Linux 6.1, as the service's hosts).
+func collapser(t *testing.T, opts Options) *Collapser {
+	t.Helper()
+	opts.ModePath = modeFile(t, "always [madvise] never\n")
+	opts.Logger = zerolog.Nop()
+	c := New(opts)
+	if !c.Wanted() {
+		t.Fatal("the kernel does not know MADV_COLLAPSE: the tests need Linux 6.1 or later")
+	}
+	return c
+}
+
+// passUntilCollapsed runs passes until one collapses every chunk it finds
+// full (a chunk can fail for a moment: pages briefly locked, no huge page
+// free until compaction), at most a few times.
+func passUntilCollapsed(t *testing.T, c *Collapser) PassResult {
+	t.Helper()
+	var r PassResult
+	for range 5 {
+		var err error
+		if r, err = c.Pass(); err != nil {
+			t.Fatal(err)
+		}
+		if r.Failed == 0 {
+			break
+		}
+	}
+	return r
+}
+
+// TestPassCollapsesOnlyFullChunks is the package's contract on the real
+// kernel: a fully written region ends on huge pages; a half-written one
+// and one only read (its pages are the kernel's zero page) are left as
+// they were, holes included, where collapsing would have made all of
+// their pages resident.
+func TestPassCollapsesOnlyFullChunks(t *testing.T) {
+	if m := Mode("/sys/kernel/mm/transparent_hugepage/enabled"); m == "always" {
+		t.Skip("THP mode always: fresh regions fault in on huge pages, and there is nothing to collapse")
+	}
 	const n = 8 * ChunkBytes
-	dense, sparse := region(t, n), region(t, n)
+	dense, sparse, read := region(t, n), region(t, n), region(t, n)
+	var sum byte
 	for i := 0; i < n; i += pageBytes {
 		dense[i] = 1
 		if i/pageBytes%2 == 0 {
 			sparse[i] = 1
 		}
+		sum += read[i]
 	}
-	if got := vmaField(t, dense, "AnonHugePages:"); got != 0 {
-		t.Fatalf("dense region on huge pages before any pass (%d bytes): the host's THP mode is not what the test assumes", got)
+	if sum != 0 {
+		t.Fatal("fresh anonymous memory is not zero")
 	}
-	c := New(Options{Logger: zerolog.Nop()})
-	r, err := c.Pass()
-	requireCollapse(t, err)
-	if r.Dense < n/ChunkBytes || r.Collapsed < n/ChunkBytes {
-		t.Errorf("pass %+v: want at least %d dense and collapsed chunks", r, n/ChunkBytes)
+	rssRead := vmaField(t, read, "Rss:")
+	c := collapser(t, Options{MapsPath: mapsOf(t, dense, sparse, read)})
+	r := passUntilCollapsed(t, c)
+	if want := (PassResult{Full: n / ChunkBytes, Collapsed: n / ChunkBytes}); r != want {
+		t.Errorf("pass %+v, want %+v: only the dense region's chunks are full", r, want)
 	}
 	if got := vmaField(t, dense, "AnonHugePages:"); got != n {
 		t.Errorf("dense region: %d bytes on huge pages, want %d", got, n)
 	}
-	if got := vmaField(t, sparse, "AnonHugePages:"); got != 0 {
-		t.Errorf("sparse region: %d bytes on huge pages, want 0", got)
+	for _, tc := range []struct {
+		name     string
+		b        []byte
+		resident int
+	}{{"half-written", sparse, n / pageBytes / 2}, {"read-only", read, -1}} {
+		if got := vmaField(t, tc.b, "AnonHugePages:"); got != 0 {
+			t.Errorf("%s region: %d bytes on huge pages, want 0", tc.name, got)
+		}
+		if tc.resident >= 0 {
+			if got := residentPages(t, tc.b); got != tc.resident {
+				t.Errorf("%s region: %d pages resident after the pass, want the %d it had", tc.name, got, tc.resident)
+			}
+		}
 	}
-	if got, want := residentPages(t, sparse), n/pageBytes/2; got != want {
-		t.Errorf("sparse region: %d pages resident after the pass, want the %d it had", got, want)
+	if got := vmaField(t, read, "Rss:"); got != rssRead {
+		t.Errorf("read-only region: Rss %d after the pass, want the %d it had", got, rssRead)
 	}
 	for i := 0; i < n; i += pageBytes {
 		if dense[i] != 1 {
 			t.Fatalf("dense region's byte %d is %d after the collapse, want 1", i, dense[i])
 		}
 	}
-	// Again: chunks already on huge pages cost the kernel a look.
-	r2, err := c.Pass()
-	requireCollapse(t, err)
-	if r2.Collapsed < n/ChunkBytes {
+	// Again: chunks already on huge pages cost the kernel a look, and
+	// count as collapsed.
+	if r2 := passUntilCollapsed(t, c); r2.Collapsed != n/ChunkBytes {
 		t.Errorf("second pass %+v: want the %d chunks still collapsed", r2, n/ChunkBytes)
 	}
-	if passes, _ := c.Stats(); passes != 2 {
-		t.Errorf("Stats: %d passes, want 2", passes)
+	if passes, _ := c.Stats(); passes < 2 {
+		t.Errorf("Stats: %d passes, want at least 2", passes)
 	}
 }
 
@@ -203,60 +257,86 @@ func modeFile(t *testing.T, content string) string {
 	return p
 }
 
-// TestLoopCollapsesAfterGrowth runs the collapser as the service does: the
-// Go heap grows by a slab larger than MinGrowth and holds still, and a
-// pass puts the slab on huge pages; Stop ends the goroutine.
-func TestLoopCollapsesAfterGrowth(t *testing.T) {
-	c := New(Options{Interval: 5 * time.Millisecond, MinGrowth: 4 << 20, ModePath: modeFile(t, "always [madvise] never\n"), Logger: zerolog.Nop()})
-	if !c.Wanted() {
-		t.Fatal("madvise mode: want passes")
-	}
-	c.Start()
-	defer c.Stop()
-	slab := make([]uint64, 32<<20/8)
-	for i := range slab {
-		slab[i] = uint64(i)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if passes, _ := c.Stats(); passes > 0 && heapHuge(slab) {
-			break
-		}
+// waitFor polls cond until it holds, failing after a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
 		if time.Now().After(deadline) {
-			passes, failed := c.Stats()
-			t.Fatalf("slab not on huge pages after 30 s: %d passes, %d failed chunks", passes, failed)
+			t.Fatalf("still waiting for %s after a minute", what)
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestLoopPassesAfterGrowthHeldStill drives the loop with its resident
+// reading: the memory the process holds at start is a pass's work once it
+// holds still; while it holds still no further pass runs; growth by
+// MinGrowth that then holds still brings the next. Stop ends the loop.
+func TestLoopPassesAfterGrowthHeldStill(t *testing.T) {
+	if m := Mode("/sys/kernel/mm/transparent_hugepage/enabled"); m == "always" {
+		t.Skip("THP mode always: fresh regions fault in on huge pages, and there is nothing to collapse")
+	}
+	const n = 4 * ChunkBytes
+	b := region(t, n)
+	for i := 0; i < n; i += pageBytes {
+		b[i] = 1
+	}
+	var resident, reads atomic.Uint64
+	resident.Store(64 << 20)
+	c := collapser(t, Options{Interval: time.Millisecond, MinGrowth: 8 << 20, MapsPath: mapsOf(t, b),
+		Resident: func() uint64 { reads.Add(1); return resident.Load() }})
+	c.Start()
+	defer c.Stop()
+	passes := func() uint64 { p, _ := c.Stats(); return p }
+	waitFor(t, "the first pass", func() bool { return passes() == 1 })
+	if got := vmaField(t, b, "AnonHugePages:"); got != n {
+		t.Errorf("after the first pass: %d bytes of the region on huge pages, want %d", got, n)
+	}
+	// Twenty ticks of memory holding still: no pass.
+	from := reads.Load()
+	waitFor(t, "twenty ticks", func() bool { return reads.Load() >= from+20 })
+	if got := passes(); got != 1 {
+		t.Fatalf("%d passes while memory held still, want 1", got)
+	}
+	// Growth short of MinGrowth: still none.
+	resident.Add(4 << 20)
+	from = reads.Load()
+	waitFor(t, "twenty ticks", func() bool { return reads.Load() >= from+20 })
+	if got := passes(); got != 1 {
+		t.Fatalf("%d passes after 4 MiB of growth, want 1", got)
+	}
+	resident.Add(4 << 20)
+	waitFor(t, "the pass after 8 MiB of growth", func() bool { return passes() == 2 })
 	c.Stop()
-	select {
-	case <-c.done:
-	default:
-		t.Fatal("loop still running after Stop")
+	after := reads.Load()
+	c.Stop() // idempotent
+	if got := reads.Load(); got != after {
+		t.Errorf("the loop read memory %d times after Stop returned", got-after)
 	}
 }
 
-// heapHuge says whether some chunk inside b is on a huge page, judged by
-// the process's AnonHugePages (b is most of what this test allocates).
-func heapHuge(b []uint64) bool {
-	return AnonHugeBytes() >= int64(len(b)*8)/2
-}
-
-// TestNoPassesUnlessMadvise: in "always" the kernel does the work at fault
+// TestNoLoopUnlessMadvise: in "always" the kernel does the work at fault
 // time, in "never" the operator said no, and without THP there is nothing
-// to ask; Start then starts nothing and Stop returns at once.
-func TestNoPassesUnlessMadvise(t *testing.T) {
+// to ask; Start then starts no goroutine, and Stop returns at once, as it
+// does without Start (and a Start after it starts nothing).
+func TestNoLoopUnlessMadvise(t *testing.T) {
 	for _, content := range []string{"[always] madvise never\n", "always madvise [never]\n", ""} {
 		c := New(Options{Interval: time.Millisecond, ModePath: modeFile(t, content), Logger: zerolog.Nop()})
 		if c.Wanted() {
 			t.Errorf("mode %q: Wanted", c.Mode())
 		}
 		c.Start()
-		c.Stop()
-		c.Stop() // idempotent
-		if passes, failed := c.Stats(); passes != 0 || failed != 0 {
-			t.Errorf("mode %q: %d passes, %d failed", c.Mode(), passes, failed)
+		if c.started.Load() {
+			t.Errorf("mode %q: a loop started", c.Mode())
 		}
+		c.Stop()
+	}
+	c := New(Options{ModePath: modeFile(t, "always [madvise] never\n"), Logger: zerolog.Nop()})
+	c.Stop()
+	c.Start()
+	if c.started.Load() {
+		t.Error("Start after Stop started a loop")
 	}
 }
 
@@ -278,5 +358,16 @@ func TestAnonymousRangesOfThisProcess(t *testing.T) {
 	}
 	if _, err := anonymousRanges(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("missing maps file: no error")
+	}
+}
+
+func TestAnonResident(t *testing.T) {
+	before := anonResident()
+	b := region(t, 16<<20)
+	for i := 0; i < len(b); i += pageBytes {
+		b[i] = 1
+	}
+	if got := anonResident(); got < before+15<<20 {
+		t.Errorf("anonResident %d after writing 16 MiB, want at least %d", got, before+15<<20)
 	}
 }

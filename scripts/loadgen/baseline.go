@@ -97,6 +97,19 @@ type coldResult struct {
 	// the links' memory after the pass.
 	LinkBlocksPerQuery float64 `json:"link_blocks_per_query"`
 	LinkBytes          float64 `json:"link_bytes"`
+	// FloorQueries and PairedFloorUS are the 2-block queries interleaved
+	// with the pass's and their server CPU per query (-1: not paired).
+	FloorQueries  int     `json:"floor_queries"`
+	PairedFloorUS float64 `json:"paired_floor_server_cpu_per_query_us"`
+}
+
+// lessFloor is the pass's server CPU per query less its paired floor, -1
+// when either is unknown.
+func (c *coldResult) lessFloor() float64 {
+	if c.PairedFloorUS < 0 || c.ServerCPUPerQueryUS < 0 {
+		return -1
+	}
+	return max(c.ServerCPUPerQueryUS-c.PairedFloorUS, 0)
 }
 
 // coldPool encodes the cold pass's queries (every stored prompt once, in
@@ -114,28 +127,84 @@ func coldPool(c *corpus, model string, bin bool) ([]preparedQuery, error) {
 	return pool, nil
 }
 
-// coldPass asks every query of pool once at concurrency 1, checking every
-// answer, and measures the server's CPU per query over the pass.
+// pairedPass asks every query of pool once at concurrency 1, checking
+// every answer, and measures the servers' CPU per query. what names it
+// in the log ("cold pass", "warm pass").
+//
+// With floor (2-block queries, see floorPool), one of them follows each
+// query of pool, and each answer is charged the servers' CPU since the
+// answer before: the pass's queries and the floor's then run under the
+// same conditions (an idle vCPU woken for each, the same caches), and
+// the floor subtracted from them is this pairing's, PairedFloorUS. A
+// floor measured in a phase of its own drifted by 14-56 µs from run to
+// run on an idle VM, more than a cold 8K query's own work.
 //
 // With several servers the queries go to them in turn, so each prompt is
 // still new to the server that answers it, and the CPU is all servers'.
-func (s *session) coldPass(ctx context.Context, pool []preparedQuery, ids []string, fails *failures, m fleet) (*coldResult, error) {
-	d := &driver{targets: s.apis, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
+func (s *session) pairedPass(ctx context.Context, what string, pool, floor []preparedQuery, ids []string, fails *failures, m fleet) (*coldResult, error) {
+	mixed := pool
+	if len(floor) > 0 {
+		mixed = make([]preparedQuery, 0, 2*len(pool))
+		for i, q := range pool {
+			f := floor[i%len(floor)]
+			f.floor = true
+			mixed = append(mixed, q, f)
+		}
+	}
+	d := &driver{targets: s.apis, pool: mixed, ids: ids, fails: fails, pres: func(int) presence { return mustMatch },
+		cpu: func() time.Duration { return total(m.cpus()) }}
 	ms0, err0 := memoStatsAll(s.apis)
 	f0, c0 := fails.count.Load(), total(m.cpus())
 	t0 := time.Now()
-	samples, elapsed := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(pool), nil)
+	samples, elapsed := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(mixed), nil)
 	c1 := total(m.cpus())
-	lat := latencies(samples)
-	r := &coldResult{Queries: len(samples), Seconds: elapsed.Seconds(), ServerCPUPerQueryUS: perUnit(c0, c1, len(samples)),
+	own, floors := splitPaired(samples)
+	lat := latencies(own)
+	r := &coldResult{Queries: len(own), Seconds: elapsed.Seconds(), ServerCPUPerQueryUS: perUnit(c0, c1, len(own)),
 		P50US: us(percentile(lat, 0.5)), P99US: us(percentile(lat, 0.99)), Failures: fails.count.Load() - f0,
-		LinkBlocksPerQuery: -1, LinkBytes: -1}
-	if ms1, err1 := memoStatsAll(s.apis); err0 == nil && err1 == nil && ms0.linkHits >= 0 && ms1.linkHits >= 0 && len(samples) > 0 {
-		r.LinkBlocksPerQuery = (ms1.linkHits - ms0.linkHits) / float64(len(samples))
+		LinkBlocksPerQuery: -1, LinkBytes: -1, PairedFloorUS: -1}
+	if len(floors) > 0 {
+		r.FloorQueries = len(floors)
+		r.ServerCPUPerQueryUS, r.PairedFloorUS = meanCPU(own), meanCPU(floors)
+	}
+	if ms1, err1 := memoStatsAll(s.apis); err0 == nil && err1 == nil && ms0.linkHits >= 0 && ms1.linkHits >= 0 && len(own) > 0 {
+		// A floor query's two blocks are links' too (they are stored
+		// prompts' first two).
+		r.LinkBlocksPerQuery = max(ms1.linkHits-ms0.linkHits-float64(floorBlocks*len(floors)), 0) / float64(len(own))
 		r.LinkBytes = ms1.linkBytes
 	}
-	s.logf("cold pass: %d queries in %v, server CPU/query %s, %d wrong", r.Queries, elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), r.Failures)
+	s.logf("%s: %d queries (and %d 2-block ones) in %v, server CPU/query %s, paired floor %s, %d wrong", what, r.Queries, r.FloorQueries,
+		elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), fmtUS(r.PairedFloorUS), r.Failures)
 	return r, ctx.Err()
+}
+
+// splitPaired separates a paired pass's samples into the pass's own and
+// the floor's.
+func splitPaired(samples []sample) (own, floors []sample) {
+	for _, sm := range samples {
+		if sm.floor {
+			floors = append(floors, sm)
+		} else {
+			own = append(own, sm)
+		}
+	}
+	return own, floors
+}
+
+// meanCPU is the samples' mean server CPU in µs, -1 when one of them has
+// none.
+func meanCPU(samples []sample) float64 {
+	var sum time.Duration
+	for _, sm := range samples {
+		if sm.cpu < 0 {
+			return -1
+		}
+		sum += sm.cpu
+	}
+	if len(samples) == 0 {
+		return -1
+	}
+	return float64(sum.Nanoseconds()) / 1e3 / float64(len(samples))
 }
 
 // awaitRSS polls the server's RSS until it is within 20 % of base or

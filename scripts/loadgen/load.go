@@ -18,6 +18,9 @@ import (
 type preparedQuery struct {
 	*query
 	body []byte
+	// floor marks a 2-block query interleaved with a paired pass's own
+	// (see pairedPass).
+	floor bool
 }
 
 // failures collects wrong answers and errors from concurrent workers. It
@@ -49,6 +52,10 @@ type sample struct {
 	start  time.Duration
 	lat    time.Duration
 	target int
+	// cpu is the servers' CPU from the previous answer to this one, with
+	// driver.cpu (-1 without); floor is the query's preparedQuery.floor.
+	cpu   time.Duration
+	floor bool
 }
 
 // driver sends pool queries and checks every answer. With several
@@ -63,6 +70,12 @@ type driver struct {
 	// states, when set, holds each instance's presence, read at the start
 	// and the end of every query (see presenceBetween).
 	states []atomic.Uint32
+	// cpu, when set, reads the servers' CPU time after every answer, so
+	// that each sample carries the CPU spent since the previous one: the
+	// query's own, and what the servers did after answering the one
+	// before. Only run at concurrency 1 uses it (queries overlap
+	// otherwise).
+	cpu func() time.Duration
 }
 
 // presenceBetween combines an instance's state when a query was sent and
@@ -95,6 +108,11 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 	}
 	samples := make([]sample, 0, min(limit, 1<<16))
 	defer func() { *out = samples }()
+	cpu := d.cpu
+	prevCPU := time.Duration(-1)
+	if cpu != nil {
+		prevCPU = cpu()
+	}
 	for i := first; len(samples) < limit; i++ {
 		select {
 		case <-stop:
@@ -124,7 +142,13 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 		for j := range after {
 			after[j] = presence(d.states[j].Load())
 		}
-		samples = append(samples, sample{start: start.Sub(t0), lat: lat, target: ti})
+		sm := sample{start: start.Sub(t0), lat: lat, target: ti, cpu: -1, floor: q.floor}
+		if cpu != nil {
+			if now := cpu(); now >= 0 && prevCPU >= 0 {
+				sm.cpu, prevCPU = now-prevCPU, now
+			}
+		}
+		samples = append(samples, sm)
 		switch {
 		case err != nil:
 			d.fails.add("query %d%s: %v", i%len(d.pool), d.at(ti), err)
@@ -160,6 +184,9 @@ func (d *driver) at(ti int) string {
 // maxSamples queries in all) and returns every sample, unsorted, with
 // starts relative to t0. Closing stop or cancelling ctx ends it early.
 func (d *driver) run(ctx context.Context, conc int, t0, deadline time.Time, maxSamples int, stop <-chan struct{}) ([]sample, time.Duration) {
+	if conc != 1 {
+		d.cpu = nil
+	}
 	per := make([][]sample, conc)
 	quit := make(chan struct{})
 	var wg sync.WaitGroup

@@ -167,8 +167,8 @@ func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
 	fs.IntVar(&o.corpus.Prompts, "prompts", 0, "exactly this many stored prompts (0: as many as --blocks needs)")
-	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before) and report server CPU per query")
-	fs.BoolVar(&o.floor, "floor", false, "after ingest (and the cold pass), time 2-block queries at concurrency 1: the fixed cost of one request, reported beside the cold pass and the levels and subtracted in their ratios")
+	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before), then once more (the warm pass), and report server CPU per query")
+	fs.BoolVar(&o.floor, "floor", false, "after ingest (and the cold pass), time 2-block queries at concurrency 1: the fixed cost of one request, reported beside the levels and subtracted in their ratios; with --cold-pass, a 2-block query also follows each query of the cold and the warm pass, and that paired floor is what those passes' ratios subtract")
 	fs.BoolVar(&o.chainBaseline, "chain-baseline", false, "time the bare hash chain of the stored prompts in this process (thread CPU) before and after the query phases, and report server CPU per query against it")
 	fs.StringVar(&o.baseURL, "base-url", "http://127.0.0.1:13333", "server base URL (loopback only); ignored with --spawn")
 	fs.StringVar(&o.authToken, "auth-token", "", "bearer token for /register and /unregister (with --spawn, also given to the server)")
@@ -664,11 +664,26 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 				rep.HugeBeforeCold = b
 			}
 		}
+		var paired []preparedQuery
+		if o.floor {
+			if paired, err = floorPool(c, o.model, o.binTokens); err != nil {
+				return rep, err
+			}
+		}
 		s.logf("cold pass: %d stored prompts, each asked once", len(cold))
-		cr, err := s.coldPass(ctx, cold, ids, fails, fl)
+		cr, err := s.pairedPass(ctx, "cold pass", cold, paired, ids, fails, fl)
 		rep.Cold = cr
 		if cr != nil {
-			rep.Checked += int64(cr.Queries)
+			rep.Checked += int64(cr.Queries + cr.FloorQueries)
+		}
+		if err != nil {
+			return rep, err
+		}
+		// The same prompts again, now answered from the answer cache.
+		wr, err := s.pairedPass(ctx, "warm pass", cold, paired, ids, fails, fl)
+		rep.Warm = wr
+		if wr != nil {
+			rep.Checked += int64(wr.Queries + wr.FloorQueries)
 		}
 		if err != nil {
 			return rep, err

@@ -34,6 +34,8 @@ type report struct {
 	// Cold is --cold-pass and Chain --chain-baseline, when run.
 	Cold  *coldResult  `json:"cold_pass,omitempty"`
 	Chain *chainResult `json:"bare_chain,omitempty"`
+	// Warm is the cold pass's prompts asked a second time, right after it.
+	Warm *coldResult `json:"warm_pass,omitempty"`
 	// Floor is --floor: the 2-block request floor.
 	Floor *floorResult `json:"floor,omitempty"`
 	// AfterUnregSeconds is when RSS.AfterUnreg was read, counted from the
@@ -208,7 +210,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 	if r.ServerReplicas > 1 {
 		r.writeServers(w)
 	}
-	if r.Chain != nil || r.Cold != nil || r.Floor != nil {
+	if r.Chain != nil || r.Cold != nil || r.Warm != nil || r.Floor != nil {
 		r.writeRatios(w)
 	}
 	fmt.Fprintln(w, "| measure | value |")
@@ -280,10 +282,19 @@ func (r *report) writeRatios(w io.Writer) {
 	if r.Chain != nil {
 		chain = r.Chain.MedianUS
 	}
-	row := func(what string, cpu float64) {
-		less := r.Floor.lessFloor(cpu)
+	rowLess := func(what string, cpu, less float64) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", what, fmtFrac(cpu), fmtFrac(chain),
 			fmtRatio(r.Chain.ratio(cpu)), fmtFrac(less), fmtRatio(r.Chain.ratio(less)))
+	}
+	row := func(what string, cpu float64) { rowLess(what, cpu, r.Floor.lessFloor(cpu)) }
+	// A paired pass subtracts its own floor (see pairedPass).
+	passRow := func(what string, c *coldResult) {
+		if c.PairedFloorUS < 0 {
+			row(what, c.ServerCPUPerQueryUS)
+			return
+		}
+		rowLess(what, c.ServerCPUPerQueryUS, c.lessFloor())
+		fmt.Fprintf(w, "| its paired 2-block floor (%d queries, one after each of its own) | %s | | | | |\n", c.FloorQueries, fmtFrac(c.PairedFloorUS))
 	}
 	if f := r.Floor; f != nil {
 		fmt.Fprintf(w, "| 2-block floor (%d queries, concurrency 1, p50 %s, p99 %s; %d wrong) | %s | | | | |\n",
@@ -294,7 +305,10 @@ func (r *report) writeRatios(w io.Writer) {
 		if c.LinkBlocksPerQuery >= 0 {
 			links = fmt.Sprintf(", %.0f blocks per query from links (%s)", c.LinkBlocksPerQuery, fmtBytes(int64(c.LinkBytes)))
 		}
-		row(fmt.Sprintf("cold pass (%d prompts, each once, concurrency 1, p50 %s, p99 %s%s; %d wrong)", c.Queries, fmtUS(c.P50US), fmtUS(c.P99US), links, c.Failures), c.ServerCPUPerQueryUS)
+		passRow(fmt.Sprintf("cold pass (%d prompts, each once, concurrency 1, p50 %s, p99 %s%s; %d wrong)", c.Queries, fmtUS(c.P50US), fmtUS(c.P99US), links, c.Failures), c)
+	}
+	if c := r.Warm; c != nil {
+		passRow(fmt.Sprintf("warm pass (the same prompts again, concurrency 1, p50 %s, p99 %s; %d wrong)", fmtUS(c.P50US), fmtUS(c.P99US), c.Failures), c)
 	}
 	for _, l := range r.Levels {
 		row(fmt.Sprintf("concurrency %d (%.0f queries/s, p50 %s, p99 %s, client %s/query)", l.Concurrency, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.ClientCPUPerQueryUS)), l.ServerCPUPerQueryUS)
