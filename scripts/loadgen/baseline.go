@@ -101,6 +101,9 @@ type coldResult struct {
 	// with the pass's and their server CPU per query (-1: not paired).
 	FloorQueries  int     `json:"floor_queries"`
 	PairedFloorUS float64 `json:"paired_floor_server_cpu_per_query_us"`
+	// PairedBodyUS is the server CPU of the pass's queries sent for a
+	// model nobody stores, interleaved likewise (-1: not paired).
+	PairedBodyUS float64 `json:"paired_same_size_server_cpu_per_query_us"`
 }
 
 // lessFloor is the pass's server CPU per query less its paired floor, -1
@@ -132,23 +135,31 @@ func coldPool(c *corpus, model string, bin bool) ([]preparedQuery, error) {
 // in the log ("cold pass", "warm pass").
 //
 // With floor (2-block queries, see floorPool), one of them follows each
-// query of pool, and each answer is charged the servers' CPU since the
-// answer before: the pass's queries and the floor's then run under the
-// same conditions (an idle vCPU woken for each, the same caches), and
-// the floor subtracted from them is this pairing's, PairedFloorUS. A
+// query of pool, and then the same query for a model nobody stores
+// (body, see bodyPool); each answer is charged the servers' CPU since the
+// answer before. The pass's queries and the floors then run under the
+// same conditions (an idle vCPU woken for each, the same caches): the
+// 2-block floor subtracted from them is this pairing's, PairedFloorUS (a
 // floor measured in a phase of its own drifted by 14-56 µs from run to
-// run on an idle VM, more than a cold 8K query's own work.
+// run on an idle VM, more than a cold 8K query's own work), and
+// PairedBodyUS is what a request of the same size costs without a lookup
+// (receiving its body is most of the difference from the floor).
 //
 // With several servers the queries go to them in turn, so each prompt is
 // still new to the server that answers it, and the CPU is all servers'.
-func (s *session) pairedPass(ctx context.Context, what string, pool, floor []preparedQuery, ids []string, fails *failures, m fleet) (*coldResult, error) {
+func (s *session) pairedPass(ctx context.Context, what string, pool, floor, body []preparedQuery, ids []string, fails *failures, m fleet) (*coldResult, error) {
 	mixed := pool
 	if len(floor) > 0 {
-		mixed = make([]preparedQuery, 0, 2*len(pool))
+		mixed = make([]preparedQuery, 0, 3*len(pool))
 		for i, q := range pool {
 			f := floor[i%len(floor)]
-			f.floor = true
+			f.paired = pairedFloor
 			mixed = append(mixed, q, f)
+			if i < len(body) {
+				b := body[i]
+				b.paired = pairedBody
+				mixed = append(mixed, b)
+			}
 		}
 	}
 	d := &driver{targets: s.apis, pool: mixed, ids: ids, fails: fails, pres: func(int) presence { return mustMatch },
@@ -158,14 +169,18 @@ func (s *session) pairedPass(ctx context.Context, what string, pool, floor []pre
 	t0 := time.Now()
 	samples, elapsed := d.run(ctx, 1, t0, t0.Add(5*time.Minute), len(mixed), nil)
 	c1 := total(m.cpus())
-	own, floors := splitPaired(samples)
+	by := splitPaired(samples)
+	own, floors := by[pairedOwn], by[pairedFloor]
 	lat := latencies(own)
 	r := &coldResult{Queries: len(own), Seconds: elapsed.Seconds(), ServerCPUPerQueryUS: perUnit(c0, c1, len(own)),
 		P50US: us(percentile(lat, 0.5)), P99US: us(percentile(lat, 0.99)), Failures: fails.count.Load() - f0,
-		LinkBlocksPerQuery: -1, LinkBytes: -1, PairedFloorUS: -1}
+		LinkBlocksPerQuery: -1, LinkBytes: -1, PairedFloorUS: -1, PairedBodyUS: -1}
 	if len(floors) > 0 {
 		r.FloorQueries = len(floors)
 		r.ServerCPUPerQueryUS, r.PairedFloorUS = meanCPU(own), meanCPU(floors)
+	}
+	if len(by[pairedBody]) > 0 {
+		r.PairedBodyUS = meanCPU(by[pairedBody])
 	}
 	if ms1, err1 := memoStatsAll(s.apis); err0 == nil && err1 == nil && ms0.linkHits >= 0 && ms1.linkHits >= 0 && len(own) > 0 {
 		// A floor query's two blocks are links' too (they are stored
@@ -173,22 +188,30 @@ func (s *session) pairedPass(ctx context.Context, what string, pool, floor []pre
 		r.LinkBlocksPerQuery = max(ms1.linkHits-ms0.linkHits-float64(floorBlocks*len(floors)), 0) / float64(len(own))
 		r.LinkBytes = ms1.linkBytes
 	}
-	s.logf("%s: %d queries (and %d 2-block ones) in %v, server CPU/query %s, paired floor %s, %d wrong", what, r.Queries, r.FloorQueries,
-		elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), fmtUS(r.PairedFloorUS), r.Failures)
+	s.logf("%s: %d queries (and %d 2-block ones) in %v, server CPU/query %s, paired floor %s, same size without a lookup %s, %d wrong", what, r.Queries, r.FloorQueries,
+		elapsed.Round(time.Millisecond), fmtUS(r.ServerCPUPerQueryUS), fmtUS(r.PairedFloorUS), fmtUS(r.PairedBodyUS), r.Failures)
 	return r, ctx.Err()
 }
 
-// splitPaired separates a paired pass's samples into the pass's own and
-// the floor's.
-func splitPaired(samples []sample) (own, floors []sample) {
+// splitPaired separates a paired pass's samples by their part.
+func splitPaired(samples []sample) (by [pairedBody + 1][]sample) {
 	for _, sm := range samples {
-		if sm.floor {
-			floors = append(floors, sm)
-		} else {
-			own = append(own, sm)
-		}
+		by[sm.paired] = append(by[sm.paired], sm)
 	}
-	return own, floors
+	return by
+}
+
+// bodyPool is pool's queries for a model nobody stores (pairedBody).
+func bodyPool(c *corpus, pool []preparedQuery, model string, bin bool) ([]preparedQuery, error) {
+	out := make([]preparedQuery, len(pool))
+	for i, q := range pool {
+		b, err := queryBody(model+"-nobody", c.cfg.BlockSize, q.tokens, "", bin)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = preparedQuery{query: q.query, body: b}
+	}
+	return out, nil
 }
 
 // meanCPU is the samples' mean server CPU in µs, -1 when one of them has

@@ -18,10 +18,22 @@ import (
 type preparedQuery struct {
 	*query
 	body []byte
-	// floor marks a 2-block query interleaved with a paired pass's own
-	// (see pairedPass).
-	floor bool
+	// paired says what a query interleaved with a paired pass's own
+	// measures (see pairedPass).
+	paired pairing
 }
+
+// pairing is a query's part in a paired pass.
+type pairing uint8
+
+const (
+	pairedOwn   pairing = iota // the pass's own query
+	pairedFloor                // a 2-block query: the fixed cost of a request
+	// pairedBody is the pass's query sent for a model nobody stores: the
+	// request's cost at the same size (reading, decoding, answering), no
+	// lookup; its answer must name no instance.
+	pairedBody
+)
 
 // failures collects wrong answers and errors from concurrent workers. It
 // keeps the first few messages for the report and counts all of them.
@@ -53,9 +65,9 @@ type sample struct {
 	lat    time.Duration
 	target int
 	// cpu is the servers' CPU from the previous answer to this one, with
-	// driver.cpu (-1 without); floor is the query's preparedQuery.floor.
-	cpu   time.Duration
-	floor bool
+	// driver.cpu (-1 without); paired is the query's preparedQuery.paired.
+	cpu    time.Duration
+	paired pairing
 }
 
 // driver sends pool queries and checks every answer. With several
@@ -142,7 +154,7 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 		for j := range after {
 			after[j] = presence(d.states[j].Load())
 		}
-		sm := sample{start: start.Sub(t0), lat: lat, target: ti, cpu: -1, floor: q.floor}
+		sm := sample{start: start.Sub(t0), lat: lat, target: ti, cpu: -1, paired: q.paired}
 		if cpu != nil {
 			if now := cpu(); now >= 0 && prevCPU >= 0 {
 				sm.cpu, prevCPU = now-prevCPU, now
@@ -163,7 +175,10 @@ func (d *driver) worker(stop <-chan struct{}, t0, deadline time.Time, first, lim
 			continue
 		}
 		pres := d.pres
-		if d.states != nil {
+		switch {
+		case q.paired == pairedBody:
+			pres = func(int) presence { return mustBeGone }
+		case d.states != nil:
 			pres = func(j int) presence { return presenceBetween(before[j], after[j]) }
 		}
 		if err := checkAnswer(&r, q.expect, d.ids, pres); err != nil {

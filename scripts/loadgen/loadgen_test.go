@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -462,6 +463,33 @@ func spawnedRun(t *testing.T, args ...string) (*options, context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return o, ctx
+}
+
+// TestPairedCPU: a paired pass charges each kind of query the CPU its
+// samples carry, and knows nothing when one sample has none.
+func TestPairedCPU(t *testing.T) {
+	samples := []sample{
+		{cpu: 90 * time.Microsecond}, {cpu: 50 * time.Microsecond, paired: pairedFloor}, {cpu: 56 * time.Microsecond, paired: pairedBody},
+		{cpu: 110 * time.Microsecond}, {cpu: 54 * time.Microsecond, paired: pairedFloor}, {cpu: 60 * time.Microsecond, paired: pairedBody},
+	}
+	by := splitPaired(samples)
+	got := []float64{meanCPU(by[pairedOwn]), meanCPU(by[pairedFloor]), meanCPU(by[pairedBody])}
+	if diff := cmp.Diff([]float64{100, 52, 58}, got); diff != "" {
+		t.Errorf("mean CPU by part (-want +got):\n%s", diff)
+	}
+	c := &coldResult{ServerCPUPerQueryUS: got[0], PairedFloorUS: got[1]}
+	if less := c.lessFloor(); less != 48 {
+		t.Errorf("lessFloor %v, want 48", less)
+	}
+	if m := meanCPU(append(by[pairedOwn], sample{cpu: -1})); m != -1 {
+		t.Errorf("mean with an unknown sample %v, want -1", m)
+	}
+	if m := meanCPU(nil); m != -1 {
+		t.Errorf("mean of nothing %v, want -1", m)
+	}
+	if less := (&coldResult{ServerCPUPerQueryUS: 10, PairedFloorUS: -1}).lessFloor(); less != -1 {
+		t.Errorf("lessFloor without a paired floor %v, want -1", less)
+	}
 }
 
 func TestHitPct(t *testing.T) {

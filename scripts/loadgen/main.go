@@ -664,26 +664,29 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 				rep.HugeBeforeCold = b
 			}
 		}
-		var paired []preparedQuery
+		var paired, body []preparedQuery
 		if o.floor {
 			if paired, err = floorPool(c, o.model, o.binTokens); err != nil {
 				return rep, err
 			}
+			if body, err = bodyPool(c, cold, o.model, o.binTokens); err != nil {
+				return rep, err
+			}
 		}
 		s.logf("cold pass: %d stored prompts, each asked once", len(cold))
-		cr, err := s.pairedPass(ctx, "cold pass", cold, paired, ids, fails, fl)
+		cr, err := s.pairedPass(ctx, "cold pass", cold, paired, body, ids, fails, fl)
 		rep.Cold = cr
 		if cr != nil {
-			rep.Checked += int64(cr.Queries + cr.FloorQueries)
+			rep.Checked += int64(cr.Queries + 2*cr.FloorQueries)
 		}
 		if err != nil {
 			return rep, err
 		}
 		// The same prompts again, now answered from the answer cache.
-		wr, err := s.pairedPass(ctx, "warm pass", cold, paired, ids, fails, fl)
+		wr, err := s.pairedPass(ctx, "warm pass", cold, paired, body, ids, fails, fl)
 		rep.Warm = wr
 		if wr != nil {
-			rep.Checked += int64(wr.Queries + wr.FloorQueries)
+			rep.Checked += int64(wr.Queries + 2*wr.FloorQueries)
 		}
 		if err != nil {
 			return rep, err

@@ -130,6 +130,19 @@ func TestColdPassAndChainShort(t *testing.T) {
 	if f := rep.Floor; f == nil || f.Queries == 0 || f.Failures != 0 || f.ServerCPUPerQueryUS <= 0 {
 		t.Fatalf("2-block floor: %+v, want checked queries with their server CPU", rep.Floor)
 	}
+	// Both passes are paired: a 2-block query and the same query for a
+	// model nobody stores (its answer checked empty) after each of theirs.
+	for _, p := range []struct {
+		name string
+		c    *coldResult
+	}{{"cold", rep.Cold}, {"warm", rep.Warm}} {
+		if c := p.c; c == nil || c.Queries != 40 || c.FloorQueries != 40 || c.PairedFloorUS <= 0 || c.PairedBodyUS <= 0 || c.ServerCPUPerQueryUS <= 0 || c.Failures != 0 {
+			t.Errorf("%s pass: %+v, want 40 queries, 40 of each floor, their server CPU, none wrong", p.name, c)
+		}
+	}
+	if !strings.Contains(md, "for a model nobody stores") {
+		t.Error("the Markdown report lacks the same-size floor")
+	}
 	// Every stored block was verified on ingest, so the cold prompts take
 	// their digests from links rather than hashing.
 	if c := rep.Cold; c.LinkBlocksPerQuery < 1 || c.LinkBytes <= 0 {

@@ -295,6 +295,11 @@ func (r *report) writeRatios(w io.Writer) {
 		}
 		rowLess(what, c.ServerCPUPerQueryUS, c.lessFloor())
 		fmt.Fprintf(w, "| its paired 2-block floor (%d queries, one after each of its own) | %s | | | | |\n", c.FloorQueries, fmtFrac(c.PairedFloorUS))
+		if c.PairedBodyUS >= 0 {
+			less := max(c.ServerCPUPerQueryUS-c.PairedBodyUS, 0)
+			fmt.Fprintf(w, "| its queries for a model nobody stores (same size, no lookup: the request floor at this size), and the pass less them | %s | %s | | %s | %s |\n",
+				fmtFrac(c.PairedBodyUS), fmtFrac(chain), fmtFrac(less), fmtRatio(r.Chain.ratio(less)))
+		}
 	}
 	if f := r.Floor; f != nil {
 		fmt.Fprintf(w, "| 2-block floor (%d queries, concurrency 1, p50 %s, p99 %s; %d wrong) | %s | | | | |\n",
