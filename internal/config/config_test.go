@@ -238,33 +238,45 @@ func TestFlagDefaultsYield(t *testing.T) {
 	}
 }
 
-func TestDebugRoutes(t *testing.T) {
-	base := noFile
-	withEnv := func(v string) map[string]string { return noFileWith("CONDUCTOR_DEBUG_ROUTES", v) }
-	for _, tc := range []struct {
-		name string
-		args []string
-		env  map[string]string
-		want bool
-		err  bool
+// TestBoolSettings: --debug-routes (off by default) and --huge-pages (on)
+// take the flag, else the environment variable, else the default, and
+// refuse a variable that is not a boolean.
+func TestBoolSettings(t *testing.T) {
+	for _, s := range []struct {
+		flag, env string
+		def       bool
+		get       func(*Config) bool
 	}{
-		{"off by default", nil, base, false, false},
-		{"flag", []string{"--debug-routes"}, base, true, false},
-		{"env on", nil, withEnv("1"), true, false},
-		{"env off", nil, withEnv("false"), false, false},
-		{"flag beats env", []string{"--debug-routes"}, withEnv("0"), true, false},
-		{"explicit false beats env", []string{"--debug-routes=false"}, withEnv("1"), false, false},
-		{"bad env", nil, withEnv("yes please"), false, true},
+		{"debug-routes", "CONDUCTOR_DEBUG_ROUTES", false, func(c *Config) bool { return c.DebugRoutes }},
+		{"huge-pages", "CONDUCTOR_HUGE_PAGES", true, func(c *Config) bool { return c.HugePages }},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c, err := Load(tc.args, env(tc.env))
-			if (err != nil) != tc.err {
-				t.Fatalf("err %v", err)
-			}
-			if err == nil && c.DebugRoutes != tc.want {
-				t.Errorf("DebugRoutes %v, want %v", c.DebugRoutes, tc.want)
-			}
-		})
+		withEnv := func(v string) map[string]string { return noFileWith(s.env, v) }
+		for _, tc := range []struct {
+			name string
+			args []string
+			env  map[string]string
+			want bool
+			err  bool
+		}{
+			{"default", nil, noFile, s.def, false},
+			{"flag", []string{"--" + s.flag}, noFile, true, false},
+			{"flag false", []string{"--" + s.flag + "=false"}, noFile, false, false},
+			{"env on", nil, withEnv("1"), true, false},
+			{"env off", nil, withEnv("false"), false, false},
+			{"flag beats env", []string{"--" + s.flag}, withEnv("0"), true, false},
+			{"explicit false beats env", []string{"--" + s.flag + "=false"}, withEnv("1"), false, false},
+			{"bad env", nil, withEnv("yes please"), false, true},
+		} {
+			t.Run(s.flag+"/"+tc.name, func(t *testing.T) {
+				c, err := Load(tc.args, env(tc.env))
+				if (err != nil) != tc.err {
+					t.Fatalf("err %v", err)
+				}
+				if err == nil && s.get(c) != tc.want {
+					t.Errorf("%s %v, want %v", s.flag, s.get(c), tc.want)
+				}
+			})
+		}
 	}
 }
 

@@ -11,8 +11,9 @@
 //
 // How: a pass reads /proc/self/maps and, in every private anonymous
 // read-write mapping, asks madvise(MADV_COLLAPSE) (Linux 6.1) for each
-// 2 MiB-aligned chunk whose 512 pages are all present and the process's
-// own (/proc/self/pagemap), read again just before the chunk is asked for.
+// 2 MiB-aligned chunk whose 512 pages are all resident (mincore, a GiB
+// per call) and, read again just before the chunk is asked for, present
+// and the process's own (/proc/self/pagemap).
 // Only such chunks: collapsing one with holes, or with pages that are the
 // kernel's shared zero page (memory read but never written), would give
 // it memory nobody uses, so RSS would grow; this is also why the heap is
@@ -45,6 +46,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/rs/zerolog"
 )
@@ -124,9 +126,12 @@ type Collapser struct {
 	supported bool // the kernel knows MADV_COLLAPSE
 
 	// passMu serializes passes (the loop's and Pass's callers'); buf is
-	// one chunk's pagemap entries, under it.
-	passMu sync.Mutex
-	buf    [chunkPages * 8]byte
+	// one chunk's pagemap entries, vec mincore's answer for the window
+	// [winLo, winHi), all under it.
+	passMu       sync.Mutex
+	buf          [chunkPages * 8]byte
+	vec          []byte
+	winLo, winHi uintptr
 
 	passes, failed atomic.Uint64
 
@@ -282,6 +287,7 @@ func (c *Collapser) Pass() (PassResult, error) {
 		return r, fmt.Errorf("huge pages: %w", err)
 	}
 	defer pm.Close()
+	c.winLo, c.winHi = 0, 0
 	defer func() {
 		c.passes.Add(1)
 		c.failed.Add(uint64(r.Failed))
@@ -295,7 +301,7 @@ func (c *Collapser) Pass() (PassResult, error) {
 				return r, nil
 			default:
 			}
-			if !c.fullyOwned(pm, addr) {
+			if !c.resident(addr, m.hi) || !c.fullyOwned(pm, addr) {
 				continue
 			}
 			r.Full++
@@ -323,6 +329,38 @@ func (c *Collapser) Pass() (PassResult, error) {
 		}
 	}
 	return r, nil
+}
+
+// window is how much address space one mincore call covers (its vector
+// is a byte per page: 256 KiB), so a large mapping mostly unused, such as
+// a reservation, costs a call per GiB rather than a read per chunk.
+const window = 1 << 30
+
+// resident says every page of the chunk at addr is in memory, from
+// mincore over the window of the mapping (which ends at hi) that starts
+// at addr; it reads a window only when addr leaves the last one. A first
+// filter: fullyOwned, just before the collapse, has the last word.
+func (c *Collapser) resident(addr, hi uintptr) bool {
+	if addr < c.winLo || addr+ChunkBytes > c.winHi {
+		end := min(addr+window, hi&^(ChunkBytes-1))
+		pages := int((end - addr) / pageBytes)
+		if cap(c.vec) < pages {
+			c.vec = make([]byte, pages)
+		}
+		c.vec = c.vec[:pages]
+		if _, _, e := syscall.Syscall(syscall.SYS_MINCORE, addr, end-addr, uintptr(unsafe.Pointer(&c.vec[0]))); e != 0 {
+			c.winLo, c.winHi = 0, 0
+			return false // unmapped since the maps were read
+		}
+		c.winLo, c.winHi = addr, end
+	}
+	off := int((addr - c.winLo) / pageBytes)
+	for _, v := range c.vec[off : off+chunkPages] {
+		if v&1 == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // fullyOwned says every page of the chunk at addr is present and the
