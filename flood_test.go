@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 )
 
 // TestFloodEndToEnd is the issue's flood through the whole service: two
@@ -32,7 +32,7 @@ func TestFloodEndToEnd(t *testing.T) {
 		prompts = prompts * 2 / 5 // 1.2 M blocks, ~45 MiB accounted
 	}
 	runtime.GC()
-	rss0 := rssOf()
+	rss0 := procmem.RSS()
 	var cfg *config.Config
 	e := startAppWith(t, func(c *config.Config) {
 		c.IndexMemoryBytes, c.HashCheckEvery = budget, 0
@@ -118,7 +118,7 @@ func TestFloodEndToEnd(t *testing.T) {
 	eventually(t, "every batch applied", func() bool { return applied()-base >= float64(sent) })
 	stop.Store(true)
 	wg.Wait()
-	rss := rssOf() - rss0
+	rss := procmem.RSS() - rss0
 
 	if peak := e.app.ix.PeakMemoryBytes(); peak > budget || peak < budget*9/10 {
 		t.Errorf("accounted memory peaked at %d bytes against a %d budget (want within it, and filled)", peak, budget)
@@ -152,20 +152,6 @@ func TestFloodEndToEnd(t *testing.T) {
 	t.Logf("%d blocks in %d batches, %v evicted, %d queries (p99 %v over HTTP, server p99 under %s s), RSS +%d MiB, peak accounted %d MiB",
 		sent*64, sent/perMessage, metricValue(text, `conductor_index_evictions_total{kind="context"}`), queries, p99,
 		histogramQuantile(text, "conductor_query_duration_seconds", 0.99), rss>>20, e.app.ix.PeakMemoryBytes()>>20)
-}
-
-// rssOf is the process's resident set size in bytes (0 when unknown).
-func rssOf() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
 }
 
 // histogramQuantile is the upper bound of the first bucket of family's

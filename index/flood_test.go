@@ -1,17 +1,15 @@
 package index
 
 import (
-	"os"
 	"runtime"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 )
 
 // floodResult is what one flood observed.
@@ -32,7 +30,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 	// The service runs with the GC target at 50 % (main.go).
 	defer debug.SetGCPercent(debug.SetGCPercent(50))
 	runtime.GC()
-	rss0 := residentBytes()
+	rss0 := procmem.RSS()
 	ix := New(Options{MemoryLimit: limit})
 	defer ix.Close()
 	t := ix.EnsureTable(testCtx, hashing.Profile{})
@@ -79,14 +77,14 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 			worst = max(worst, d)
 			queries++
 			if n%1024 == 0 {
-				peakRSS = max(peakRSS, residentBytes())
+				peakRSS = max(peakRSS, procmem.RSS())
 			}
 		}
 	}()
 	wg.Wait()
 	done.Store(true)
 	<-readerDone
-	peakRSS = max(peakRSS, residentBytes())
+	peakRSS = max(peakRSS, procmem.RSS())
 
 	// Both publishers' most recent blocks are all there: a chain of the
 	// last 4096 each stored answers in full.
@@ -172,18 +170,4 @@ func BenchmarkFlood(b *testing.B) {
 		b.ReportMetric(float64(r.rssGrowth>>20), "rss-growth-MiB")
 		b.ReportMetric(float64(r.peak>>20), "peak-accounted-MiB")
 	}
-}
-
-// residentBytes is the process's resident set size, 0 when unknown.
-func residentBytes() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
 }

@@ -49,6 +49,8 @@ import (
 	"unsafe"
 
 	"github.com/rs/zerolog"
+
+	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 )
 
 // ChunkBytes is the size of one huge page on x86-64 and of the chunks a
@@ -233,24 +235,14 @@ func (c *Collapser) loop(last uint64) {
 	}
 }
 
-// anonResident is the process's resident memory less its shared pages
-// (/proc/self/statm; the kernel's counters, no page-table walk), 0 when
-// unreadable.
+// anonResident is the process's resident memory less its shared pages,
+// 0 when unreadable.
 func anonResident() uint64 {
-	raw, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
+	rss, shared, ok := procmem.Resident()
+	if !ok || shared > rss {
 		return 0
 	}
-	f := strings.Fields(string(raw))
-	if len(f) < 3 {
-		return 0
-	}
-	rss, err1 := strconv.ParseUint(f[1], 10, 64)
-	shared, err2 := strconv.ParseUint(f[2], 10, 64)
-	if err1 != nil || err2 != nil || shared > rss {
-		return 0
-	}
-	return (rss - shared) * pageBytes
+	return uint64(rss - shared)
 }
 
 // PassResult is what one pass did.
@@ -440,29 +432,4 @@ func (c *Collapser) Mode() string { return c.mode }
 // huge pages now (AnonHugePages of /proc/self/smaps_rollup, which walks
 // the page tables: about a millisecond per GiB), -1 when it cannot be
 // read.
-func AnonHugeBytes() int64 {
-	raw, err := os.ReadFile("/proc/self/smaps_rollup")
-	if err != nil {
-		return -1
-	}
-	return smapsField(raw, "AnonHugePages:")
-}
-
-// smapsField reads a "Name:   N kB" line of an smaps file, in bytes; -1
-// when it is missing.
-func smapsField(raw []byte, name string) int64 {
-	for line := range bytes.Lines(raw) {
-		if rest, ok := bytes.CutPrefix(line, []byte(name)); ok {
-			f := bytes.Fields(rest)
-			if len(f) == 0 {
-				return -1
-			}
-			kb, err := strconv.ParseInt(string(f[0]), 10, 64)
-			if err != nil {
-				return -1
-			}
-			return kb << 10
-		}
-	}
-	return -1
-}
+func AnonHugeBytes() int64 { return procmem.Rollup("AnonHugePages:") }

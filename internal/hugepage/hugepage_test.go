@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/rs/zerolog"
+
+	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 )
 
 func TestParseMapsLine(t *testing.T) {
@@ -63,18 +65,6 @@ func TestMode(t *testing.T) {
 	}
 }
 
-func TestSmapsField(t *testing.T) {
-	raw := []byte("Rss:              68004 kB\nAnonHugePages:     63488 kB\nSwap: 0 kB\n")
-	for _, tc := range []struct {
-		name string
-		want int64
-	}{{"Rss:", 68004 << 10}, {"AnonHugePages:", 63488 << 10}, {"Missing:", -1}} {
-		if got := smapsField(raw, tc.name); got != tc.want {
-			t.Errorf("smapsField(%q) = %d, want %d", tc.name, got, tc.want)
-		}
-	}
-}
-
 // region maps n bytes of anonymous memory between two inaccessible
 // guard pages, so the kernel cannot merge it with a neighbour and its
 // smaps entry is its own, aligned to a chunk.
@@ -116,7 +106,7 @@ func vmaField(t *testing.T, b []byte, name string) int64 {
 			continue
 		}
 		if in {
-			if v := smapsField([]byte(line), name); v >= 0 {
+			if v := procmem.SmapsField([]byte(line), name); v >= 0 {
 				return v
 			}
 		}
