@@ -202,7 +202,7 @@ func newFlags() *flags {
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
 	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
-	f.hugePages = fl.Bool("huge-pages", true, `on hosts whose transparent huge page mode is "madvise", have the kernel put the service's fully used memory on 2 MiB pages after it grows, which roughly halves the cost of a cold query's random index reads; false leaves page sizes to the kernel (env CONDUCTOR_HUGE_PAGES)`)
+	f.hugePages = fl.Bool("huge-pages", true, `on hosts whose transparent huge page mode is "madvise", have the kernel put the service's fully used memory on 2 MiB pages after it grows, which halves the cost of the random reads a cold query's index walk makes; false leaves page sizes to the kernel (env CONDUCTOR_HUGE_PAGES)`)
 	f.pprofAddr = fl.String("pprof-addr", "", `serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060, apart from the API (env CONDUCTOR_PPROF_ADDR); default off`)
 	f.stateDir = fl.String("state-dir", defaultStateDir(), `directory for registrations and index snapshots (env CONDUCTOR_STATE_DIR); "" keeps them in memory only`)
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
