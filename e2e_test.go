@@ -142,11 +142,7 @@ func (p *publisher) send(dpRank int, events ...map[string]any) {
 // and full digest.
 func vllmChain(t *testing.T, tokens []int32, each func(key uint64, digest [32]byte)) {
 	t.Helper()
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := eventtest.VLLMProfile(t)
 	ch := hashing.AcquireChain()
 	defer hashing.ReleaseChain(ch)
 	ch.Reset(&prof, 16, tokens, "", "")

@@ -9,8 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 )
 
 // The worked examples of docs/hybrid.md (E1–E4) end to end: a real ZMQ
@@ -21,22 +20,8 @@ import (
 // engines' profile: key j covers the first (j+1)·hbs tokens.
 func hybridKeys(t *testing.T, tokens []int32, hbs int) []uint64 {
 	t.Helper()
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := hashing.AcquireChain()
-	defer hashing.ReleaseChain(ch)
-	ch.Reset(&prof, hbs, tokens, "", "")
-	var keys []uint64
-	for {
-		k, _, ok := ch.Next()
-		if !ok {
-			return keys
-		}
-		keys = append(keys, k)
-	}
+	prof := eventtest.VLLMProfile(t)
+	return eventtest.ChainKeys(&prof, hbs, tokens)
 }
 
 func promptTokens(n, base int) []int32 {

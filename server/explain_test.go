@@ -10,6 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
@@ -66,17 +67,7 @@ func promptTokens(n int) []int32 {
 // promptKeys are the block keys of tokens under the harness's context.
 func (h *harness) promptKeys(tokens []int32) []uint64 {
 	tbl := h.ix.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
-	ch := hashing.AcquireChain()
-	defer hashing.ReleaseChain(ch)
-	ch.Reset(tbl.Profile(), 16, tokens, "", "")
-	var keys []uint64
-	for {
-		k, _, ok := ch.Next()
-		if !ok {
-			return keys
-		}
-		keys = append(keys, k)
-	}
+	return eventtest.ChainKeys(tbl.Profile(), 16, tokens)
 }
 
 // explained is the /debug/explain body, decoded with its own types so

@@ -8,7 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -104,26 +104,12 @@ func refHit(groups []index.GroupSpec, hbs, m int, held func(g, t int) bool) int 
 // reference computes, and a dense owner beside answers its plain prefix.
 func TestHybridQueryAgainstReference(t *testing.T) {
 	const hbs = 4
-	seed := "0"
-	prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prof := eventtest.VLLMProfile(t)
 	base := make([]int32, 24*hbs)
 	for i := range base {
 		base[i] = int32(100 + i)
 	}
-	ch := hashing.AcquireChain()
-	ch.Reset(&prof, hbs, base, "", "")
-	var keys []uint64
-	for {
-		k, _, ok := ch.Next()
-		if !ok {
-			break
-		}
-		keys = append(keys, k)
-	}
-	hashing.ReleaseChain(ch)
+	keys := eventtest.ChainKeys(&prof, hbs, base)
 	rapid.Check(t, func(rt *rapid.T) {
 		ix := index.New(index.Options{Stripes: 4})
 		reg := registry.New(registry.Options{Index: ix})

@@ -241,21 +241,11 @@ func linkBenchPayloads(b *testing.B, prof *hashing.Profile) [][]byte {
 		rng := rand.New(rand.NewPCG(5, 6))
 		const prompt = 512
 		toks := make([]int32, prompt*benchBlockSize)
-		ch := hashing.AcquireChain()
-		defer hashing.ReleaseChain(ch)
 		for len(c.payloads) < linkBenchMessages {
 			for i := range toks {
 				toks[i] = rng.Int32N(32000)
 			}
-			ch.Reset(prof, benchBlockSize, toks, "", "")
-			var keys []uint64
-			for {
-				k, _, ok := ch.Next()
-				if !ok {
-					break
-				}
-				keys = append(keys, k)
-			}
+			keys := eventtest.ChainKeys(prof, benchBlockSize, toks)
 			for from := 0; from < len(keys); from += benchBlocks {
 				var parent any
 				if from > 0 {

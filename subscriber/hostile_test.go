@@ -13,11 +13,23 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 )
+
+// vllmTable is the fixtures' vllm-a registration, its hash profile and
+// its table in an index of its own, closed when the test ends.
+func vllmTable(t *testing.T, opts index.Options) (eventtest.Registration, hashing.Profile, *index.Table) {
+	t.Helper()
+	reg := eventtest.LoadManifest(t).Registration(t, "vllm-a")
+	prof := eventtest.ResolveProfile(t, reg)
+	ix := index.New(opts)
+	t.Cleanup(ix.Close)
+	return reg, prof, ix.EnsureTable(eventtest.ContextOf(reg), prof)
+}
 
 // TestHostilePublisher: one publisher sends garbage at line rate, a batch
 // of more events than a batch may hold, and a message over the size limit;
@@ -28,12 +40,7 @@ import (
 // itself: the lost message is a gap (no replay: stale), after which the
 // same publisher's batches are indexed again without a re-registration.
 func TestHostilePublisher(t *testing.T) {
-	m := eventtest.LoadManifest(t)
-	reg := m.Registration(t, "vllm-a")
-	prof := eventtest.ResolveProfile(t, reg)
-	ix := index.New(index.Options{MemoryLimit: 8 << 20})
-	defer ix.Close()
-	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	reg, prof, tb := vllmTable(t, index.Options{MemoryLimit: 8 << 20})
 	counters := NewCounters()
 	start := func(key, endpoint string) *Subscriber {
 		return mustStart(t, Config{Key: key, Type: source.VLLM, Endpoint: endpoint, Context: eventtest.ContextOf(reg),
@@ -181,12 +188,7 @@ func (p *publisher) waitUnsubscribedWithin(t *testing.T, d time.Duration) {
 // deliver it: the source goes stale by the replay rules, not as a restart,
 // and its next batch is indexed again without a re-registration.
 func TestOversizeMessageWithReplay(t *testing.T) {
-	m := eventtest.LoadManifest(t)
-	reg := m.Registration(t, "vllm-a")
-	prof := eventtest.ResolveProfile(t, reg)
-	ix := index.New(index.Options{})
-	defer ix.Close()
-	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	reg, prof, tb := vllmTable(t, index.Options{})
 	counters := NewCounters()
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	rs := startReplayService(t)
@@ -246,12 +248,7 @@ func TestOversizeMessageWithReplay(t *testing.T) {
 // which libzmq does not retry either. The subscriber reconnects by itself,
 // without counting an oversize message.
 func TestHandshakeFailureReconnects(t *testing.T) {
-	m := eventtest.LoadManifest(t)
-	reg := m.Registration(t, "vllm-a")
-	prof := eventtest.ResolveProfile(t, reg)
-	ix := index.New(index.Options{})
-	defer ix.Close()
-	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	reg, prof, tb := vllmTable(t, index.Options{})
 	counters := NewCounters()
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -46,17 +46,7 @@ func TestPendingLinksChunks(t *testing.T) {
 	for i := range toks {
 		toks[i] = int32(i*13 + 1)
 	}
-	c := hashing.AcquireChain()
-	defer hashing.ReleaseChain(c)
-	c.Reset(&prof, bs, toks, "", "")
-	var keys []uint64
-	for {
-		k, _, ok := c.Next()
-		if !ok {
-			break
-		}
-		keys = append(keys, k)
-	}
+	keys := eventtest.ChainKeys(&prof, bs, toks)
 	rep := &countReporter{}
 	for from := 0; from < len(keys); from += per {
 		var parent any

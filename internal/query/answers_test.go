@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
@@ -55,18 +56,7 @@ func newAnswerWorld(t testing.TB, seed uint64) *answerWorld {
 		}
 	}
 	for _, pr := range w.prompts {
-		ch := hashing.AcquireChain()
-		ch.Reset(w.tbl.Profile(), testCtx.BlockSize, pr, "", "")
-		var ks []uint64
-		for {
-			k, _, ok := ch.Next()
-			if !ok {
-				break
-			}
-			ks = append(ks, k)
-		}
-		hashing.ReleaseChain(ch)
-		w.keys = append(w.keys, ks)
+		w.keys = append(w.keys, eventtest.ChainKeys(w.tbl.Profile(), testCtx.BlockSize, pr))
 	}
 	w.cached = New(Options{Index: w.ix, Memo: hashing.NewMemo(1 << 20), Answers: NewAnswers(8 << 20)})
 	// The walking engine has a prefix memo too (it changes no answer), so
