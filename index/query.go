@@ -342,28 +342,23 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 	// read lock twice, briefly, so a stripe small enough to stay in the
 	// caches is left out, and so is a batch whose blocks all have hints
 	// (requested above already).
-	from := 0
-	for si := range t.stripes {
-		to := r.start[si]
-		if from == to || unhinted == 0 {
-			from = to
-			continue
-		}
-		s := &t.stripes[si]
-		if s.slotsLen.Load() < prefetchMinSlots {
-			from = to
-			continue
-		}
-		s.mu.RLock()
-		for _, i := range r.order[from:to] {
-			if r.hints[i] == 0 {
-				s.prefetchBlock(r.hs[i])
+	if unhinted > 0 {
+		from := 0
+		for si := range t.stripes {
+			to := r.start[si]
+			if s := &t.stripes[si]; from < to && s.slotsLen.Load() >= prefetchMinSlots {
+				s.mu.RLock()
+				for _, i := range r.order[from:to] {
+					if r.hints[i] == 0 {
+						s.prefetchBlock(r.hs[i])
+					}
+				}
+				s.mu.RUnlock()
 			}
+			from = to
 		}
-		s.mu.RUnlock()
-		from = to
 	}
-	from = 0
+	from := 0
 	for si := range t.stripes {
 		to := r.start[si]
 		if from == to {

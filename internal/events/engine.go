@@ -495,7 +495,7 @@ func (d *engineDecoder) Apply(rep Reporter) {
 				}
 			}
 			switch {
-			case !d.links.Enabled():
+			case !linking:
 			case d.pend.max > 0:
 				d.deferLink(ev)
 			default:

@@ -199,7 +199,7 @@ type pendingLinks struct {
 	max    int          // bytes the waiting events may hold
 	chunks []*pendChunk // in arrival order; chunks[0] is verified first
 	free   []*pendChunk // emptied chunks kept for the next burst
-	held   int          // bytes of the chunks in use
+	held   int          // bytes of the chunks in use, whole chunks
 	n      int          // blocks waiting
 }
 
@@ -241,9 +241,6 @@ func (c *pendChunk) bytesOf() int {
 func (c *pendChunk) fits(b, k int) bool {
 	return len(c.buf)+b <= cap(c.buf) && len(c.keys)+k <= cap(c.keys) && len(c.evs) < cap(c.evs)
 }
-
-// live is what the waiting events hold, rounded up to whole chunks.
-func (p *pendingLinks) live() int { return p.held }
 
 // reset forgets every waiting event; the caller accounts for p.n.
 func (p *pendingLinks) reset() {
@@ -370,7 +367,7 @@ func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
 // first, until they hold at most half the bound. A burst longer than that
 // is verified as it arrives, as without waiting, rather than shed.
 func (d *engineDecoder) CatchUp() {
-	for d.pend.live() > d.pend.max/2 && d.VerifyPending(1) {
+	for d.pend.held > d.pend.max/2 && d.VerifyPending(1) {
 	}
 }
 

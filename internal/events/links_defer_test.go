@@ -69,19 +69,19 @@ func TestPendingLinksChunks(t *testing.T) {
 		t.Fatalf("applied %d events, %d blocks waiting in %d chunks, %d links; want %d, %d in 2, 0",
 			rep.applied, d.PendingLinks(), len(d.pend.chunks), links.Len(), events, len(keys))
 	}
-	if d.pend.live() != 2*chunkBytes {
-		t.Fatalf("the waiting events hold %d bytes, want two chunks' %d", d.pend.live(), 2*chunkBytes)
+	if d.pend.held != 2*chunkBytes {
+		t.Fatalf("the waiting events hold %d bytes, want two chunks' %d", d.pend.held, 2*chunkBytes)
 	}
 	if !d.VerifyPending(chunkEvents * per) {
 		t.Fatal("nothing left waiting after the first chunk was verified")
 	}
-	if len(d.pend.chunks) != 1 || d.pend.live() != chunkBytes || len(d.pend.free) != 1 {
+	if len(d.pend.chunks) != 1 || d.pend.held != chunkBytes || len(d.pend.free) != 1 {
 		t.Fatalf("after the first chunk: %d chunks in use holding %d bytes, %d free; want 1, %d, 1",
-			len(d.pend.chunks), d.pend.live(), len(d.pend.free), chunkBytes)
+			len(d.pend.chunks), d.pend.held, len(d.pend.free), chunkBytes)
 	}
 	for d.VerifyPending(1) {
 	}
-	if links.Len() != len(keys) || links.Pending() != 0 || links.Shed() != 0 || d.pend.live() != 0 {
-		t.Fatalf("%d links, %d waiting, %d shed, %d bytes held; want %d, 0, 0, 0", links.Len(), links.Pending(), links.Shed(), d.pend.live(), len(keys))
+	if links.Len() != len(keys) || links.Pending() != 0 || links.Shed() != 0 || d.pend.held != 0 {
+		t.Fatalf("%d links, %d waiting, %d shed, %d bytes held; want %d, 0, 0, 0", links.Len(), links.Pending(), links.Shed(), d.pend.held, len(keys))
 	}
 }

@@ -398,14 +398,9 @@ func (s LinkScope) Resolve(ids []LinkID, out [][32]byte) ([][32]byte, bool) {
 			continue
 		}
 		// The start of a run: look the block up.
-		ok := false
-		if g := l.cur; g != nil {
-			ch, off, ok = g.find(id)
-		}
-		if !ok && l.prev != nil {
-			ch, off, ok = l.prev.find(id)
-			fresh = false
-		}
+		var ok, old bool
+		ch, off, old, ok = l.find(id)
+		fresh = fresh && !old
 		if !ok {
 			break
 		}
@@ -491,14 +486,8 @@ func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, bu
 		}
 		id, nbuf := s.Next(prefix, block, buf)
 		buf = nbuf
-		ok := false
-		if g := l.cur; g != nil {
-			ch, off, ok = g.find(id)
-		}
-		if !ok && l.prev != nil {
-			ch, off, ok = l.prev.find(id)
-		}
-		if !ok {
+		var ok bool
+		if ch, off, _, ok = l.find(id); !ok {
 			ch = nil
 			break
 		}
@@ -512,6 +501,21 @@ func (s LinkScope) Follow(prefix LinkID, tokens []int32, bs int, f *Followed, bu
 		f.ID = prefix
 	}
 	return buf
+}
+
+// find looks block id up in the current generation, then in the older
+// one; old says the older one was asked. Under l.mu.
+func (l *Links) find(id LinkID) (ch *runChunk, off int, old, ok bool) {
+	if g := l.cur; g != nil {
+		if ch, off, ok = g.find(id); ok {
+			return ch, off, false, true
+		}
+	}
+	if g := l.prev; g != nil {
+		ch, off, ok = g.find(id)
+		return ch, off, true, ok
+	}
+	return nil, 0, false, false
 }
 
 // ByKey returns the prefix id and digest of a verified block from the key
