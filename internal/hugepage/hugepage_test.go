@@ -2,6 +2,7 @@ package hugepage
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -359,5 +360,39 @@ func TestAnonResident(t *testing.T) {
 	}
 	if got := anonResident(); got < before+15<<20 {
 		t.Errorf("anonResident %d after writing 16 MiB, want at least %d", got, before+15<<20)
+	}
+}
+
+// TestLoopRefreshes: with memory holding still and no growth, a pass
+// still runs once Refresh has passed since the last, for chunks the
+// runtime split and filled again.
+func TestLoopRefreshes(t *testing.T) {
+	var resident atomic.Uint64
+	c := collapser(t, Options{Interval: time.Millisecond, MinGrowth: 1 << 40, Refresh: 20 * time.Millisecond,
+		MapsPath: mapsOf(t, region(t, ChunkBytes)), Resident: resident.Load})
+	c.Start()
+	defer c.Stop()
+	waitFor(t, "two passes without growth", func() bool { p, _ := c.Stats(); return p >= 2 })
+}
+
+// TestWithoutCollapseSupport: on a kernel that does not know
+// MADV_COLLAPSE a pass says so and does nothing, and Start starts no
+// loop even in madvise mode.
+func TestWithoutCollapseSupport(t *testing.T) {
+	c := New(Options{ModePath: modeFile(t, "always [madvise] never\n"), Logger: zerolog.Nop()})
+	c.supported = false
+	if c.Wanted() {
+		t.Error("Wanted without MADV_COLLAPSE")
+	}
+	if _, err := c.Pass(); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Pass: %v, want ErrUnsupported", err)
+	}
+	c.Start()
+	if c.started.Load() {
+		t.Error("a loop started without MADV_COLLAPSE")
+	}
+	c.Stop()
+	if passes, _ := c.Stats(); passes != 0 {
+		t.Errorf("%d passes counted", passes)
 	}
 }
