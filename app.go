@@ -26,7 +26,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/hugepage"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/grpcapi"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	"github.com/mooncake-conductor-go/conductor/internal/metrics"
@@ -266,15 +265,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		a.stops.push("profiling listener", func(context.Context) error { return pp.Close() })
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
-	// Started after the restore, whose growth is its first pass's work.
-	var huge *hugepage.Collapser
-	if cfg.HugePages {
-		huge = hugepage.New(hugepage.Options{Logger: log})
-		huge.Start()
-		a.stops.push("huge pages", nothingToReport(huge.Stop))
-	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks, HugePages: huge,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {

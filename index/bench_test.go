@@ -10,13 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/hugepage"
 )
 
 // benchKey spreads sequential ids like real projected hashes.
@@ -407,10 +405,8 @@ func (c *hashingChain) Next() (uint64, int, bool) {
 // of 512 slab entries at random in a 64 MiB slab (larger than the caches
 // a core has to itself), all addresses known up front as a batch's hints
 // are, read one after another (independent loads, which the core
-// overlaps) or each requested first (as walkReady does), with the slab on
-// 4 KiB pages or on the 2 MiB pages the service's huge-page pass gives it
-// (internal/hugepage; on a host whose THP mode is not madvise both are
-// what the kernel gives).
+// overlaps) or each requested first (as walkReady does). The slab is on
+// whatever pages the kernel gives anonymous memory.
 func BenchmarkMachineRandomReads(b *testing.B) {
 	const slabBytes = 64 << 20
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -423,40 +419,27 @@ func BenchmarkMachineRandomReads(b *testing.B) {
 		}
 	}
 	var sink uint64
-	for _, pages := range []string{"4k", "2m"} {
-		mem, err := syscall.Mmap(-1, 0, slabBytes+hugepage.ChunkBytes, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer syscall.Munmap(mem)
-		off := (hugepage.ChunkBytes - int(uintptr(unsafe.Pointer(&mem[0])))%hugepage.ChunkBytes) % hugepage.ChunkBytes
-		slab := unsafe.Slice((*block)(unsafe.Pointer(&mem[off])), slabBytes/int(unsafe.Sizeof(block{})))
-		for i := range slab {
-			slab[i].key = uint64(i)
-		}
-		if c := hugepage.New(hugepage.Options{}); pages == "2m" && c.Wanted() {
-			if _, err := c.Pass(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.Run("independent/"+pages, func(b *testing.B) {
-			for i := range b.N {
-				for _, j := range sets[i%len(sets)] {
-					sink += slab[j].key
-				}
-			}
-		})
-		b.Run("prefetched/"+pages, func(b *testing.B) {
-			for i := range b.N {
-				idx := sets[i%len(sets)]
-				for _, j := range idx {
-					prefetch(uintptr(unsafe.Pointer(&slab[j])))
-				}
-				for _, j := range idx {
-					sink += slab[j].key
-				}
-			}
-		})
+	slab := make([]block, slabBytes/int(unsafe.Sizeof(block{})))
+	for i := range slab {
+		slab[i].key = uint64(i)
 	}
+	b.Run("independent", func(b *testing.B) {
+		for i := range b.N {
+			for _, j := range sets[i%len(sets)] {
+				sink += slab[j].key
+			}
+		}
+	})
+	b.Run("prefetched", func(b *testing.B) {
+		for i := range b.N {
+			idx := sets[i%len(sets)]
+			for _, j := range idx {
+				prefetch(uintptr(unsafe.Pointer(&slab[j])))
+			}
+			for _, j := range idx {
+				sink += slab[j].key
+			}
+		}
+	})
 	_ = sink
 }

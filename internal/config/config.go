@@ -89,9 +89,6 @@ type Config struct {
 	ShowVersion bool
 	// DebugRoutes enables the operator routes (POST /debug/explain).
 	DebugRoutes bool
-	// HugePages lets the service have its dense memory put on transparent
-	// huge pages when the host's THP mode is "madvise" (internal/hugepage).
-	HugePages bool
 	// PprofAddr, when not "", serves the Go runtime's profiles there, on a
 	// listener of their own (off by default).
 	PprofAddr string
@@ -166,7 +163,6 @@ type flags struct {
 	version   *bool
 	// debugRoutes is --debug-routes.
 	debugRoutes *bool
-	hugePages   *bool
 	pprofAddr   *string
 	hashCheck   *int
 	stateDir    *string
@@ -202,7 +198,6 @@ func newFlags() *flags {
 	f.version = fl.Bool("version", false, "print version, commit, Go and libzmq versions and exit")
 	f.hashCheck = fl.Int("hash-check-every", DefaultHashCheckEvery, "after each engine service's first 64 blocks, re-hash about one event block in this many under its hash profile to catch profile mismatches; 0 turns the check off (env CONDUCTOR_HASH_CHECK_EVERY)")
 	f.debugRoutes = fl.Bool("debug-routes", false, "serve the operator routes, POST /debug/explain (env CONDUCTOR_DEBUG_ROUTES=1)")
-	f.hugePages = fl.Bool("huge-pages", true, `on hosts whose transparent huge page mode is "madvise", have the kernel put the service's fully used memory on 2 MiB pages after it grows, which halves the cost of the random reads a cold query's index walk makes; false leaves page sizes to the kernel (env CONDUCTOR_HUGE_PAGES)`)
 	f.pprofAddr = fl.String("pprof-addr", "", `serve Go profiles (net/http/pprof, /debug/pprof/) on this address, e.g. 127.0.0.1:6060, apart from the API (env CONDUCTOR_PPROF_ADDR); default off`)
 	f.stateDir = fl.String("state-dir", defaultStateDir(), `directory for registrations and index snapshots (env CONDUCTOR_STATE_DIR); "" keeps them in memory only`)
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
@@ -272,7 +267,7 @@ func Usage() string {
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
 		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
-		HugePages: true, SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
+		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
 }
 
 // Load reads configuration. args are the command-line arguments without the
@@ -380,9 +375,6 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		c.HashCheckEvery = n
 	}
 	if c.DebugRoutes, err = f.pickBool("debug-routes", *f.debugRoutes, "CONDUCTOR_DEBUG_ROUTES", getenv); err != nil {
-		return nil, err
-	}
-	if c.HugePages, err = f.pickBool("huge-pages", *f.hugePages, "CONDUCTOR_HUGE_PAGES", getenv); err != nil {
 		return nil, err
 	}
 	c.GRPCAddr = f.pick("grpc-addr", *f.grpcAddr, getenv("CONDUCTOR_GRPC_ADDR"))

@@ -238,7 +238,7 @@ func TestFlagDefaultsYield(t *testing.T) {
 	}
 }
 
-// TestBoolSettings: --debug-routes (off by default) and --huge-pages (on)
+// TestBoolSettings: --debug-routes (off by default)
 // take the flag, else the environment variable, else the default, and
 // refuse a variable that is not a boolean.
 func TestBoolSettings(t *testing.T) {
@@ -248,7 +248,6 @@ func TestBoolSettings(t *testing.T) {
 		get       func(*Config) bool
 	}{
 		{"debug-routes", "CONDUCTOR_DEBUG_ROUTES", false, func(c *Config) bool { return c.DebugRoutes }},
-		{"huge-pages", "CONDUCTOR_HUGE_PAGES", true, func(c *Config) bool { return c.HugePages }},
 	} {
 		withEnv := func(v string) map[string]string { return noFileWith(s.env, v) }
 		for _, tc := range []struct {

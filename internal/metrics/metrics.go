@@ -19,7 +19,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/hugepage"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -42,8 +41,6 @@ type Options struct {
 	Build *buildinfo.Info
 	// HashChecks, when set, is exported as conductor_hash_check_total.
 	HashChecks *hashcheck.Set
-	// HugePages, when set, is reported as conductor_huge_page_*.
-	HugePages *hugepage.Collapser
 	// Extra are further collectors (the durable state's).
 	Extra []prometheus.Collector
 }
@@ -205,9 +202,6 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
 		ch <- d
 	}
-	for _, d := range hugePageDescs {
-		ch <- d
-	}
 	for _, d := range descIngest {
 		ch <- d
 	}
@@ -282,7 +276,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		collectMemo(ch, descMemo, descMemoBytes, c.opts.Memo)
 	}
 	collectLinks(ch, c.opts.Links)
-	collectHugePages(ch, c.opts.HugePages)
 	if c.opts.TokenMemo != nil {
 		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
 	}

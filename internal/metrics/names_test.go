@@ -14,7 +14,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/hugepage"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
@@ -73,7 +72,7 @@ func TestFamiliesMatchREADME(t *testing.T) {
 	checks.Add(string(svc.Key()), &svc.Profile, svc.BlockSize, "")
 	m := New(Options{
 		Index: ix, Registry: reg, Counters: subscriber.NewCounters(),
-		Memo: hashing.NewMemo(1 << 20), Links: hashing.NewLinks(1 << 20), HugePages: hugepage.New(hugepage.Options{}), TokenMemo: codec.NewTokenMemo(1 << 20), Answers: query.NewAnswers(1 << 20),
+		Memo: hashing.NewMemo(1 << 20), Links: hashing.NewLinks(1 << 20), TokenMemo: codec.NewTokenMemo(1 << 20), Answers: query.NewAnswers(1 << 20),
 		Build: &buildinfo.Info{Version: "v", Commit: "c", GoVersion: "go", LibZMQ: "4"}, HashChecks: checks,
 	})
 	m.ObserveRequest("/query", 200, 0)

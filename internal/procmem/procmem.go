@@ -1,8 +1,7 @@
 // Package procmem reads this process's memory figures from /proc: its
 // resident set (statm, the kernel's counters, no page-table walk) and the
 // fields of smaps_rollup (a walk of its page tables, about a millisecond
-// per GiB resident). The huge-page collapser and the memory tests share
-// it.
+// per GiB resident), for the memory tests.
 package procmem
 
 import (

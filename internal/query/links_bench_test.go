@@ -3,13 +3,11 @@ package query
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/hugepage"
 )
 
 // coldCorpus is issue 28's realistic index in process: 4 instances, prompts
@@ -83,21 +81,8 @@ func BenchmarkColdLookup(b *testing.B) {
 	}{{"8k", 1000, 512, 64, 16}, {"64k", 96, 4096, 256, 4}} {
 		b.Run(size.name, func(b *testing.B) {
 			c := newColdCorpus(b, size.prompts, size.blocks, size.shared, size.groups)
-			collapseHeap(b)
 			coldLookups(b, c)
 		})
-	}
-}
-
-// collapseHeap does what the service's huge-page pass does once ingest
-// has grown the heap (internal/hugepage), where the host's THP mode is
-// madvise. The lookups report the memory on huge pages as huge-MiB.
-func collapseHeap(b *testing.B) {
-	runtime.GC()
-	if c := hugepage.New(hugepage.Options{}); c.Wanted() {
-		if _, err := c.Pass(); err != nil {
-			b.Fatal(err)
-		}
 	}
 }
 
@@ -123,7 +108,6 @@ func coldLookups(b *testing.B, c *coldCorpus) {
 			c0 := processCPU()
 			defer func() {
 				b.ReportMetric(float64((processCPU()-c0).Nanoseconds())/float64(b.N), "cpu-ns/op")
-				b.ReportMetric(float64(hugepage.AnonHugeBytes())/(1<<20), "huge-MiB")
 			}()
 			for i := range b.N {
 				copy(toks, c.prompts[i%len(c.prompts)])

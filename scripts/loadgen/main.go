@@ -865,9 +865,8 @@ const probeTimeout = 15 * time.Second
 // settle waits, up to settleTimeout, until the servers' CPU time has
 // grown by less than settleIdle in each of settleQuiet's windows in a
 // row: until they are done with background work before a phase that
-// charges them its CPU. Quiet spans more than the two 500 ms ticks after
-// which a server's huge-page pass follows the growth ingest caused
-// (internal/hugepage), so the pass is over, not still to come.
+// charges them its CPU: snapshots, evictions and verification that
+// ingest left behind.
 func (s *session) settle(ctx context.Context, fl fleet) {
 	const (
 		settleWindow  = 100 * time.Millisecond
