@@ -2,9 +2,11 @@ package etcdreg
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -47,10 +49,27 @@ func (s *Store) Advertise(url string) {
 func (s *Store) advertise(url string) {
 	defer close(s.adDone)
 	key := peersPrefix(s.opts.Prefix) + url
+	// held is the lease the key was last put under. Leaving revokes that
+	// one, whichever path the loop left by: a key left on a live lease
+	// would be offered to new replicas for a PeerTTL after this one
+	// closed.
+	var held clientv3.LeaseID
+	defer func() {
+		if held != 0 {
+			s.revoke(held)
+		}
+	}()
 	for s.ctx.Err() == nil {
 		lease, err := s.cli.Grant(s.ctx, int64(PeerTTL/time.Second))
 		if err == nil {
-			_, err = s.cli.Put(s.ctx, key, url, clientv3.WithLease(lease.ID))
+			if _, err = s.cli.Put(s.ctx, key, url, clientv3.WithLease(lease.ID)); err == nil {
+				if held != 0 && held != lease.ID {
+					s.revoke(held)
+				}
+				held = lease.ID
+			} else {
+				s.revoke(lease.ID)
+			}
 		}
 		if err != nil {
 			if s.ctx.Err() == nil {
@@ -66,13 +85,16 @@ func (s *Store) advertise(url string) {
 				// lease is lost or the store closes.
 			}
 		}
-		if s.ctx.Err() != nil {
-			// Leave at once rather than at the lease's end.
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, _ = s.cli.Revoke(ctx, lease.ID)
-			cancel()
-			return
-		}
 		s.sleep(watchBackoff)
+	}
+}
+
+// revoke ends lease and with it the keys put under it, within the store's
+// timeout; a lease that cannot be revoked expires by itself after PeerTTL.
+func (s *Store) revoke(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+	defer cancel()
+	if _, err := s.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		s.log.Warn().Err(err).Msg("cannot withdraw this replica's advertised URL from etcd; it expires by itself")
 	}
 }
