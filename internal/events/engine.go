@@ -117,6 +117,9 @@ type engineEvent struct {
 	grouped bool
 	group   int32
 	spec    index.GroupSpec
+	// ignore, for a grouped event, is why its group is not indexed
+	// (IgnUncachedGroup, IgnUnknownKind), ReasonNone when it is.
+	ignore Reason
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from

@@ -39,6 +39,28 @@ type groupState struct {
 	known  [index.MaxGroups]index.GroupSpec
 	seen   uint32
 	logged bool
+	// ignore is, per group, why its last stored event was not indexed
+	// (ReasonNone: it was), so that its removals, which carry no kind,
+	// are ignored alike; unknownLogged says the warning about a kind this
+	// build does not know is out (once per service).
+	ignore        [index.MaxGroups]Reason
+	unknownLogged bool
+}
+
+// maxLoggedKind bounds the length of a kind name a log line repeats.
+const maxLoggedKind = 64
+
+// noteUnknownKind warns, once per service, about a group whose kind this
+// build has no rule for: its events are ignored and, since the engine may
+// well prefix-cache it, the group counts as holding nothing, so the
+// owner answers 0 (docs/hybrid.md#the-layout-learned-or-declared).
+func (st *groupState) noteUnknownKind(g int, kind []byte) {
+	if st.unknownLogged {
+		return
+	}
+	st.unknownLogged = true
+	st.log.Warn().Int("group", g).Str("kind", string(kind[:min(len(kind), maxLoggedKind)])).
+		Msg("KV-cache group of a kind this build has no hit rule for: its events are ignored (unknown_kind) and the owner answers 0 while its layout has the group; logged once")
 }
 
 // applyGrouped applies a grouped stored or removed event.
@@ -49,6 +71,16 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 	if !ok {
 		if g != 0 {
 			ev.result, ev.reason = Rejected, EvGroup
+			return
+		}
+		why := ev.ignore
+		if ev.kind == evStored {
+			d.groups.ignore[0] = why
+		} else {
+			why = max(why, d.groups.ignore[0])
+		}
+		if why != ReasonNone {
+			ev.result, ev.reason = Ignored, why
 			return
 		}
 		for _, k := range keys {
@@ -66,6 +98,10 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 	if ev.kind == evRemoved {
 		if g >= index.MaxGroups {
 			ev.result, ev.reason = Rejected, EvGroup
+			return
+		}
+		if why := max(ev.ignore, d.groups.ignore[g]); why != ReasonNone {
+			ev.result, ev.reason = Ignored, why
 			return
 		}
 		for _, k := range keys {
@@ -91,6 +127,12 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 		}
 		st.seen |= 1 << g
 		st.known[g] = ev.spec
+	}
+	if st.ignore[g] = ev.ignore; ev.ignore != ReasonNone {
+		// the layout has the group (an uncached one is skipped by the
+		// rules, an unknown one holds nothing), its blocks are not kept
+		ev.result, ev.reason = Ignored, ev.ignore
+		return
 	}
 	groupKindEvents[ev.spec.Kind].Add(1)
 	for _, k := range keys {
