@@ -147,6 +147,7 @@ type Subscriber struct {
 	recoveries atomic.Uint64 // stale states left by themselves
 
 	resumePending atomic.Bool // resuming, for other goroutines
+	resumeExpired atomic.Bool // ExpireResume was called
 }
 
 // liveMsg is a live batch held while a gap is being recovered.
@@ -490,6 +491,7 @@ func (s *Subscriber) run() {
 		} else if verify && len(polled) == 0 {
 			s.verifier.VerifyPending(idleVerifyBlocks)
 		}
+		s.expireResume()
 		s.closeIfStale()
 		s.healSession(time.Now())
 	}
