@@ -1069,8 +1069,12 @@ func (s *Subscriber) report(seq uint64, i int, res events.Result, why events.Rea
 		s.cfg.Counters.add(MetricRejected, s.typ, why, 1)
 		if why == events.EvArrayEncoded {
 			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Msg("array-encoded event rejected: this engine release predates map-encoded KV events and is not supported")
-		} else {
-			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Str("reason", why.String()).Msg("event rejected")
+		} else if e := s.sampled.Warn(); e.Enabled() {
+			e.Uint64("seq", seq).Int("event", i).Str("reason", why.String())
+			if rd, ok := s.dec.(events.RejectDetailer); ok {
+				rd.RejectDetail(i, e) // the values judged, against what was expected
+			}
+			e.Msg("event rejected")
 		}
 	}
 	if s.cfg.onEvent != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/rs/zerolog"
 )
 
 // evKind is the tagged kind of an engine event.
@@ -120,6 +121,15 @@ type engineEvent struct {
 	// ignore, for a grouped event, is why its group is not indexed
 	// (IgnUncachedGroup, IgnUnknownKind), ReasonNone when it is.
 	ignore Reason
+	// wire is what a rejection's log names (RejectDetail).
+	wire wireValues
+}
+
+// wireValues are the event's values the rules judge, kept for the log of
+// a rejection.
+type wireValues struct {
+	blockSize, group, window int64
+	hasGroup                 bool
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
@@ -262,6 +272,8 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 		return nil
 	}
 	ev.off, ev.n = int32(off), int32(len(d.keys)-off)
+	ev.wire = wireValues{blockSize: f.v.ints[iBlockSize], group: f.v.ints[iGroupIdx], window: f.v.ints[iWindow],
+		hasGroup: f.nonNil&bit(fGroupIdx) != 0}
 	d.validate(ev, f)
 	if ev.kind == evStored && ev.result == Applied && d.keepSpans {
 		ev.bs, ev.spans = int32(f.v.ints[iBlockSize]), f.spans
@@ -518,5 +530,43 @@ func (d *engineDecoder) Apply(rep Reporter) {
 	}
 	for i := range d.events {
 		rep.Report(i, d.events[i].result, d.events[i].reason)
+	}
+}
+
+// RejectDetail implements RejectDetailer: a rejected event's values
+// against the registration's or the layout's. Token ids and hashes are
+// never named.
+func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
+	if i < 0 || i >= len(d.events) || d.events[i].result != Rejected {
+		return
+	}
+	ev := &d.events[i]
+	w := &ev.wire
+	if w.hasGroup && ev.reason != EvGroup {
+		e.Int64("group", w.group)
+	}
+	switch ev.reason {
+	case EvBlockSize:
+		e.Int64("block_size", w.blockSize).Int64("registered_block_size", d.blockSize)
+		switch {
+		case d.rules.typ == source.SGLang:
+			e.Str("rule", "1 to the registered block_size")
+		case ev.grouped:
+			e.Str("rule", "a group's block_size is a positive multiple of the registered (hash) block size")
+		default:
+			e.Str("rule", "an event without group fields has the registered block_size")
+		}
+	case EvLora:
+		e.Str("registered_lora_name", d.loraName)
+	case EvGroup:
+		e.Int64("group_idx", w.group).Int("max_groups", index.MaxGroups)
+	case EvAttention:
+		e.Str("kind", ev.spec.Kind.String()).Int64("sliding_window", w.window)
+	case EvLayout:
+		e.Str("kind", ev.spec.Kind.String()).Int("block_size", ev.spec.BlockSize).Int("sliding_window", ev.spec.SlidingWindow)
+		if g := int(ev.group); g < index.MaxGroups && d.groups.seen&(1<<g) != 0 {
+			k := d.groups.known[g]
+			e.Str("known_kind", k.Kind.String()).Int("known_block_size", k.BlockSize).Int("known_sliding_window", k.SlidingWindow)
+		}
 	}
 }
