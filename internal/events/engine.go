@@ -121,8 +121,6 @@ type engineEvent struct {
 	// ignore, for a grouped event, is why its group is not indexed
 	// (IgnUncachedGroup, IgnUnknownKind), ReasonNone when it is.
 	ignore Reason
-	// wire is what a rejection's log names (RejectDetail).
-	wire wireValues
 }
 
 // wireValues are the event's values the rules judge, kept for the log of
@@ -143,7 +141,10 @@ type engineDecoder struct {
 	blockSize int64
 	lora      []byte
 	events    []engineEvent
-	keys      []uint64
+	// wires[i] is what the log of events[i]'s rejection names
+	// (RejectDetail); apart from events, which deferred link checks copy.
+	wires []wireValues
+	keys  []uint64
 	// hints[i] is where the sink stored the block of keys[i] (index's
 	// block hint), for a stored event while verified links are on: the
 	// links keep it beside the block (links.go). locSink is sink when it
@@ -198,6 +199,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 
 func (d *engineDecoder) beginBatch() {
 	d.events = d.events[:0]
+	d.wires = d.wires[:0]
 	d.keys = d.keys[:0]
 }
 
@@ -266,14 +268,14 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	if err := readEventMap(r, &d.mapEv); err != nil {
 		return err
 	}
+	d.wires = append(d.wires, wireValues{blockSize: f.v.ints[iBlockSize], group: f.v.ints[iGroupIdx], window: f.v.ints[iWindow],
+		hasGroup: f.nonNil&bit(fGroupIdx) != 0})
 	if f.reject != ReasonNone {
 		d.keys = d.keys[:off]
 		ev.result, ev.reason = Rejected, f.reject
 		return nil
 	}
 	ev.off, ev.n = int32(off), int32(len(d.keys)-off)
-	ev.wire = wireValues{blockSize: f.v.ints[iBlockSize], group: f.v.ints[iGroupIdx], window: f.v.ints[iWindow],
-		hasGroup: f.nonNil&bit(fGroupIdx) != 0}
 	d.validate(ev, f)
 	if ev.kind == evStored && ev.result == Applied && d.keepSpans {
 		ev.bs, ev.spans = int32(f.v.ints[iBlockSize]), f.spans
@@ -537,11 +539,11 @@ func (d *engineDecoder) Apply(rep Reporter) {
 // against the registration's or the layout's. Token ids and hashes are
 // never named.
 func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
-	if i < 0 || i >= len(d.events) || d.events[i].result != Rejected {
+	if i < 0 || i >= len(d.events) || i >= len(d.wires) || d.events[i].result != Rejected {
 		return
 	}
 	ev := &d.events[i]
-	w := &ev.wire
+	w := &d.wires[i]
 	if w.hasGroup && ev.reason != EvGroup {
 		e.Int64("group", w.group)
 	}
