@@ -1,7 +1,10 @@
 package subscriber
 
 import (
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/rs/zerolog"
@@ -72,5 +75,68 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rejection lines (-want +got):\n%s\n%s", diff, logs)
+	}
+}
+
+// TestConnectWatchSaysItOnce: the warning is due once the wait has passed
+// while still not connected, and never again; a connection before the wait
+// means no warning at all.
+func TestConnectWatchSaysItOnce(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	w := connectWatch{since: t0, after: 30 * time.Second}
+	if w.due(t0.Add(29*time.Second), false) {
+		t.Fatal("due before the wait")
+	}
+	if at := w.wakeAt(false); !at.Equal(t0.Add(30 * time.Second)) {
+		t.Fatalf("wake at %v", at)
+	}
+	if !w.due(t0.Add(30*time.Second), false) {
+		t.Fatal("not due after the wait")
+	}
+	for i := range 100 {
+		if w.due(t0.Add(time.Duration(31+i)*time.Second), false) {
+			t.Fatalf("due again at +%d s", 31+i)
+		}
+	}
+	if at := w.wakeAt(false); !at.IsZero() {
+		t.Fatalf("still waking at %v after the warning", at)
+	}
+	c := connectWatch{since: t0, after: 30 * time.Second}
+	if c.due(t0.Add(time.Hour), true) || !c.wakeAt(true).IsZero() {
+		t.Fatal("a connected source is warned about")
+	}
+}
+
+// TestStuckConnectingWarnsOnce: an endpoint whose host does not resolve
+// stays connecting; after the wait one WARN names it, and no other
+// follows while the subscriber keeps trying.
+func TestStuckConnectingWarnsOnce(t *testing.T) {
+	seed := "0"
+	prof := mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256CBOR, "low64_be", &seed)
+	logs := &logBuffer{}
+	const ep = "tcp://no-such-host.invalid:5557"
+	s := mustStart(t, Config{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep, WatchConnection: true,
+		Context: eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16}), Profile: prof,
+		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.New(logs), Counters: NewCounters(),
+		Tuning: Tuning{ConnectWarnAfter: 100 * time.Millisecond}})
+	stuck := func() []map[string]any {
+		var out []map[string]any
+		for _, l := range logs.lines(t) {
+			if l["level"] == "warn" && strings.HasPrefix(fmt.Sprint(l["message"]), "still not connected") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	eventtest.WaitFor(t, "the stuck-connecting warning", 10*time.Second, func() bool { return len(stuck()) > 0 })
+	if st := s.State(); st != Connecting {
+		t.Errorf("state %v, want connecting", st)
+	}
+	// the loop goes on waking (monitor events, the poll interval)
+	// meanwhile; whatever it did, the warning is not repeated
+	s.Stop()
+	got := stuck()
+	if len(got) != 1 || got[0]["endpoint"] != ep || got[0]["service"] != "stuck|default|0" {
+		t.Errorf("warnings %v\n%s", got, logs)
 	}
 }

@@ -136,6 +136,7 @@ type Subscriber struct {
 	connects    int
 	reconnected bool
 	session     sessionWatch // sessions libzmq lost for good (session.go)
+	connWatch   connectWatch // a first connection that does not come (session.go)
 	anchor      bool         // the recovery under way checks the batch at A first
 	// staleAt and staleWhy are when and why the source went stale, for
 	// StaleRecoveryAuto.
@@ -170,6 +171,7 @@ func Start(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
 	}
 	s.state.Store(int32(Connecting))
+	s.connWatch = connectWatch{since: time.Now(), after: s.tuning.ConnectWarnAfter}
 	s.startResume()
 	go s.run()
 	return s, nil
@@ -452,6 +454,9 @@ func (s *Subscriber) run() {
 		if at := s.sessionDeadline(); !at.IsZero() {
 			timeout = max(min(timeout, time.Until(at)), time.Millisecond)
 		}
+		if at := s.connWatch.wakeAt(!s.knowsConnecting()); !at.IsZero() {
+			timeout = max(min(timeout, time.Until(at)), time.Millisecond)
+		}
 		verify := false
 		switch {
 		case s.rx.queued():
@@ -493,7 +498,9 @@ func (s *Subscriber) run() {
 		}
 		s.expireResume()
 		s.closeIfStale()
-		s.healSession(time.Now())
+		now := time.Now()
+		s.healSession(now)
+		s.warnIfStillConnecting(now)
 	}
 }
 
@@ -519,7 +526,11 @@ func (s *Subscriber) onMonitor() {
 		if s.connects == 1 {
 			s.connected.Store(true)
 			s.tellState()
-			s.log.Debug().Msg("connected to publisher")
+			if s.connWatch.warned {
+				s.log.Info().Dur("after", time.Since(s.connWatch.since)).Msg("connected to publisher")
+			} else {
+				s.log.Debug().Msg("connected to publisher")
+			}
 			continue
 		}
 		// After the subscriber's own reset of a lost session, a source
