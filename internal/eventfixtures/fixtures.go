@@ -244,8 +244,7 @@ func fixtures() []F {
 	bads := []bad{
 		{"vllm_bad_negative_hash", vStored([]int64{-1}, nil, []int64{1, 2, 3, 4}), "rejected: negative integer hash"},
 		{"vllm_bad_short_bin", vStored([]any{[]byte{1, 2, 3, 4}}, nil, []int64{1, 2, 3, 4}), "rejected: binary hash shorter than 8 bytes"},
-		{"vllm_bad_block_size", vStored([]uint64{v1}, nil, tok4, blockSize(16), groupIdx(nil), specKind(nil)),
-			"rejected: block_size 16 != registered 4 on an event without group fields (dense); group 0 of a hybrid may be a multiple"},
+		{"vllm_bad_block_size", vStored([]uint64{v1}, nil, tok4, blockSize(16)), "rejected: block_size 16 != registered 4"},
 		{"vllm_bad_window_on_full", vStored([]uint64{v1}, nil, tok4, extra("kv_cache_spec_sliding_window", 128)),
 			"rejected: a sliding window on a full-attention group"},
 		{"vllm_bad_group_past_limit", vStored([]uint64{v1}, nil, tok4, groupIdx(10)),

@@ -553,6 +553,8 @@ func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
 		switch {
 		case d.rules.typ == source.SGLang:
 			e.Str("rule", "1 to the registered block_size")
+		case ev.grouped && ev.group == 0 && w.blockSize > 0 && w.blockSize%d.blockSize == 0:
+			e.Str("rule", "group 0 above the registered block size needs another group that makes the registered one the gcd (vLLM hashes at the gcd of its groups' block sizes); a single-group model registers the engine's block_size")
 		case ev.grouped:
 			e.Str("rule", "a group's block_size is a positive multiple of the registered (hash) block size")
 		default:

@@ -45,6 +45,53 @@ type groupState struct {
 	// build does not know is out (once per service).
 	ignore        [index.MaxGroups]Reason
 	unknownLogged bool
+	// otherGCD is the gcd of the block sizes stored in groups other than
+	// 0 (0: none yet): vLLM hashes at the gcd of its groups' block sizes,
+	// so group 0 above the registered block size is a hybrid's only when
+	// the gcd with it is the registered one (group0Hashable).
+	otherGCD int64
+	// layoutAsked: the table's layout was consulted for otherGCD.
+	layoutAsked bool
+}
+
+func gcd64(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// group0Hashable reports whether a group-0 event of block size bs, above
+// the registered block size, belongs to a hybrid hashed at the registered
+// block size: another group (known, in this batch, or in the table's
+// learned or declared layout) makes the gcd the registered one. A dense
+// model registered with a block size below the engine's publishes exactly
+// such events with no other group; they are rejected as block_size, as
+// they always were, rather than indexed under keys no query computes.
+func (d *engineDecoder) group0Hashable(bs int64) bool {
+	st := &d.groups
+	if gcd64(bs, st.otherGCD) == d.blockSize {
+		return true
+	}
+	g := st.otherGCD
+	for i := range d.events {
+		if e := &d.events[i]; e.kind == evStored && e.result == Applied && e.grouped && e.group != 0 {
+			g = gcd64(g, int64(e.spec.BlockSize))
+		}
+	}
+	if gcd64(bs, g) == d.blockSize {
+		return true
+	}
+	if lo, ok := d.sink.(interface{ LayoutOf(index.OwnerID) index.Layout }); ok && !st.layoutAsked {
+		st.layoutAsked = true // one lock for a decoder that never sees another group
+		for i, gs := range lo.LayoutOf(d.owner).Groups {
+			if i != 0 && gs.Kind != index.KindUnreported && gs.BlockSize > 0 {
+				st.otherGCD = gcd64(st.otherGCD, int64(gs.BlockSize))
+			}
+		}
+		return gcd64(bs, gcd64(g, st.otherGCD)) == d.blockSize
+	}
+	return false
 }
 
 // maxLoggedKind bounds the length of a kind name a log line repeats.
@@ -71,6 +118,10 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 	if !ok {
 		if g != 0 {
 			ev.result, ev.reason = Rejected, EvGroup
+			return
+		}
+		if ev.kind == evStored && int64(ev.spec.BlockSize) != d.blockSize && !d.group0Hashable(int64(ev.spec.BlockSize)) {
+			ev.result, ev.reason = Rejected, EvBlockSize
 			return
 		}
 		why := ev.ignore
@@ -110,6 +161,10 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 		return
 	}
 	st := &d.groups
+	if g == 0 && int64(ev.spec.BlockSize) != d.blockSize && !d.group0Hashable(int64(ev.spec.BlockSize)) {
+		ev.result, ev.reason = Rejected, EvBlockSize
+		return
+	}
 	if g >= index.MaxGroups || st.seen&(1<<g) == 0 || st.known[g] != ev.spec {
 		switch gs.NoteGroup(d.owner, g, ev.spec) {
 		case index.GroupTooMany:
@@ -127,6 +182,10 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 		}
 		st.seen |= 1 << g
 		st.known[g] = ev.spec
+	}
+	if g != 0 {
+		// a group not indexed still tells the engine's hash block size
+		st.otherGCD = gcd64(st.otherGCD, int64(ev.spec.BlockSize))
 	}
 	if st.ignore[g] = ev.ignore; ev.ignore != ReasonNone {
 		// the layout has the group (an uncached one is skipped by the

@@ -240,10 +240,36 @@ func (h *layoutHarness) store(gi, first, last int, keep func(int) bool) error {
 	if err := h.checkOutcome(gi, h.send(ev)); err != nil {
 		return err
 	}
+	h.record(gi, js)
+	return nil
+}
+
+func (h *layoutHarness) record(gi int, js []int) {
 	if res, _ := h.wantResult(gi); res == Applied {
 		for _, j := range js {
 			h.ref.held[gi][j] = true
 		}
+	}
+}
+
+// storeAll sends, in one batch as vLLM does for a scheduling step, every
+// group's blocks up to tokens (whole blocks of each group).
+func (h *layoutHarness) storeAll(tokens int) error {
+	var evs []map[string]any
+	var js [][]int
+	for gi, g := range h.ref.groups {
+		ev, j := h.stored(gi, 0, tokens/g.block-1, nil)
+		evs, js = append(evs, ev), append(js, j)
+	}
+	out := h.send(evs...)
+	if len(out) != len(evs) {
+		return fmt.Errorf("outcomes %v", out)
+	}
+	for gi := range h.ref.groups {
+		if err := h.checkOutcome(gi, out[gi:gi+1]); err != nil {
+			return err
+		}
+		h.record(gi, js[gi])
 	}
 	return nil
 }
@@ -300,10 +326,8 @@ func TestHybridLayoutsThroughEvents(t *testing.T) {
 	for _, tc := range fixed {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newLayoutHarness(t, prof, tc.groups, 400/16)
-			for gi, g := range tc.groups {
-				if err := h.store(gi, 0, len(h.tokens)/g.block-1, nil); err != nil {
-					t.Fatal(err)
-				}
+			if err := h.storeAll(len(h.tokens)); err != nil {
+				t.Fatal(err)
 			}
 			if err := h.query(len(h.keys), len(h.keys)); err != nil {
 				t.Fatal(err)
@@ -338,12 +362,15 @@ func TestHybridLayoutsThroughEvents(t *testing.T) {
 		}
 		h := newLayoutHarness(rt, prof, groups, 24)
 		nblocks := func(gi int) int { return len(h.tokens) / groups[gi].block }
-		// every group announces a first block, as vLLM's groups of one
-		// scheduling step do, so the learned layout is the whole one
-		for gi := range groups {
-			if err := h.store(gi, 0, 0, nil); err != nil {
-				rt.Fatal(err)
-			}
+		// every group announces its first block in one batch, as vLLM's
+		// groups of one scheduling step do, so the learned layout is the
+		// whole one
+		maxBlock := 0
+		for _, g := range groups {
+			maxBlock = max(maxBlock, g.block)
+		}
+		if err := h.storeAll(maxBlock); err != nil {
+			rt.Fatal(err)
 		}
 		for range rapid.IntRange(0, 40).Draw(rt, "ops") {
 			gi := rapid.IntRange(0, len(groups)-1).Draw(rt, "group")
@@ -372,4 +399,33 @@ func TestHybridLayoutsThroughEvents(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestGroup0AboveTheBlockSizeNeedsAnotherGroup: a dense model registered
+// with a block size below the engine's publishes group 0 of full attention
+// at its own size and no other group: rejected as block_size, as it always
+// was (its keys are hashed at 32, queries at 16). Beside a group that makes
+// 16 the gcd, in the same batch or known from the table's layout (a
+// restart, a declaration), the same event is a hybrid's and is applied.
+func TestGroup0AboveTheBlockSizeNeedsAnotherGroup(t *testing.T) {
+	prof := eventtest.VLLMProfile(t)
+	dense := newLayoutHarness(t, prof, []vllmGroup{{"full_attention", 32, 0}, {"sliding_window", 16, 64}}, 8)
+	ev, _ := dense.stored(0, 0, 3, nil)
+	if out := dense.send(ev); len(out) != 1 || out[0].Result != Rejected || out[0].Reason != EvBlockSize {
+		t.Fatalf("group 0 at 32 alone, registered 16: %v", out)
+	}
+	// the same owner's sliding group appears: from then on group 0 at 32
+	// is a hybrid's
+	if err := dense.storeAll(128); err != nil {
+		t.Fatal(err)
+	}
+	if err := dense.store(0, 0, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	// a fresh decoder (a restart) whose table already has the layout
+	h := newLayoutHarness(t, prof, []vllmGroup{{"full_attention", 32, 0}, {"sliding_window", 16, 64}}, 8)
+	h.tbl.SetLayout(h.owner, []index.GroupSpec{{Kind: index.KindFull, BlockSize: 32}, {Kind: index.KindSliding, BlockSize: 16, SlidingWindow: 64}})
+	if err := h.store(0, 0, 3, nil); err != nil {
+		t.Fatal(err)
+	}
 }
