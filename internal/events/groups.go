@@ -82,7 +82,9 @@ func (d *engineDecoder) group0Hashable(bs int64) bool {
 	if gcd64(bs, g) == d.blockSize {
 		return true
 	}
-	if lo, ok := d.sink.(interface{ LayoutOf(index.OwnerID) index.Layout }); ok && !st.layoutAsked {
+	if lo, ok := d.sink.(interface {
+		LayoutOf(index.OwnerID) index.Layout
+	}); ok && !st.layoutAsked {
 		st.layoutAsked = true // one lock for a decoder that never sees another group
 		for i, gs := range lo.LayoutOf(d.owner).Groups {
 			if i != 0 && gs.Kind != index.KindUnreported && gs.BlockSize > 0 {
