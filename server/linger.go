@@ -37,7 +37,22 @@ type lingerListener struct {
 }
 
 // lingerSet is a server's open lingerConns by remote address.
-type lingerSet struct{ m sync.Map }
+type lingerSet struct {
+	m       sync.Map
+	stopped atomic.Bool // Shutdown: lingering ends at once
+}
+
+// stop ends every linger under way and any that would start: a shutting
+// down server does not wait for clients' bodies.
+func (l *lingerSet) stop() {
+	l.stopped.Store(true)
+	l.m.Range(func(_, v any) bool {
+		if c := v.(*lingerConn); c.lingering.Load() {
+			_ = c.Conn.SetReadDeadline(time.Now())
+		}
+		return true
+	})
+}
 
 func newLingerListener(ln net.Listener, total time.Duration, set *lingerSet) lingerListener {
 	return lingerListener{Listener: ln, total: total, conns: set}
@@ -61,8 +76,9 @@ type lingerConn struct {
 	key   string
 	// pending is the body bytes still to come (-1: unknown, a chunked
 	// body) once lingering is asked for; 0 closes at once.
-	pending atomic.Int64
-	linger  atomic.Bool
+	pending   atomic.Int64
+	linger    atomic.Bool
+	lingering atomic.Bool // Close is discarding
 }
 
 // lingerOnClose asks c to discard up to n more bytes (-1: unknown) before
@@ -75,10 +91,11 @@ func (c *lingerConn) lingerOnClose(n int64) {
 // Close lingers when asked to, then closes. It runs on the connection's
 // own goroutine (fasthttp's worker), which it holds for at most total.
 func (c *lingerConn) Close() error {
-	c.conns.m.CompareAndDelete(c.key, c)
-	if !c.linger.Swap(false) {
+	defer c.conns.m.CompareAndDelete(c.key, c)
+	if !c.linger.Swap(false) || c.conns.stopped.Load() {
 		return c.Conn.Close()
 	}
+	c.lingering.Store(true)
 	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		_ = hc.CloseWrite()
 	}
@@ -94,6 +111,9 @@ func (c *lingerConn) Close() error {
 			break
 		}
 		_ = c.Conn.SetReadDeadline(minTime(end, now.Add(lingerIdle)))
+		if c.conns.stopped.Load() {
+			break // after the deadline is set: stop's or this check ends it
+		}
 		n, err := c.Conn.Read(buf)
 		left -= int64(n)
 		if err != nil {

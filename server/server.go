@@ -148,10 +148,14 @@ func (s *Server) Serve(ln net.Listener) error {
 	return s.fs.Serve(newLingerListener(ln, s.opts.ReadTimeout, &s.lingering))
 }
 
-// Shutdown stops accepting, waits for in-flight requests until ctx ends
+// Shutdown stops accepting, ends the lingering of connections refused
+// with 413 (linger.go), waits for in-flight requests until ctx ends
 // (then it returns ctx's error, and the requests still running go on
 // until the process exits) and closes idle connections.
-func (s *Server) Shutdown(ctx context.Context) error { return s.fs.ShutdownWithContext(ctx) }
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.lingering.stop()
+	return s.fs.ShutdownWithContext(ctx)
+}
 
 // A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers
