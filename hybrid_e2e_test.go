@@ -241,3 +241,42 @@ func TestHybridGracefulRestartAnswersIdentically(t *testing.T) {
 		t.Errorf("the restored owner lost its layout: P[0:656] answers %d", got)
 	}
 }
+
+// TestHybridGroup0AboveTheHashBlock: group 0 of full attention (or MLA) at
+// a multiple of the hash block size, beside a group at it, end to end:
+// FA/B64 with a sliding window B16, and MLA/B48 with full attention B16,
+// hash block 16; both get their hits.
+func TestHybridGroup0AboveTheHashBlock(t *testing.T) {
+	e := startApp(t)
+	p := promptTokens(400, 1000)
+	keys := hybridKeys(t, p, 16) // 25 keys, one per 16 tokens
+	// blockKeys are a group's keys at block size bs: every (bs/16)-th.
+	blockKeys := func(bs int) []uint64 {
+		var out []uint64
+		for t := bs; t <= len(p); t += bs {
+			out = append(out, keys[t/16-1])
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		instance string
+		g0kind   string
+		g0bs     int
+		g1       map[string]any
+		want     int64
+	}{
+		{"fa64", "full_attention", 64, groupStored(1, "sliding_window", 128, 16, keys, p), 384},
+		{"mla48", "mla_attention", 48, groupStored(1, "full_attention", 0, 16, keys, p), 384},
+	} {
+		pub := newPublisher(t)
+		registerHybrid(t, e, tc.instance, pub.endpoint, 16, nil)
+		g0 := blockKeys(tc.g0bs)
+		eventually(t, tc.instance+" stored", func() bool {
+			pub.send(0, groupStored(0, tc.g0kind, 0, tc.g0bs, g0, p[:len(g0)*tc.g0bs]), tc.g1)
+			return e.hybridDevice(tc.instance, 16, p) == tc.want
+		})
+		if got := metricValue(e.scrape(), `conductor_events_rejected_total{reason="block_size",source_type="vLLM"}`); got != 0 {
+			t.Errorf("%s: %v events rejected as block_size", tc.instance, got)
+		}
+	}
+}

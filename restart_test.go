@@ -254,6 +254,7 @@ type engine struct {
 	history map[uint64][]byte
 	stop    chan struct{}
 	done    chan struct{}
+	gone    sync.Once
 }
 
 func newEngine(t *testing.T, name string, keep int) *engine {
@@ -280,14 +281,19 @@ func newEngine(t *testing.T, name string, keep int) *engine {
 	e := &engine{t: t, name: name, pub: pub, endpoint: ep, replayEP: rep, keep: keep, history: map[uint64][]byte{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go e.serveReplay(router)
-	t.Cleanup(func() {
+	t.Cleanup(e.die)
+	return e
+}
+
+// die ends the publisher for good: its PUB and replay sockets close.
+func (e *engine) die() {
+	e.gone.Do(func() {
 		close(e.stop)
 		<-e.done
 		e.mu.Lock()
-		_ = pub.Close()
+		_ = e.pub.Close()
 		e.mu.Unlock()
 	})
-	return e
 }
 
 func (e *engine) serveReplay(router *zmq.Socket) {
@@ -618,6 +624,56 @@ func TestDowntimeLongerThanReplayBufferResumesCold(t *testing.T) {
 	}
 	if got := p2.metric("conductor_stale_sources"); got != 0 {
 		t.Errorf("stale sources %v", got)
+	}
+}
+
+// Publishers that never come back: after --catch-up-timeout nothing has
+// confirmed their restored entries, so they are dropped (answers 0, never
+// the 64 tokens of an engine that is gone), the sources count as lagging
+// and stay registered, and /readyz reports ready.
+func TestDeadPublishersRestoredEntriesDropAtCatchUpTimeout(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	p := startConductor(t, dir, "--snapshot-interval", "0")
+	engines := []*engine{newEngine(t, "e1", 1000), newEngine(t, "e2", 1000)}
+	m := model{}
+	for _, e := range engines {
+		e.register(p)
+		probe(t, p, e, m, 0)
+	}
+	for i := 1; i < 5; i++ {
+		for _, e := range engines {
+			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
+			m[e.name][i] = true
+		}
+	}
+	checkAll(t, p, m, engines, 5, "before the restart")
+	p.stop()
+	for _, e := range engines {
+		e.die()
+	}
+
+	p2 := startConductor(t, dir, "--snapshot-interval", "0", "--catch-up-timeout", "2s")
+	eventually(t, "ready after the catch-up timeout", func() bool {
+		status, _ := p2.do("GET", "/readyz", nil)
+		return status == 200
+	})
+	checkAll(t, p2, model{"e1": {}, "e2": {}}, engines, 5, "after the catch-up timeout")
+	eventually(t, "both counted lagging", func() bool {
+		return p2.metric(`conductor_restore_sources{outcome="lagging"}`) == 2
+	})
+	if got := p2.metric(`conductor_restore_sources{outcome="restored"}`); got != 2 {
+		t.Errorf("restored %v", got)
+	}
+	for _, o := range []string{"in_order", "replay", "cold", "restarted"} {
+		if got := p2.metric(`conductor_restore_sources{outcome="` + o + `"}`); got != 0 {
+			t.Errorf("%s %v", o, got)
+		}
+	}
+	if _, svcs := p2.do("GET", "/services", nil); !strings.Contains(fmt.Sprint(svcs), "e1") || !strings.Contains(fmt.Sprint(svcs), "e2") {
+		t.Errorf("the sources are no longer registered: %v", svcs)
+	}
+	if !strings.Contains(p2.logText(), "not confirmed by its publisher by the catch-up timeout") {
+		t.Error("no warning names the dropped restored entries")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -87,6 +88,9 @@ type Server struct {
 	token bearer.Token
 	query *query.Engine
 	fs    *fasthttp.Server
+	// lingering is the open connections, for the one that must linger
+	// after a 413 (linger.go).
+	lingering lingerSet
 }
 
 // New builds a Server; it does not listen until Serve.
@@ -140,12 +144,18 @@ func New(opts Options) *Server {
 }
 
 // Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.fs.Serve(ln) }
+func (s *Server) Serve(ln net.Listener) error {
+	return s.fs.Serve(newLingerListener(ln, s.opts.ReadTimeout, &s.lingering))
+}
 
-// Shutdown stops accepting, waits for in-flight requests until ctx ends
+// Shutdown stops accepting, ends the lingering of connections refused
+// with 413 (linger.go), waits for in-flight requests until ctx ends
 // (then it returns ctx's error, and the requests still running go on
 // until the process exits) and closes idle connections.
-func (s *Server) Shutdown(ctx context.Context) error { return s.fs.ShutdownWithContext(ctx) }
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.lingering.stop()
+	return s.fs.ShutdownWithContext(ctx)
+}
 
 // A handler returns the response body or an error; errorBody turns every
 // error into a status and an envelope in one place. The errors handlers
@@ -164,6 +174,9 @@ const (
 	errUnauthorized                      // 401: bearer token missing or wrong
 	errUnavailable                       // 503: not ready
 	errInternal                          // 500: a handler failed
+	errMalformed                         // 400: fasthttp could not parse the request
+	errTooLarge                          // 413: the body is over the limit
+	errReadTimeout                       // 408: the request did not arrive in time
 )
 
 var kindStatus = [...]int{
@@ -172,6 +185,9 @@ var kindStatus = [...]int{
 	errUnauthorized: fasthttp.StatusUnauthorized,
 	errUnavailable:  fasthttp.StatusServiceUnavailable,
 	errInternal:     fasthttp.StatusInternalServerError,
+	errMalformed:    fasthttp.StatusBadRequest,
+	errTooLarge:     fasthttp.StatusRequestEntityTooLarge,
+	errReadTimeout:  fasthttp.StatusRequestTimeout,
 }
 
 // queryReasons are the contract's names of the query engine's refusals.
@@ -429,22 +445,28 @@ func (s *Server) setJSON(ctx *fasthttp.RequestCtx, out []byte) {
 }
 
 // transportError answers requests fasthttp could not parse, including bodies
-// over the limit, with the {error} envelope.
+// over the limit, with the {error} envelope, in JSON when Accept prefers
+// it, as every other error. fasthttp closes the connection after it; a
+// body over the limit is refused before it is read, so that connection
+// lingers to let the client finish sending and read the 413 (linger.go).
 func (s *Server) transportError(ctx *fasthttp.RequestCtx, err error) {
-	status := fasthttp.StatusBadRequest
-	msg := "malformed HTTP request"
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		status = fasthttp.StatusRequestEntityTooLarge
-		msg = "request body is over the limit"
-	}
+	he := &httpError{errMalformed, "malformed HTTP request"}
 	var te interface{ Timeout() bool }
-	if errors.As(err, &te) && te.Timeout() {
-		status = fasthttp.StatusRequestTimeout
-		msg = "request read timed out"
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		he = &httpError{errTooLarge, fmt.Sprintf("request body is over the limit of %d bytes", s.opts.MaxBodyBytes)}
+		s.lingering.lingerAfter413(ctx)
+	case errors.As(err, &te) && te.Timeout():
+		he = &httpError{errReadTimeout, "request read timed out"}
 	}
+	status, out := errorBody(nil, he)
 	ctx.SetStatusCode(status)
+	if wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
+		s.setJSON(ctx, out)
+		return
+	}
 	ctx.SetContentType("application/msgpack")
-	ctx.SetBody(codec.AppendMessage(nil, msg))
+	ctx.SetBody(out)
 }
 
 func (s *Server) register(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {

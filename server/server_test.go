@@ -23,7 +23,7 @@ func TestBodyOverLimitIs413(t *testing.T) {
 	if status != 413 {
 		t.Errorf("status %d, want 413", status)
 	}
-	if diff := cmp.Diff(map[string]any{"error": "request body is over the limit"}, got); diff != "" {
+	if diff := cmp.Diff(map[string]any{"error": "request body is over the limit of 1024 bytes"}, got); diff != "" {
 		t.Errorf("body (-want +got):\n%s", diff)
 	}
 	// The server keeps answering afterwards.

@@ -102,7 +102,14 @@ type Tuning struct {
 	MaxBufferedMessages  int           // live + replayed messages held during recovery (10000)
 	MaxBufferedBytes     int           // their payload bytes (64 MiB)
 	StaleHoldOff         time.Duration // stale, messages ignored before the next is a baseline (DefaultStaleHoldOff)
+	ConnectWarnAfter     time.Duration // still connecting after this long: one WARN (DefaultConnectWarnAfter)
 }
+
+// DefaultConnectWarnAfter is how long a source may stay connecting (its
+// monitor has seen no connection and nothing was received) before it logs
+// one WARN: an endpoint that never connects (a host that does not resolve,
+// a port nobody binds) would otherwise show only as a state.
+const DefaultConnectWarnAfter = 30 * time.Second
 
 // defaultRcvHWM is the SUB receive high-water mark, upstream's 200000 as
 // docs/events.md#sockets describes. A short queue (libzmq's default, 1000) was
@@ -133,6 +140,9 @@ func (t Tuning) withDefaults() Tuning {
 	}
 	if t.StaleHoldOff <= 0 {
 		t.StaleHoldOff = DefaultStaleHoldOff
+	}
+	if t.ConnectWarnAfter <= 0 {
+		t.ConnectWarnAfter = DefaultConnectWarnAfter
 	}
 	return t
 }

@@ -38,6 +38,11 @@ const (
 	// ResumedRestarted: the publisher restarted while the conductor was
 	// down; the restored entries were dropped and its new stream indexed.
 	ResumedRestarted = "restarted"
+	// ResumedLagging: nothing confirmed the restored entries by the
+	// catch-up deadline (ExpireResume): they were dropped, and the stream
+	// applies from the next message received, as for a new registration
+	// (docs/state.md#what-survives-a-restart).
+	ResumedLagging = "lagging"
 )
 
 // Position is a source's place in its stream for a snapshot.
@@ -74,8 +79,31 @@ func (s *Subscriber) Position() Position {
 }
 
 // Resumed reports whether a restored source has settled: caught up in
-// order, through replay, or cold (or it was never restored).
+// order, through replay, cold, restarted or lagging (or it was never
+// restored).
 func (s *Subscriber) Resumed() bool { return !s.resumePending.Load() }
+
+// ExpireResume tells a restored source that the catch-up deadline has
+// passed. If nothing has confirmed its restored entries yet (a publisher
+// that is gone, or silent), they are dropped within pollInterval: an entry
+// nothing confirmed may be the state of an engine that no longer exists,
+// and would answer higher than the truth. The source settles as
+// ResumedLagging and goes on subscribing. Safe from any goroutine.
+func (s *Subscriber) ExpireResume() { s.resumeExpired.Store(true) }
+
+// expireResume, on the run goroutine, drops what the snapshot restored
+// once ExpireResume was called and the source is still catching up.
+func (s *Subscriber) expireResume() {
+	if !s.resuming || !s.resumeExpired.Load() {
+		return
+	}
+	s.log.Warn().Uint64("restored_seq", s.applied).
+		Msg("restored source not confirmed by its publisher by the catch-up timeout; its restored entries are dropped and its stream starts over")
+	s.gate()
+	s.resetStream()
+	s.settleResume(ResumedLagging)
+	s.ungate()
+}
 
 // gate enters the section that changes the index or the sequence state:
 // cuts (Config.Gate held for writing) never see half of one. Sections nest

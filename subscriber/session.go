@@ -125,3 +125,46 @@ func (s *Subscriber) healSession(now time.Time) {
 	ev.Int("max_message_bytes", zmqx.MaxMessageBytes).Int("resets", w.resets).
 		Msg("libzmq dropped the session over a message larger than the limit and does not reconnect; reconnected, the lost messages are a sequence gap")
 }
+
+// connectWatch says when a source that never connected has been
+// connecting for long enough to warn about it, once.
+type connectWatch struct {
+	since  time.Time
+	after  time.Duration
+	warned bool
+}
+
+// due reports, once, whether now is past the wait while still not
+// connected.
+func (w *connectWatch) due(now time.Time, connected bool) bool {
+	if w.warned || connected || now.Sub(w.since) < w.after {
+		return false
+	}
+	w.warned = true
+	return true
+}
+
+// wakeAt is when the run loop must look again; zero once nothing is left
+// to warn about.
+func (w *connectWatch) wakeAt(connected bool) time.Time {
+	if w.warned || connected {
+		return time.Time{}
+	}
+	return w.since.Add(w.after)
+}
+
+// knowsConnecting reports whether the source can tell it has not connected:
+// its monitor reports connections, and nothing was received.
+func (s *Subscriber) knowsConnecting() bool {
+	return s.mon != nil && !s.connected.Load() && !s.hasSeq.Load() && s.State() == Connecting
+}
+
+// warnIfStillConnecting logs one WARN when the source has been connecting
+// for Tuning.ConnectWarnAfter.
+func (s *Subscriber) warnIfStillConnecting(now time.Time) {
+	if !s.connWatch.due(now, !s.knowsConnecting()) {
+		return
+	}
+	s.log.Warn().Dur("after", s.tuning.ConnectWarnAfter).
+		Msg("still not connected to the publisher's endpoint: check the host resolves, the port, and that the engine publishes there; said once, the subscriber keeps trying")
+}

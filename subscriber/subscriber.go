@@ -136,6 +136,7 @@ type Subscriber struct {
 	connects    int
 	reconnected bool
 	session     sessionWatch // sessions libzmq lost for good (session.go)
+	connWatch   connectWatch // a first connection that does not come (session.go)
 	anchor      bool         // the recovery under way checks the batch at A first
 	// staleAt and staleWhy are when and why the source went stale, for
 	// StaleRecoveryAuto.
@@ -147,6 +148,7 @@ type Subscriber struct {
 	recoveries atomic.Uint64 // stale states left by themselves
 
 	resumePending atomic.Bool // resuming, for other goroutines
+	resumeExpired atomic.Bool // ExpireResume was called
 }
 
 // liveMsg is a live batch held while a gap is being recovered.
@@ -169,6 +171,7 @@ func Start(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, err)
 	}
 	s.state.Store(int32(Connecting))
+	s.connWatch = connectWatch{since: time.Now(), after: s.tuning.ConnectWarnAfter}
 	s.startResume()
 	go s.run()
 	return s, nil
@@ -451,6 +454,9 @@ func (s *Subscriber) run() {
 		if at := s.sessionDeadline(); !at.IsZero() {
 			timeout = max(min(timeout, time.Until(at)), time.Millisecond)
 		}
+		if at := s.connWatch.wakeAt(!s.knowsConnecting()); !at.IsZero() {
+			timeout = max(min(timeout, time.Until(at)), time.Millisecond)
+		}
 		verify := false
 		switch {
 		case s.rx.queued():
@@ -490,8 +496,11 @@ func (s *Subscriber) run() {
 		} else if verify && len(polled) == 0 {
 			s.verifier.VerifyPending(idleVerifyBlocks)
 		}
+		s.expireResume()
 		s.closeIfStale()
-		s.healSession(time.Now())
+		now := time.Now()
+		s.healSession(now)
+		s.warnIfStillConnecting(now)
 	}
 }
 
@@ -517,7 +526,11 @@ func (s *Subscriber) onMonitor() {
 		if s.connects == 1 {
 			s.connected.Store(true)
 			s.tellState()
-			s.log.Debug().Msg("connected to publisher")
+			if s.connWatch.warned {
+				s.log.Info().Dur("after", time.Since(s.connWatch.since)).Msg("connected to publisher")
+			} else {
+				s.log.Debug().Msg("connected to publisher")
+			}
 			continue
 		}
 		// After the subscriber's own reset of a lost session, a source
@@ -1067,8 +1080,12 @@ func (s *Subscriber) report(seq uint64, i int, res events.Result, why events.Rea
 		s.cfg.Counters.add(MetricRejected, s.typ, why, 1)
 		if why == events.EvArrayEncoded {
 			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Msg("array-encoded event rejected: this engine release predates map-encoded KV events and is not supported")
-		} else {
-			s.sampled.Warn().Uint64("seq", seq).Int("event", i).Str("reason", why.String()).Msg("event rejected")
+		} else if e := s.sampled.Warn(); e.Enabled() {
+			e.Uint64("seq", seq).Int("event", i).Str("reason", why.String())
+			if rd, ok := s.dec.(events.RejectDetailer); ok {
+				rd.RejectDetail(i, e) // the values judged, against what was expected
+			}
+			e.Msg("event rejected")
 		}
 	}
 	if s.cfg.onEvent != nil {

@@ -39,6 +39,14 @@ type Decoder interface {
 	Forget()
 }
 
+// RejectDetailer is a Decoder that can name, for a rejected event of the
+// batch it is applying, the values the rule judged and what the
+// registration or layout expected (e.g. block_size 32 against 16
+// registered), for the rejection's log line. Call it from Reporter.Report.
+type RejectDetailer interface {
+	RejectDetail(i int, e *zerolog.Event)
+}
+
 // Reporter is told the outcome of every event a Decoder applies.
 type Reporter interface {
 	Report(i int, res Result, why Reason)

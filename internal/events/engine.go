@@ -9,6 +9,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/rs/zerolog"
 )
 
 // evKind is the tagged kind of an engine event.
@@ -117,6 +118,16 @@ type engineEvent struct {
 	grouped bool
 	group   int32
 	spec    index.GroupSpec
+	// ignore, for a grouped event, is why its group is not indexed
+	// (IgnUncachedGroup, IgnUnknownKind), ReasonNone when it is.
+	ignore Reason
+}
+
+// wireValues are the event's values the rules judge, kept for the log of
+// a rejection.
+type wireValues struct {
+	blockSize, group, window int64
+	hasGroup                 bool
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
@@ -130,7 +141,10 @@ type engineDecoder struct {
 	blockSize int64
 	lora      []byte
 	events    []engineEvent
-	keys      []uint64
+	// wires[i] is what the log of events[i]'s rejection names
+	// (RejectDetail); apart from events, which deferred link checks copy.
+	wires []wireValues
+	keys  []uint64
 	// hints[i] is where the sink stored the block of keys[i] (index's
 	// block hint), for a stored event while verified links are on: the
 	// links keep it beside the block (links.go). locSink is sink when it
@@ -185,6 +199,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 
 func (d *engineDecoder) beginBatch() {
 	d.events = d.events[:0]
+	d.wires = d.wires[:0]
 	d.keys = d.keys[:0]
 }
 
@@ -253,6 +268,8 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	if err := readEventMap(r, &d.mapEv); err != nil {
 		return err
 	}
+	d.wires = append(d.wires, wireValues{blockSize: f.v.ints[iBlockSize], group: f.v.ints[iGroupIdx], window: f.v.ints[iWindow],
+		hasGroup: f.nonNil&bit(fGroupIdx) != 0})
 	if f.reject != ReasonNone {
 		d.keys = d.keys[:off]
 		ev.result, ev.reason = Rejected, f.reject
@@ -515,5 +532,45 @@ func (d *engineDecoder) Apply(rep Reporter) {
 	}
 	for i := range d.events {
 		rep.Report(i, d.events[i].result, d.events[i].reason)
+	}
+}
+
+// RejectDetail implements RejectDetailer: a rejected event's values
+// against the registration's or the layout's. Token ids and hashes are
+// never named.
+func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
+	if i < 0 || i >= len(d.events) || i >= len(d.wires) || d.events[i].result != Rejected {
+		return
+	}
+	ev := &d.events[i]
+	w := &d.wires[i]
+	if w.hasGroup && ev.reason != EvGroup {
+		e.Int64("group", w.group)
+	}
+	switch ev.reason {
+	case EvBlockSize:
+		e.Int64("block_size", w.blockSize).Int64("registered_block_size", d.blockSize)
+		switch {
+		case d.rules.typ == source.SGLang:
+			e.Str("rule", "1 to the registered block_size")
+		case ev.grouped && ev.group == 0 && w.blockSize > 0 && w.blockSize%d.blockSize == 0:
+			e.Str("rule", "group 0 above the registered block size needs another group that makes the registered one the gcd (vLLM hashes at the gcd of its groups' block sizes); a single-group model registers the engine's block_size")
+		case ev.grouped:
+			e.Str("rule", "a group's block_size is a positive multiple of the registered (hash) block size")
+		default:
+			e.Str("rule", "an event without group fields has the registered block_size")
+		}
+	case EvLora:
+		e.Str("registered_lora_name", d.loraName)
+	case EvGroup:
+		e.Int64("group_idx", w.group).Int("max_groups", index.MaxGroups)
+	case EvAttention:
+		e.Str("kind", ev.spec.Kind.String()).Int64("sliding_window", w.window)
+	case EvLayout:
+		e.Str("kind", ev.spec.Kind.String()).Int("block_size", ev.spec.BlockSize).Int("sliding_window", ev.spec.SlidingWindow)
+		if g := int(ev.group); g < index.MaxGroups && d.groups.seen&(1<<g) != 0 {
+			k := d.groups.known[g]
+			e.Str("known_kind", k.Kind.String()).Int("known_block_size", k.BlockSize).Int("known_sliding_window", k.SlidingWindow)
+		}
 	}
 }

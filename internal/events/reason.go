@@ -68,6 +68,12 @@ const (
 
 	// Ignored / no-op events.
 	IgnMedium
+	// IgnUncachedGroup: a KV-cache group vLLM does not prefix-cache
+	// (cross_attention, encoder_only_attention; docs/hybrid.md#events).
+	IgnUncachedGroup
+	// IgnUnknownKind: a KV-cache group of a kind this build has no rule
+	// for (docs/hybrid.md#events).
+	IgnUnknownKind
 	NoBinding
 
 	// Stale triggers (docs/events.md#stale-triggers).
@@ -134,6 +140,8 @@ var reasonNames = [NumReasons]string{
 	EvAssertion:         "assertion",
 	EvLayout:            "layout_conflict",
 	IgnMedium:           "medium",
+	IgnUncachedGroup:    "uncached_group",
+	IgnUnknownKind:      "unknown_kind",
 	NoBinding:           "no_binding",
 	StaleGap:            "gap",
 	StaleRegression:     "regression",

@@ -86,8 +86,9 @@ func checkVLLM(d *engineDecoder, ev *engineEvent, f *engineFields) {
 // groupFields reads an event's KV-cache group fields (docs/hybrid.md#events).
 // An event without them, or of group 0 with a full-attention kind at the
 // hash block size, is a dense event, applied exactly as before hybrid
-// events existed; any other is grouped, and its spec is checked against
-// the owner's layout when it is applied.
+// events existed; any other is grouped: its block size may be any positive
+// multiple of the hash block size, and its spec is checked against the
+// owner's layout when it is applied.
 func groupFields(d *engineDecoder, ev *engineEvent, f *engineFields) Reason {
 	hasGroup := f.nonNil&bit(fGroupIdx) != 0
 	hasKind := f.nonNil&bit(fSpecKind) != 0
@@ -111,20 +112,28 @@ func groupFields(d *engineDecoder, ev *engineEvent, f *engineFields) Reason {
 	ev.spec = index.GroupSpec{Kind: kind, SlidingWindow: int(f.v.ints[iWindow])}
 	ev.group = int32(g)
 	switch {
+	case kind == index.KindUncached:
+		ev.ignore = IgnUncachedGroup
+	case hasKind && kind == index.KindOther:
+		ev.ignore = IgnUnknownKind
+		d.groups.noteUnknownKind(int(g), f.v.strs[sSpecKind])
+	}
+	switch {
 	case ev.kind == evRemoved:
-		ev.grouped = g != 0
+		// group 0's removals go the dense way unless its stores are
+		// ignored (an uncached or unknown kind)
+		ev.grouped = g != 0 || ev.ignore != ReasonNone || d.groups.ignore[0] != ReasonNone
 	case !hasGroup && !hasKind:
-	case g == 0 && (!hasKind || kind == index.KindFull):
-		// group 0 of full attention: a dense model's only group, hashed at
-		// its own block size; it goes through the layout only so that a
-		// later group finds it there
-		if f.v.ints[iBlockSize] != d.blockSize {
-			return EvBlockSize
-		}
+	case g == 0 && (!hasKind || kind == index.KindFull) && f.v.ints[iBlockSize] == d.blockSize:
+		// group 0 of full attention at the hash block size: a dense
+		// model's only group; with a kind it goes through the layout only
+		// so that a later group finds it there
 		ev.grouped = hasKind
 	default:
-		// group 0 of full attention applies exactly as a dense event; it
-		// goes through the layout only so that a later group finds it there
+		// any other group, group 0 of full attention above the hash block
+		// size included (a hybrid whose other groups set the hash block
+		// size, docs/hybrid.md#groups-block-sizes-and-keys): its block
+		// size is checked as a group's, its spec against the layout
 		ev.grouped = true
 	}
 	return ReasonNone

@@ -58,7 +58,7 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		"conductor_messages_dropped_total":   {"frame_count", "sequence_length", "sequence_reserved", "receive_error", "stale", "duplicate", "oversize"},
 		"conductor_envelopes_rejected_total": {"empty_payload", "invalid_msgpack", "trailing_bytes", "not_array", "length", "timestamp", "events_not_array", "too_many_events", "dp_rank"},
 		"conductor_batches_rejected_total":   {"dp_rank_mismatch"},
-		"conductor_events_ignored_total":     {"medium", "no_binding"},
+		"conductor_events_ignored_total":     {"medium", "uncached_group", "unknown_kind", "no_binding"},
 		"conductor_events_rejected_total": {"array_encoded_event", "not_map", "non_string_key", "duplicate_key",
 			"missing_key", "wrong_type", "unknown_tag", "foreign_key", "hash", "block_size", "lora", "group",
 			"attention_kind", "extra_keys", "token_range", "timestamp", "type_conflict", "dp_rank", "backend",

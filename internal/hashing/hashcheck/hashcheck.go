@@ -103,13 +103,17 @@ const (
 	// SkipUnreadable: a value the check reads again did not decode as
 	// expected (the event itself was valid).
 	SkipUnreadable
+	// SkipParentMismatched: the parent is a block whose hash did not
+	// match (the mismatch warning tells), so the digest this block hangs
+	// off is not the engine's; nothing is missing from the event.
+	SkipParentMismatched
 	// NumSkipReasons counts the reasons.
 	NumSkipReasons
 )
 
 var skipNames = [NumSkipReasons]string{
 	"no_token_ids", "no_extra_keys", "foreign_extra_keys", "parent_not_pinned",
-	"block_shape", "unhashable", "unreadable",
+	"block_shape", "unhashable", "unreadable", "parent_mismatched",
 }
 
 // skipHelp is the INFO line's explanation: what a producer must send for
@@ -122,6 +126,7 @@ var skipHelp = [NumSkipReasons]string{
 	"token_ids do not make blocks of the registered block_size: check block_size against the engine's",
 	"the registered profile cannot hash these token ids (SGLang and a negative id)",
 	"token_ids, block_hashes or extra_keys did not decode as the engine family's format",
+	"the block follows one whose hash did not match (see the mismatch warning); it cannot be checked on its own",
 }
 
 func (r SkipReason) String() string {
@@ -230,6 +235,8 @@ type remembered struct {
 	key    uint64
 	digest [32]byte
 	ok     bool
+	// mismatched: the block's hash did not match; digest is unknown
+	mismatched bool
 }
 
 // Sample accounts for a stored event of n blocks and returns how many of
@@ -286,8 +293,11 @@ func (c *Checker) check(parent Parent, words []int32, ex Extras, pub Published) 
 	case parentDigest:
 		pd = &parent.digest
 	case parentKey:
-		d, ok := c.recall(parent.key)
-		if !ok {
+		d, ok, mismatched := c.recall(parent.key)
+		switch {
+		case mismatched:
+			return Skipped, SkipParentMismatched, next
+		case !ok:
 			return Skipped, SkipParentNotPinned, next
 		}
 		pd = &d
@@ -318,6 +328,11 @@ func (c *Checker) check(parent Parent, words []int32, ex Extras, pub Published) 
 	if !c.warned.Swap(true) {
 		c.warn(pd, words, ex, pub)
 	}
+	if next.state == parentKey {
+		// the blocks after it name it by key: they are skipped as
+		// following a mismatch, not as never verified
+		c.rememberMismatch(pub.Key)
+	}
 	return Mismatch, 0, next
 }
 
@@ -330,6 +345,11 @@ func (c *Checker) Skip(why SkipReason, blocks int) {
 		return
 	}
 	c.skips[why].Add(uint64(blocks))
+	if why == SkipParentMismatched {
+		// the mismatch's WARN explains these: the INFO is about what
+		// events lack, and they lack nothing
+		return
+	}
 	if !c.noted.Swap(true) {
 		c.log.Info().Str("missing", why.String()).Str("strategy", c.profile.Strategy).
 			Str("detail", skipHelp[why]).
@@ -423,6 +443,13 @@ func (c *Checker) CheckEvent(ev *Event, n int) (matches, mismatches int) {
 			// Every later block hangs off this one: none can be
 			// checked, for the same reason.
 			c.Skip(why, granted-i)
+			if why == SkipParentMismatched && ev.Digests == nil {
+				// and an event continuing them hangs off the
+				// mismatch too
+				for _, k := range ev.Keys[i:granted] {
+					c.rememberMismatch(k)
+				}
+			}
 			return matches, mismatches
 		}
 	}
@@ -437,12 +464,25 @@ func (c *Checker) remember(key uint64, d *[32]byte) {
 	c.mem[key%rememberSlots] = remembered{key: key, digest: *d, ok: true}
 }
 
-func (c *Checker) recall(key uint64) ([32]byte, bool) {
+// rememberMismatch notes a block whose hash did not match, so that the
+// blocks hanging off it are skipped for that reason.
+func (c *Checker) rememberMismatch(key uint64) {
 	if c.mem == nil {
-		return [32]byte{}, false
+		c.mem = new([rememberSlots]remembered)
+	}
+	c.mem[key%rememberSlots] = remembered{key: key, mismatched: true}
+}
+
+// recall returns a remembered block's digest (ok) or says it mismatched.
+func (c *Checker) recall(key uint64) (d [32]byte, ok, mismatched bool) {
+	if c.mem == nil {
+		return [32]byte{}, false, false
 	}
 	r := &c.mem[key%rememberSlots]
-	return r.digest, r.ok && r.key == key
+	if r.key != key {
+		return [32]byte{}, false, false
+	}
+	return r.digest, r.ok, r.mismatched
 }
 
 // Counts returns the matches and mismatches so far.

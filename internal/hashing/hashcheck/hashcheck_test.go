@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -415,5 +416,49 @@ func TestSkipCountsAndNote(t *testing.T) {
 		if int(r) != i || r.String() == "unknown" || skipHelp[r] == "" {
 			t.Errorf("reason %d: %q, help %q", i, r, skipHelp[r])
 		}
+	}
+}
+
+// TestBlocksAfterAMismatch: the blocks after one whose hash did not match
+// (a chain from its first block, integer hashes) are skipped as following
+// the mismatch, in that event and in a later one continuing it, and only
+// the mismatch's WARN is logged: no INFO blaming parent_not_pinned, which
+// says the events lack something they do not.
+func TestBlocksAfterAMismatch(t *testing.T) {
+	p := vllmProfile(t, hashing.AlgorithmSHA256CBOR)
+	var logs bytes.Buffer
+	s := NewSet(Options{Logger: zerolog.New(&logs), Warmup: 100})
+	c := s.Add("svc|default|0", &p, 4, "")
+	known := []Extras{{Known: true}, {Known: true}, {Known: true}}
+	ev := Event{Parent: Root(), Tokens: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, BlockSize: 4, Keys: []uint64{41, 42, 43}, Extras: known}
+	if m, mm := c.CheckEvent(&ev, c.Sample(3)); m != 0 || mm != 1 {
+		t.Fatalf("%d matches, %d mismatches; want the first block mismatched", m, mm)
+	}
+	next := Event{Parent: FromKey(43), Tokens: []int32{13, 14, 15, 16}, BlockSize: 4, Keys: []uint64{44}, Extras: known[:1]}
+	c.CheckEvent(&next, c.Sample(1))
+	// a parent never seen is still not pinned
+	other := Event{Parent: FromKey(99), Tokens: []int32{13, 14, 15, 16}, BlockSize: 4, Keys: []uint64{45}, Extras: known[:1]}
+	var want [NumSkipReasons]uint64
+	want[SkipParentMismatched] = 3 // two in the event, one in the next
+	if got := c.Skips(); got != want {
+		t.Errorf("after the mismatch: skips %v, want %v", got, want)
+	}
+	c.CheckEvent(&other, c.Sample(1))
+	want[SkipParentNotPinned] = 1
+	if got := c.Skips(); got != want {
+		t.Errorf("skips %v, want %v", got, want)
+	}
+	var levels []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatal(err)
+		}
+		levels = append(levels, fmt.Sprint(l["level"], " ", l["missing"]))
+	}
+	// the WARN, then the INFO of the one block that really lacked a
+	// verified parent
+	if diff := cmp.Diff([]string{"warn <nil>", "info parent_not_pinned"}, levels); diff != "" {
+		t.Errorf("log lines (-want +got):\n%s\n%s", diff, logs.String())
 	}
 }

@@ -194,9 +194,16 @@ func (s *Server) lookupRoute(ctx context.Context, req *pb.LookupRouteRequest, bu
 }
 
 // expired reports whether the caller's deadline or the server's lookup
-// timeout has passed.
+// timeout has passed. The deadline is compared with the clock: a context's
+// Err turns non-nil only once its timer has run, which for a deadline of a
+// few microseconds (grpc-timeout "1u") is often after the whole lookup, so
+// Err alone answered such a caller with scores.
 func (s *Server) expired(ctx context.Context, start time.Time) bool {
-	return ctx.Err() != nil || time.Since(start) > s.opts.LookupTimeout
+	now := time.Now()
+	if dl, ok := ctx.Deadline(); ok && !now.Before(dl) {
+		return true
+	}
+	return ctx.Err() != nil || now.Sub(start) > s.opts.LookupTimeout
 }
 
 func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start time.Time, bufs *decodeBufs) *pb.LookupRouteResponse {

@@ -107,7 +107,12 @@ type State struct {
 }
 
 // resumer is a restored source readiness waits for.
-type resumer interface{ Resumed() bool }
+type resumer interface {
+	Resumed() bool
+	// ExpireResume says the catch-up deadline passed: a source not settled
+	// by then drops its restored entries and settles as lagging.
+	ExpireResume()
+}
 
 // Open opens (or, with an empty path, skips) the state directory, reads the
 // recorded registrations and the newest snapshot. An unreadable
@@ -514,9 +519,17 @@ func (s *State) Ready() (bool, string) {
 		return false, fmt.Sprintf("%d restored sources are catching up", waiting)
 	}
 	if !s.timedOut {
+		// Nothing confirmed these sources' restored entries: a publisher
+		// gone for good would otherwise keep answering from them. Each
+		// drops them and counts itself as lagging when it settles.
 		s.timedOut = true
-		s.stats.lagging.Store(int64(waiting))
-		s.log.Warn().Int("sources", waiting).Dur("catch_up_timeout", s.opts.CatchUpTimeout).Msg("restored sources still catching up; reporting ready")
+		for _, r := range s.tracked {
+			if !r.Resumed() {
+				r.ExpireResume()
+			}
+		}
+		s.log.Warn().Int("sources", waiting).Dur("catch_up_timeout", s.opts.CatchUpTimeout).
+			Msg("restored sources not confirmed by the catch-up timeout; their restored entries are dropped; reporting ready")
 	}
 	return true, ""
 }

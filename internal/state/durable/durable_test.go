@@ -453,7 +453,7 @@ func TestCloseReturnsLastSnapshotFailure(t *testing.T) {
 }
 
 // A restored source that never settles holds readiness until the catch-up
-// timeout, then counts as lagging.
+// timeout, is then told to drop its restored entries, and counts as lagging.
 func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	clock := fakeclock.New(time.Unix(1000, 0))
 	st, err := Open(Options{Path: t.TempDir(), Logger: zerolog.Nop(), CatchUpTimeout: 30 * time.Second, Now: clock.Now})
@@ -469,7 +469,7 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	defer reg.Close()
 	st.Start(reg, ix, nil)
 	defer st.Close()
-	r := &settled{}
+	r := &settled{st: st}
 	st.Track(r)
 	if ok, why := st.Ready(); ok || why != "1 restored sources are catching up" {
 		t.Errorf("catching up: %v %q", ok, why)
@@ -478,14 +478,28 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	if ok, _ := st.Ready(); !ok {
 		t.Error("not ready after the catch-up timeout")
 	}
+	if !r.expired {
+		t.Error("the laggard was not told to drop its restored entries")
+	}
 	if v := value(t, st, "conductor_restore_sources", "lagging"); v != 1 {
 		t.Errorf("lagging %v", v)
 	}
 }
 
-type settled struct{ done bool }
+// settled is a restored source that settles as lagging when told to, as
+// subscriber.Subscriber does.
+type settled struct {
+	st      *State
+	done    bool
+	expired bool
+}
 
 func (s *settled) Resumed() bool { return s.done }
+
+func (s *settled) ExpireResume() {
+	s.expired, s.done = true, true
+	s.st.OnResume("lagging")
+}
 
 // The config file's registrations are not recorded (the file is their
 // record); dynamic ones are, including one that replaced a file entry.

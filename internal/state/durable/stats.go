@@ -30,7 +30,7 @@ type stats struct {
 	replayed      atomic.Int64
 	cold          atomic.Int64
 	restarted     atomic.Int64
-	lagging       atomic.Int64 // still catching up at the catch-up timeout
+	lagging       atomic.Int64 // not settled at the catch-up timeout: restored entries dropped
 }
 
 func (st *stats) init() {
@@ -62,6 +62,8 @@ func (st *stats) outcome(o string) {
 		st.cold.Add(1)
 	case subscriber.ResumedRestarted:
 		st.restarted.Add(1)
+	case subscriber.ResumedLagging:
+		st.lagging.Add(1)
 	}
 }
 
@@ -86,7 +88,7 @@ var (
 	descOrigin = prometheus.NewDesc("conductor_restore_origin",
 		"Where the index was restored from at start: 1 for the origin used (peer: a replica's GET /snapshot; state_dir: this replica's own snapshot; none: an empty index), 0 for the others.", []string{"origin"}, nil)
 	descRestored = prometheus.NewDesc("conductor_restore_sources",
-		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, restarted (the publisher restarted meanwhile: restored entries dropped, new stream indexed), lagging (not settled at the catch-up timeout).", []string{"outcome"}, nil)
+		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, restarted (the publisher restarted meanwhile: restored entries dropped, new stream indexed), lagging (not confirmed by the catch-up timeout: restored entries dropped).", []string{"outcome"}, nil)
 )
 
 // Collector exports the figures.
