@@ -107,6 +107,13 @@ func TestCommandLine(t *testing.T) {
 	if code, _, errOut := run("", "--no-such-flag"); code == 0 || !strings.Contains(errOut, "--help") {
 		t.Errorf("unknown flag: exit %d, stderr %q", code, errOut)
 	}
+	// A mistyped subcommand is a usage error (2), as the subcommands'
+	// own are, and names the real ones.
+	for _, word := range []string{"regster", "serve"} {
+		if code, out, errOut := run("", word); code != 2 || out != "" || !strings.Contains(errOut, `unknown subcommand "`+word+`"`) || !strings.Contains(errOut, "register") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", word, code, out, errOut)
+		}
+	}
 	code, out, _ = run("[1,2,3,4]", "hash", "--strategy", "sglang", "--block-size", "4")
 	if code != 0 || !strings.Contains(out, "key 14958615928728313947 (0xcf97adeedb59e05b)  event -3488128144981237669") {
 		t.Errorf("hash: exit %d, stdout %q", code, out)
