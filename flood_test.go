@@ -12,6 +12,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/internal/procmem"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 )
 
 // TestFloodEndToEnd is the flood through the whole service: two
@@ -28,7 +29,7 @@ func TestFloodEndToEnd(t *testing.T) {
 	}
 	const budget = 32 << 20
 	prompts := 1_500_000 / 64
-	if raceEnabled {
+	if racebuild.Enabled {
 		prompts = prompts * 2 / 5 // 1.2 M blocks, ~45 MiB accounted
 	}
 	runtime.GC()
@@ -141,7 +142,7 @@ func TestFloodEndToEnd(t *testing.T) {
 		}
 	}
 	memos := int64(cfg.MemoBytes + cfg.TokenMemoBytes + cfg.AnswerCacheBytes + cfg.LinkMemoBytes)
-	if !raceEnabled && rss > 2*budget+memos {
+	if !racebuild.Enabled && rss > 2*budget+memos {
 		t.Errorf("resident size grew by %d MiB: over twice the %d MiB budget plus %d MiB of memos", rss>>20, budget>>20, memos>>20)
 	}
 	slices.Sort(lat)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/procmem"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 )
 
 // floodResult is what one flood observed.
@@ -128,7 +129,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 // race detector), not asserted.
 func TestFloodStaysWithinBudget(t *testing.T) {
 	per := 1_500_000
-	if testing.Short() || raceEnabled {
+	if testing.Short() || racebuild.Enabled {
 		per = 600_000 // still ~1.4 times what 32 MiB holds
 	}
 	const limit = 32 << 20
@@ -148,7 +149,7 @@ func TestFloodStaysWithinBudget(t *testing.T) {
 	// The resident size may reach about twice the accounted one (slack
 	// of grown slices, free slab entries, the GC's target); 8 MiB more
 	// for the runtime and the test itself.
-	if !raceEnabled && r.rssGrowth > 2*r.limit+8<<20 {
+	if !racebuild.Enabled && r.rssGrowth > 2*r.limit+8<<20 {
 		t.Fatalf("resident size grew by %d MiB under a %d MiB budget", r.rssGrowth>>20, r.limit>>20)
 	}
 	t.Logf("%d blocks stored, %d evicted, peak %d of %d bytes accounted, %d queries, p99 %v, slowest %v, longest eviction hold %v, RSS growth %d MiB",
