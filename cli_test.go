@@ -67,16 +67,7 @@ func grepLines(text, sub string) string {
 // TestCommandLine runs the real binary, built with a version and commit
 // stamped at link time, the way an operator meets it first.
 func TestCommandLine(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bin := filepath.Join(t.TempDir(), "conductor")
-	const pkg = "github.com/mooncake-conductor-go/conductor/internal/buildinfo"
-	build := exec.Command("go", "build", "-ldflags", "-X "+pkg+".version=v9.8.7 -X "+pkg+".commit=0123abc", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatal(err)
-	}
+	bin := conductorBinary(t)
 	run := func(stdin string, args ...string) (code int, stdout, stderr string) {
 		cmd := exec.Command(bin, args...)
 		cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"))
@@ -100,12 +91,19 @@ func TestCommandLine(t *testing.T) {
 		}
 	}
 	code, out, _ := run("", "--version")
-	want := regexp.MustCompile(`^conductor v9\.8\.7 \(commit 0123abc, ` + regexp.QuoteMeta(runtime.Version()) + `, libzmq \d+\.\d+\.\d+\)\n$`)
+	want := regexp.MustCompile(`^conductor ` + regexp.QuoteMeta(testBinaryVersion) + ` \(commit ` + testBinaryCommit + `, ` + regexp.QuoteMeta(runtime.Version()) + `, libzmq \d+\.\d+\.\d+\)\n$`)
 	if code != 0 || !want.MatchString(out) {
 		t.Errorf("--version: exit %d, stdout %q", code, out)
 	}
 	if code, _, errOut := run("", "--no-such-flag"); code == 0 || !strings.Contains(errOut, "--help") {
 		t.Errorf("unknown flag: exit %d, stderr %q", code, errOut)
+	}
+	// A mistyped subcommand is a usage error (2), as the subcommands'
+	// own are, and names the real ones.
+	for _, word := range []string{"regster", "serve"} {
+		if code, out, errOut := run("", word); code != 2 || out != "" || !strings.Contains(errOut, `unknown subcommand "`+word+`"`) || !strings.Contains(errOut, "register") {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", word, code, out, errOut)
+		}
 	}
 	code, out, _ = run("[1,2,3,4]", "hash", "--strategy", "sglang", "--block-size", "4")
 	if code != 0 || !strings.Contains(out, "key 14958615928728313947 (0xcf97adeedb59e05b)  event -3488128144981237669") {

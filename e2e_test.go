@@ -272,10 +272,40 @@ func TestEndToEndVLLM(t *testing.T) {
 	pub.seq += 5
 	pub.send(0, stored)
 	eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
-	pub.send(0, stored)
-	time.Sleep(100 * time.Millisecond)
-	if got := e.deviceHits("p0", tokens); got != 0 {
-		t.Errorf("stale source applied a later message: device=%d", got)
+	// The next message must be received and dropped as stale, the
+	// counter's increment being the sign it was handled, and change
+	// nothing. Under --stale-recovery auto (the default) a message that
+	// arrives after the 2 s hold-off is a new baseline instead; should a
+	// busy machine delay it that long, the source is made stale again and
+	// the step repeated.
+	const droppedStale = `conductor_messages_dropped_total{reason="stale",source_type="vLLM"}`
+	const recovered = `conductor_stale_recoveries_total{service="p0|default|0",type="vLLM"}`
+	for attempt := 1; ; attempt++ {
+		text := e.scrape()
+		dropped, recoveries := metricValue(text, droppedStale), metricValue(text, recovered)
+		if dropped < 0 || recoveries < 0 {
+			t.Fatalf("no %s or %s series", droppedStale, recovered)
+		}
+		pub.send(0, stored)
+		var nowDropped, nowRecovered float64
+		eventually(t, "the stale source to handle the message", func() bool {
+			text := e.scrape()
+			nowDropped, nowRecovered = metricValue(text, droppedStale), metricValue(text, recovered)
+			return nowDropped > dropped || nowRecovered > recoveries
+		})
+		if nowDropped > dropped {
+			if got := e.deviceHits("p0", tokens); got != 0 {
+				t.Errorf("stale source applied a later message: device=%d", got)
+			}
+			break
+		}
+		if attempt == 5 {
+			t.Fatalf("%d messages to the stale source arrived after its hold-off", attempt)
+		}
+		eventually(t, "the recovered baseline", func() bool { return e.deviceHits("p0", tokens) == 32 })
+		pub.seq += 5
+		pub.send(0, stored)
+		eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
 	}
 	if svcs := e.get("/services"); svcs["count"] != int8(1) {
 		t.Errorf("stale service not listed: %v", svcs)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,6 +30,13 @@ func main() {
 	}
 	if len(os.Args) > 1 && apicmd.Is(os.Args[1]) {
 		os.Exit(apicmd.Run(os.Args[1], os.Args[2:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] != "" && !strings.HasPrefix(os.Args[1], "-") {
+		// A word where the service takes only flags is a mistyped
+		// subcommand: a usage error, exit 2, as the subcommands' own are.
+		fmt.Fprintf(os.Stderr, "conductor: unknown subcommand %q (subcommands: hash, %s; see conductor --help)\n",
+			os.Args[1], strings.Join(apicmd.Names(), ", "))
+		os.Exit(2)
 	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "conductor:", err)

@@ -49,7 +49,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// conductorBinary builds the binary once per test run.
+// Version and commit stamped into the test binary at link time, which
+// TestCommandLine checks --version against.
+const (
+	testBinaryVersion = "v9.8.7"
+	testBinaryCommit  = "0123abc"
+)
+
+// conductorBinary builds the binary once per test run (building it costs
+// tens of seconds on a busy machine; every test that runs it shares it).
 func conductorBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
@@ -62,7 +70,8 @@ func conductorBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "conductor")
-		build := exec.Command("go", "build", "-o", binPath, ".")
+		const pkg = "github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+		build := exec.Command("go", "build", "-ldflags", "-X "+pkg+".version="+testBinaryVersion+" -X "+pkg+".commit="+testBinaryCommit, "-o", binPath, ".")
 		build.Stderr = os.Stderr
 		binErr = build.Run()
 	})

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates the Go code for the protobuf contracts under internal/inferencecache/proto/. protoc
 # comes from Debian's protobuf-compiler (scripts/setup.sh installs it); the
-# two Go plugins are built at pinned versions into a temporary directory, so
-# every machine generates byte-identical code. Usage:
+# two Go plugins are built at pinned versions, so every machine generates
+# byte-identical code, once per version into the user's cache (as
+# scripts/check-deploy.sh keeps helm), so the staleness test that runs this
+# in every suite does not link them again each time. Usage:
 #   scripts/genproto.sh            # write next to the .proto files
 #   scripts/genproto.sh OUTDIR     # write under OUTDIR instead (the staleness test)
 set -euo pipefail
@@ -19,10 +21,20 @@ if ! command -v protoc >/dev/null 2>&1; then
 	echo "genproto: protoc not found; run scripts/setup.sh" >&2
 	exit 1
 fi
-bin=$(mktemp -d)
-trap 'rm -rf "$bin"' EXIT
-GOBIN="$bin" go install "$PROTOC_GEN_GO"
-GOBIN="$bin" go install "$PROTOC_GEN_GO_GRPC"
+tools="${XDG_CACHE_HOME:-$HOME/.cache}/conductor-tools"
+bin="$tools/protoc-plugins-${PROTOC_GEN_GO##*@}-${PROTOC_GEN_GO_GRPC##*@}"
+if [ ! -x "$bin/protoc-gen-go" ] || [ ! -x "$bin/protoc-gen-go-grpc" ]; then
+	mkdir -p "$tools"
+	tmp=$(mktemp -d "$tools/plugins.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	GOBIN="$tmp" go install "$PROTOC_GEN_GO"
+	GOBIN="$tmp" go install "$PROTOC_GEN_GO_GRPC"
+	# Moved into place whole: a run beside this one sees both or neither.
+	mv -T "$tmp" "$bin" 2>/dev/null || true
+	if [ ! -x "$bin/protoc-gen-go" ] || [ ! -x "$bin/protoc-gen-go-grpc" ]; then
+		bin=$tmp # the cache could not take them: use this run's build
+	fi
+fi
 
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

@@ -3,11 +3,39 @@
 # detector, the allocation tests without it, the deploy/ checks with helm and promtool, then each fuzz target for a short, bounded time on top of its
 # seed corpus. FUZZTIME overrides the per-target fuzz time (default 10s;
 # FUZZTIME=0 skips fuzzing).
+#
+# Each phase's wall time is printed when it ends, and all of them (with the
+# total) at exit, also after a failure, so a CI log shows where the time
+# went; `go test` prints each package's own time in its ok/FAIL line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
+
+phase_name="" phase_start=$SECONDS timings=()
+# phase ends the running phase (printing its time) and starts the next.
+phase() {
+	if [ -n "$phase_name" ]; then
+		timings+=("$(printf '%-34s %5ds' "$phase_name" $((SECONDS - phase_start)))")
+		echo "test.sh: $phase_name took $((SECONDS - phase_start))s" >&2
+	fi
+	phase_name=$1 phase_start=$SECONDS
+}
+report_timings() {
+	local rc=$?
+	phase ""
+	{
+		echo "test.sh: timings (wall clock; exit $rc)"
+		printf '  %s\n' "${timings[@]}"
+		printf '  %-34s %5ds\n' "total" "$SECONDS"
+	} >&2
+	rm -f "${out:-}"
+}
+trap report_timings EXIT
+
+phase "setup"
 scripts/setup.sh
 
+phase "vet and gofmt"
 go vet ./...
 unformatted=$(gofmt -l $(git ls-files "*.go" 2>/dev/null || find . -name "*.go" -not -path "./.git/*"))
 if [ -n "$unformatted" ]; then
@@ -15,11 +43,13 @@ if [ -n "$unformatted" ]; then
 	echo "$unformatted" >&2
 	exit 1
 fi
+phase "tests under -race"
 go test -race -count=1 -timeout 20m ./...
 
 # The zero-allocation tests (every test named for allocations: *Alloc*)
 # count allocations the race detector inflates, so some skip under -race;
 # they run here in a normal build, and a skip or a missing one fails.
+phase "allocation tests without -race"
 alloc_out=$(mktemp)
 go test -count=1 -timeout 10m -run 'Alloc' -v ./... >"$alloc_out" 2>&1 || { cat "$alloc_out"; exit 1; }
 if grep -- '--- SKIP' "$alloc_out"; then
@@ -31,11 +61,12 @@ for name in TestQueryHandlerAllocations TestLiveIngestDoesNotAllocate; do
 done
 grep -- '--- PASS' "$alloc_out" | grep -v '    ---' || true
 rm -f "$alloc_out"
+phase "deploy checks"
 scripts/check-deploy.sh
 
+phase "fuzzing"
 fuzztime="${FUZZTIME:-10s}"
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
 
 # fuzz_once runs one target. A real finding writes its input under
 # testdata/fuzz and fails the run for good. go test -fuzz also fails

@@ -11,6 +11,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -106,7 +107,7 @@ func queryCtx(body []byte) *fasthttp.RequestCtx {
 // the handler (decode, hash chain, walk, encode) allocates nothing, with the
 // memos or without.
 func TestQueryHandlerAllocations(t *testing.T) {
-	if testing.Short() || raceEnabled {
+	if testing.Short() || racebuild.Enabled {
 		t.Skip("allocation counts need a normal build")
 	}
 	for _, warm := range []bool{false, true} {

@@ -133,16 +133,30 @@ func TestOversizedBodyRejectedEarly(t *testing.T) {
 // while the ones inside it keep working.
 func TestMaxConnsPerIP(t *testing.T) {
 	h := startServer(t, Options{MaxConnsPerIP: 2})
-	var conns []net.Conn
+	var (
+		conns   []net.Conn
+		readers []*bufio.Reader
+	)
+	get := func(i int) {
+		t.Helper()
+		_, _ = conns[i].Write([]byte("GET /services HTTP/1.1\r\nHost: x\r\n\r\n"))
+		_ = conns[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		var ok fasthttp.Response
+		if err := ok.Read(readers[i]); err != nil || ok.StatusCode() != 200 {
+			t.Fatalf("connection %d inside the limit: %v %d", i, err, ok.StatusCode())
+		}
+	}
 	for i := 0; i < 2; i++ {
 		c, err := net.Dial("tcp", h.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		conns = append(conns, c)
+		conns, readers = append(conns, c), append(readers, bufio.NewReader(c))
+		// An answer on it says the server has accepted, and so counted,
+		// the connection (it stays open: keep-alive).
+		get(i)
 	}
-	time.Sleep(50 * time.Millisecond) // let the server account for them
 	extra, err := net.Dial("tcp", h.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -154,12 +168,7 @@ func TestMaxConnsPerIP(t *testing.T) {
 	if err := resp.Read(bufio.NewReader(extra)); err == nil && resp.StatusCode() == 200 {
 		t.Error("third connection was served")
 	}
-	_, _ = conns[0].Write([]byte("GET /services HTTP/1.1\r\nHost: x\r\n\r\n"))
-	_ = conns[0].SetReadDeadline(time.Now().Add(5 * time.Second))
-	var ok fasthttp.Response
-	if err := ok.Read(bufio.NewReader(conns[0])); err != nil || ok.StatusCode() != 200 {
-		t.Errorf("connection inside the limit: %v %d", err, ok.StatusCode())
-	}
+	get(0)
 }
 
 // TestInternalErrorEnvelope: a handler panic becomes 500 {error} and the

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -370,26 +371,33 @@ func TestStopPromptAndIdempotent(t *testing.T) {
 	}
 }
 
+// TestStartErrors: a configuration Start cannot run is refused with an
+// error that names the service and what is wrong.
 func TestStartErrors(t *testing.T) {
 	m := eventtest.LoadManifest(t)
 	base := newEnv(t, m, "vllm-a", nil, "tcp://127.0.0.1:1", "").cfg
-	cases := map[string]func(c *Config){
-		"unknown type":       func(c *Config) { c.Type = source.NumTypes },
-		"no engine sink":     func(c *Config) { c.Engine = nil },
-		"unresolved profile": func(c *Config) { c.Profile = hashing.Profile{} },
-		"bad endpoint":       func(c *Config) { c.Endpoint = "tcp://no-port" },
-		"mooncake no lookup": func(c *Config) { c.Type = source.Mooncake },
-	}
-	for name, mod := range cases {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(c *Config)
+		want string
+	}{
+		{"unknown type", func(c *Config) { c.Type = source.NumTypes }, "unknown publisher type"},
+		{"no engine sink", func(c *Config) { c.Engine = nil }, "engine source needs an index table"},
+		{"unresolved profile", func(c *Config) { c.Profile = hashing.Profile{} }, "hash profile is not resolved"},
+		{"bad endpoint", func(c *Config) { c.Endpoint = "tcp://no-port" }, "connect SUB socket to tcp://no-port"},
+		{"mooncake no lookup", func(c *Config) { c.Type = source.Mooncake }, "Mooncake source needs a context lookup"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			c := base
-			mod(&c)
+			tc.mod(&c)
 			s, err := Start(c)
 			if err == nil {
 				s.Stop()
 				t.Fatal("Start succeeded")
 			}
-			t.Log(err)
+			if msg := err.Error(); !strings.HasPrefix(msg, "start subscriber "+c.Key+": ") || !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q: want it to name %q and %q", msg, "start subscriber "+c.Key, tc.want)
+			}
 		})
 	}
 }

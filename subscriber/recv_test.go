@@ -16,6 +16,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
@@ -344,7 +345,7 @@ func TestTrimAfterBacklogDrains(t *testing.T) {
 // of well-formed batches allocates nothing in steady state (the batch
 // receive reads frames in place, the decoders reuse their buffers).
 func TestLiveIngestDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector allocates")
 	}
 	m := eventtest.LoadManifest(t)

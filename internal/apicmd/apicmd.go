@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -75,6 +76,24 @@ var commands = map[string]command{
 		"lists every context with its instances and prefix counts (GET /global_view)", ""},
 }
 
+// accept is the Accept header a subcommand sends when it is not
+// MessagePack. /services adds each source's State, PublisherRestarts and
+// StaleRecoveries to its JSON form only, so that is the form a person
+// asking for it gets.
+var accept = map[string]string{"services": "application/json"}
+
+// notFound is added to the status line of a subcommand's 404: why its
+// route can be missing and how to turn it on.
+var notFound = map[string]string{
+	"explain": "the server serves /debug/explain only when started with --debug-routes (or CONDUCTOR_DEBUG_ROUTES=1)",
+}
+
+// keyMembers names, per subcommand, the answer members whose numbers are
+// 64-bit keys. They are printed as decimal strings, as `conductor hash
+// --json` prints keys, because readers that parse JSON numbers as doubles
+// (jq, JavaScript) round them.
+var keyMembers = map[string][]string{"explain": {"key"}}
+
 // Names returns the subcommands, sorted, for the main usage text.
 func Names() []string {
 	names := make([]string, 0, len(commands))
@@ -116,7 +135,7 @@ func Run(name string, args []string, getenv func(string) string, stdin io.Reader
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 		return exitUsage
 	}
-	req, err := newRequest(cmd, o, stdin)
+	req, err := newRequest(name, cmd, o, stdin)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 		return exitUsage
@@ -137,14 +156,18 @@ func Run(name string, args []string, getenv func(string) string, stdin io.Reader
 		fmt.Fprintf(stderr, "%s: reading the answer from %s: %v\n", prog, o.server, err)
 		return exitUsage
 	}
-	js, err := answerJSON(resp.Header.Get("Content-Type"), raw)
+	js, err := answerJSON(resp.Header.Get("Content-Type"), raw, keyMembers[name])
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s answered %s with a body that is not MessagePack or JSON: %v\n", prog, o.server, resp.Status, err)
 		return exitUsage
 	}
 	stdout.Write(js)
 	if resp.StatusCode/100 != 2 {
-		fmt.Fprintf(stderr, "%s: %s\n", prog, resp.Status)
+		if hint := notFound[name]; resp.StatusCode == http.StatusNotFound && hint != "" {
+			fmt.Fprintf(stderr, "%s: %s: %s\n", prog, resp.Status, hint)
+		} else {
+			fmt.Fprintf(stderr, "%s: %s\n", prog, resp.Status)
+		}
 		return exitAnswer
 	}
 	return exitOK
@@ -213,9 +236,9 @@ func capitalize(s string) string {
 
 // newRequest builds the HTTP request: the JSON body re-encoded as
 // MessagePack for the POST routes, the bearer token when given, and an
-// Accept that prefers MessagePack answers (the success bodies' only form;
-// errors come as MessagePack too and are converted here alike).
-func newRequest(cmd command, o options, stdin io.Reader) (*http.Request, error) {
+// Accept that prefers MessagePack answers (errors come as MessagePack too
+// and are converted here alike), or the command's own.
+func newRequest(name string, cmd command, o options, stdin io.Reader) (*http.Request, error) {
 	var body io.Reader
 	if cmd.body() {
 		in := stdin
@@ -244,7 +267,11 @@ func newRequest(cmd command, o options, stdin io.Reader) (*http.Request, error) 
 	if cmd.body() {
 		req.Header.Set("Content-Type", "application/msgpack")
 	}
-	req.Header.Set("Accept", "application/msgpack")
+	if a := accept[name]; a != "" {
+		req.Header.Set("Accept", a)
+	} else {
+		req.Header.Set("Accept", "application/msgpack")
+	}
 	if o.tokenFile != "" {
 		tok, err := os.ReadFile(o.tokenFile)
 		if err != nil {
@@ -273,8 +300,9 @@ func unwrapURLError(err error) error {
 // MessagePack is converted by codec.AppendJSON, the converter the server
 // uses for its own JSON forms, so the command line prints exactly what
 // `Accept: application/json` would; anything it does not take (a proxy's
-// answer, say) is decoded generically.
-func answerJSON(contentType string, raw []byte) ([]byte, error) {
+// answer, say) is decoded generically. Numbers of the members named in
+// keyMembers become strings.
+func answerJSON(contentType string, raw []byte, keyMembers []string) ([]byte, error) {
 	var js []byte
 	switch {
 	case len(raw) == 0:
@@ -294,6 +322,12 @@ func answerJSON(contentType string, raw []byte) ([]byte, error) {
 			if js, err = json.Marshal(jsonable(v)); err != nil {
 				return nil, err
 			}
+		}
+	}
+	if len(keyMembers) > 0 {
+		var err error
+		if js, err = quoteMembers(js, keyMembers); err != nil {
+			return nil, err
 		}
 	}
 	var out bytes.Buffer
@@ -326,4 +360,93 @@ func jsonable(v any) any {
 		return x // base64, as encoding/json writes bytes
 	}
 	return v
+}
+
+// quoteMembers rewrites one JSON value with every number that is the value
+// of an object member named in names turned into a string of the same
+// digits. Everything else, member order included, is kept.
+func quoteMembers(js []byte, names []string) ([]byte, error) {
+	type frame struct {
+		object  bool
+		n       int    // members or elements written so far
+		keyNext bool   // in an object: the next string is a member name
+		member  string // in an object: the name of the value being read
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
+	var (
+		out   bytes.Buffer
+		stack []frame
+	)
+	// value writes the separator an element or member value needs and
+	// reports the member name it is the value of ("" in an array).
+	value := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		f := &stack[len(stack)-1]
+		if f.object {
+			f.keyNext = true
+			return f.member
+		}
+		if f.n > 0 {
+			out.WriteByte(',')
+		}
+		f.n++
+		return ""
+	}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(stack) > 0 {
+			if f := &stack[len(stack)-1]; f.object && f.keyNext {
+				if d, ok := tok.(json.Delim); !ok || d != '}' {
+					name, _ := tok.(string)
+					if f.n > 0 {
+						out.WriteByte(',')
+					}
+					f.n++
+					f.keyNext, f.member = false, name
+					k, _ := json.Marshal(name)
+					out.Write(k)
+					out.WriteByte(':')
+					continue
+				}
+			}
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			switch v {
+			case '{', '[':
+				value()
+				out.WriteByte(byte(v))
+				stack = append(stack, frame{object: v == '{', keyNext: v == '{'})
+			default:
+				out.WriteByte(byte(v))
+				stack = stack[:len(stack)-1]
+			}
+		case json.Number:
+			if m := value(); m != "" && slices.Contains(names, m) {
+				out.WriteString(strconv.Quote(v.String()))
+			} else {
+				out.WriteString(v.String())
+			}
+		default:
+			value()
+			b, err := json.Marshal(v)
+			if err != nil {
+				return nil, err
+			}
+			out.Write(b)
+		}
+	}
+	if len(stack) > 0 {
+		return nil, io.ErrUnexpectedEOF
+	}
+	return out.Bytes(), nil
 }

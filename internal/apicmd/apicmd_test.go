@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
 )
@@ -237,5 +238,108 @@ func TestJSONToMsgpack(t *testing.T) {
 		if _, err := JSONToMsgpack([]byte(bad)); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}
+	}
+}
+
+// `conductor services` prints the JSON form of /services, which adds each
+// source's State, PublisherRestarts and StaleRecoveries to the contract's
+// fields.
+func TestServicesShowsSourceState(t *testing.T) {
+	base := startServer(t, server.Options{})
+	env := map[string]string{"CONDUCTOR_SERVER": base}
+	if r := run(t, env, registerBody, "register"); r.code != 0 {
+		t.Fatalf("register: %+v", r)
+	}
+	r := run(t, env, "", "services")
+	if r.code != 0 {
+		t.Fatalf("services: %+v", r)
+	}
+	svcs := decoded(t, r).(map[string]any)["services"].([]any)
+	if len(svcs) != 1 {
+		t.Fatalf("services: %v", svcs)
+	}
+	svc := svcs[0].(map[string]any)
+	for _, f := range []string{"State", "PublisherRestarts", "StaleRecoveries", "InstanceID", "HashProfile"} {
+		if _, ok := svc[f]; !ok {
+			t.Errorf("service has no %s: %v", f, svc)
+		}
+	}
+	if s, _ := svc["State"].(string); s == "" {
+		t.Errorf("State %v, want a state name", svc["State"])
+	}
+	if n, ok := svc["PublisherRestarts"].(float64); !ok || n != 0 {
+		t.Errorf("PublisherRestarts %v, want 0", svc["PublisherRestarts"])
+	}
+}
+
+// Against a server without --debug-routes, explain says how to turn the
+// route on; other 404s keep the bare status line.
+func TestExplainWithoutDebugRoutes(t *testing.T) {
+	base := startServer(t, server.Options{})
+	env := map[string]string{"CONDUCTOR_SERVER": base}
+	r := run(t, env, `{"model":"m","block_size":16,"token_ids":[1]}`, "explain")
+	if r.code != 1 {
+		t.Fatalf("exit %d, want 1: %+v", r.code, r)
+	}
+	if !strings.Contains(r.stderr, "404") || !strings.Contains(r.stderr, "--debug-routes") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("stderr %q: want one line naming 404 and --debug-routes", r.stderr)
+	}
+	r = run(t, env, `{"instance_id":"nobody","dp_rank":0}`, "unregister")
+	if r.code != 1 || strings.Contains(r.stderr, "debug-routes") {
+		t.Errorf("unregister of an unknown service: %+v", r)
+	}
+}
+
+// explain prints its 64-bit keys as decimal strings, the very strings
+// `conductor hash --json` prints, so jq does not round them.
+func TestExplainKeysAreStrings(t *testing.T) {
+	base := startServer(t, server.Options{DebugRoutes: true})
+	env := map[string]string{"CONDUCTOR_SERVER": base}
+	if r := run(t, env, registerBody, "register"); r.code != 0 {
+		t.Fatalf("register: %+v", r)
+	}
+	toks := "[" + strings.Repeat("7,", 31) + "7]"
+	r := run(t, env, `{"model":"m","block_size":16,"token_ids":`+toks+`}`, "explain")
+	if r.code != 0 {
+		t.Fatalf("explain: %+v", r)
+	}
+	var hashOut, hashErr bytes.Buffer
+	if code := hashcmd.Run([]string{"--strategy", "vllm_v1", "--algorithm", "sha256_cbor", "--seed", "0", "--block-size", "16", "--json"},
+		strings.NewReader(toks), &hashOut, &hashErr); code != 0 {
+		t.Fatalf("hash: %d %s", code, hashErr.String())
+	}
+	var want []any
+	for _, line := range strings.Split(strings.TrimSpace(hashOut.String()), "\n") {
+		var b struct{ Key string }
+		if err := json.Unmarshal([]byte(line), &b); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, b.Key)
+	}
+	var got []any
+	for _, b := range decoded(t, r).(map[string]any)["blocks"].([]any) {
+		got = append(got, b.(map[string]any)["key"])
+	}
+	if diff := cmp.Diff(want, got); diff != "" || len(got) != 2 {
+		t.Errorf("explain's keys (-hash --json +explain):\n%s", diff)
+	}
+}
+
+func TestQuoteMembers(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"key":18446744073709551615}`, `{"key":"18446744073709551615"}`},
+		{`{"b":1,"key":2,"a":[{"key":3,"x":{"key":-4}},5,"key"],"key2":6}`,
+			`{"b":1,"key":"2","a":[{"key":"3","x":{"key":"-4"}},5,"key"],"key2":6}`},
+		{`{"key":"s","k":{"key":null},"e":{},"l":[]}`, `{"key":"s","k":{"key":null},"e":{},"l":[]}`},
+		{`[1,{"key":[1,2]},true]`, `[1,{"key":[1,2]},true]`},
+		{`12`, `12`},
+	} {
+		got, err := quoteMembers([]byte(tc.in), []string{"key"})
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: got %s (%v), want %s", tc.in, got, err, tc.want)
+		}
+	}
+	if _, err := quoteMembers([]byte(`{"key":`), []string{"key"}); err == nil {
+		t.Error("truncated JSON accepted")
 	}
 }

@@ -202,7 +202,7 @@ func newFlags() *flags {
 	f.stateDir = fl.String("state-dir", defaultStateDir(), `directory for registrations and index snapshots (env CONDUCTOR_STATE_DIR); "" keeps them in memory only`)
 	f.reset = fl.Bool("state-reset", false, "move the state directory's old contents aside (nothing is deleted) and start empty")
 	f.snapEvery = fl.Duration("snapshot-interval", DefaultSnapshotInterval, "time between index snapshots; 0 writes one only at shutdown (env CONDUCTOR_SNAPSHOT_INTERVAL)")
-	f.catchUp = fl.Duration("catch-up-timeout", DefaultCatchUpTimeout, "how long /readyz waits for sources restored from a snapshot to catch up (env CONDUCTOR_CATCH_UP_TIMEOUT)")
+	f.catchUp = fl.Duration("catch-up-timeout", DefaultCatchUpTimeout, "how long /readyz waits for sources restored from a snapshot to catch up; the restored entries of those that have not are dropped then (env CONDUCTOR_CATCH_UP_TIMEOUT)")
 	f.staleRecov = fl.String("stale-recovery", DefaultStaleRecovery, "auto: a stale source (messages lost beyond replay) drops its entries, then takes the first message after a 2 s hold-off as a new baseline; off: it is ignored until registered again, the contract's rule (env CONDUCTOR_STALE_RECOVERY)")
 	f.etcd.declare(fl)
 	return f

@@ -15,6 +15,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
 
@@ -405,7 +406,7 @@ func TestLinksFromIngest(t *testing.T) {
 // TestLinkedLookupAllocations: a lookup whose every block comes from the
 // links allocates nothing once the pooled chain's buffers have grown.
 func TestLinkedLookupAllocations(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("allocation counts need a normal build")
 	}
 	r := newRig(t, hashing.AlgorithmSHA256CBOR, "", 1, 16, true)

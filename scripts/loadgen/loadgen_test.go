@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 )
 
 func smallCorpus(t *testing.T, replicas int) *corpus {
@@ -449,11 +451,14 @@ func logMarkdown(t *testing.T, rep interface{ writeMarkdown(io.Writer) }) string
 }
 
 // spawnedRun parses the options of a short run against a spawned server
-// (race-built when the tests are), quiet, and gives it two minutes.
+// (race-built when the tests are: the race build of every server package
+// is then already in the build cache, as CI runs go test -race ./..., and
+// the soak doubles as a race hunt in the server under churn), quiet, and
+// gives it two minutes.
 func spawnedRun(t *testing.T, args ...string) (*options, context.Context) {
 	t.Helper()
 	args = append([]string{"--spawn", "--quiet", "--server-log-level", "WARN"}, args...)
-	if raceEnabled {
+	if racebuild.Enabled {
 		args = append(args, "--server-race")
 	}
 	o, err := parseFlags(args)

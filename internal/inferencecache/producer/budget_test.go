@@ -14,12 +14,12 @@ import (
 // the index evicts the oldest, and the scope's token counts follow it
 // instead of growing with every key ever reported.
 func TestTokenCountsFollowEviction(t *testing.T) {
-	ix := index.New(index.Options{Stripes: 4, MemoryLimit: 2 << 20})
+	ix := index.New(index.Options{Stripes: 4, MemoryLimit: 1 << 20})
 	defer ix.Close()
 	s := New(Options{Index: ix, TTL: time.Hour, Now: fakeclock.New(time.Unix(1000, 0)).Now})
 	k := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"}
 	w := s.Writer(k, "a")
-	const n = 400_000 // ~7 times what 2 MiB hold
+	const n = 200_000 // ~7 times what 1 MiB holds
 	for i := range n {
 		w.Put(index.Device, uint64(i+1), 16)
 	}

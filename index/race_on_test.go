@@ -1,7 +1,0 @@
-//go:build race
-
-package index
-
-// raceEnabled: the race detector multiplies time and memory, so the
-// flood runs smaller under it.
-const raceEnabled = true

@@ -1,5 +1,0 @@
-//go:build !race
-
-package query
-
-const raceEnabled = false

@@ -1,7 +1,0 @@
-//go:build race
-
-package query
-
-// raceEnabled: sync.Pool drops items at random under the race detector, so
-// allocation counts are only meaningful without it.
-const raceEnabled = true

@@ -1,5 +1,0 @@
-//go:build !race
-
-package subscriber
-
-const raceEnabled = false
