@@ -28,8 +28,10 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/grpcapi"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
+	"github.com/mooncake-conductor-go/conductor/internal/membudget"
 	"github.com/mooncake-conductor-go/conductor/internal/metrics"
 	"github.com/mooncake-conductor-go/conductor/internal/pprofsrv"
+	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/state/durable"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
@@ -169,9 +171,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	a.state = state
 	a.stops.push("state directory", nothingToReport(state.Release))
-	if cfg.IndexMemoryNote != "" {
-		log.Info().Int64("index_memory_bytes", cfg.IndexMemoryBytes).Msg(cfg.IndexMemoryNote)
-	}
+	applyMemoryBudget(cfg.Memory, log)
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	// One engine answers both doors and owns their caches: the prefix
@@ -194,7 +194,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, links, staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
+		Start:  sourceFactory(log, counters, checks, links, linkDefer(cfg.Memory), staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -266,8 +266,16 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
+	budget := membudget.NewCollector(cfg.Memory, map[membudget.Part]func() int64{
+		membudget.Total:       procmem.RSS,
+		membudget.Index:       ix.MemoryBytes,
+		membudget.Links:       func() int64 { return int64(links.Bytes()) },
+		membudget.HashMemo:    func() int64 { return int64(engine.Memo().Bytes()) },
+		membudget.TokenMemo:   func() int64 { return int64(tokenMemo.Bytes()) },
+		membudget.AnswerCache: func() int64 { return int64(engine.Answers().Bytes()) },
+	})
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
-		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
+		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
 		static[i] = svc.Key()
@@ -402,7 +410,7 @@ func (a *app) close() error {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, watch map[registry.ServiceKey]bool, state *durable.State,
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, linkDefer int, watch map[registry.ServiceKey]bool, state *durable.State,
 	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
@@ -435,6 +443,7 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Counters:        counters,
 			HashCheck:       chk,
 			Links:           links,
+			LinkDefer:       linkDefer,
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,
@@ -486,6 +495,32 @@ func returnMemory() {
 	runtime.GC()
 	debug.FreeOSMemory() // the second collection, then the scavenge
 	zmqx.TrimCHeap()     // libzmq's receive buffers live in the C heap
+}
+
+// applyMemoryBudget sets the Go runtime's soft memory limit to the
+// budget, so the collector works harder as the heap nears it instead of
+// letting the process outgrow its container, and logs the split. An
+// unbounded budget leaves the runtime as GOMEMLIMIT set it.
+func applyMemoryBudget(b membudget.Budget, log zerolog.Logger) {
+	ev := log.Info().Int64("memory_budget_bytes", b.Total)
+	for _, p := range membudget.Parts {
+		ev = ev.Int64(string(p)+"_bytes", b.Size[p])
+	}
+	if b.Total > 0 {
+		debug.SetMemoryLimit(b.Total)
+	}
+	ev.Msg(b.Describe())
+}
+
+// linkDefer is what each subscriber may hold of events waiting for
+// verification (subscriber.Config.LinkDefer): under a bounded budget an
+// eighth of the links' part, which counts the backlog with the links
+// (docs/index-memory.md#the-budget); unbounded, the subscriber's default.
+func linkDefer(b membudget.Budget) int {
+	if b.Total == 0 {
+		return 0
+	}
+	return int(max(b.Size[membudget.Links]/8, 1))
 }
 
 // staleRecovery is --stale-recovery as the subscribers take it (config
