@@ -264,6 +264,12 @@ func TestProcParsing(t *testing.T) {
 	if got, err := procAnonRSS(os.Getpid()); err != nil || got <= 0 {
 		t.Errorf("procAnonRSS(self) = %v, %v", got, err)
 	}
+	// The peak is at least what is resident now.
+	rss, err1 := procRSS(os.Getpid())
+	peak, err2 := procPeakRSS(os.Getpid())
+	if err1 != nil || err2 != nil || peak < rss {
+		t.Errorf("procPeakRSS(self) = %v, %v; VmRSS %v, %v", peak, err2, rss, err1)
+	}
 }
 
 func TestCheckAnswer(t *testing.T) {

@@ -440,6 +440,18 @@ func (m sampler) cpu() time.Duration {
 	return d
 }
 
+// peak is the server's VmHWM, -1 when unknown.
+func (m sampler) peak() int64 {
+	if m.pid <= 0 {
+		return -1
+	}
+	b, err := procPeakRSS(m.pid)
+	if err != nil {
+		return -1
+	}
+	return b
+}
+
 func (m sampler) rss() int64 {
 	if m.pid <= 0 {
 		return -1
@@ -544,6 +556,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.PoolKinds[k.String()] = c.kinds[k]
 	}
 	rep.RSS = rssResult{-1, -1, -1, -1, -1} // phases not reached stay unknown
+	rep.PeakRSS = peakResult{-1, -1}
 	rep.RSSAnon = rep.RSS
 	rep.LoadAverage[1] = -1
 	fails := &failures{}
@@ -645,6 +658,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	rep.Ingest.ServerCPUPerBlockVerifiedUS = perUnit(cpu0, cpuVerified-time.Duration(polls)*perPoll, rep.Ingest.BlocksPublished*len(s.apis))
 	s.logf("server CPU per block until verified %.2f µs (less %d reads of /metrics at %v each)", rep.Ingest.ServerCPUPerBlockVerifiedUS, polls, perPoll)
 	m.memory(&rep.RSS.AfterIngest, &rep.RSSAnon.AfterIngest)
+	rep.PeakRSS.AfterIngest = m.peak()
 
 	var chainPrompts [][]int32
 	if o.chainBaseline {
@@ -791,6 +805,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	// after the last unregistration.
 	rep.AfterUnregSeconds = awaitRSS(m, rep.RSS.BeforeIngest, rep.unregEnd, 5*time.Second)
 	m.memory(&rep.RSS.AfterUnreg, &rep.RSSAnon.AfterUnreg)
+	rep.PeakRSS.End = m.peak()
 
 	rep.LoadAverage[1] = loadAverage()
 	return rep, nil

@@ -49,6 +49,10 @@ type report struct {
 	Restart *restartResult `json:"restart,omitempty"`
 	RSS     rssResult      `json:"server_rss_bytes"`
 	RSSAnon rssResult      `json:"server_rss_anon_bytes"`
+	// PeakRSS is the (first) server's peak resident size, VmHWM, after
+	// ingest and at the end of the run (-1: unknown): what a container's
+	// memory limit is held against.
+	PeakRSS peakResult `json:"server_peak_rss_bytes"`
 	// HugeBeforeCold is how much of the (first) server's anonymous memory
 	// was on transparent huge pages when the cold pass began (-1: not
 	// read).
@@ -164,6 +168,12 @@ type rssResult struct {
 	AfterUnreg   int64 `json:"after_unregistration"`
 }
 
+// peakResult is VmHWM at two points of the run.
+type peakResult struct {
+	AfterIngest int64 `json:"after_ingest"`
+	End         int64 `json:"end"`
+}
+
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 func fmtUS(v float64) string {
@@ -233,6 +243,7 @@ func (r *report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| server memory on huge pages when the cold pass began | %s |\n", fmtBytes(r.HugeBeforeCold))
 	}
 	fmt.Fprintf(w, "| server RSS after unregistration (anonymous), read after | %s (%s), %.1f s |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg), r.AfterUnregSeconds)
+	fmt.Fprintf(w, "| server peak RSS (VmHWM) after ingest / at the end | %s / %s |\n", fmtBytes(r.PeakRSS.AfterIngest), fmtBytes(r.PeakRSS.End))
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
