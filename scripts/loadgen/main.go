@@ -88,6 +88,7 @@ type options struct {
 	coldPass      bool
 	floor         bool
 	chainBaseline bool
+	steadyIngest  float64
 	preset        string
 	json          bool
 	quiet         bool
@@ -122,6 +123,14 @@ var presets = map[string][]string{
 		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
 		"--mix", "full=1", "--queries", "1000", "--cold-pass", "--chain-baseline", "--floor", "--concurrency", "1",
 		"--unreg-concurrency", "1"},
+	// steady-8k is router-8k's index asked warm while every publisher
+	// keeps storing 4 new prompts a second (issue 38: do the caches pay
+	// under continuous ingest?); compare runs with a cache's MiB flag at 0
+	// through --server-args.
+	"steady-8k": {"--engine", "vllm", "--publishers", "4", "--prompts", "1000", "--prompt-tokens", "8192",
+		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
+		"--mix", "full=1", "--queries", "1000", "--steady-ingest", "4", "--concurrency", "1,8",
+		"--unreg-concurrency", "1"},
 	// cold-64k is long agent contexts: 4 instances, 96 stored prompts of
 	// 65,536 tokens in 4 groups sharing 4,096, each asked once, with the
 	// floor beside them.
@@ -150,7 +159,7 @@ func expandPreset(args []string) ([]string, string, error) {
 		}
 		p, ok := presets[name]
 		if !ok {
-			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, cold-64k)", name)
+			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, steady-8k, cold-64k)", name)
 		}
 		return append(slices.Clone(p), rest...), name, nil
 	}
@@ -165,10 +174,11 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.preset = preset
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
+	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; steady-8k: the same index asked warm under --steady-ingest 4; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
 	fs.IntVar(&o.corpus.Prompts, "prompts", 0, "exactly this many stored prompts (0: as many as --blocks needs)")
 	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before), then once more (the warm pass), and report server CPU per query")
 	fs.BoolVar(&o.floor, "floor", false, "after ingest (and the cold pass), time 2-block queries at concurrency 1: the fixed cost of one request, reported beside the levels and subtracted in their ratios; with --cold-pass, a 2-block query and the same query for a model nobody stores also follow each query of the cold and the warm pass, and that paired 2-block floor is what those passes' ratios subtract (the other is reported beside it)")
+	fs.Float64Var(&o.steadyIngest, "steady-ingest", 0, "while the query levels run, every publisher stores this many new prompts a second (sharing no block with the corpus, so answers stay exact; each changes the context): caches measured under continuous ingest")
 	fs.BoolVar(&o.chainBaseline, "chain-baseline", false, "time the bare hash chain of the stored prompts in this process (thread CPU) before and after the query phases, and report server CPU per query against it")
 	fs.StringVar(&o.baseURL, "base-url", "http://127.0.0.1:13333", "server base URL (loopback only); ignored with --spawn")
 	fs.StringVar(&o.authToken, "auth-token", "", "bearer token for /register and /unregister (with --spawn, also given to the server)")
@@ -752,6 +762,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.Checked += int64(r.Checked)
 	}
 
+	stopSteady := s.steadyIngest(ctx, &prof, o.steadyIngest)
 	for _, conc := range o.levels {
 		memo0, memoErr := memoStatsAll(s.apis)
 		f0, cs0, self0 := fails.count.Load(), fl.cpus(), selfCPU()
@@ -791,6 +802,10 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
+	}
+	if n := stopSteady(); o.steadyIngest > 0 {
+		rep.SteadyIngest = &steadyResult{PromptsPerSecPerPublisher: o.steadyIngest, Blocks: n}
+		s.logf("steady ingest: %d blocks stored during the levels", n)
 	}
 	if o.chainBaseline {
 		rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
