@@ -180,7 +180,14 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// fills the links.
 	links := hashing.NewLinks(cfg.LinkMemoBytes)
 	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links, Answers: query.NewAnswers(cfg.AnswerCacheBytes)})
-	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
+	// The token memo's part of the budget serves both doors: with the
+	// gRPC door on, each door's memo (MessagePack bodies here, protobuf
+	// varints there) gets half of it.
+	tokenMemoBytes := cfg.TokenMemoBytes
+	if cfg.GRPCAddr != "" {
+		tokenMemoBytes /= 2
+	}
+	tokenMemo := codec.NewTokenMemo(tokenMemoBytes)
 	engine.Attach(tokenMemo, false)
 	memReturn := bgjob.New(returnMemory, nil)
 	// door is set once the gRPC door is open, for the sources' state
@@ -267,11 +274,17 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	build := buildinfo.Get()
 	budget := membudget.NewCollector(cfg.Memory, map[membudget.Part]func() int64{
-		membudget.Total:       procmem.RSS,
-		membudget.Index:       ix.MemoryBytes,
-		membudget.Links:       func() int64 { return int64(links.Bytes()) },
-		membudget.HashMemo:    func() int64 { return int64(engine.Memo().Bytes()) },
-		membudget.TokenMemo:   func() int64 { return int64(tokenMemo.Bytes()) },
+		membudget.Total:    procmem.RSS,
+		membudget.Index:    ix.MemoryBytes,
+		membudget.Links:    func() int64 { return int64(links.Bytes()) },
+		membudget.HashMemo: func() int64 { return int64(engine.Memo().Bytes()) },
+		membudget.TokenMemo: func() int64 {
+			n := int64(tokenMemo.Bytes())
+			if d := door.Load(); d != nil {
+				n += int64(d.MemoBytes())
+			}
+			return n
+		},
 		membudget.AnswerCache: func() int64 { return int64(engine.Answers().Bytes()) },
 	})
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
@@ -324,7 +337,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
 func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, engine *query.Engine, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Engine: engine, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
+		Index: a.ix, Producer: prod, Engine: engine, TokenMemoBytes: cfg.TokenMemoBytes / 2, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
