@@ -201,7 +201,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, links, linkDefer(cfg.Memory), staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
+		Start:  sourceFactory(log, counters, checks, links, budgetedSources(cfg.Memory), staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -423,7 +423,7 @@ func (a *app) close() error {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, linkDefer int, watch map[registry.ServiceKey]bool, state *durable.State,
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, lim sourceLimits, watch map[registry.ServiceKey]bool, state *durable.State,
 	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
@@ -456,7 +456,8 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Counters:        counters,
 			HashCheck:       chk,
 			Links:           links,
-			LinkDefer:       linkDefer,
+			LinkDefer:       lim.linkDefer,
+			Tuning:          subscriber.Tuning{RcvHWM: lim.rcvHWM},
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,
@@ -525,15 +526,31 @@ func applyMemoryBudget(b membudget.Budget, log zerolog.Logger) {
 	ev.Msg(b.Describe())
 }
 
-// linkDefer is what each subscriber may hold of events waiting for
-// verification (subscriber.Config.LinkDefer): under a bounded budget an
-// eighth of the links' part, which counts the backlog with the links
-// (docs/index-memory.md#the-budget); unbounded, the subscriber's default.
-func linkDefer(b membudget.Budget) int {
+// sourceLimits are what the memory budget bounds in each subscriber
+// (zero: the subscriber's defaults).
+type sourceLimits struct {
+	// linkDefer is what the subscriber may hold of events waiting for
+	// verification (subscriber.Config.LinkDefer).
+	linkDefer int
+	// rcvHWM is its receive queue's length in messages.
+	rcvHWM int
+}
+
+// budgetedRcvHWM is a source's receive queue under a bounded budget:
+// libzmq's own default. A SUB whose queue is full stops reading its
+// connection, so a burst beyond it waits in the publisher's send queue
+// (the engine's memory, replayable) instead of this process's C heap.
+const budgetedRcvHWM = 1000
+
+// budgetedSources are the subscribers' limits under budget b: an eighth
+// of the links' part for each one's verification backlog, which the
+// budget counts with the links, and budgetedRcvHWM
+// (docs/index-memory.md#the-budget). Unbounded, the subscribers' defaults.
+func budgetedSources(b membudget.Budget) sourceLimits {
 	if b.Total == 0 {
-		return 0
+		return sourceLimits{}
 	}
-	return int(max(b.Size[membudget.Links]/8, 1))
+	return sourceLimits{linkDefer: int(max(b.Size[membudget.Links]/8, 1)), rcvHWM: budgetedRcvHWM}
 }
 
 // staleRecovery is --stale-recovery as the subscribers take it (config
