@@ -2,7 +2,10 @@ package main
 
 // Steady ingest (--steady-ingest N): while the query levels run, every
 // publisher keeps storing new prompts, N a second each, as engines do
-// while a router asks. The new prompts share no block with the corpus
+// while a router asks: one batch at a time at an even pace (an engine
+// publishes the blocks each step stored, a few tens of milliseconds
+// apart), the publishers' paces staggered, so the context changes
+// continuously rather than in bursts with quiet time between. The new prompts share no block with the corpus
 // (their tokens lie above its vocabulary), so every pool answer stays what
 // the corpus alone gives and is still checked exactly, but every store
 // changes the context, which is what a cache keyed by the context's
@@ -37,21 +40,28 @@ func (s *session) steadyIngest(ctx context.Context, prof *hashing.Profile, perSe
 			enc := newEncoder()
 			ch := hashing.AcquireChain()
 			defer hashing.ReleaseChain(ch)
-			tick := time.NewTicker(time.Duration(float64(time.Second) / perSec))
+			perPrompt := (cfg.PromptTokens/cfg.BlockSize + s.o.batch - 1) / s.o.batch
+			every := time.Duration(float64(time.Second) / (perSec * float64(perPrompt)))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(every * time.Duration(i) / time.Duration(len(s.pubs))):
+			}
+			tick := time.NewTicker(every)
 			defer tick.Stop()
 			tokens := make([]int32, cfg.PromptTokens)
 			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-				}
 				// Above the corpus's vocabulary and the probes' ids.
 				for j := range tokens {
 					tokens[j] = cfg.Vocab + 1<<16 + rng.Int32N(1<<20)
 				}
 				keys := chainKeys(ch, prof, cfg.BlockSize, tokens)
 				for b := 0; b < len(keys); b += s.o.batch {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tick.C:
+					}
 					end := min(b+s.o.batch, len(keys))
 					var parent *uint64
 					if b > 0 {
