@@ -4,9 +4,11 @@
 //
 // The rule, in order:
 //
-//  1. The budget is the limit less a headroom of an eighth of it, at
-//     least MinHeadroom: what the Go runtime, libzmq's threads and the
-//     binary's own pages take outside every part below.
+//  1. The budget is the limit less a headroom of a quarter of it, at
+//     least MinHeadroom: what lives outside the Go runtime's soft limit
+//     (the binary's pages, libzmq's threads and queues, the C heap), a
+//     fixed amount that dominates small limits, and what the runtime
+//     overshoots its soft limit by.
 //  2. The index comes first: half the budget is its part. The index
 //     accounts its live structures only, and the resident size of what it
 //     accounts is up to IndexResidentFactor times that (slot tables at
@@ -53,7 +55,7 @@ var Parts = []Part{Index, Links, HashMemo, TokenMemo, AnswerCache}
 const MiB = 1 << 20
 
 // MinHeadroom is the least the budget keeps below the limit.
-const MinHeadroom = 24 * MiB
+const MinHeadroom = 40 * MiB
 
 // MinLimit is the smallest limit a budget is derived from: below it the
 // headroom and the runtime's own needs leave nothing to split.

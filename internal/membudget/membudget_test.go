@@ -55,9 +55,9 @@ func TestFromLimit(t *testing.T) {
 		limit, want int64
 		err         bool
 	}{
-		{limit: 128 * MiB, want: 96 * MiB},
+		{limit: 128 * MiB, want: 88 * MiB}, // the minimum headroom
 		{limit: 256 * MiB, want: 192 * MiB},
-		{limit: 64 * MiB, want: 40 * MiB}, // the minimum headroom
+		{limit: 64 * MiB, want: 24 * MiB},
 		{limit: 63 * MiB, err: true},
 	} {
 		got, err := FromLimit(tc.limit, "test")
