@@ -45,6 +45,7 @@ func TestMemoryLimitUnderFlood(t *testing.T) {
 	} else {
 		t.Setenv("GOMEMLIMIT", "")
 	}
+	t.Setenv("GOGC", "") // the service's own GC target
 	p := startConductor(t, "", "--hash-check-every", "0")
 
 	engines := make([]*publisher, pubs)
