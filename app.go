@@ -175,11 +175,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	// One engine answers both doors and owns their caches: the prefix
-	// memo, the answer cache and the verified links, and the doors' token
+	// memo and the verified links, and the doors' token
 	// memos attached to it, all forgotten through engine.Forget. Ingest
 	// fills the links.
 	links := hashing.NewLinks(cfg.LinkMemoBytes)
-	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links, Answers: query.NewAnswers(cfg.AnswerCacheBytes)})
+	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
 	// The token memo's part of the budget serves both doors: with the
 	// gRPC door on, each door's memo (MessagePack bodies here, protobuf
 	// varints there) gets half of it.
@@ -205,7 +205,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
-				// Nothing left to query: remembered chains, answers
+				// Nothing left to query: remembered chains, links
 				// and token arrays would only keep their budgets
 				// resident.
 				engine.Forget()
@@ -285,9 +285,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 			}
 			return n
 		},
-		membudget.AnswerCache: func() int64 { return int64(engine.Answers().Bytes()) },
 	})
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {

@@ -33,11 +33,6 @@ const DefaultMemoMiB = 64
 // 8K-token arrays (packed bytes and decoded ids) as well.
 const DefaultTokenMemoMiB = 64
 
-// DefaultAnswerCacheMiB sizes the answer cache: an answer for a few
-// instances takes well under a kilobyte (the prompt is kept as a 128-bit
-// hash), so this holds tens of thousands.
-const DefaultAnswerCacheMiB = 16
-
 // DefaultLinkMemoMiB sizes the verified links (hashing.Links) that let
 // queries skip SHA-256 for blocks ingest verified: at 115–125 B per
 // block, two generations of about 500 K blocks each, more than the 449 K
@@ -67,10 +62,6 @@ type Config struct {
 	// TokenMemoBytes sizes the token memo, which spares warm queries
 	// decoding their token ids (0 disables).
 	TokenMemoBytes int
-	// AnswerCacheBytes sizes the answer cache, which lets a prompt asked
-	// again while its context is unchanged skip hashing and the walk (0
-	// disables).
-	AnswerCacheBytes int
 	// LinkMemoBytes sizes the verified links that let queries skip
 	// SHA-256 for blocks ingest verified (0 disables).
 	LinkMemoBytes int
@@ -155,7 +146,6 @@ type flags struct {
 	format    *string
 	memo      *int
 	tokenMemo *int
-	answers   *int
 	links     *int
 	indexMem  *string
 	memory    *string
@@ -192,7 +182,6 @@ func newFlags() *flags {
 	f.memory = fl.String("memory-mib", "auto", "MiB the whole process keeps to: the Go runtime's soft limit, split among the index and every cache (docs/index-memory.md); auto is the smallest of cgroup v2 memory.max, cgroup v1 memory.limit_in_bytes and GOMEMLIMIT less a quarter (at least 40 MiB) of headroom, unbounded when none is known; 0 is unbounded (env CONDUCTOR_MEMORY_MIB)")
 	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "override: MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing (default: its part of --memory-mib, at most 64); 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
 	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "override: MiB for the token memo both doors share, which lets warm queries copy the remembered token ids of a body prefix instead of decoding them (default: its part of --memory-mib, at most 64); 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
-	f.answers = fl.Int("answer-cache-mib", DefaultAnswerCacheMiB, "override: MiB for the answer cache that lets a prompt asked again while its context is unchanged skip hashing and the walk (default: its part of --memory-mib, at most 16); 0 disables (env CONDUCTOR_ANSWER_CACHE_MIB)")
 	f.links = fl.Int("link-memo-mib", DefaultLinkMemoMiB, "override: MiB for the verified links that let queries skip SHA-256 for vLLM blocks ingest re-hashed and found as published, their verification backlog included (default: its part of --memory-mib, at most 128); 0 disables (env CONDUCTOR_LINK_MEMO_MIB)")
 	f.indexMem = fl.String("index-memory-mib", "auto", "override: MiB for the index's accounted memory; at it the least recently stored blocks are evicted; auto is its part of --memory-mib (a quarter of it), unbounded when that is; 0 is unbounded (env CONDUCTOR_INDEX_MEMORY_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
@@ -270,7 +259,7 @@ func Usage() string {
 // new default reaches them without being repeated.
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
-		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
+		TokenMemoBytes: DefaultTokenMemoMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
 		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
 }
 
@@ -570,7 +559,6 @@ func (c *Config) memoryParts(f *flags, getenv func(string) string) error {
 	}{
 		{membudget.HashMemo, "hash-memo-mib", "CONDUCTOR_HASH_MEMO_MIB", *f.memo},
 		{membudget.TokenMemo, "token-memo-mib", "CONDUCTOR_TOKEN_MEMO_MIB", *f.tokenMemo},
-		{membudget.AnswerCache, "answer-cache-mib", "CONDUCTOR_ANSWER_CACHE_MIB", *f.answers},
 		{membudget.Links, "link-memo-mib", "CONDUCTOR_LINK_MEMO_MIB", *f.links},
 	} {
 		if !f.set[m.flag] && getenv(m.env) == "" {
@@ -593,7 +581,7 @@ func (c *Config) memoryParts(f *flags, getenv func(string) string) error {
 	sz := c.Memory.Size
 	c.IndexMemoryBytes = sz[membudget.Index]
 	c.MemoBytes, c.TokenMemoBytes = int(sz[membudget.HashMemo]), int(sz[membudget.TokenMemo])
-	c.AnswerCacheBytes, c.LinkMemoBytes = int(sz[membudget.AnswerCache]), int(sz[membudget.Links])
+	c.LinkMemoBytes = int(sz[membudget.Links])
 	return nil
 }
 

@@ -168,8 +168,8 @@ func TestMemoryFlags(t *testing.T) {
 		{name: "index override by env, 0 unbounded", env: map[string]string{"CONDUCTOR_INDEX_MEMORY_MIB": "0"}, limit: cgroup8G,
 			want: membudget.Split(6<<30, 8<<30, cgroup8G.Source, map[membudget.Part]int64{membudget.Index: 0})},
 		{name: "cache overrides", args: []string{"--memory-mib", "512", "--hash-memo-mib", "0", "--link-memo-mib", "7"},
-			env:  map[string]string{"CONDUCTOR_TOKEN_MEMO_MIB": "5", "CONDUCTOR_ANSWER_CACHE_MIB": "1"},
-			want: membudget.Split(512*mib, 0, "--memory-mib", map[membudget.Part]int64{membudget.HashMemo: 0, membudget.Links: 7 * mib, membudget.TokenMemo: 5 * mib, membudget.AnswerCache: mib})},
+			env:  map[string]string{"CONDUCTOR_TOKEN_MEMO_MIB": "5"},
+			want: membudget.Split(512*mib, 0, "--memory-mib", map[membudget.Part]int64{membudget.HashMemo: 0, membudget.Links: 7 * mib, membudget.TokenMemo: 5 * mib})},
 		{name: "index override invalid", args: []string{"--index-memory-mib", "-1"}, err: true},
 		{name: "cache override invalid", env: map[string]string{"CONDUCTOR_LINK_MEMO_MIB": "x"}, err: true},
 	} {
@@ -189,8 +189,8 @@ func TestMemoryFlags(t *testing.T) {
 				t.Fatalf("budget (-want +got):\n%s", diff)
 			}
 			sz := c.Memory.Size
-			got := []int64{c.IndexMemoryBytes, int64(c.LinkMemoBytes), int64(c.MemoBytes), int64(c.TokenMemoBytes), int64(c.AnswerCacheBytes)}
-			want := []int64{sz[membudget.Index], sz[membudget.Links], sz[membudget.HashMemo], sz[membudget.TokenMemo], sz[membudget.AnswerCache]}
+			got := []int64{c.IndexMemoryBytes, int64(c.LinkMemoBytes), int64(c.MemoBytes), int64(c.TokenMemoBytes)}
+			want := []int64{sz[membudget.Index], sz[membudget.Links], sz[membudget.HashMemo], sz[membudget.TokenMemo]}
 			if !slices.Equal(got, want) {
 				t.Fatalf("config sizes %v, budget parts %v", got, want)
 			}

@@ -17,7 +17,7 @@
 //  3. Each cache then takes a fixed share of the budget, capped at the
 //     size it has when no limit is known: the verified links (with their
 //     verification backlog) an eighth, the prefix memo and the token memo
-//     a thirty-second each, the answer cache a sixty-fourth.
+//     (one part for both doors) a thirty-second each.
 //  4. What the caps and shares leave is slack for the rest: requests and
 //     their bodies in flight, decoded batches, the receive queues.
 //
@@ -41,15 +41,14 @@ const (
 	Links Part = "links"
 	// HashMemo is the prefix memo of digest chains (hashing.NewMemo).
 	HashMemo Part = "hash_memo"
-	// TokenMemo is the one token memo both doors share (codec.NewTokenMemo).
+	// TokenMemo is the token memo, one part for both doors
+	// (codec.NewTokenMemo and the gRPC door's).
 	TokenMemo Part = "token_memo"
-	// AnswerCache is the answer cache (query.NewAnswers).
-	AnswerCache Part = "answer_cache"
 )
 
 // Parts lists the parts in the order the start-up log and the metrics
 // give them.
-var Parts = []Part{Index, Links, HashMemo, TokenMemo, AnswerCache}
+var Parts = []Part{Index, Links, HashMemo, TokenMemo}
 
 // MiB is a mebibyte.
 const MiB = 1 << 20
@@ -68,18 +67,16 @@ const IndexResidentFactor = 2
 // Unbounded sizes are what each cache has when no limit is known, and the
 // caps of their shares under one.
 var Unbounded = map[Part]int64{
-	Links:       128 * MiB,
-	HashMemo:    64 * MiB,
-	TokenMemo:   64 * MiB,
-	AnswerCache: 16 * MiB,
+	Links:     128 * MiB,
+	HashMemo:  64 * MiB,
+	TokenMemo: 64 * MiB,
 }
 
 // shares are the caches' fractions of the budget, as divisors.
 var shares = map[Part]int64{
-	Links:       8,
-	HashMemo:    32,
-	TokenMemo:   32,
-	AnswerCache: 64,
+	Links:     8,
+	HashMemo:  32,
+	TokenMemo: 32,
 }
 
 // Budget is the split: the total and each part's size in bytes. A zero

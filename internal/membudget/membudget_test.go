@@ -16,19 +16,19 @@ func TestSplit(t *testing.T) {
 	}{{
 		name:  "256 MiB limit: index first, caches by share",
 		total: 256*MiB - Headroom(256*MiB), // 192 MiB
-		want:  map[Part]int64{Index: 48 * MiB, Links: 24 * MiB, HashMemo: 6 * MiB, TokenMemo: 6 * MiB, AnswerCache: 3 * MiB},
+		want:  map[Part]int64{Index: 48 * MiB, Links: 24 * MiB, HashMemo: 6 * MiB, TokenMemo: 6 * MiB},
 	}, {
 		name:  "large: the caches stop at their unbounded sizes, the index takes the rest",
 		total: 48 << 30,
-		want:  map[Part]int64{Index: 12 << 30, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB, AnswerCache: 16 * MiB},
+		want:  map[Part]int64{Index: 12 << 30, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB},
 	}, {
 		name: "unbounded",
-		want: map[Part]int64{Index: 0, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB, AnswerCache: 16 * MiB},
+		want: map[Part]int64{Index: 0, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB},
 	}, {
 		name:      "overrides replace their part only",
 		total:     192 * MiB,
-		overrides: map[Part]int64{Index: 100 * MiB, AnswerCache: 0},
-		want:      map[Part]int64{Index: 100 * MiB, Links: 24 * MiB, HashMemo: 6 * MiB, TokenMemo: 6 * MiB, AnswerCache: 0},
+		overrides: map[Part]int64{Index: 100 * MiB, HashMemo: 0},
+		want:      map[Part]int64{Index: 100 * MiB, Links: 24 * MiB, HashMemo: 0, TokenMemo: 6 * MiB},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := Split(tc.total, 0, "test", tc.overrides)
@@ -68,9 +68,9 @@ func TestFromLimit(t *testing.T) {
 }
 
 func TestDescribe(t *testing.T) {
-	b := Split(192*MiB, 256*MiB, "GOMEMLIMIT", map[Part]int64{AnswerCache: 0})
+	b := Split(192*MiB, 256*MiB, "GOMEMLIMIT", map[Part]int64{HashMemo: 0})
 	got := b.Describe()
-	for _, want := range []string{"memory budget 192 MiB: the 256 MiB limit of GOMEMLIMIT less 64 MiB of headroom", "index 48 MiB accounted", "links 24 MiB", "answer_cache 0 MiB (override)"} {
+	for _, want := range []string{"memory budget 192 MiB: the 256 MiB limit of GOMEMLIMIT less 64 MiB of headroom", "index 48 MiB accounted", "links 24 MiB", "hash_memo 0 MiB (override)"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("%q lacks %q", got, want)
 		}

@@ -405,11 +405,10 @@ func TestLoadShort(t *testing.T) {
 	o, ctx := spawnedRun(t, "--publishers", "3", "--blocks", "6000",
 		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "64",
 		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms",
-		// The memos are what this test watches; remembered answers would
-		// spare the long queries the prefix memo, and verified links serve
+		// The memos are what this test watches; verified links serve
 		// chains the memo then does not learn (TestColdPassAndChainShort
 		// watches both).
-		"--server-args", "--answer-cache-mib=0 --link-memo-mib=0")
+		"--server-args", "--link-memo-mib=0")
 	rep, err := run(ctx, o)
 	if rep == nil {
 		t.Fatalf("load did not run: %v", err)
@@ -544,7 +543,7 @@ func TestSteadyIngestShort(t *testing.T) {
 	if rep.SteadyIngest == nil || rep.SteadyIngest.Blocks < 64 || !strings.Contains(md, "steady ingest during the levels") {
 		t.Fatalf("steady ingest not run or not reported: %+v", rep.SteadyIngest)
 	}
-	if l := rep.Levels[0]; l.Queries == 0 || l.AnswerHitPct < 0 || l.PrefixMemoHitPct < 0 || l.TokenMemoHitPct < 0 {
+	if l := rep.Levels[0]; l.Queries == 0 || l.PrefixMemoHitPct < 0 || l.TokenMemoHitPct < 0 {
 		t.Fatalf("level without queries or hit rates: %+v", l)
 	}
 	// The kernel's RSS counters lag by up to a few pages per CPU, so the

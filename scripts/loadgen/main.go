@@ -368,7 +368,7 @@ func (o *options) serverOptions() serverOptions {
 	if o.soak.duration > 0 && o.soak.memoMiB >= 0 {
 		// First, so that --server-args can still override them.
 		so.args = append([]string{fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB), fmt.Sprintf("--token-memo-mib=%d", o.soak.memoMiB),
-			fmt.Sprintf("--answer-cache-mib=%d", o.soak.memoMiB), fmt.Sprintf("--link-memo-mib=%d", o.soak.memoMiB)}, so.args...)
+			fmt.Sprintf("--link-memo-mib=%d", o.soak.memoMiB)}, so.args...)
 	}
 	return so
 }
