@@ -375,7 +375,7 @@ func TestMetricsMove(t *testing.T) {
 	// sent BlockStored more than once; the subscriber takes one source's
 	// messages in order, so once the malformed one (sent last) is
 	// rejected, every copy before it has been applied and the index stands
-	// still for the answer-cache check below.
+	// still for the memo checks below.
 	eventually(t, "rejection counted", func() bool {
 		return metricSum(e.scrape(), "conductor_events_rejected_total{") >= 1
 	})
