@@ -144,6 +144,10 @@ func TestMemoryLimitUnderFlood(t *testing.T) {
 		t.Errorf("no evictions under a budget the flood exceeds: %v", v)
 	}
 	wantTotal := limit - membudget.Headroom(limit)
+	// The start-up log gives the split, the total among its fields.
+	if log := p.logText(); !strings.Contains(log, fmt.Sprintf(`"memory_budget_bytes":%d`, wantTotal)) || !strings.Contains(log, "parts: index") {
+		t.Errorf("no start-up line with the budget's split:\n%s", log)
+	}
 	if v := metricValue(text, `conductor_memory_budget_bytes{part="total"}`); v != float64(wantTotal) {
 		t.Errorf(`conductor_memory_budget_bytes{part="total"} %v, want %d`, v, wantTotal)
 	}
