@@ -124,6 +124,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn().Msg(w)
 	}
+	// Before anything grows: restoring a snapshot is the first large
+	// allocation.
+	applyMemoryBudget(cfg.Memory, log)
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
@@ -171,7 +174,6 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	a.state = state
 	a.stops.push("state directory", nothingToReport(state.Release))
-	applyMemoryBudget(cfg.Memory, log)
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	// One engine answers both doors and owns their caches: the prefix
