@@ -28,8 +28,10 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/grpcapi"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
+	"github.com/mooncake-conductor-go/conductor/internal/membudget"
 	"github.com/mooncake-conductor-go/conductor/internal/metrics"
 	"github.com/mooncake-conductor-go/conductor/internal/pprofsrv"
+	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/state/durable"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
@@ -122,6 +124,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn().Msg(w)
 	}
+	// Before anything grows: restoring a snapshot is the first large
+	// allocation.
+	applyMemoryBudget(cfg.Memory, log)
 	if err := zmqx.ReserveSockets(registry.DefaultMaxServices * subscriber.SocketsPerSource); err != nil {
 		return nil, err
 	}
@@ -169,18 +174,22 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	a.state = state
 	a.stops.push("state directory", nothingToReport(state.Release))
-	if cfg.IndexMemoryNote != "" {
-		log.Info().Int64("index_memory_bytes", cfg.IndexMemoryBytes).Msg(cfg.IndexMemoryNote)
-	}
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
 	counters := subscriber.NewCounters()
 	// One engine answers both doors and owns their caches: the prefix
-	// memo, the answer cache and the verified links, and the doors' token
+	// memo and the verified links, and the doors' token
 	// memos attached to it, all forgotten through engine.Forget. Ingest
 	// fills the links.
 	links := hashing.NewLinks(cfg.LinkMemoBytes)
-	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links, Answers: query.NewAnswers(cfg.AnswerCacheBytes)})
-	tokenMemo := codec.NewTokenMemo(cfg.TokenMemoBytes)
+	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
+	// The token memo's part of the budget serves both doors: with the
+	// gRPC door on, each door's memo (MessagePack bodies here, protobuf
+	// varints there) gets half of it.
+	tokenMemoBytes := cfg.TokenMemoBytes
+	if cfg.GRPCAddr != "" {
+		tokenMemoBytes /= 2
+	}
+	tokenMemo := codec.NewTokenMemo(tokenMemoBytes)
 	engine.Attach(tokenMemo, false)
 	memReturn := bgjob.New(returnMemory, nil)
 	// door is set once the gRPC door is open, for the sources' state
@@ -194,11 +203,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	reg := registry.New(registry.Options{
 		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, links, staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
+		Start:  sourceFactory(log, counters, checks, links, budgetedSources(cfg.Memory), staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
-				// Nothing left to query: remembered chains, answers
+				// Nothing left to query: remembered chains, links
 				// and token arrays would only keep their budgets
 				// resident.
 				engine.Forget()
@@ -266,8 +275,21 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		log.Info().Str("addr", pp.Addr()).Msg("serving Go profiles (--pprof-addr)")
 	}
 	build := buildinfo.Get()
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Answers: engine.Answers(), Build: &build, HashChecks: checks,
-		Extra: append([]prometheus.Collector{state.Collector()}, sh.Collectors()...)})
+	budget := membudget.NewCollector(cfg.Memory, map[membudget.Part]func() int64{
+		membudget.Total:    procmem.RSS,
+		membudget.Index:    ix.MemoryBytes,
+		membudget.Links:    func() int64 { return int64(links.Bytes()) },
+		membudget.HashMemo: func() int64 { return int64(engine.Memo().Bytes()) },
+		membudget.TokenMemo: func() int64 {
+			n := int64(tokenMemo.Bytes())
+			if d := door.Load(); d != nil {
+				n += int64(d.MemoBytes())
+			}
+			return n
+		},
+	})
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
+		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
 		static[i] = svc.Key()
@@ -316,7 +338,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
 func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, engine *query.Engine, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Engine: engine, TokenMemoBytes: cfg.TokenMemoBytes, Logger: a.log,
+		Index: a.ix, Producer: prod, Engine: engine, TokenMemoBytes: cfg.TokenMemoBytes / 2, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
@@ -402,7 +424,7 @@ func (a *app) close() error {
 
 // sourceFactory connects the registry to the ZMQ subscribers. Each engine
 // service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, watch map[registry.ServiceKey]bool, state *durable.State,
+func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, lim sourceLimits, watch map[registry.ServiceKey]bool, state *durable.State,
 	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
 	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		key := string(svc.Key())
@@ -435,6 +457,8 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 			Counters:        counters,
 			HashCheck:       chk,
 			Links:           links,
+			LinkDefer:       lim.linkDefer,
+			Tuning:          subscriber.Tuning{RcvHWM: lim.rcvHWM},
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,
@@ -486,6 +510,48 @@ func returnMemory() {
 	runtime.GC()
 	debug.FreeOSMemory() // the second collection, then the scavenge
 	zmqx.TrimCHeap()     // libzmq's receive buffers live in the C heap
+}
+
+// applyMemoryBudget sets the Go runtime's soft memory limit to the
+// budget, so the collector works harder as the heap nears it instead of
+// letting the process outgrow its container, and logs the split. An
+// unbounded budget leaves the runtime as GOMEMLIMIT set it.
+func applyMemoryBudget(b membudget.Budget, log zerolog.Logger) {
+	ev := log.Info().Int64("memory_budget_bytes", b.Total)
+	for _, p := range membudget.Parts {
+		ev = ev.Int64(string(p)+"_bytes", b.Size[p])
+	}
+	if b.Total > 0 {
+		debug.SetMemoryLimit(b.Total)
+	}
+	ev.Msg(b.Describe())
+}
+
+// sourceLimits are what the memory budget bounds in each subscriber
+// (zero: the subscriber's defaults).
+type sourceLimits struct {
+	// linkDefer is what the subscriber may hold of events waiting for
+	// verification (subscriber.Config.LinkDefer).
+	linkDefer int
+	// rcvHWM is its receive queue's length in messages.
+	rcvHWM int
+}
+
+// budgetedRcvHWM is a source's receive queue under a bounded budget:
+// libzmq's own default. A SUB whose queue is full stops reading its
+// connection, so a burst beyond it waits in the publisher's send queue
+// (the engine's memory, replayable) instead of this process's C heap.
+const budgetedRcvHWM = 1000
+
+// budgetedSources are the subscribers' limits under budget b: an eighth
+// of the links' part for each one's verification backlog, which the
+// budget counts with the links, and budgetedRcvHWM
+// (docs/index-memory.md#the-budget). Unbounded, the subscribers' defaults.
+func budgetedSources(b membudget.Budget) sourceLimits {
+	if b.Total == 0 {
+		return sourceLimits{}
+	}
+	return sourceLimits{linkDefer: int(max(b.Size[membudget.Links]/8, 1)), rcvHWM: budgetedRcvHWM}
 }
 
 // staleRecovery is --stale-recovery as the subscribers take it (config

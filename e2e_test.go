@@ -405,7 +405,7 @@ func TestMetricsMove(t *testing.T) {
 	// sent BlockStored more than once; the subscriber takes one source's
 	// messages in order, so once the malformed one (sent last) is
 	// rejected, every copy before it has been applied and the index stands
-	// still for the answer-cache check below.
+	// still for the memo checks below.
 	eventually(t, "rejection counted", func() bool {
 		return metricSum(e.scrape(), "conductor_events_rejected_total{") >= 1
 	})
@@ -463,20 +463,14 @@ func TestMetricsMove(t *testing.T) {
 	if got := metricValue(after, `conductor_token_memo_tokens_total{result="hit"}`); got < float64(len(long)) {
 		t.Errorf("token memo hits %v after a repeated %d-token prompt", got, len(long))
 	}
-	// It is also long enough to be remembered whole (512 ids): the index
-	// stood still between the two asks, so the second is a remembered
-	// answer.
-	if got := metricValue(after, `conductor_answer_cache_lookups_total{result="hit"}`); got < 1 {
-		t.Errorf("answer cache hits %v after a repeated %d-token prompt on a quiet index", got, len(long))
-	}
-	// The last context going empties both memos and the answer cache, so
-	// their budgets do not stay resident in an idle service.
-	for _, m := range []string{"conductor_token_memo_bytes", "conductor_answer_cache_bytes"} {
+	// The last context going empties the memos, so their budgets do not
+	// stay resident in an idle service.
+	for _, m := range []string{"conductor_token_memo_bytes"} {
 		if got := metricValue(after, m); got <= 0 {
 			t.Errorf("%s = %v with entries remembered", m, got)
 		}
 	}
-	memories := []string{"conductor_hash_memo_bytes", "conductor_link_memo_bytes", "conductor_token_memo_bytes", "conductor_answer_cache_bytes"}
+	memories := []string{"conductor_hash_memo_bytes", "conductor_link_memo_bytes", "conductor_token_memo_bytes"}
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "tenant_id": "default", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister: %d %v", status, out)
 	}

@@ -118,9 +118,11 @@ func newLogger(cfg *config.Config, out io.Writer, tty bool) zerolog.Logger {
 
 // defaultGCPercent is the GC target the service runs with unless GOGC is
 // set. The index is a large, long-lived, pointer-free heap, so collections
-// are cheap to run and the default 100 % mostly buys idle headroom: at 50,
-// RSS at the end of a 2 M-block loadgen burst fell from 137-152 to 133-136
-// MiB with no visible change in ingest or query CPU (three runs each).
+// are cheap to run and the default 100 % mostly buys headroom: unbounded,
+// the resident size at the end of a burst is lower at 50 with no visible
+// change in CPU; under a memory budget the soft limit alone lets the heap
+// overshoot it during a flood, and 50 keeps the peak within the limit at
+// the cost of ingest rate (BENCHMARKS.md, "Memory budget and caches").
 const defaultGCPercent = 50
 
 // setGCPercent applies defaultGCPercent unless the operator chose GOGC.

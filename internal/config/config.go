@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/membudget"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -31,11 +32,6 @@ const DefaultMemoMiB = 64
 // DefaultTokenMemoMiB sizes the token memo: about a thousand remembered
 // 8K-token arrays (packed bytes and decoded ids) as well.
 const DefaultTokenMemoMiB = 64
-
-// DefaultAnswerCacheMiB sizes the answer cache: an answer for a few
-// instances takes well under a kilobyte (the prompt is kept as a 128-bit
-// hash), so this holds tens of thousands.
-const DefaultAnswerCacheMiB = 16
 
 // DefaultLinkMemoMiB sizes the verified links (hashing.Links) that let
 // queries skip SHA-256 for blocks ingest verified: at 115–125 B per
@@ -66,17 +62,14 @@ type Config struct {
 	// TokenMemoBytes sizes the token memo, which spares warm queries
 	// decoding their token ids (0 disables).
 	TokenMemoBytes int
-	// AnswerCacheBytes sizes the answer cache, which lets a prompt asked
-	// again while its context is unchanged skip hashing and the walk (0
-	// disables).
-	AnswerCacheBytes int
 	// LinkMemoBytes sizes the verified links that let queries skip
 	// SHA-256 for blocks ingest verified (0 disables).
 	LinkMemoBytes int
-	// IndexMemoryBytes bounds the index's accounted memory (0: unbounded);
-	// IndexMemoryNote, when set, says at INFO how the default was derived.
+	// IndexMemoryBytes bounds the index's accounted memory (0: unbounded).
 	IndexMemoryBytes int64
-	IndexMemoryNote  string
+	// Memory is the process's memory budget and its split
+	// (--memory-mib); the sizes above are its parts.
+	Memory membudget.Budget
 	// AuthToken, when set, is required as a bearer token on /register and
 	// /unregister.
 	AuthToken string
@@ -153,9 +146,9 @@ type flags struct {
 	format    *string
 	memo      *int
 	tokenMemo *int
-	answers   *int
 	links     *int
 	indexMem  *string
+	memory    *string
 	tokenFile *string
 	grpcAddr  *string
 	grpcCert  *string
@@ -186,11 +179,11 @@ func newFlags() *flags {
 	f.addr = fl.String("addr", "", "HTTP listen address (env CONDUCTOR_HTTP_ADDR; default all interfaces)")
 	f.level = fl.String("log-level", "INFO", "DEBUG, INFO, WARN or ERROR (env CONDUCTOR_LOG_LEVEL)")
 	f.format = fl.String("log-format", "json", "json, or console for people, coloured on a terminal (env CONDUCTOR_LOG_FORMAT)")
-	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing; 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
-	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "MiB for the token memo that lets warm queries copy the remembered token ids of a body prefix instead of decoding them; 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
-	f.answers = fl.Int("answer-cache-mib", DefaultAnswerCacheMiB, "MiB for the answer cache that lets a prompt asked again while its context is unchanged skip hashing and the walk; 0 disables (env CONDUCTOR_ANSWER_CACHE_MIB)")
-	f.links = fl.Int("link-memo-mib", DefaultLinkMemoMiB, "MiB for the verified links that let queries skip SHA-256 for vLLM blocks ingest re-hashed and found as published; 0 disables (env CONDUCTOR_LINK_MEMO_MIB)")
-	f.indexMem = fl.String("index-memory-mib", "auto", "MiB budget for the index's accounted memory; at it the least recently stored blocks are evicted; auto is half the process's memory limit (cgroup v2 memory.max or GOMEMLIMIT), unbounded when none is known; 0 is unbounded (env CONDUCTOR_INDEX_MEMORY_MIB)")
+	f.memory = fl.String("memory-mib", "auto", "MiB the whole process keeps to: the Go runtime's soft limit, split among the index and every cache (docs/index-memory.md); auto is the smallest of cgroup v2 memory.max, cgroup v1 memory.limit_in_bytes and GOMEMLIMIT less a quarter (at least 40 MiB) of headroom, unbounded when none is known; 0 is unbounded (env CONDUCTOR_MEMORY_MIB)")
+	f.memo = fl.Int("hash-memo-mib", DefaultMemoMiB, "override: MiB for the prefix memo that lets warm queries reuse remembered digest chains instead of hashing (default: its part of --memory-mib, at most 64); 0 disables (env CONDUCTOR_HASH_MEMO_MIB)")
+	f.tokenMemo = fl.Int("token-memo-mib", DefaultTokenMemoMiB, "override: MiB for the token memo both doors share, which lets warm queries copy the remembered token ids of a body prefix instead of decoding them (default: its part of --memory-mib, at most 64); 0 disables (env CONDUCTOR_TOKEN_MEMO_MIB)")
+	f.links = fl.Int("link-memo-mib", DefaultLinkMemoMiB, "override: MiB for the verified links that let queries skip SHA-256 for vLLM blocks ingest re-hashed and found as published, their verification backlog included (default: its part of --memory-mib, at most 128); 0 disables (env CONDUCTOR_LINK_MEMO_MIB)")
+	f.indexMem = fl.String("index-memory-mib", "auto", "override: MiB for the index's accounted memory; at it the least recently stored blocks are evicted; auto is its part of --memory-mib (a quarter of it), unbounded when that is; 0 is unbounded (env CONDUCTOR_INDEX_MEMORY_MIB)")
 	f.tokenFile = fl.String("auth-token-file", "", "file holding the bearer token required on /register and /unregister (env CONDUCTOR_AUTH_TOKEN_FILE, or the token in CONDUCTOR_AUTH_TOKEN; default off)")
 	f.grpcAddr = fl.String("grpc-addr", "", "listen address of the InferenceCache gRPC door, e.g. :9090 (env CONDUCTOR_GRPC_ADDR; default off)")
 	f.grpcCert = fl.String("grpc-tls-cert", "", "PEM certificate file for the gRPC door; needs --grpc-tls-key (env CONDUCTOR_GRPC_TLS_CERT; default plaintext)")
@@ -266,8 +259,9 @@ func Usage() string {
 // new default reaches them without being repeated.
 func Defaults() *Config {
 	return &Config{Port: DefaultPort, LogLevel: zerolog.InfoLevel, LogFormat: "json", MemoBytes: DefaultMemoMiB << 20,
-		TokenMemoBytes: DefaultTokenMemoMiB << 20, AnswerCacheBytes: DefaultAnswerCacheMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
-		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery}
+		TokenMemoBytes: DefaultTokenMemoMiB << 20, LinkMemoBytes: DefaultLinkMemoMiB << 20, HashCheckEvery: DefaultHashCheckEvery,
+		SnapshotInterval: DefaultSnapshotInterval, CatchUpTimeout: DefaultCatchUpTimeout, StaleRecovery: DefaultStaleRecovery,
+		Memory: membudget.Split(0, 0, "", nil)}
 }
 
 // Load reads configuration. args are the command-line arguments without the
@@ -338,23 +332,9 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 		c.LogFormat = v
 	}
-	if err := memoSize(&c.MemoBytes, "hash memo", f.pick("hash-memo-mib", strconv.Itoa(*f.memo), getenv("CONDUCTOR_HASH_MEMO_MIB"))); err != nil {
+	if err := c.memoryParts(f, getenv); err != nil {
 		return nil, err
 	}
-	if err := memoSize(&c.TokenMemoBytes, "token memo", f.pick("token-memo-mib", strconv.Itoa(*f.tokenMemo), getenv("CONDUCTOR_TOKEN_MEMO_MIB"))); err != nil {
-		return nil, err
-	}
-	if err := memoSize(&c.AnswerCacheBytes, "answer cache", f.pick("answer-cache-mib", strconv.Itoa(*f.answers), getenv("CONDUCTOR_ANSWER_CACHE_MIB"))); err != nil {
-		return nil, err
-	}
-	if err := memoSize(&c.LinkMemoBytes, "link memo", f.pick("link-memo-mib", strconv.Itoa(*f.links), getenv("CONDUCTOR_LINK_MEMO_MIB"))); err != nil {
-		return nil, err
-	}
-	ib, note, err := indexMemory(f.pick("index-memory-mib", *f.indexMem, getenv("CONDUCTOR_INDEX_MEMORY_MIB")), memoryLimit)
-	if err != nil {
-		return nil, err
-	}
-	c.IndexMemoryBytes, c.IndexMemoryNote = ib, note
 	if tf := f.pick("auth-token-file", *f.tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); tf != "" {
 		b, err := os.ReadFile(tf)
 		if err != nil {
@@ -374,6 +354,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 		c.HashCheckEvery = n
 	}
+	var err error
 	if c.DebugRoutes, err = f.pickBool("debug-routes", *f.debugRoutes, "CONDUCTOR_DEBUG_ROUTES", getenv); err != nil {
 		return nil, err
 	}
@@ -562,6 +543,47 @@ func decodeStatic(raw json.RawMessage) (registry.Service, error) {
 		BlockSize: *e.BlockSize, DPRank: *e.DPRank, CacheGroup: e.CacheGroup,
 		HashProfile: hashing.Spec{Strategy: *hp.Strategy, Algorithm: *hp.Algorithm, IndexProjection: *hp.IndexProjection, PythonHashSeed: hp.PythonHashSeed},
 	})
+}
+
+// memoryParts resolves --memory-mib and splits it; a part's own flag or
+// environment variable, when given, overrides its share.
+func (c *Config) memoryParts(f *flags, getenv func(string) string) error {
+	total, limit, err := memoryBudget(f.pick("memory-mib", *f.memory, getenv("CONDUCTOR_MEMORY_MIB")), memoryLimit)
+	if err != nil {
+		return err
+	}
+	overrides := map[membudget.Part]int64{}
+	for _, m := range []struct {
+		part      membudget.Part
+		flag, env string
+		val       int
+	}{
+		{membudget.HashMemo, "hash-memo-mib", "CONDUCTOR_HASH_MEMO_MIB", *f.memo},
+		{membudget.TokenMemo, "token-memo-mib", "CONDUCTOR_TOKEN_MEMO_MIB", *f.tokenMemo},
+		{membudget.Links, "link-memo-mib", "CONDUCTOR_LINK_MEMO_MIB", *f.links},
+	} {
+		if !f.set[m.flag] && getenv(m.env) == "" {
+			continue
+		}
+		var n int
+		if err := memoSize(&n, strings.ReplaceAll(string(m.part), "_", " "), f.pick(m.flag, strconv.Itoa(m.val), getenv(m.env))); err != nil {
+			return err
+		}
+		overrides[m.part] = int64(n)
+	}
+	ib, ok, err := indexMemory(f.pick("index-memory-mib", *f.indexMem, getenv("CONDUCTOR_INDEX_MEMORY_MIB")))
+	if err != nil {
+		return err
+	}
+	if ok {
+		overrides[membudget.Index] = ib
+	}
+	c.Memory = membudget.Split(total, limit.Bytes, limit.Source, overrides)
+	sz := c.Memory.Size
+	c.IndexMemoryBytes = sz[membudget.Index]
+	c.MemoBytes, c.TokenMemoBytes = int(sz[membudget.HashMemo]), int(sz[membudget.TokenMemo])
+	c.LinkMemoBytes = int(sz[membudget.Links])
+	return nil
 }
 
 // memoSize sets *bytes from a size in MiB; a memo of 0 MiB is disabled.

@@ -197,12 +197,12 @@ func TestUsageShowsRealDefaults(t *testing.T) {
 		t.Errorf("usage shows a sentinel default:\n%s", u)
 	}
 	// Both memo flags and the hash-check sampling carry their real
-	// default, and so does the answer cache.
+	// default, and the removed answer cache has no flag.
 	if n := strings.Count(u, "(default 64)"); n != 3 {
 		t.Errorf("%d flags show (default 64), want 3 (both memos, hash check)", n)
 	}
-	if !strings.Contains(u, "-answer-cache-mib int\n") || !strings.Contains(u, "(default 16)") {
-		t.Errorf("usage lacks the answer cache's default:\n%s", u)
+	if strings.Contains(u, "answer-cache") {
+		t.Errorf("usage names the removed answer cache:\n%s", u)
 	}
 }
 

@@ -4,8 +4,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
+	"slices"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/mooncake-conductor-go/conductor/internal/membudget"
 )
 
 // layout writes files (path relative to a fresh root → content) and
@@ -59,8 +63,43 @@ func TestProcessMemoryLimit(t *testing.T) {
 		},
 		goMemLimit: math.MaxInt64,
 	}, {
-		name:  "cgroup v1 only",
+		name:  "cgroup v1: a container sees its own cgroup at the mount's root",
 		files: map[string]string{"proc/self/cgroup": "12:memory:/docker/abc\n", "sys/fs/cgroup/memory/memory.limit_in_bytes": "1073741824\n"},
+		want:  MemoryLimit{Bytes: gib, Source: "cgroup /sys/fs/cgroup/memory/memory.limit_in_bytes"},
+	}, {
+		name: "cgroup v1 nested: the smallest on the path up, unlimited levels skipped",
+		files: map[string]string{
+			"proc/self/cgroup":                                             "11:cpu,cpuacct:/kubepods/pod1/ctr\n4:memory,hugetlb:/kubepods/pod1/ctr\n0::/\n",
+			"sys/fs/cgroup/memory/memory.limit_in_bytes":                   "9223372036854771712\n",
+			"sys/fs/cgroup/memory/kubepods/memory.limit_in_bytes":          "8589934592\n",
+			"sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes":     "2147483648\n",
+			"sys/fs/cgroup/memory/kubepods/pod1/ctr/memory.limit_in_bytes": "9223372036854771712\n",
+		},
+		want: MemoryLimit{Bytes: 2 * gib, Source: "cgroup /sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes"},
+	}, {
+		name:  "cgroup v1 unlimited everywhere",
+		files: map[string]string{"proc/self/cgroup": "4:memory:/user.slice\n", "sys/fs/cgroup/memory/user.slice/memory.limit_in_bytes": "9223372036854771712\n"},
+	}, {
+		name: "hybrid: v1's memory limit, v2 without a memory controller",
+		files: map[string]string{
+			"proc/self/cgroup": "0::/system.slice/x.service\n4:memory:/system.slice/x.service\n",
+			"sys/fs/cgroup/memory/system.slice/x.service/memory.limit_in_bytes": "536870912\n",
+		},
+		goMemLimit: gib,
+		want:       MemoryLimit{Bytes: gib / 2, Source: "cgroup /sys/fs/cgroup/memory/system.slice/x.service/memory.limit_in_bytes"},
+	}, {
+		name: "v2 and v1 both limited: the smaller wins",
+		files: map[string]string{
+			"proc/self/cgroup":                           "0::/\n4:memory:/\n",
+			"sys/fs/cgroup/memory.max":                   "1073741824\n",
+			"sys/fs/cgroup/memory/memory.limit_in_bytes": "2147483648\n",
+		},
+		want: MemoryLimit{Bytes: gib, Source: "cgroup /sys/fs/cgroup/memory.max"},
+	}, {
+		name:       "GOMEMLIMIT below a cgroup v1 limit wins",
+		files:      map[string]string{"proc/self/cgroup": "4:memory:/\n", "sys/fs/cgroup/memory/memory.limit_in_bytes": "2147483648\n"},
+		goMemLimit: gib,
+		want:       MemoryLimit{Bytes: gib, Source: "GOMEMLIMIT"},
 	}, {
 		name:       "no proc: GOMEMLIMIT alone",
 		goMemLimit: 3 * gib,
@@ -96,52 +135,64 @@ func TestProcessMemoryLimit(t *testing.T) {
 	}
 }
 
-func TestIndexMemoryFlag(t *testing.T) {
+// TestMemoryFlags: --memory-mib and the parts' overrides, by flag and by
+// environment, against the split the budget's rule gives.
+func TestMemoryFlags(t *testing.T) {
 	old := memoryLimit
 	t.Cleanup(func() { memoryLimit = old })
+	const mib = 1 << 20
+	cgroup8G := MemoryLimit{Bytes: 8 << 30, Source: "cgroup /sys/fs/cgroup/memory.max"}
 	for _, tc := range []struct {
-		name, flag, env string
-		limit           MemoryLimit
-		want            int64
-		note            string // a substring of the INFO note; "" for none
-		err             bool
+		name  string
+		args  []string
+		env   map[string]string
+		limit MemoryLimit
+		want  membudget.Budget
+		err   bool
 	}{
-		{name: "default from cgroup", limit: MemoryLimit{Bytes: 8 << 30, Source: "cgroup /sys/fs/cgroup/memory.max"}, want: 4 << 30, note: "half the 8192 MiB limit of cgroup"},
-		{name: "default unbounded", note: "unbounded: no memory limit known"},
-		{name: "flag", flag: "32", limit: MemoryLimit{Bytes: 8 << 30}, want: 32 << 20},
-		{name: "env", env: "64", want: 64 << 20},
-		{name: "flag over env", flag: "16", env: "64", want: 16 << 20},
-		{name: "zero is unbounded", flag: "0", limit: MemoryLimit{Bytes: 8 << 30}, want: 0},
-		{name: "negative", flag: "-1", err: true},
-		{name: "not a number", env: "lots", err: true},
+		{name: "auto from the cgroup: limit less headroom, split by the rule", limit: cgroup8G,
+			want: membudget.Split(6<<30, 8<<30, cgroup8G.Source, nil)},
+		{name: "auto without a limit: unbounded", want: membudget.Split(0, 0, "", nil)},
+		{name: "auto under a tiny limit", limit: MemoryLimit{Bytes: 32 * mib, Source: "GOMEMLIMIT"}, err: true},
+		{name: "flag", args: []string{"--memory-mib", "512"}, limit: cgroup8G,
+			want: membudget.Split(512*mib, 0, "--memory-mib", nil)},
+		{name: "env", env: map[string]string{"CONDUCTOR_MEMORY_MIB": "256"},
+			want: membudget.Split(256*mib, 0, "--memory-mib", nil)},
+		{name: "flag over env", args: []string{"--memory-mib", "128"}, env: map[string]string{"CONDUCTOR_MEMORY_MIB": "256"},
+			want: membudget.Split(128*mib, 0, "--memory-mib", nil)},
+		{name: "zero is unbounded", args: []string{"--memory-mib", "0"}, limit: cgroup8G, want: membudget.Split(0, 0, "--memory-mib", nil)},
+		{name: "under the minimum", args: []string{"--memory-mib", "16"}, err: true},
+		{name: "not a number", env: map[string]string{"CONDUCTOR_MEMORY_MIB": "lots"}, err: true},
+		{name: "index override by flag", args: []string{"--memory-mib", "512", "--index-memory-mib", "32"},
+			want: membudget.Split(512*mib, 0, "--memory-mib", map[membudget.Part]int64{membudget.Index: 32 * mib})},
+		{name: "index override by env, 0 unbounded", env: map[string]string{"CONDUCTOR_INDEX_MEMORY_MIB": "0"}, limit: cgroup8G,
+			want: membudget.Split(6<<30, 8<<30, cgroup8G.Source, map[membudget.Part]int64{membudget.Index: 0})},
+		{name: "cache overrides", args: []string{"--memory-mib", "512", "--hash-memo-mib", "0", "--link-memo-mib", "7"},
+			env:  map[string]string{"CONDUCTOR_TOKEN_MEMO_MIB": "5"},
+			want: membudget.Split(512*mib, 0, "--memory-mib", map[membudget.Part]int64{membudget.HashMemo: 0, membudget.Links: 7 * mib, membudget.TokenMemo: 5 * mib})},
+		{name: "index override invalid", args: []string{"--index-memory-mib", "-1"}, err: true},
+		{name: "cache override invalid", env: map[string]string{"CONDUCTOR_LINK_MEMO_MIB": "x"}, err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			memoryLimit = func() MemoryLimit { return tc.limit }
-			var args []string
-			if tc.flag != "" {
-				args = append(args, "--index-memory-mib", tc.flag)
-			}
-			args = append(args, "--config", "")
-			c, err := Load(args, func(k string) string {
-				if k == "CONDUCTOR_INDEX_MEMORY_MIB" {
-					return tc.env
-				}
-				return ""
-			})
+			c, err := Load(append(tc.args, "--config", ""), func(k string) string { return tc.env[k] })
 			if tc.err {
 				if err == nil {
-					t.Fatalf("accepted, budget %d", c.IndexMemoryBytes)
+					t.Fatalf("accepted: %+v", c.Memory)
 				}
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.IndexMemoryBytes != tc.want {
-				t.Fatalf("budget %d, want %d", c.IndexMemoryBytes, tc.want)
+			if diff := cmp.Diff(tc.want, c.Memory); diff != "" {
+				t.Fatalf("budget (-want +got):\n%s", diff)
 			}
-			if (tc.note == "") != (c.IndexMemoryNote == "") || !strings.Contains(c.IndexMemoryNote, tc.note) {
-				t.Fatalf("note %q, want one containing %q", c.IndexMemoryNote, tc.note)
+			sz := c.Memory.Size
+			got := []int64{c.IndexMemoryBytes, int64(c.LinkMemoBytes), int64(c.MemoBytes), int64(c.TokenMemoBytes)}
+			want := []int64{sz[membudget.Index], sz[membudget.Links], sz[membudget.HashMemo], sz[membudget.TokenMemo]}
+			if !slices.Equal(got, want) {
+				t.Fatalf("config sizes %v, budget parts %v", got, want)
 			}
 		})
 	}

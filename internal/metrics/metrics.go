@@ -19,7 +19,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
@@ -35,8 +34,6 @@ type Options struct {
 	Links *hashing.Links
 	// TokenMemo, when set, is reported as conductor_token_memo_*.
 	TokenMemo *codec.TokenMemo
-	// Answers, when set, is reported as conductor_answer_cache_*.
-	Answers *query.Answers
 	// Build, when set, is exported as conductor_build_info.
 	Build *buildinfo.Info
 	// HashChecks, when set, is exported as conductor_hash_check_total.
@@ -143,10 +140,6 @@ var (
 		"Token ids of accepted /query bodies copied from the token memo (hit) or decoded while it was consulted (miss).", []string{"result"}, nil)
 	descTokenMemoBytes = prometheus.NewDesc("conductor_token_memo_bytes",
 		"Memory held by the token memo's remembered arrays (bounded by --token-memo-mib; emptied when the last context goes).", nil, nil)
-	descAnswers = prometheus.NewDesc("conductor_answer_cache_lookups_total",
-		"Lookups of prompts long enough to be remembered answered from the answer cache at their context's current version (hit) or walked (miss).", []string{"result"}, nil)
-	descAnswersBytes = prometheus.NewDesc("conductor_answer_cache_bytes",
-		"Memory held by the answer cache's remembered prompts and answers (bounded by --answer-cache-mib; emptied when the last context goes).", nil, nil)
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
 	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
@@ -199,7 +192,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descAnswers, descAnswersBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -278,9 +271,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	collectLinks(ch, c.opts.Links)
 	if c.opts.TokenMemo != nil {
 		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
-	}
-	if c.opts.Answers != nil {
-		collectMemo(ch, descAnswers, descAnswersBytes, c.opts.Answers)
 	}
 	for _, hc := range c.opts.HashChecks.Snapshot() {
 		svc := clip(hc.Service)

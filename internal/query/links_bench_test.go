@@ -87,16 +87,13 @@ func BenchmarkColdLookup(b *testing.B) {
 }
 
 func coldLookups(b *testing.B, c *coldCorpus) {
-	for _, mode := range []string{"chain", "links", "hashing", "links-no-answers"} {
+	for _, mode := range []string{"chain", "links", "hashing"} {
 		b.Run(mode, func(b *testing.B) {
-			// The service's caches: every prompt is new to the answer
-			// cache and the memo (both reset each round).
-			e := New(Options{Index: c.r.on.opts.Index, Memo: hashing.NewMemo(64 << 20), Links: c.r.links, Answers: NewAnswers(16 << 20)})
+			// The service's caches: every prompt is new to the memo
+			// (reset each round).
+			e := New(Options{Index: c.r.on.opts.Index, Memo: hashing.NewMemo(64 << 20), Links: c.r.links})
 			if mode == "hashing" {
 				e.opts.Links = nil
-			}
-			if mode == "links-no-answers" {
-				e.opts.Answers = nil
 			}
 			res := &Result{}
 			p := c.r.p
@@ -124,9 +121,6 @@ func coldLookups(b *testing.B, c *coldCorpus) {
 				}
 				if i%len(c.prompts) == 0 {
 					e.opts.Memo.Reset()
-					if e.opts.Answers != nil {
-						e.opts.Answers.Reset()
-					}
 				}
 				if _, err := e.Lookup(&Request{Context: c.r.ctx, Tokens: toks}, res); err != nil {
 					b.Fatal(err)

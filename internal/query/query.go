@@ -13,8 +13,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -36,10 +34,6 @@ type Options struct {
 	// verified instead of computing SHA-256; answers are identical
 	// either way.
 	Links *hashing.Links
-	// Answers, when set, lets a prompt asked again while its table is
-	// unchanged skip the hashing and the walk; answers are identical
-	// either way.
-	Answers *Answers
 }
 
 // Cache is what a door keeps beside the engine for the engine's lookups
@@ -53,7 +47,7 @@ type ResetFunc func()
 func (f ResetFunc) Reset() { f() }
 
 // Engine answers lookups for both doors and owns the caches that serve
-// them: the prefix memo, the answer cache, and the caches the doors attach
+// them: the prefix memo, the verified links, and the caches the doors attach
 // (Attach). Forget is the one way they are forgotten. It holds no
 // per-request state and is safe for concurrent use.
 type Engine struct {
@@ -74,9 +68,6 @@ func New(opts Options) *Engine {
 	if opts.Memo != nil {
 		e.ofContexts = append(e.ofContexts, opts.Memo)
 	}
-	if opts.Answers != nil {
-		e.ofContexts = append(e.ofContexts, opts.Answers)
-	}
 	if opts.Links != nil {
 		e.ofContexts = append(e.ofContexts, opts.Links)
 	}
@@ -89,9 +80,6 @@ func (e *Engine) Memo() *hashing.Memo { return e.opts.Memo }
 // Links is the engine's verified links (nil when off), for its metrics
 // and for ingest, which fills them.
 func (e *Engine) Links() *hashing.Links { return e.opts.Links }
-
-// Answers is the engine's answer cache (nil when off), for its metrics.
-func (e *Engine) Answers() *Answers { return e.opts.Answers }
 
 // Attach hands the engine a door's cache to forget with its own: with the
 // last context, or, when alsoScopes (the cache serves producer-scope
@@ -200,25 +188,10 @@ func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
 	return true, nil
 }
 
-// walk answers from a remembered answer at the table's current version
-// when there is one; otherwise it hashes tokens lazily under the table's
-// profile, walks the keys, and remembers the answer if no writer changed
-// the table meanwhile. shared says tokens are never modified and may be
-// kept by the memos without a copy.
+// walk hashes tokens lazily under the table's profile and walks the keys.
+// shared says tokens are never modified and may be kept by the memos
+// without a copy.
 func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt, instance string, res *Result) {
-	ans := e.opts.Answers
-	if len(tokens) < MinAnswerTokens {
-		ans = nil
-	}
-	var fp uint64
-	var id xxh3.Uint128
-	if ans != nil {
-		id = promptID(tokens)
-		fp = fingerprint(tbl, instance, salt, id)
-		if ans.lookup(fp, tbl, instance, salt, id, res) {
-			return
-		}
-	}
 	ch := hashing.AcquireChain()
 	ch.Reset(tbl.Profile(), tbl.Context().BlockSize, tokens, lora, salt)
 	if shared {
@@ -226,11 +199,7 @@ func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt,
 	}
 	ch.UseMemo(e.opts.Memo)
 	ch.UseLinks(e.opts.Links)
-	if ans == nil {
-		tbl.Query(ch, instance, res)
-	} else if ver, exact := tbl.QueryVersioned(ch, instance, res); exact {
-		ans.remember(fp, tbl, ver, instance, salt, id, res)
-	}
+	tbl.Query(ch, instance, res)
 	hashing.ReleaseChain(ch)
 }
 

@@ -266,6 +266,12 @@ func TestProcParsing(t *testing.T) {
 	if got, err := procAnonRSS(os.Getpid()); err != nil || got <= 0 {
 		t.Errorf("procAnonRSS(self) = %v, %v", got, err)
 	}
+	// The peak is at least what is resident now.
+	rss, err1 := procRSS(os.Getpid())
+	peak, err2 := procPeakRSS(os.Getpid())
+	if err1 != nil || err2 != nil || peak < rss {
+		t.Errorf("procPeakRSS(self) = %v, %v; VmRSS %v, %v", peak, err2, rss, err1)
+	}
 }
 
 func TestCheckAnswer(t *testing.T) {
@@ -401,11 +407,10 @@ func TestLoadShort(t *testing.T) {
 	o, ctx := spawnedRun(t, "--publishers", "3", "--blocks", "6000",
 		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "64",
 		"--concurrency", "2", "--duration", "1s", "--reclaim-window", "500ms",
-		// The memos are what this test watches; remembered answers would
-		// spare the long queries the prefix memo, and verified links serve
+		// The memos are what this test watches; verified links serve
 		// chains the memo then does not learn (TestColdPassAndChainShort
 		// watches both).
-		"--server-args", "--answer-cache-mib=0 --link-memo-mib=0")
+		"--server-args", "--link-memo-mib=0")
 	rep, err := run(ctx, o)
 	if rep == nil {
 		t.Fatalf("load did not run: %v", err)
@@ -518,5 +523,37 @@ func TestHitPct(t *testing.T) {
 	hit, miss := map[string]string{"result": "hit"}, map[string]string{"result": "miss"}
 	if got := hitPct(0, 0, m.value("conductor_hash_memo_lookups_total", hit), m.value("conductor_hash_memo_lookups_total", miss)); got != 70 {
 		t.Errorf("parsed counters give %v %%, want 70", got)
+	}
+}
+
+// TestSteadyIngestShort: with --steady-ingest the publishers store new
+// prompts throughout the level, every pool answer is still exact, the
+// report counts what was stored and gives each cache's hit rate, and the
+// server's peak RSS is reported.
+func TestSteadyIngestShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("loadgen: spawns and loads a server for ~10 s")
+	}
+	o, ctx := spawnedRun(t, "--publishers", "2", "--blocks", "4000",
+		"--prompt-tokens", "1024", "--system-tokens", "256", "--groups", "2", "--queries", "32",
+		"--mix", "full=1", "--concurrency", "2", "--duration", "1s", "--steady-ingest", "20")
+	rep, err := run(ctx, o)
+	if rep == nil {
+		t.Fatalf("load did not run: %v", err)
+	}
+	md := logMarkdown(t, rep)
+	if err != nil || rep.Failures != 0 {
+		t.Fatalf("load failed (%v): %d wrong answers or errors", err, rep.Failures)
+	}
+	if rep.SteadyIngest == nil || rep.SteadyIngest.Blocks < 64 || !strings.Contains(md, "steady ingest during the levels") {
+		t.Fatalf("steady ingest not run or not reported: %+v", rep.SteadyIngest)
+	}
+	if l := rep.Levels[0]; l.Queries == 0 || l.PrefixMemoHitPct < 0 || l.TokenMemoHitPct < 0 {
+		t.Fatalf("level without queries or hit rates: %+v", l)
+	}
+	// The kernel's RSS counters lag by up to a few pages per CPU, so the
+	// peak is compared with a read taken earlier within 1 MiB.
+	if p := rep.PeakRSS; p.AfterIngest <= 0 || p.End < p.AfterIngest || p.End < rep.RSS.AfterLoad-1<<20 {
+		t.Fatalf("peak RSS %+v against RSS %+v", p, rep.RSS)
 	}
 }

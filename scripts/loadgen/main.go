@@ -88,6 +88,7 @@ type options struct {
 	coldPass      bool
 	floor         bool
 	chainBaseline bool
+	steadyIngest  float64
 	preset        string
 	json          bool
 	quiet         bool
@@ -122,6 +123,14 @@ var presets = map[string][]string{
 		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
 		"--mix", "full=1", "--queries", "1000", "--cold-pass", "--chain-baseline", "--floor", "--concurrency", "1",
 		"--unreg-concurrency", "1"},
+	// steady-8k is router-8k's index asked warm while every publisher
+	// keeps storing 4 new prompts a second (issue 38: do the caches pay
+	// under continuous ingest?); compare runs with a cache's MiB flag at 0
+	// through --server-args.
+	"steady-8k": {"--engine", "vllm", "--publishers", "4", "--prompts", "1000", "--prompt-tokens", "8192",
+		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
+		"--mix", "full=1", "--queries", "1000", "--steady-ingest", "4", "--concurrency", "1,8",
+		"--unreg-concurrency", "1"},
 	// cold-64k is long agent contexts: 4 instances, 96 stored prompts of
 	// 65,536 tokens in 4 groups sharing 4,096, each asked once, with the
 	// floor beside them.
@@ -150,7 +159,7 @@ func expandPreset(args []string) ([]string, string, error) {
 		}
 		p, ok := presets[name]
 		if !ok {
-			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, cold-64k)", name)
+			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, steady-8k, cold-64k)", name)
 		}
 		return append(slices.Clone(p), rest...), name, nil
 	}
@@ -165,10 +174,11 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.preset = preset
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
+	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; steady-8k: the same index asked warm under --steady-ingest 4; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
 	fs.IntVar(&o.corpus.Prompts, "prompts", 0, "exactly this many stored prompts (0: as many as --blocks needs)")
 	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before), then once more (the warm pass), and report server CPU per query")
 	fs.BoolVar(&o.floor, "floor", false, "after ingest (and the cold pass), time 2-block queries at concurrency 1: the fixed cost of one request, reported beside the levels and subtracted in their ratios; with --cold-pass, a 2-block query and the same query for a model nobody stores also follow each query of the cold and the warm pass, and that paired 2-block floor is what those passes' ratios subtract (the other is reported beside it)")
+	fs.Float64Var(&o.steadyIngest, "steady-ingest", 0, "while the query levels run, every publisher stores this many new prompts a second (sharing no block with the corpus, so answers stay exact; each changes the context): caches measured under continuous ingest")
 	fs.BoolVar(&o.chainBaseline, "chain-baseline", false, "time the bare hash chain of the stored prompts in this process (thread CPU) before and after the query phases, and report server CPU per query against it")
 	fs.StringVar(&o.baseURL, "base-url", "http://127.0.0.1:13333", "server base URL (loopback only); ignored with --spawn")
 	fs.StringVar(&o.authToken, "auth-token", "", "bearer token for /register and /unregister (with --spawn, also given to the server)")
@@ -358,7 +368,7 @@ func (o *options) serverOptions() serverOptions {
 	if o.soak.duration > 0 && o.soak.memoMiB >= 0 {
 		// First, so that --server-args can still override them.
 		so.args = append([]string{fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB), fmt.Sprintf("--token-memo-mib=%d", o.soak.memoMiB),
-			fmt.Sprintf("--answer-cache-mib=%d", o.soak.memoMiB), fmt.Sprintf("--link-memo-mib=%d", o.soak.memoMiB)}, so.args...)
+			fmt.Sprintf("--link-memo-mib=%d", o.soak.memoMiB)}, so.args...)
 	}
 	return so
 }
@@ -438,6 +448,18 @@ func (m sampler) cpu() time.Duration {
 		return -1
 	}
 	return d
+}
+
+// peak is the server's VmHWM, -1 when unknown.
+func (m sampler) peak() int64 {
+	if m.pid <= 0 {
+		return -1
+	}
+	b, err := procPeakRSS(m.pid)
+	if err != nil {
+		return -1
+	}
+	return b
 }
 
 func (m sampler) rss() int64 {
@@ -544,6 +566,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.PoolKinds[k.String()] = c.kinds[k]
 	}
 	rep.RSS = rssResult{-1, -1, -1, -1, -1} // phases not reached stay unknown
+	rep.PeakRSS = peakResult{-1, -1}
 	rep.RSSAnon = rep.RSS
 	rep.LoadAverage[1] = -1
 	fails := &failures{}
@@ -645,6 +668,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	rep.Ingest.ServerCPUPerBlockVerifiedUS = perUnit(cpu0, cpuVerified-time.Duration(polls)*perPoll, rep.Ingest.BlocksPublished*len(s.apis))
 	s.logf("server CPU per block until verified %.2f µs (less %d reads of /metrics at %v each)", rep.Ingest.ServerCPUPerBlockVerifiedUS, polls, perPoll)
 	m.memory(&rep.RSS.AfterIngest, &rep.RSSAnon.AfterIngest)
+	rep.PeakRSS.AfterIngest = m.peak()
 
 	var chainPrompts [][]int32
 	if o.chainBaseline {
@@ -738,6 +762,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		rep.Checked += int64(r.Checked)
 	}
 
+	stopSteady := s.steadyIngest(ctx, &prof, o.steadyIngest)
 	for _, conc := range o.levels {
 		memo0, memoErr := memoStatsAll(s.apis)
 		f0, cs0, self0 := fails.count.Load(), fl.cpus(), selfCPU()
@@ -778,6 +803,10 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 			return rep, err
 		}
 	}
+	if n := stopSteady(); o.steadyIngest > 0 {
+		rep.SteadyIngest = &steadyResult{PromptsPerSecPerPublisher: o.steadyIngest, Blocks: n}
+		s.logf("steady ingest: %d blocks stored during the levels", n)
+	}
 	if o.chainBaseline {
 		rep.Chain.add(chainCPUPerPrompt(&prof, cfg.BlockSize, chainPrompts))
 	}
@@ -791,6 +820,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	// after the last unregistration.
 	rep.AfterUnregSeconds = awaitRSS(m, rep.RSS.BeforeIngest, rep.unregEnd, 5*time.Second)
 	m.memory(&rep.RSS.AfterUnreg, &rep.RSSAnon.AfterUnreg)
+	rep.PeakRSS.End = m.peak()
 
 	rep.LoadAverage[1] = loadAverage()
 	return rep, nil

@@ -46,6 +46,25 @@ func TestPresetRouter8k(t *testing.T) {
 	}
 }
 
+// TestPresetSteady: steady-8k is router-8k's index asked warm under
+// continuous ingest.
+func TestPresetSteady(t *testing.T) {
+	o, err := parseFlags([]string{"--preset", "steady-8k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := corpusConfig{Publishers: 4, Prompts: 1000, PromptTokens: 8192, SystemTokens: 1024, Groups: 16, BlockSize: 16, Queries: 1000, Mix: mix{Full: 1}}
+	got := corpusConfig{Publishers: o.corpus.Publishers, Prompts: o.corpus.Prompts, PromptTokens: o.corpus.PromptTokens,
+		SystemTokens: o.corpus.SystemTokens, Groups: o.corpus.Groups, BlockSize: o.corpus.BlockSize, Queries: o.corpus.Queries,
+		Mix: o.corpus.Mix}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("corpus (-want +got):\n%s", d)
+	}
+	if o.steadyIngest != 4 || o.coldPass || !slices.Equal(o.levels, []int{1, 8}) {
+		t.Errorf("options: steady %v, cold %v, levels %v", o.steadyIngest, o.coldPass, o.levels)
+	}
+}
+
 // TestPresetsCold: the cold presets are the workloads issue 28 names.
 func TestPresetsCold(t *testing.T) {
 	for _, tc := range []struct {

@@ -70,6 +70,10 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 // procRSS returns process pid's resident set size in bytes.
 func procRSS(pid int) (int64, error) { return procStatusKB(pid, "VmRSS:") }
 
+// procPeakRSS returns process pid's peak resident set size (VmHWM) in
+// bytes.
+func procPeakRSS(pid int) (int64, error) { return procStatusKB(pid, "VmHWM:") }
+
 // procAnonRSS returns the anonymous part of process pid's resident set in
 // bytes: what the process allocated, without the pages of its binary and
 // shared libraries that it has touched.

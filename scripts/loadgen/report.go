@@ -49,6 +49,12 @@ type report struct {
 	Restart *restartResult `json:"restart,omitempty"`
 	RSS     rssResult      `json:"server_rss_bytes"`
 	RSSAnon rssResult      `json:"server_rss_anon_bytes"`
+	// SteadyIngest is --steady-ingest's ingest during the levels.
+	SteadyIngest *steadyResult `json:"steady_ingest,omitempty"`
+	// PeakRSS is the (first) server's peak resident size, VmHWM, after
+	// ingest and at the end of the run (-1: unknown): what a container's
+	// memory limit is held against.
+	PeakRSS peakResult `json:"server_peak_rss_bytes"`
 	// HugeBeforeCold is how much of the (first) server's anonymous memory
 	// was on transparent huge pages when the cold pass began (-1: not
 	// read).
@@ -164,6 +170,18 @@ type rssResult struct {
 	AfterUnreg   int64 `json:"after_unregistration"`
 }
 
+// steadyResult is what --steady-ingest stored while the levels ran.
+type steadyResult struct {
+	PromptsPerSecPerPublisher float64 `json:"prompts_per_sec_per_publisher"`
+	Blocks                    int64   `json:"blocks"`
+}
+
+// peakResult is VmHWM at two points of the run.
+type peakResult struct {
+	AfterIngest int64 `json:"after_ingest"`
+	End         int64 `json:"end"`
+}
+
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 func fmtUS(v float64) string {
@@ -233,6 +251,10 @@ func (r *report) writeMarkdown(w io.Writer) {
 		fmt.Fprintf(w, "| server memory on huge pages when the cold pass began | %s |\n", fmtBytes(r.HugeBeforeCold))
 	}
 	fmt.Fprintf(w, "| server RSS after unregistration (anonymous), read after | %s (%s), %.1f s |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg), r.AfterUnregSeconds)
+	if si := r.SteadyIngest; si != nil {
+		fmt.Fprintf(w, "| steady ingest during the levels (server CPU per query includes it) | %g prompts/s per publisher, %d blocks |\n", si.PromptsPerSecPerPublisher, si.Blocks)
+	}
+	fmt.Fprintf(w, "| server peak RSS (VmHWM) after ingest / at the end | %s / %s |\n", fmtBytes(r.PeakRSS.AfterIngest), fmtBytes(r.PeakRSS.End))
 	u := r.Unreg
 	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
 	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))

@@ -90,7 +90,7 @@ func (c *soakConfig) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.transients, "soak-transients", 3, "short-lived dead-endpoint services alive at once, at most")
 	fs.Float64Var(&c.rssTolerance, "soak-rss-tolerance", 0.2, "allowed RSS growth over the post-warm-up level, as a fraction")
 	fs.IntVar(&c.goroutineSlack, "soak-goroutine-slack", 10, "allowed goroutine growth over the post-warm-up level")
-	fs.IntVar(&c.memoMiB, "soak-memo-mib", 2, "--hash-memo-mib, --token-memo-mib, --answer-cache-mib and --link-memo-mib for a spawned server, small so that the memos wrap during warm-up (-1: the server's defaults)")
+	fs.IntVar(&c.memoMiB, "soak-memo-mib", 2, "--hash-memo-mib, --token-memo-mib and --link-memo-mib for a spawned server, small so that the memos wrap during warm-up (-1: the server's defaults)")
 	fs.DurationVar(&c.sampleInterval, "soak-sample-interval", 0, "RSS and goroutine sampling interval (default duration/60, within 100ms..2s)")
 }
 

@@ -512,12 +512,7 @@ func TestSoakShort(t *testing.T) {
 	// A 30 % warm-up: at CI's rates a few seconds pass before the index
 	// and the memo reach their working size.
 	o, ctx := spawnedRun(t, "--soak", "8s", "--soak-warmup", "0.3",
-		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms", "--soak-memo-mib", "1",
-		// Answers are a few hundred bytes each: even the smallest budget
-		// (4 MiB, several times that in RSS under the race detector) does
-		// not fill within eight seconds and would read as growth. Their
-		// exactness under churn is query's property tests' job.
-		"--server-args", "--answer-cache-mib=0")
+		"--soak-query-concurrency", "2", "--soak-op-interval", "25ms", "--soak-churn-interval", "200ms", "--soak-memo-mib", "1")
 	rep, err := runSoak(ctx, o)
 	if rep == nil {
 		t.Fatalf("soak did not run: %v", err)

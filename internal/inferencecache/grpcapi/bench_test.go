@@ -28,11 +28,8 @@ import (
 // benchServersWith builds one index with a vLLM context in which instance
 // i of 8 holds the first (i+1)/8 of an n-token prompt on device, and both
 // front doors over it: the HTTP server (for /query) and the gRPC one. memos
-// gives both the prefix memo (and /query its token memo); answers also
-// gives both doors one answer cache (as the service does by default): a
-// prompt asked again on an unchanged table skips hashing and the walk at
-// both.
-func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server, *Server, []byte, []byte) {
+// gives both the prefix memo (and each door its token memo).
+func benchServersWith(b testing.TB, n int, memos bool) (*server.Server, *Server, []byte, []byte) {
 	b.Helper()
 	prof := vllmProfile(b)
 	ix := index.New(index.Options{})
@@ -55,11 +52,7 @@ func benchServersWith(b testing.TB, n int, memos, answers bool) (*server.Server,
 	if memos {
 		memo, tokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
 	}
-	var ans *query.Answers
-	if answers {
-		ans = query.NewAnswers(16 << 20)
-	}
-	engine := query.New(query.Options{Index: ix, Memo: memo, Answers: ans})
+	engine := query.New(query.Options{Index: ix, Memo: memo})
 	hs := server.New(server.Options{Index: ix, Engine: engine, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
 	tm := 0
 	if memos {
@@ -106,11 +99,10 @@ func lookupOnce(b testing.TB, s *Server, raw []byte, out []byte) []byte {
 
 // BenchmarkLookupVsQuery runs /query's handler and LookupRoute's (decode,
 // answer, encode; no transport) side by side on the same index and 8K-token
-// prompt: with the answer cache and memos (the service's defaults), with
-// memos only, and with neither.
+// prompt: with the memos (the service's defaults) and without.
 func BenchmarkLookupVsQuery(b *testing.B) {
-	for _, mode := range []string{"answers", "memos", "no-memos"} {
-		hs, gs, body, req := benchServersWith(b, 8192, mode != "no-memos", mode == "answers")
+	for _, mode := range []string{"memos", "no-memos"} {
+		hs, gs, body, req := benchServersWith(b, 8192, mode != "no-memos")
 		name := mode
 		b.Run(name+"/query", func(b *testing.B) {
 			var ctx fasthttp.RequestCtx
@@ -255,7 +247,7 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 // its own. Memos as the service has them, no answer cache.
 func BenchmarkLookupColdAffinity(b *testing.B) {
 	const n, shared = 8192, 6144
-	_, gs, _, _ := benchServersWith(b, n, true, false)
+	_, gs, _, _ := benchServersWith(b, n, true)
 	var run []byte
 	for i := range n {
 		// Three-byte ids, none of the indexed prompt's (all below 2^20).

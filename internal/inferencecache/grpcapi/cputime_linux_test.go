@@ -55,8 +55,8 @@ func TestDoorCPUTime(t *testing.T) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	for _, mode := range []string{"answers", "memos", "no-memos"} {
-		hs, gs, body, req := benchServersWith(t, 8192, mode != "no-memos", mode == "answers")
+	for _, mode := range []string{"memos", "no-memos"} {
+		hs, gs, body, req := benchServersWith(t, 8192, mode != "no-memos")
 		var ctx fasthttp.RequestCtx
 		ctx.Request.Header.SetMethod("POST")
 		ctx.Request.SetRequestURI("/query")
