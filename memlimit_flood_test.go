@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/membudget"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 )
 
 // TestMemoryLimitUnderFlood is issue 38's flood, scaled to half: the real
@@ -24,7 +25,7 @@ import (
 // CONDUCTOR_FLOOD_MIB and CONDUCTOR_FLOOD_PROMPTS change the limit and the
 // prompts (the issue's own figures: 256 and 6000), for measurements.
 func TestMemoryLimitUnderFlood(t *testing.T) {
-	if raceEnabled {
+	if racebuild.Enabled {
 		t.Skip("the race detector's shadow memory is outside any budget")
 	}
 	conductorBinary(t) // built before GOMEMLIMIT is set for the child
