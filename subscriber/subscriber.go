@@ -160,6 +160,9 @@ type liveMsg struct {
 // the source contributed (engine entries excepted under
 // Config.OwnerRemovedAfterStop).
 func Start(cfg Config) (*Subscriber, error) {
+	if layoutErr != nil {
+		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, CheckZMQBinding(nil))
+	}
 	s, err := newSubscriber(cfg)
 	if err != nil {
 		return nil, err
