@@ -45,6 +45,10 @@ type TierMask uint8
 // AllEngineTiers are the tiers an engine owner can hold.
 const AllEngineTiers = TierMask(1<<Device | 1<<CPULocal | 1<<Disk)
 
+// DefaultTenant is the tenant an empty or omitted tenant_id means; the
+// doors and the registry fill it in before a ContextKey reaches a table.
+const DefaultTenant = "default"
+
 // ContextKey selects one table: blocks from different contexts are never
 // comparable, so every lookup is scoped by it.
 type ContextKey struct {
