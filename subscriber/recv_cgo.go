@@ -336,7 +336,9 @@ func (r *batchReceiver) discard() {
 
 // batchFree keeps a few released C batches for reuse; more than
 // maxIdleBatches are freed, so the free list is bounded by what was busy
-// at once, not by the number of registered sources.
+// at once, not by the number of registered sources. Process-wide for the
+// reason sync.Pool is (which cannot hold C memory): what it bounds is the
+// drains running at once across every subscriber of the process.
 var batchFree struct {
 	sync.Mutex
 	list []*C.cb_batch

@@ -81,6 +81,8 @@ const SocketsPerSource = 6
 const MaxOptionalMonitors = 1024
 
 // optionalMonitors counts the monitors held under MaxOptionalMonitors.
+// Process-wide because what it rations is: libzmq's socket limit
+// (zmqx.ReserveSockets) counts every socket of the process.
 var optionalMonitors atomic.Int32
 
 // Subscriber consumes one registered publisher. All sequence state and all
