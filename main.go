@@ -118,9 +118,9 @@ func newLogger(cfg *config.Config, out io.Writer, tty bool) zerolog.Logger {
 
 // defaultGCPercent is the GC target the service runs with unless GOGC is
 // set. The index is a large, long-lived, pointer-free heap, so collections
-// are cheap to run and the default 100 % mostly buys idle headroom: at 50,
-// RSS at the end of a 2 M-block loadgen burst fell from 137-152 to 133-136
-// MiB with no visible change in ingest or query CPU (three runs each).
+// are cheap to run and Go's default mostly buys idle headroom: a lower
+// target keeps resident memory down without a visible cost in ingest or
+// query CPU (BENCHMARKS.md, parts).
 const defaultGCPercent = 50
 
 // setGCPercent applies defaultGCPercent unless the operator chose GOGC.

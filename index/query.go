@@ -518,10 +518,9 @@ func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32, s
 }
 
 // noteSmall adds one holder to walkSmall's holder sets (see note). It
-// repeats note's owner resolution on purpose: sharing it through a small
-// inlined helper measured 46 % slower at 8 instances × 2 ranks
-// (go test -run '^$' -bench 'Walk/inst=8/ranks=2$' -count 9 ./index, with
-// benchstat), since the walk is this loop.
+// repeats note's owner resolution on purpose: the walk is this loop, and
+// sharing the resolution through a small inlined helper made it markedly
+// slower (BENCHMARKS.md, parts: BenchmarkWalk/inst=8/ranks=2).
 func noteSmall(bySlot []uint64, lo int, n uint, p pair, dev, loc, dsk uint64, shared uint8) (uint64, uint64, uint64, uint8) {
 	id, m := p.own>>maskBits, uint64(p.own&tierBits)
 	if id == 0 {

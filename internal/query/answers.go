@@ -25,7 +25,7 @@ const MinAnswerTokens = 512
 // write since makes it miss, so every answer is the one a walk would give
 // at that instant (docs/architecture.md, "Answer reuse"). Answers only
 // help while a table is quiet, between bursts of events; under steady
-// ingest they miss, at the cost of that hash (about 1.3 µs for 8K ids).
+// ingest they miss, at the cost of that hash (BENCHMARKS.md, parts).
 //
 // Memory is bounded by a byte budget, evicted roughly oldest first; Reset
 // empties it. A nil *Answers remembers nothing. Safe for concurrent use.
@@ -82,10 +82,9 @@ var seed = func() uint64 {
 // promptID identifies a lookup's token ids: a 128-bit xxh3 of their bytes
 // under the process's seed. Two different prompts share an id with
 // probability 2^-128, far below that of two different blocks sharing the
-// 64-bit keys the index itself is built on, and hashing 32 KB of an 8K
-// prompt just decoded (so in cache) takes about a third of the time of
-// comparing it with a remembered copy that no longer is, which is also 32
-// KB an answer no longer has to keep.
+// 64-bit keys the index itself is built on, and hashing a prompt just
+// decoded (so in cache) is cheaper than comparing it with a remembered copy
+// that no longer is, a copy an answer then need not keep either.
 func promptID(tokens []int32) xxh3.Uint128 {
 	if len(tokens) == 0 {
 		return xxh3.Hash128Seed(nil, seed)
