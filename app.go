@@ -114,10 +114,10 @@ func nothingToReport(f func()) func(context.Context) error {
 }
 
 // removalPause spaces the background reclaiming of an unregistered engine's
-// index entries (index.Options.RemovalPause): ~100 µs of clearing in
-// 256-block stripe holds, then this pause, which in practice sleeps ~0.5 ms,
-// so the reclaim takes about a tenth of a core (1.9 M blocks in ~2 s).
-// Queries stop reporting the engine at once either way.
+// index entries (index.Options.RemovalPause), so that giving the memory
+// back takes a small share of a core instead of competing with queries
+// (BENCHMARKS.md, queries while a large engine is reclaimed). Queries stop
+// reporting the engine at once either way.
 const removalPause = 200 * time.Microsecond
 
 func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {

@@ -2,18 +2,24 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"debug/buildinfo"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 // TestConsoleLogColoursOnlyOnTerminal: the console format writes escape
@@ -68,22 +74,20 @@ func grepLines(text, sub string) string {
 // stamped at link time, the way an operator meets it first.
 func TestCommandLine(t *testing.T) {
 	bin := conductorBinary(t)
-	run := func(stdin string, args ...string) (code int, stdout, stderr string) {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"))
-		cmd.Stdin = strings.NewReader(stdin)
-		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode(), o.String(), e.String()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0, o.String(), e.String()
+	// The binary records the pebbe/zmq4 it was built with, and it is the
+	// release the event receive path mirrors: the check the service runs
+	// at start-up is not vacuous and passes.
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if !slices.ContainsFunc(bi.Deps, func(d *debug.Module) bool { return d.Path == "github.com/pebbe/zmq4" }) {
+		t.Fatalf("the binary records no github.com/pebbe/zmq4 among %d dependencies", len(bi.Deps))
+	}
+	if err := subscriber.CheckZMQBinding(bi); err != nil {
+		t.Errorf("the binary's own build: %v", err)
+	}
+	run := commandRunner(t, bin)
 	for _, h := range []string{"--help", "-h"} {
 		code, out, _ := run("", h)
 		if code != 0 || !strings.Contains(out, "-hash-memo-mib int") || !strings.Contains(out, "(default 64)") {
@@ -111,6 +115,62 @@ func TestCommandLine(t *testing.T) {
 	}
 	if code, _, errOut := run("[1", "hash", "--strategy", "sglang", "--block-size", "4"); code != 2 || errOut == "" {
 		t.Errorf("hash with bad input: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// commandRunner runs bin with args and stdin, without a config file, and
+// returns its exit code and output; a run that outlives a minute is killed
+// (and so fails).
+func commandRunner(t *testing.T, bin string) func(stdin string, args ...string) (code int, stdout, stderr string) {
+	return func(stdin string, args ...string) (code int, stdout, stderr string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+filepath.Join(t.TempDir(), "none.json"))
+		cmd.Stdin = strings.NewReader(stdin)
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), o.String(), e.String()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0, o.String(), e.String()
+	}
+}
+
+// TestServiceRefusesAnotherZMQBinding: a binary whose event receive path
+// mirrors another pebbe/zmq4 release than the one it was built with (here
+// linked to claim v0.0.0-other) refuses to serve, naming both releases,
+// while --version and the hash subcommand still work.
+func TestServiceRefusesAnotherZMQBinding(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "conductor")
+	build := exec.Command("go", "build", "-ldflags", "-X github.com/mooncake-conductor-go/conductor/subscriber.pebbeVersion=v0.0.0-other", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatal(err)
+	}
+	run := commandRunner(t, bin)
+	if code, out, _ := run("", "--version"); code != 0 || !strings.HasPrefix(out, "conductor ") {
+		t.Errorf("--version: exit %d, stdout %q", code, out)
+	}
+	if code, out, _ := run("[1,2,3,4]", "hash", "--strategy", "sglang", "--block-size", "4"); code != 0 || !strings.Contains(out, "key 14958615928728313947") {
+		t.Errorf("hash: exit %d, stdout %q", code, out)
+	}
+	code, _, errOut := run("", "--state-dir", t.TempDir(), "--addr", "127.0.0.1:0")
+	for _, w := range []string{"github.com/pebbe/zmq4 v1.4.0", "v0.0.0-other"} {
+		if code != 1 || !strings.Contains(errOut, w) {
+			t.Errorf("service: exit %d, stderr %q does not name %q", code, errOut, w)
+		}
+	}
+	if strings.Contains(errOut, "panic") {
+		t.Errorf("service panicked: %s", errOut)
 	}
 }
 

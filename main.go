@@ -22,6 +22,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcmd"
+	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 func main() {
@@ -55,6 +56,13 @@ func run(args []string) error {
 	case cfg.ShowVersion:
 		fmt.Println(buildinfo.Get())
 		return nil
+	}
+	// A pebbe/zmq4 the event receive path was not written for would be
+	// misread; refuse to serve, while --version and the subcommands above
+	// still run.
+	bi, _ := debug.ReadBuildInfo()
+	if err := subscriber.CheckZMQBinding(bi); err != nil {
+		return err
 	}
 	setGCPercent(os.Getenv)
 	// Signals are caught before anything listens, so a SIGTERM that

@@ -1,23 +1,3 @@
-// Package index keeps, per context, which owners hold which projected block
-// keys in which storage tier, and walks a query's key chain against it.
-//
-// Layout, chosen for memory (~40 B per (block, owner) with one owner, less
-// when owners share blocks) and for operations that cost what they touch:
-//
-//   - A Table is split into power-of-two stripes by a mix of the key; each
-//     stripe has its own RWMutex, so writers of one stripe never stall
-//     readers of another and a query holds one read lock per block.
-//   - A stripe is a slab of 24-byte blocks (key, one inline holder, overflow
-//     handle, union tier mask) with stable indices, plus a linear-probing
-//     index of uint32 slots (slab index + hash fingerprint).
-//   - A holder is 8 bytes: engine owner id and tier bits, plus the block's
-//     position in that owner's per-stripe reverse list (which makes
-//     ClearOwner and RemoveEngineOwner proportional to what the owner holds
-//     and removal O(1)); shared tiers are one holder per tier whose second
-//     word is the reference count.
-//   - Registration is an immutable snapshot swapped atomically, so the query
-//     path maps holders to reported owners without locks, and walks with one
-//     bitset per cumulative tier.
 package index
 
 import "cmp"
@@ -44,6 +24,10 @@ type TierMask uint8
 
 // AllEngineTiers are the tiers an engine owner can hold.
 const AllEngineTiers = TierMask(1<<Device | 1<<CPULocal | 1<<Disk)
+
+// DefaultTenant is the tenant an empty or omitted tenant_id means; the
+// doors and the registry fill it in before a ContextKey reaches a table.
+const DefaultTenant = "default"
 
 // ContextKey selects one table: blocks from different contexts are never
 // comparable, so every lookup is scoped by it.

@@ -191,10 +191,17 @@ func (m *refModel) instances() map[string][]int {
 	return out
 }
 
-func TestPropertyAgainstReference(t *testing.T) {
+func TestPropertyAgainstReference(t *testing.T) { propertyAgainstReference(t, false) }
+
+// propertyAgainstReference checks tables against the reference model;
+// prefetchAll takes every stripe as large enough to prefetch.
+func propertyAgainstReference(t *testing.T, prefetchAll bool) {
 	rapid.Check(t, func(rt *rapid.T) {
 		stripes := rapid.SampledFrom([]int{1, 2, 8}).Draw(rt, "stripes")
 		tb := New(Options{Stripes: stripes}).EnsureTable(testCtx, hashing.Profile{})
+		if prefetchAll {
+			tb.prefetchMin = 0
+		}
 		m := newRefModel()
 		ids := []OwnerID{0, 999} // never issued: every use is a no-op
 		key := rapid.Uint64Range(0, 11)
@@ -469,9 +476,4 @@ func checkExplain(rt *rapid.T, tb *Table, keys []uint64, cov []int, filter strin
 // stripe taken as large, so the batched walk's block prefetching (a hint
 // that must change no answer) runs on the small tables the property
 // draws.
-func TestPropertyAgainstReferencePrefetching(t *testing.T) {
-	old := prefetchMinSlots
-	prefetchMinSlots = 0
-	t.Cleanup(func() { prefetchMinSlots = old })
-	TestPropertyAgainstReference(t)
-}
+func TestPropertyAgainstReferencePrefetching(t *testing.T) { propertyAgainstReference(t, true) }

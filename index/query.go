@@ -50,8 +50,8 @@ type readyScratch struct {
 // prefetchMinSlots is the stripe size from which walkReady asks for a
 // batch's blocks ahead: about 24 KiB of slab and slots a stripe, 1.5 MiB
 // over a table's 64, where lookups start to miss the CPU's caches. A
-// variable so that tests can run the prefetching walk on small tables.
-var prefetchMinSlots int64 = 1024
+// table's prefetchMin starts here (tests lower it on their tables).
+const prefetchMinSlots = 1024
 
 // readyFound marks a position whose block exists, in held[i][3].
 const readyFound = 1 << 8
@@ -346,7 +346,7 @@ func (t *Table) walkReady(w *smallWalk, chain Chain, n int) bool {
 		from := 0
 		for si := range t.stripes {
 			to := r.start[si]
-			if s := &t.stripes[si]; from < to && s.slotsLen.Load() >= prefetchMinSlots {
+			if s := &t.stripes[si]; from < to && s.slotsLen.Load() >= t.prefetchMin {
 				s.mu.RLock()
 				for _, i := range r.order[from:to] {
 					if r.hints[i] == 0 {
@@ -518,10 +518,9 @@ func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32, s
 }
 
 // noteSmall adds one holder to walkSmall's holder sets (see note). It
-// repeats note's owner resolution on purpose: sharing it through a small
-// inlined helper measured 46 % slower at 8 instances × 2 ranks
-// (go test -run '^$' -bench 'Walk/inst=8/ranks=2$' -count 9 ./index, with
-// benchstat), since the walk is this loop.
+// repeats note's owner resolution on purpose: the walk is this loop, and
+// sharing the resolution through a small inlined helper made it markedly
+// slower (BENCHMARKS.md, parts: BenchmarkWalk/inst=8/ranks=2).
 func noteSmall(bySlot []uint64, lo int, n uint, p pair, dev, loc, dsk uint64, shared uint8) (uint64, uint64, uint64, uint8) {
 	id, m := p.own>>maskBits, uint64(p.own&tierBits)
 	if id == 0 {

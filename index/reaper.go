@@ -8,13 +8,12 @@ import (
 // reaper clears removed owners' entries in the background, for an Index
 // with Options.RemovalPause set. A removed owner is unpublished at once, so
 // queries stop reporting it before any entry is touched; what is left is
-// giving its memory back, which need not compete with queries. Clearing
-// 125 K blocks at full speed takes ~10 ms of CPU and a stripe write lock
-// every few microseconds, and on a two-core machine the queries running
-// meanwhile were several times slower. The reaper clears for about
-// reapBurst (in chunks of clearBudget, unlocking between them), then sleeps
-// for the pause (~0.5 ms in practice for 200 µs), so it takes about a tenth
-// of a core: 15 removed owners of 125 K blocks each are reclaimed in ~1-2 s.
+// giving its memory back, which need not compete with queries: clearing at
+// full speed takes a stripe write lock every few microseconds and slows the
+// queries running meanwhile several times on a small machine. The reaper
+// clears for about reapBurst (in chunks of clearBudget, unlocking between
+// them), then sleeps for the pause, so it takes a small share of a core
+// (BENCHMARKS.md, queries while a large engine is reclaimed).
 //
 // One worker goroutine runs while there is work and exits when the queue
 // is empty; Index.Close stops it. Jobs of a dropped table end at once

@@ -599,11 +599,10 @@ func (s *stripe) settle(idx int, b *block) {
 }
 
 // clearBudget bounds how many of an owner's blocks one write-lock hold of a
-// stripe clears. Unregistering a publisher with 125 K blocks cleared a
-// stripe's ~2 K entries in one hold, and a concurrent query, walking the
-// stripes in hash order, kept running into the sweep: 5–10 ms stalls
-// (go test -run '^$' -bench QueryDuringRemoval ./index). A few hundred
-// entries keep a hold in the tens of microseconds.
+// stripe clears. Clearing a large owner's share of a stripe in one hold
+// stalls a concurrent query, which walks the stripes in hash order and
+// keeps running into the sweep (BenchmarkQueryDuringRemoval); a few
+// hundred entries keep each hold short.
 const clearBudget = 256
 
 // clearOwner removes tiers from at most budget of the blocks id holds in this

@@ -18,6 +18,9 @@ type Table struct {
 	profile hashing.Profile
 	shift   uint // 64 - log2(len(stripes)); stripe = mix(key) >> shift
 	stripes []stripe
+	// prefetchMin is the stripe size from which walkReady prefetches a
+	// batch's blocks (prefetchMinSlots; tests lower it).
+	prefetchMin int64
 
 	// view is the immutable registration snapshot queries and writers read
 	// without locks; it is replaced wholesale under regMu.
@@ -119,6 +122,8 @@ func newTable(ctx ContextKey, p hashing.Profile, nStripes int) *Table {
 		shift:   64 - bits,
 		stripes: make([]stripe, 1<<bits),
 		ids:     make(map[ownerKey]OwnerID),
+
+		prefetchMin: prefetchMinSlots,
 	}
 	for i := range t.stripes {
 		t.stripes[i].pos = i

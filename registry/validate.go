@@ -7,12 +7,13 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
 
 // DefaultTenant is what an empty or omitted tenant_id means.
-const DefaultTenant = "default"
+const DefaultTenant = index.DefaultTenant
 
 // Registration is a registration as a client or the config file states it,
 // decoded but not yet checked against the rules: the HTTP decoder fills it

@@ -523,13 +523,17 @@ func (s *Server) lookupBody(body []byte, res *query.Result) error {
 	if d := s.opts.TokenMemo.DecodeQuery(body, s.opts.Limits, q); d != nil {
 		return d
 	}
-	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt}
-	if s.query.Knows(req.Context) {
+	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens}
+	tbl, err := s.query.Find(&req)
+	if err != nil {
+		return err
+	}
+	if tbl != nil {
 		s.opts.TokenMemo.Remember(q)
 	}
 	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
-	_, err := s.query.Lookup(&req, res)
-	return err
+	s.query.LookupIn(tbl, &req, res)
+	return nil
 }
 
 // queryContext is the context a decoded /query names.

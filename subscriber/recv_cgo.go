@@ -105,6 +105,7 @@ import "C"
 import (
 	"fmt"
 	"reflect"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -123,20 +124,21 @@ const batchMaxBytes = 4 << 20
 //
 // Why reach into pebbe at all: the receive path is per frame there (a cgo
 // call each for init, recv, copy and close, one for RCVMORE, and a Go
-// allocation per frame); receiving a batch with one cgo call gives 40 %
-// more ingested blocks per CPU-second (BenchmarkIngestVLLM/nop, 2.5 M
-// against 3.6 M blocks/cpu-s). Batching needs the raw void* socket, which
-// pebbe does not export. The alternatives were worse: creating the SUB
-// socket in our own C code would lose pebbe's Poller and the replay
-// client's watch list, both of which take *zmq.Socket; parsing
-// Socket.String() relies on a print format.
+// allocation per frame); receiving a batch with one cgo call ingests
+// markedly more blocks per CPU-second (BENCHMARKS.md, BenchmarkIngestVLLM).
+// Batching needs the raw void* socket, which pebbe does not export. The
+// alternatives were worse: creating the SUB socket in our own C code would
+// lose pebbe's Poller and the replay client's watch list, both of which
+// take *zmq.Socket; parsing Socket.String() relies on a print format.
 //
 // A pebbe release that changes the layout must not be misread, nor
 // silently slower: the build fails when zmq.Socket's size or alignment
-// differs from this mirror (the array lengths below go negative), the
-// package refuses to initialise when a field's name, type or offset
-// differs (checkSocketLayout), and TestPebbeVersionPinned fails when
-// go.mod names another version, so a bump is a deliberate edit here.
+// differs from this mirror (the array lengths below go negative); when a
+// field's name, type or offset differs (checkSocketLayout), or the binary
+// was built with another pebbe release, CheckZMQBinding says so, the
+// service refuses to start with that error and Start refuses every
+// subscriber. Commands that open no event socket (--version, hash) still
+// run, so an operator can tell which build it is.
 type pebbeSocket struct {
 	soc    unsafe.Pointer
 	ctx    *zmq.Context
@@ -144,8 +146,13 @@ type pebbeSocket struct {
 	err    error
 }
 
-// pebbeVersion is the pebbe/zmq4 release pebbeSocket mirrors.
-const pebbeVersion = "v1.4.0"
+// pebbePath is the module pebbeSocket mirrors a type of.
+const pebbePath = "github.com/pebbe/zmq4"
+
+// pebbeVersion is the pebbe/zmq4 release pebbeSocket mirrors. It is a
+// variable only so that a test can link a binary that claims another
+// release (-ldflags -X); nothing assigns it at run time.
+var pebbeVersion = "v1.4.0"
 
 var (
 	_ [unsafe.Sizeof(zmq.Socket{}) - unsafe.Sizeof(pebbeSocket{})]struct{}
@@ -154,10 +161,34 @@ var (
 	_ [unsafe.Alignof(pebbeSocket{}) - unsafe.Alignof(zmq.Socket{})]struct{}
 )
 
-func init() {
-	if err := checkSocketLayout(reflect.TypeFor[zmq.Socket]()); err != nil {
-		panic("subscriber: " + err.Error() + "; adapt pebbeSocket in recv_cgo.go to this pebbe/zmq4 version")
+// layoutErr is checkSocketLayout's verdict on the zmq.Socket this binary
+// was compiled with, fixed at initialisation (a property of the build,
+// never changed after).
+var layoutErr = checkSocketLayout(reflect.TypeFor[zmq.Socket]())
+
+// CheckZMQBinding says whether the receive path can read pebbe/zmq4's
+// sockets in this build: bi (debug.ReadBuildInfo) must name the pebbe/zmq4
+// release pebbeSocket mirrors, unreplaced, and zmq.Socket must be laid out
+// as the mirror. Build information without dependencies (a test binary's)
+// leaves only the layout to check. The error names both releases.
+func CheckZMQBinding(bi *debug.BuildInfo) error {
+	if bi != nil {
+		for _, d := range bi.Deps {
+			if d.Path != pebbePath {
+				continue
+			}
+			if d.Replace != nil {
+				return fmt.Errorf("this build replaces %s %s with %s %s; the event receive path mirrors zmq.Socket of %s %s only: check pebbeSocket in subscriber/recv_cgo.go against it", pebbePath, d.Version, d.Replace.Path, d.Replace.Version, pebbePath, pebbeVersion)
+			}
+			if d.Version != pebbeVersion {
+				return fmt.Errorf("this build has %s %s; the event receive path mirrors zmq.Socket of %s only: check pebbeSocket in subscriber/recv_cgo.go against %s, then update pebbeVersion", pebbePath, d.Version, pebbeVersion, d.Version)
+			}
+		}
 	}
+	if layoutErr != nil {
+		return fmt.Errorf("%w; adapt pebbeSocket in subscriber/recv_cgo.go to this %s release", layoutErr, pebbePath)
+	}
+	return nil
 }
 
 // checkSocketLayout compares t, field by field, with pebbeSocket.
@@ -305,7 +336,9 @@ func (r *batchReceiver) discard() {
 
 // batchFree keeps a few released C batches for reuse; more than
 // maxIdleBatches are freed, so the free list is bounded by what was busy
-// at once, not by the number of registered sources.
+// at once, not by the number of registered sources. Process-wide for the
+// reason sync.Pool is (which cannot hold C memory): what it bounds is the
+// drains running at once across every subscriber of the process.
 var batchFree struct {
 	sync.Mutex
 	list []*C.cb_batch

@@ -81,6 +81,8 @@ const SocketsPerSource = 6
 const MaxOptionalMonitors = 1024
 
 // optionalMonitors counts the monitors held under MaxOptionalMonitors.
+// Process-wide because what it rations is: libzmq's socket limit
+// (zmqx.ReserveSockets) counts every socket of the process.
 var optionalMonitors atomic.Int32
 
 // Subscriber consumes one registered publisher. All sequence state and all
@@ -162,6 +164,9 @@ type liveMsg struct {
 // the source contributed (engine entries excepted under
 // Config.OwnerRemovedAfterStop).
 func Start(cfg Config) (*Subscriber, error) {
+	if layoutErr != nil {
+		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Key, CheckZMQBinding(nil))
+	}
 	s, err := newSubscriber(cfg)
 	if err != nil {
 		return nil, err

@@ -19,6 +19,8 @@ type GroupSink interface {
 
 // groupKindEvents counts applied BlockStored events that carried a kind,
 // by the kind's rule family, for conductor_events_group_kind_total.
+// Process-wide like that counter, which carries no source label: every
+// decoder of the process adds to the same series.
 var groupKindEvents [index.NumGroupKinds]atomic.Uint64
 
 // GroupKindEvents returns the counts of applied BlockStored events by

@@ -143,17 +143,17 @@ func decodeGroup(b []byte, p int, d []int32, tab *[256]uint64) (int, int) {
 // returns the position after them, how many it consumed and whether all
 // were within int32. Event token-id arrays are the bulk of an engine payload
 // and are only range-checked, never kept, so they are scanned in place
-// rather than value by value, which keeps ingest well above 1M blocks/s.
+// rather than value by value.
 //
 // The first loop covers what token ids are on the wire (positive fixint,
 // uint8, uint16, uint32) without a data-dependent branch: with a vocabulary
 // above 65,536 ids the uint16/uint32 mix is random, and the branchy loop
-// below mispredicted on about half the ids (7 ns per id, a tenth of ingest
-// CPU; now 4 ns, BenchmarkTokenRun). A value's width is 1 + (c>>7)<<(c&3)
+// below mispredicts on about half the ids (BENCHMARKS.md, parts:
+// BenchmarkTokenRun). A value's width is 1 + (c>>7)<<(c&3)
 // for those type bytes c (1, 2, 3, 5), and a uint32 exceeds int32 exactly
 // when its first byte has the top bit set, which c&(c<<6)&0x80 selects for
 // c == 0xce alone among them. Runs of uint16 (smaller vocabularies) go four
-// ids at a time (0.9 ns per id). The loop runs while 5 bytes remain, so the
+// ids at a time. The loop runs while 5 bytes remain, so the
 // widest value is never cut; the rest of the run, and every other integer
 // format, takes the second loop.
 func ScanInt32Run(buf []byte, p, max int) (next, n int, inRange bool) {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
 // DefaultMaxTokens bounds a request's token ids unless Options say
@@ -159,33 +158,40 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Field + ": " + e.Msg }
 
-// Knows reports whether the context has a table to answer from (an empty
-// tenant is the default one): a door's token memo learns only bodies
-// that name one, before the lookup, so the lookup can keep the learned
-// array without a copy.
-func (e *Engine) Knows(ctx index.ContextKey) bool {
-	if ctx.Tenant == "" {
-		ctx.Tenant = registry.DefaultTenant
+// Find checks what a decoder would have (a model, a positive block size,
+// the token limit) and returns the table req's context names, an empty
+// tenant being the default one; nil, with no error, when no such context
+// exists. A door finds the table once per request and answers with
+// LookupIn; in between, its token memo learns only bodies that name a
+// table, so the lookup can keep the learned array without a copy. The
+// error, if any, is an *Error.
+func (e *Engine) Find(req *Request) (*index.Table, error) {
+	ctx, err := e.check(req)
+	if err != nil {
+		return nil, err
 	}
-	return e.opts.Index.Table(ctx) != nil
+	return e.opts.Index.Table(ctx), nil
 }
 
-// Lookup answers req into res. It checks what a decoder would have: a
-// model, a positive block size and the token limit. It reports whether
-// req's context exists (a door's token memo learns only bodies that name
-// one). The error, if any, is an *Error.
+// LookupIn answers req into res from tbl, the table Find returned for it
+// (nil: no owners).
+func (e *Engine) LookupIn(tbl *index.Table, req *Request, res *Result) {
+	res.Instances = res.Instances[:0]
+	if tbl == nil {
+		return
+	}
+	e.walk(tbl, req.Tokens, req.Shared, req.Context.Lora, req.CacheSalt, req.Instance, res)
+}
+
+// Lookup is Find and LookupIn in one call, for a door without a token
+// memo to teach in between. It reports whether req's context exists.
 func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
-	ctx, err := e.check(req)
+	tbl, err := e.Find(req)
 	if err != nil {
 		return false, err
 	}
-	res.Instances = res.Instances[:0]
-	tbl := e.opts.Index.Table(ctx)
-	if tbl == nil {
-		return false, nil
-	}
-	e.walk(tbl, req.Tokens, req.Shared, ctx.Lora, req.CacheSalt, req.Instance, res)
-	return true, nil
+	e.LookupIn(tbl, req, res)
+	return tbl != nil, nil
 }
 
 // walk hashes tokens lazily under the table's profile and walks the keys.
@@ -216,7 +222,7 @@ func (e *Engine) check(req *Request) (index.ContextKey, error) {
 	}
 	ctx := req.Context
 	if ctx.Tenant == "" {
-		ctx.Tenant = registry.DefaultTenant
+		ctx.Tenant = index.DefaultTenant
 	}
 	return ctx, nil
 }

@@ -38,7 +38,8 @@ func counts(dev int) index.TierCounts {
 }
 
 // TestLookupFilterAndUnknownContext: an instance filter narrows the answer;
-// a context nobody registered answers no owners, and Knows says which.
+// a context nobody registered answers no owners, and Find says which (the
+// default tenant standing for an empty one).
 func TestLookupFilterAndUnknownContext(t *testing.T) {
 	tokens := prompt(300)
 	e, _ := fixture(t, tokens, true)
@@ -55,8 +56,14 @@ func TestLookupFilterAndUnknownContext(t *testing.T) {
 	if known, err := e.Lookup(&Request{Context: other, Tokens: tokens}, &res); err != nil || known || len(res.Instances) != 0 {
 		t.Errorf("unknown context: known %v, %v, answered %v", known, err, res.Instances)
 	}
-	if e.Knows(other) || !e.Knows(index.ContextKey{Model: "m", BlockSize: 4}) {
-		t.Error("Knows disagrees with the index")
+	for _, tc := range []struct {
+		ctx  index.ContextKey
+		want bool
+	}{{other, false}, {index.ContextKey{Model: "m", BlockSize: 4}, true}, {index.ContextKey{Tenant: index.DefaultTenant, Model: "m", BlockSize: 4}, true}} {
+		tbl, err := e.Find(&Request{Context: tc.ctx, Tokens: tokens})
+		if err != nil || (tbl != nil) != tc.want {
+			t.Errorf("Find(%+v) = %v, %v; want a table %v", tc.ctx, tbl, err, tc.want)
+		}
 	}
 }
 
@@ -81,6 +88,7 @@ func TestLookupErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for name, run := range map[string]func() error{
 				"Lookup":  func() error { var res Result; _, err := e.Lookup(&tc.req, &res); return err },
+				"Find":    func() error { _, err := e.Find(&tc.req); return err },
 				"Explain": func() error { _, err := e.Explain(&tc.req); return err },
 			} {
 				var qe *Error

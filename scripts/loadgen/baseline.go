@@ -6,8 +6,6 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
@@ -76,11 +74,11 @@ func chainCPUPerPrompt(p *hashing.Profile, bs int, prompts [][]int32) float64 {
 // getrusage's per-thread figure moves in scheduler ticks, and a short
 // chain run could read as no time at all.
 func threadCPU() time.Duration {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+	d, err := clockTime(clockThreadCPUTime)
+	if err != nil {
 		return -1
 	}
-	return time.Duration(ts.Nano())
+	return d
 }
 
 // coldResult is --cold-pass: every stored prompt asked once, at

@@ -239,6 +239,31 @@ func TestProcessClock(t *testing.T) {
 	}
 }
 
+// TestThreadCPU: the thread clock moves with the calling thread's own
+// work and stays well behind the wall clock while the thread sleeps.
+func TestThreadCPU(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := threadCPU()
+	if start < 0 {
+		t.Fatal("threadCPU unknown")
+	}
+	x := uint64(1)
+	for threadCPU()-start < 20*time.Millisecond { // until it has done some work
+		for i := 0; i < 1000; i++ {
+			x = x*6364136223846793005 + 1
+		}
+	}
+	_ = x
+	before := threadCPU()
+	wall := time.Now()
+	time.Sleep(100 * time.Millisecond)
+	slept, asleep := time.Since(wall), threadCPU()-before
+	if asleep < 0 || asleep > slept/2 {
+		t.Errorf("thread clock moved %v while the thread slept %v", asleep, slept)
+	}
+}
+
 func TestProcParsing(t *testing.T) {
 	stat := "4242 (odd) name) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 130 0 0 20 0 9 0 100 0 0\n"
 	cpu, err := parseStatCPU([]byte(stat))

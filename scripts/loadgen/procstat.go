@@ -37,7 +37,15 @@ func procCPU(pid int) (time.Duration, error) {
 // clock_getcpuclockid(3) gives: the pid's complement shifted over the
 // clock's type bits, CPUCLOCK_SCHED (2), with the per-thread bit clear.
 func processClock(pid int) (time.Duration, error) {
-	id := uintptr(int32((^pid)<<3 | 2))
+	return clockTime(uintptr(int32((^pid)<<3 | 2)))
+}
+
+// clockThreadCPUTime is CLOCK_THREAD_CPUTIME_ID, the calling thread's
+// CPU-time clock.
+const clockThreadCPUTime = 3
+
+// clockTime reads clock id with clock_gettime(2).
+func clockTime(id uintptr) (time.Duration, error) {
 	var ts syscall.Timespec
 	if _, _, e := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, id, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
 		return 0, e

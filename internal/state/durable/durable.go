@@ -221,8 +221,9 @@ func (s *State) Dir() string {
 // Recorded are the registrations the directory recorded.
 func (s *State) Recorded() []registry.Service { return s.recorded }
 
-// Gate is the lock sources hold while they change the index; a snapshot
-// holds it for the instant of its cut. Memory-only services take
+// Gate is the gate (docs/architecture.md#glossary): the lock sources and
+// producers hold for reading while they change the index, and a snapshot
+// holds for writing for the instant of its cut. Memory-only services take
 // snapshots too, for peers (GET /snapshot), so it is always there.
 func (s *State) Gate() *sync.RWMutex { return &s.gate }
 

@@ -1,0 +1,22 @@
+module github.com/mooncake-conductor-go/conductor/internal/deploycheck
+
+go 1.26.8
+
+require (
+	github.com/google/go-cmp v0.7.0
+	github.com/mooncake-conductor-go/conductor v0.0.0
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
+	github.com/mattn/go-colorable v0.1.14 // indirect
+	github.com/mattn/go-isatty v0.0.20 // indirect
+	github.com/rs/zerolog v1.35.1 // indirect
+	github.com/zeebo/xxh3 v1.1.0 // indirect
+	go.yaml.in/yaml/v2 v2.4.4 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)
+
+replace github.com/mooncake-conductor-go/conductor => ../..
