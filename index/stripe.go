@@ -288,17 +288,28 @@ func (s *stripe) findOrInsert(key, h uint64) int {
 		s.blocks[idx] = block{key: key}
 	} else {
 		idx = uint32(len(s.blocks))
-		c := cap(s.blocks)
-		s.blocks = append(s.blocks, block{key: key})
-		if cap(s.blocks) != c {
-			s.publishBlocks()
+		if len(s.blocks) == cap(s.blocks) {
+			s.growBlocks()
 		}
+		s.blocks = append(s.blocks, block{key: key})
 	}
 	s.slots[i] = fp | (idx + 1)
 	s.nlive++
 	s.stamp(int(idx))
 	s.charge(blockBytes)
 	return int(idx)
+}
+
+// growBlocks doubles the slab's capacity. append would grow a large slab
+// by a quarter, copying it about four times over and taking fresh memory
+// five times its size on the way; doubling copies it about once and takes
+// twice its size. The first touch of fresh memory (a page fault) costs more
+// than storing a block, and the capacity not yet used is not touched.
+func (s *stripe) growBlocks() {
+	nb := make([]block, len(s.blocks), max(2*cap(s.blocks), 16))
+	copy(nb, s.blocks)
+	s.blocks = nb
+	s.publishBlocks()
 }
 
 // resize rebuilds slots for want live keys at 64% load, dropping

@@ -70,12 +70,12 @@ type Links struct {
 // LinkID identifies a chain prefix within a scope (see Links).
 type LinkID = xxh3.Uint128
 
-// LinkBytes is what a verified block costs on average: its prefix id,
-// digest, key, tokens' id, block hint and child flag in a run (69 bytes)
-// and a 16-byte slot in each of the two tables at their average load of
-// 9/16 (between 3/8 after doubling and 3/4). BenchmarkLinksMemory
-// measures it.
-const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 8 + 4 + 1 + 2*posSlotBytes*16/9
+// LinkBytes is what a verified block costs in a full generation: its
+// prefix id, digest, key, tokens' id, block hint and child flag in a run
+// (69 bytes) and a 16-byte slot in each of the two tables at the load of
+// 3/4 their last size is made for (linkGen.maxSlots).
+// BenchmarkLinksMemory measures it.
+const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 8 + 4 + 1 + 2*posSlotBytes*4/3
 
 // runChunk holds runs: ids[i], digs[i], keys[i], toks[i], hints[i] and
 // child[i] are one block's. A run never crosses chunks, so a walk along
@@ -113,6 +113,16 @@ type linkGen struct {
 	// (probability 2^-64) only cost a miss. back files them by the key
 	// engines publish.
 	index, back posTable
+	// maxSlots is the size the tables end at: the generation's budget
+	// holds that many slots in each table and the chunks of the 3/4 of
+	// it they file (newGen).
+	maxSlots int
+}
+
+// newGen returns an empty generation for budget bytes.
+func newGen(budget int) *linkGen {
+	perBlock := float64(unsafe.Sizeof(runChunk{}))/chunkBlocks + 2*float64(posSlotBytes)*4/3
+	return &linkGen{maxSlots: max(minSlots, int(float64(budget)/perBlock*4/3))}
 }
 
 // bytes is the memory g holds: its chunks and both tables' slots.
@@ -139,6 +149,14 @@ func (g *linkGen) at(p runPos) (*runChunk, int) {
 // linear probing at a load of at most 3/4: half the memory of a Go map
 // and a fraction of its insert cost for these random keys. The zero
 // slot (pos 0) is empty; positions are stored plus one.
+//
+// A table grows fourfold, and its last size is exactly what its
+// generation's budget holds (linkGen.maxSlots), not a power of two: the
+// slots are fresh memory, whose first touch (a page fault) costs more
+// than filing a block, so a table makes and copies half of what doubling
+// would, and ends at the size it needs. A key's home is its multiplied
+// hash scaled to the table's size, so growing keeps the keys' order and
+// the copy runs through both tables in sequence.
 type posTable struct {
 	slots []posSlot
 	n     int
@@ -150,6 +168,9 @@ type posTable struct {
 	noNext int
 }
 
+// minSlots is a table's first size.
+const minSlots = 1024
+
 // faultIn touches every page of fresh slots, so that the page faults
 // happen now rather than when they are filled.
 func faultIn(s []posSlot) []posSlot {
@@ -160,6 +181,17 @@ func faultIn(s []posSlot) []posSlot {
 	return s
 }
 
+// nextLen is the size t grows to, within a generation whose tables end at
+// maxSlots; past that (which the generation's budget does not let
+// happen) it doubles.
+func (t *posTable) nextLen(maxSlots int) int {
+	n := len(t.slots)
+	if n >= maxSlots {
+		return max(2*n, minSlots)
+	}
+	return max(min(4*n, maxSlots), minSlots)
+}
+
 type posSlot struct {
 	key uint64
 	pos uint32
@@ -168,15 +200,15 @@ type posSlot struct {
 const posSlotBytes = int(unsafe.Sizeof(posSlot{}))
 
 func (t *posTable) home(k uint64) int {
-	return int((k * 0x9e3779b97f4a7c15) >> (64 - bits.Len(uint(len(t.slots)-1))))
+	hi, _ := bits.Mul64(k*0x9e3779b97f4a7c15, uint64(len(t.slots)))
+	return int(hi)
 }
 
 func (t *posTable) get(k uint64) (runPos, bool) {
 	if t.n == 0 {
 		return 0, false
 	}
-	mask := len(t.slots) - 1
-	for i := t.home(k); ; i = (i + 1) & mask {
+	for i := t.home(k); ; {
 		s := &t.slots[i]
 		if s.pos == 0 {
 			return 0, false
@@ -184,20 +216,26 @@ func (t *posTable) get(k uint64) (runPos, bool) {
 		if s.key == k {
 			return runPos(s.pos - 1), true
 		}
+		if i++; i == len(t.slots) {
+			i = 0
+		}
 	}
 }
 
 // put files p under k, replacing what k had, and reports whether k is new.
-func (t *posTable) put(k uint64, p runPos) bool {
+// A table at 3/4 grows first, to nextLen(maxSlots).
+func (t *posTable) put(k uint64, p runPos, maxSlots int) bool {
 	if (t.n+1)*4 > len(t.slots)*3 {
-		t.grow()
+		t.grow(t.nextLen(maxSlots))
 	}
-	mask := len(t.slots) - 1
 	i := t.home(k)
-	for ; t.slots[i].pos != 0; i = (i + 1) & mask {
+	for t.slots[i].pos != 0 {
 		if t.slots[i].key == k {
 			t.slots[i].pos = uint32(p) + 1
 			return false
+		}
+		if i++; i == len(t.slots) {
+			i = 0
 		}
 	}
 	t.slots[i] = posSlot{key: k, pos: uint32(p) + 1}
@@ -205,21 +243,24 @@ func (t *posTable) put(k uint64, p runPos) bool {
 	return true
 }
 
-func (t *posTable) grow() {
+// grow moves the slots into a table of n (next when it was prepared at
+// that size).
+func (t *posTable) grow(n int) {
 	old := t.slots
-	if n := max(2*len(old), 1024); len(t.next) == n {
+	if len(t.next) == n {
 		t.slots, t.next = t.next, nil
 	} else {
 		t.slots, t.next = make([]posSlot, n), nil
 	}
-	mask := len(t.slots) - 1
 	for _, s := range old {
 		if s.pos == 0 {
 			continue
 		}
 		i := t.home(s.key)
 		for t.slots[i].pos != 0 {
-			i = (i + 1) & mask
+			if i++; i == len(t.slots) {
+				i = 0
+			}
 		}
 		t.slots[i] = s
 	}
@@ -588,7 +629,7 @@ func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
 	}
 	g := l.cur
 	if g == nil {
-		g = &linkGen{}
+		g = newGen(l.maxBytes / 2)
 		l.cur = g
 	}
 	if w == nil {
@@ -627,7 +668,7 @@ func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
 		if g.bytes()+g.growth(ch == nil) > l.maxBytes/2 {
 			// The current generation is full: it becomes the old
 			// one, and the one before it goes.
-			l.prev, g = g, &linkGen{}
+			l.prev, g = g, newGen(l.maxBytes/2)
 			l.cur, ch = g, nil
 		}
 		if ch == nil {
@@ -651,19 +692,19 @@ func (s LinkScope) Record(r *LinkRun, w *LinkWriter) {
 		}
 		ch.n++
 		pos := runPos(ch.pos)<<16 | runPos(off)
-		g.back.put(keys[i], pos)
-		if g.index.put(id.Hi, pos) {
+		g.back.put(keys[i], pos, g.maxSlots)
+		if g.index.put(id.Hi, pos, g.maxSlots) {
 			added++
 		} // else another ingest filed it meanwhile: this copy is spare
 	}
 }
 
-// prepareGrowth is the first half of taking a table's doubling out of
-// the lock. A table that doubles takes fresh memory, and its first touch
-// of each page is a page fault: done under the lock, other sources'
-// ingest and every query would wait for it. So once a large table of the
+// prepareGrowth is the first half of taking a table's growth out of the
+// lock. A table that grows takes fresh memory, and its first touch of
+// each page is a page fault: done under the lock, other sources' ingest
+// and every query would wait for it. So once a large table of the
 // current generation is 5/8 full (with adding more blocks to come), one
-// Record allocates and faults in the doubled slots before it takes the
+// Record allocates and faults in the next slots before it takes the
 // lock (prepareGrowth), and parks them in next under it (adoptSpare),
 // where grow finds them at 3/4. prepared says this caller holds the
 // preparing flag, to clear once it has adopted what it made.
@@ -672,9 +713,9 @@ func (l *Links) prepareGrowth(adding int) (spare [2][]posSlot, prepared bool) {
 	l.mu.RLock()
 	if g := l.cur; g != nil {
 		for i, t := range [2]*posTable{&g.index, &g.back} {
-			if len(t.slots) >= 1<<16 && t.next == nil && t.noNext != len(t.slots) &&
-				(t.n+adding)*8 > len(t.slots)*5 && g.bytes()+2*len(t.slots)*posSlotBytes <= l.maxBytes/2 {
-				want[i] = 2 * len(t.slots)
+			if n := t.nextLen(g.maxSlots); len(t.slots) >= 1<<14 && t.next == nil && t.noNext != len(t.slots) &&
+				(t.n+adding)*8 > len(t.slots)*5 && g.bytes()+n*posSlotBytes <= l.maxBytes/2 {
+				want[i] = n
 			}
 		}
 	}
@@ -699,7 +740,7 @@ func (g *linkGen) adoptSpare(spare [2][]posSlot, budget int) {
 		if spare[i] == nil {
 			continue
 		}
-		if t.next == nil && len(spare[i]) == 2*len(t.slots) && g.bytes()+len(spare[i])*posSlotBytes <= budget {
+		if t.next == nil && len(spare[i]) == t.nextLen(g.maxSlots) && g.bytes()+len(spare[i])*posSlotBytes <= budget {
 			t.next = spare[i]
 		} else {
 			t.noNext = len(t.slots) // not again at this size
@@ -724,7 +765,7 @@ func (g *linkGen) touch(ids []LinkID, keys []uint64) uint32 {
 }
 
 // growth is how many bytes g grows by if one more block is filed: a new
-// chunk when newChunk, and any table that doubles.
+// chunk when newChunk, and any table that grows.
 func (g *linkGen) growth(newChunk bool) int {
 	b := 0
 	if newChunk {
@@ -732,7 +773,7 @@ func (g *linkGen) growth(newChunk bool) int {
 	}
 	for _, t := range [2]*posTable{&g.index, &g.back} {
 		if (t.n+1)*4 > len(t.slots)*3 && len(t.next) == 0 {
-			b += max(len(t.slots), 1024) * posSlotBytes // next is counted already
+			b += (t.nextLen(g.maxSlots) - len(t.slots)) * posSlotBytes // next is counted already
 		}
 	}
 	return b

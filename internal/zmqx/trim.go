@@ -15,9 +15,11 @@ const TrimAfterBytes = 4 << 20
 // trimQuiet is how long no source may have had a backlog before a trim
 // runs. During a burst, sources whose queue momentarily empties ask for
 // trims while others still receive; trimming then only returns pages that
-// libzmq faults back in at once. Waiting for a short lull trims once, at
-// the end of the burst.
-const trimQuiet = 3 * time.Millisecond
+// libzmq faults back in at once, and on a busy machine (every source's
+// queue empties whenever the subscriber gets the CPU) lulls of a few
+// milliseconds come many times a second. Waiting for a lull longer than
+// a scheduler's time slice trims once, at the end of the burst.
+const trimQuiet = 100 * time.Millisecond
 
 // trimInterval spaces trims out: malloc_trim walks every arena (0.2-4 ms
 // after a 2 M-block burst).
