@@ -180,7 +180,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// memo and the verified links, and the doors' token
 	// memos attached to it, all forgotten through engine.Forget. Ingest
 	// fills the links.
-	links := hashing.NewLinks(cfg.LinkMemoBytes)
+	links := hashing.NewLinks(cfg.LinkMemoBytes - linkBacklogBytes(cfg.LinkMemoBytes))
+	links.SetBacklogLimit(int64(linkBacklogBytes(cfg.LinkMemoBytes)))
 	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
 	// The token memo's part of the budget serves both doors: with the
 	// gRPC door on, each door's memo (MessagePack bodies here, protobuf
@@ -278,7 +279,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	budget := membudget.NewCollector(cfg.Memory, map[membudget.Part]func() int64{
 		membudget.Total:    procmem.RSS,
 		membudget.Index:    ix.MemoryBytes,
-		membudget.Links:    func() int64 { return int64(links.Bytes()) },
+		membudget.Links:    func() int64 { return int64(links.Bytes()) + links.BacklogBytes() },
 		membudget.HashMemo: func() int64 { return int64(engine.Memo().Bytes()) },
 		membudget.TokenMemo: func() int64 {
 			n := int64(tokenMemo.Bytes())
@@ -542,6 +543,11 @@ type sourceLimits struct {
 // connection, so a burst beyond it waits in the publisher's send queue
 // (the engine's memory, replayable) instead of this process's C heap.
 const budgetedRcvHWM = 1000
+
+// linkBacklogBytes is the part of the links' memory that every source's
+// verification backlog shares: an eighth; the tables get the rest
+// (docs/index-memory.md#the-budget).
+func linkBacklogBytes(linkBytes int) int { return linkBytes / 8 }
 
 // budgetedSources are the subscribers' limits under budget b: an eighth
 // of the links' part for each one's verification backlog, which the

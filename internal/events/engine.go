@@ -187,7 +187,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		keys:      make([]uint64, 0, 1024),
 		profile:   cfg.Profile,
 		loraName:  cfg.Context.Lora,
-		pend:      pendingLinks{max: cfg.LinkDefer},
+		pend:      pendingLinks{max: cfg.LinkDefer, shared: cfg.Links},
 	}
 	if rules.typ == source.VLLM {
 		d.links = cfg.Links.Scope(&d.profile)

@@ -196,11 +196,12 @@ func (d *engineDecoder) published(dg *[32]byte, key uint64, pub []byte) bool {
 // event, where one growing buffer would copy the backlog again at every
 // doubling (and fault in fresh pages each time).
 type pendingLinks struct {
-	max    int          // bytes the waiting events may hold
-	chunks []*pendChunk // in arrival order; chunks[0] is verified first
-	free   []*pendChunk // emptied chunks kept for the next burst
-	held   int          // bytes of the chunks in use, whole chunks
-	n      int          // blocks waiting
+	max    int            // bytes the waiting events may hold
+	shared *hashing.Links // the bound every source's backlog shares (TakeBacklog)
+	chunks []*pendChunk   // in arrival order; chunks[0] is verified first
+	free   []*pendChunk   // emptied chunks kept for the next burst
+	held   int            // bytes of the chunks in use, whole chunks
+	n      int            // blocks waiting
 }
 
 // pendChunk holds waiting events: evs[head:] wait, their spans point into
@@ -244,6 +245,7 @@ func (c *pendChunk) fits(b, k int) bool {
 
 // reset forgets every waiting event; the caller accounts for p.n.
 func (p *pendingLinks) reset() {
+	p.shared.GiveBacklog(p.held)
 	for _, c := range p.chunks {
 		p.release(c)
 	}
@@ -265,9 +267,19 @@ func (p *pendingLinks) chunkFor(b, k int) *pendChunk {
 	if n := len(p.chunks); n > 0 && p.chunks[n-1].fits(b, k) {
 		return p.chunks[n-1]
 	}
+	// The bounds are checked before a chunk is made, so that shedding a
+	// burst allocates nothing.
+	large := b > chunkBufBytes || k > chunkKeys
+	need := chunkBytes
+	if large {
+		need = b + 12*k + pendingEventBytes
+	}
+	if p.held+need > p.max || !p.shared.TakeBacklog(need) {
+		return nil
+	}
 	var c *pendChunk
 	switch {
-	case b > chunkBufBytes || k > chunkKeys:
+	case large:
 		// A large event gets a chunk of its own, sized to it.
 		c = newPendChunk(b, k, 1)
 	case len(p.free) > 0:
@@ -277,11 +289,7 @@ func (p *pendingLinks) chunkFor(b, k int) *pendChunk {
 	default:
 		c = newPendChunk(chunkBufBytes, chunkKeys, chunkEvents)
 	}
-	if p.held+c.bytesOf() > p.max {
-		p.release(c)
-		return nil
-	}
-	p.held += c.bytesOf()
+	p.held += need
 	p.chunks = append(p.chunks, c)
 	return c
 }
@@ -351,6 +359,7 @@ func (d *engineDecoder) VerifyPending(maxBlocks int) bool {
 		}
 		if c.head == len(c.evs) {
 			p.held -= c.bytesOf()
+			p.shared.GiveBacklog(c.bytesOf())
 			copy(p.chunks, p.chunks[1:])
 			p.chunks[len(p.chunks)-1] = nil
 			p.chunks = p.chunks[:len(p.chunks)-1]

@@ -85,3 +85,61 @@ func TestPendingLinksChunks(t *testing.T) {
 		t.Fatalf("%d links, %d waiting, %d shed, %d bytes held; want %d, 0, 0, 0", links.Len(), links.Pending(), links.Shed(), d.pend.held, len(keys))
 	}
 }
+
+// TestPendingLinksShareOneBound: the sources' backlogs together stay
+// within the links' shared bound (hashing.Links.SetBacklogLimit). A
+// second source whose burst does not fit sheds it, counted; once the
+// first source's backlog is verified or dropped, the bytes are free for
+// the other again.
+func TestPendingLinksShareOneBound(t *testing.T) {
+	m := eventtest.LoadManifest(t)
+	reg := m.Registration(t, "vllm-a")
+	prof := eventtest.ResolveProfile(t, reg)
+	links := hashing.NewLinks(8 << 20)
+	links.SetBacklogLimit(chunkBytes)
+	newSource := func() *engineDecoder {
+		return newEngine(&vllmRules, Config{Type: source.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
+			Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, LinkDefer: 16 << 20})
+	}
+	bs := reg.BlockSize
+	store := func(d *engineDecoder, seed int32) int {
+		toks := make([]int32, 4*bs)
+		for i := range toks {
+			toks[i] = seed + int32(i)
+		}
+		keys := eventtest.ChainKeys(&prof, bs, toks)
+		p, err := msgpack.Marshal([]any{1.5, []any{map[string]any{"type": "BlockStored", "block_hashes": keys,
+			"parent_block_hash": nil, "token_ids": toks, "block_size": bs, "lora_id": nil, "medium": "GPU", "lora_name": nil}}, 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if why := d.Decode(p); why != ReasonNone {
+			t.Fatalf("envelope rejected: %v", why)
+		}
+		d.Apply(&countReporter{})
+		d.Forget()
+		return len(keys)
+	}
+	a, b := newSource(), newSource()
+	n := store(a, 1)
+	if a.PendingLinks() != n || links.BacklogBytes() != chunkBytes {
+		t.Fatalf("first source: %d blocks waiting, backlog %d bytes; want %d, %d", a.PendingLinks(), links.BacklogBytes(), n, chunkBytes)
+	}
+	n = store(b, 1000)
+	if b.PendingLinks() != 0 || links.Shed() != uint64(n) || links.BacklogBytes() != chunkBytes {
+		t.Fatalf("second source over the shared bound: %d waiting, %d shed, backlog %d; want 0, %d, %d", b.PendingLinks(), links.Shed(), links.BacklogBytes(), n, chunkBytes)
+	}
+	for a.VerifyPending(1) {
+	}
+	if links.BacklogBytes() != 0 {
+		t.Fatalf("backlog %d bytes after the first source's was verified, want 0", links.BacklogBytes())
+	}
+	n = store(b, 2000)
+	if b.PendingLinks() != n || links.BacklogBytes() != chunkBytes {
+		t.Fatalf("second source after the bound freed: %d waiting, backlog %d; want %d, %d", b.PendingLinks(), links.BacklogBytes(), n, chunkBytes)
+	}
+	b.DropPending()
+	if links.BacklogBytes() != 0 || links.Pending() != 0 {
+		t.Fatalf("after the second source dropped its backlog: %d bytes, %d blocks; want 0, 0", links.BacklogBytes(), links.Pending())
+	}
+}

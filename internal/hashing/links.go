@@ -63,6 +63,7 @@ type Links struct {
 	hits, misses, recorded atomic.Uint64
 	shed                   atomic.Uint64 // blocks ingest left unverified (NoteShed)
 	pending                atomic.Int64  // blocks whose verification waits (NotePending)
+	backlog, backlogMax    atomic.Int64  // bytes the sources' waiting verification holds, and its bound (TakeBacklog)
 	sink                   uint32        // keeps touch's loads (under mu)
 	anon                   LinkWriter    // for Record without a writer (under mu)
 }
@@ -346,6 +347,51 @@ func (s LinkScope) NoteShed(n int) {
 
 // Pending is how many stored blocks wait for verification (NotePending),
 // over all sources.
+// SetBacklogLimit bounds, in bytes, what every source's verification
+// backlog together may hold (TakeBacklog); 0, the default, leaves only
+// each source's own bound. The links' part of the memory budget covers
+// the backlog as well as the tables, and a bound per source alone grows
+// with the number of sources.
+func (l *Links) SetBacklogLimit(n int64) {
+	if l != nil {
+		l.backlogMax.Store(n)
+	}
+}
+
+// TakeBacklog reserves n bytes of the shared backlog bound for a source's
+// waiting verification, and reports false, reserving nothing, when they
+// do not fit: the caller sheds what it would have kept (NoteShed).
+func (l *Links) TakeBacklog(n int) bool {
+	if l == nil {
+		return true
+	}
+	limit := l.backlogMax.Load()
+	for {
+		cur := l.backlog.Load()
+		if limit > 0 && cur+int64(n) > limit {
+			return false
+		}
+		if l.backlog.CompareAndSwap(cur, cur+int64(n)) {
+			return true
+		}
+	}
+}
+
+// GiveBacklog returns n bytes taken by TakeBacklog.
+func (l *Links) GiveBacklog(n int) {
+	if l != nil {
+		l.backlog.Add(-int64(n))
+	}
+}
+
+// BacklogBytes is what the sources' waiting verification holds now.
+func (l *Links) BacklogBytes() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.backlog.Load()
+}
+
 func (l *Links) Pending() int64 {
 	if l == nil {
 		return 0
