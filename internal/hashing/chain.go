@@ -88,6 +88,8 @@ type Chain struct {
 	tail0    int
 	tailsSet bool
 	bigNames bool // a name ≥ 64 KiB: pickle must use the general framer
+
+	seed uint64 // rfc1527's seed
 }
 
 var chainPool = sync.Pool{New: func() any { return newChain() }}
@@ -162,6 +164,14 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 		if c.kind == kindSGLangBigram {
 			c.limit = max(n-1, 0)
 		}
+	case kindRFC1527:
+		// Full blocks only, as Dynamo hashes them. The standard hash has
+		// no salt: a salted query can match no block an engine stored
+		// for it, so it matches none (docs/hashing.md#standard-hash-rfc1527).
+		c.seed = p.seed
+		if salt == "" {
+			c.limit = n - n%blockSize
+		}
 	}
 }
 
@@ -170,6 +180,9 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 // changes. The memo learns the query's chain when the chain is released.
 func (c *Chain) UseMemo(m *Memo) {
 	c.endMemoQuery(false)
+	if c.kind == kindRFC1527 {
+		m = nil // XXH3 costs less than a memo lookup would
+	}
 	c.memo = m
 }
 
@@ -265,7 +278,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if end-start > c.bs {
 		end = start + c.bs
 	}
-	if c.h == nil {
+	if c.h == nil && c.kind != kindRFC1527 {
 		c.h = sha256.New() // a zero Chain that did not come from the pool
 	}
 	if c.kind == kindNone {
@@ -409,7 +422,9 @@ func (c *Chain) Ready() int {
 
 // hashBlock encodes block [start, end) and sets c.parent to its digest.
 func (c *Chain) hashBlock(start, end int) {
-	c.h.Reset()
+	if c.kind != kindRFC1527 {
+		c.h.Reset()
+	}
 	switch c.kind {
 	case kindVLLMCBOR:
 		// Streams the first SHA-256 block while encoding the rest.
@@ -426,6 +441,15 @@ func (c *Chain) hashBlock(start, end int) {
 	case kindSGLang, kindSGLangBigram:
 		c.buf = c.encodeSGLangPage(start, end)
 		c.h.Write(c.buf)
+	case kindRFC1527:
+		var h uint64
+		h, c.buf = StdLocal(c.seed, c.tokens[start:end], nil, c.buf)
+		if c.havePr {
+			h = StdNext(c.seed, binary.BigEndian.Uint64(c.parent[:8]), h)
+		}
+		c.parent = [32]byte{}
+		binary.BigEndian.PutUint64(c.parent[:8], h)
+		return
 	}
 	c.h.Sum(c.parent[:0])
 }
