@@ -260,7 +260,7 @@ func TestQueryByHashVerb(t *testing.T) {
 	r := run(t, env, "", "query-by-hash", "--file", file)
 	want := map[string]any{"instances": map[string]any{"std-a": map[string]any{"longest_matched": 0.0, "dp": map[string]any{"0": 0.0},
 		"rank_matches": map[string]any{"0": map[string]any{"device": 0.0, "cpu_local": 0.0, "cpu_share": 0.0, "disk": 0.0}},
-		"device": 0.0, "cpu_local": 0.0, "cpu_share": 0.0, "disk": 0.0}}}
+		"device":       0.0, "cpu_local": 0.0, "cpu_share": 0.0, "disk": 0.0}}}
 	if r.code != 0 {
 		t.Fatalf("query-by-hash: %d %s %s", r.code, r.stdout, r.stderr)
 	}
