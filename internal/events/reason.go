@@ -65,6 +65,8 @@ const (
 	EvConflict
 	EvAssertion
 	EvLayout
+	EvUnknownParent
+	EvStdMapFull
 
 	// Ignored / no-op events.
 	IgnMedium
@@ -133,6 +135,8 @@ var reasonNames = [NumReasons]string{
 	EvConflict:          "binding_conflict",
 	EvAssertion:         "assertion",
 	EvLayout:            "layout_conflict",
+	EvUnknownParent:     "unknown_parent",
+	EvStdMapFull:        "standard_map_full",
 	IgnMedium:           "medium",
 	NoBinding:           "no_binding",
 	StaleGap:            "gap",
