@@ -90,6 +90,13 @@ type Chain struct {
 	bigNames bool // a name ≥ 64 KiB: pickle must use the general framer
 
 	seed uint64 // rfc1527's seed
+	// std holds rfc1527 keys hashed ahead in batches (Ready), std[stdI]
+	// being block c.block's: XXH3 is cheap enough that hashing a batch
+	// ahead costs less than walking block by block, one stripe lock
+	// each, and the walk then reads the batch stripe by stripe.
+	std      []uint64
+	stdI     int
+	stdBatch int
 }
 
 var chainPool = sync.Pool{New: func() any { return newChain() }}
@@ -144,6 +151,7 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
 	c.havePr, c.tailsSet = false, false
 	c.kind = kindNone
+	c.std, c.stdI, c.stdBatch = c.std[:0], 0, 0
 	if p == nil || blockSize <= 0 {
 		return
 	}
@@ -273,6 +281,9 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		k, covered := c.takeRemembered()
 		return k, covered, true
 	}
+	if c.stdI < len(c.std) {
+		return c.takeStd(), c.bs, true
+	}
 	start := c.pos
 	end := c.limit
 	if end-start > c.bs {
@@ -358,6 +369,21 @@ func (c *Chain) takeRemembered() (uint64, int) {
 // whole block) and their block hints (0 for none) to keys, covs and
 // hints; it stops early at a block that needs hashing.
 func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	if k := min(n, len(c.std)-c.stdI); k > 0 {
+		keys = append(keys, c.std[c.stdI:c.stdI+k]...)
+		for range k {
+			covs, hints = append(covs, c.bs), append(hints, 0)
+		}
+		c.stdI += k
+		c.pos += k * c.bs
+		c.block += k
+		if c.stdI == len(c.std) {
+			c.parent = [32]byte{}
+			binary.BigEndian.PutUint64(c.parent[:8], c.std[c.stdI-1])
+			c.havePr = true
+		}
+		return keys, covs, hints
+	}
 	for ; n > 0 && c.pos < c.limit && c.block < c.reuseK; n-- {
 		k, cov := c.takeRemembered()
 		keys, covs, hints = append(keys, k), append(covs, cov), append(hints, 0)
@@ -404,6 +430,9 @@ func (c *Chain) lookUp() {
 func (c *Chain) Ready() int {
 	if c.kind == kindNone || c.pos >= c.limit {
 		return 0
+	}
+	if c.kind == kindRFC1527 {
+		return c.readyStd()
 	}
 	if c.memo != nil {
 		c.lookUp()
@@ -546,4 +575,52 @@ func anyNegative(toks []int32) bool {
 		acc |= t
 	}
 	return acc < 0
+}
+
+const (
+	firstStdBatch = 32
+	maxStdBatch   = 1024
+)
+
+// readyStd hashes the next batch of rfc1527 blocks ahead, when none is
+// waiting, and reports how many wait. Batches grow fourfold, so a walk
+// that ends at an early miss hashed at most a few blocks in vain.
+func (c *Chain) readyStd() int {
+	if r := len(c.std) - c.stdI; r > 0 {
+		return r
+	}
+	full := c.limit / c.bs
+	n := min(max(4*c.stdBatch, firstStdBatch), maxStdBatch, full-c.block)
+	if n <= 0 {
+		return 0
+	}
+	c.stdBatch = n
+	c.std, c.stdI = c.std[:0], 0
+	parent, have := binary.BigEndian.Uint64(c.parent[:8]), c.havePr
+	for i := range n {
+		start := (c.block + i) * c.bs
+		var h uint64
+		h, c.buf = StdLocal(c.seed, c.tokens[start:start+c.bs], nil, c.buf)
+		if have {
+			h = StdNext(c.seed, parent, h)
+		}
+		parent, have = h, true
+		c.std = append(c.std, h)
+	}
+	return n
+}
+
+// takeStd is Next for a block readyStd hashed ahead.
+func (c *Chain) takeStd() uint64 {
+	h := c.std[c.stdI]
+	c.stdI++
+	c.pos += c.bs
+	c.block++
+	if c.stdI == len(c.std) {
+		// The batch's last block is the parent of the next one hashed.
+		c.parent = [32]byte{}
+		binary.BigEndian.PutUint64(c.parent[:8], h)
+		c.havePr = true
+	}
+	return h
 }

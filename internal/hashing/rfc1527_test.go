@@ -156,3 +156,37 @@ func TestNativeWireForms(t *testing.T) {
 		t.Errorf("32-byte digest accepted as an rfc1527 key")
 	}
 }
+
+// TestRFC1527Batches: the keys hashed ahead (Ready, TakeReady) and those
+// hashed one by one (Next) interleave into the eager chain.
+func TestRFC1527Batches(t *testing.T) {
+	p := stdProfile(t, nil)
+	toks := seq(1, 16*3000)
+	want := chainKeys(&p, 16, toks, "")
+	for _, step := range []int{1, 7, 33, 500} {
+		c := AcquireChain()
+		c.Reset(&p, 16, toks, "", "")
+		var got []uint64
+		for i := 0; ; i++ {
+			if i%3 == 0 {
+				if k, _, ok := c.Next(); ok {
+					got = append(got, k)
+					continue
+				}
+				break
+			}
+			n := c.Ready()
+			if n == 0 {
+				if _, _, ok := c.Next(); ok {
+					t.Fatal("Ready said 0 with blocks left")
+				}
+				break
+			}
+			got, _, _ = c.TakeReady(min(n, step), got, nil, nil)
+		}
+		ReleaseChain(c)
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("step %d (-want +got):\n%s", step, d)
+		}
+	}
+}
