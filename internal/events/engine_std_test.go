@@ -61,8 +61,12 @@ func vStoredEv(hashes []uint64, parent any, from, n int, extra any) map[string]a
 		"block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil, "extra_keys": extra}
 }
 
-func store(k uint64) eventtest.Op  { return eventtest.Op{Kind: "store", Owner: 1, Tier: index.Device, Key: k} }
-func remove(k uint64) eventtest.Op { return eventtest.Op{Kind: "remove", Owner: 1, Tier: index.Device, Key: k} }
+func store(k uint64) eventtest.Op {
+	return eventtest.Op{Kind: "store", Owner: 1, Tier: index.Device, Key: k}
+}
+func remove(k uint64) eventtest.Op {
+	return eventtest.Op{Kind: "remove", Owner: 1, Tier: index.Device, Key: k}
+}
 
 // TestStandardEngineKeys: stored blocks are keyed by the standard hash of
 // their token ids (the spec's vectors), children by their parent's engine
