@@ -2,7 +2,6 @@ package hashing
 
 import (
 	"errors"
-	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -212,9 +211,10 @@ func BenchmarkChainStandard(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			c := AcquireChain()
 			defer ReleaseChain(c)
-			q := 0
+			q, at := 0, 0
 			c.Reset(bc.p, benchBlockSize, prompts[q], "", "")
 			keys := make([]uint64, 0, 1024)
+			covs, hints := make([]int, 0, 1024), make([]uint32, 0, 1024)
 			b.ReportAllocs()
 			for b.Loop() {
 				if bc.batch {
@@ -224,11 +224,13 @@ func BenchmarkChainStandard(b *testing.B) {
 							c.Reset(bc.p, benchBlockSize, prompts[q], "", "")
 							c.Ready()
 						}
-						keys, _, _ = c.TakeReady(1024, keys[:0], nil, nil)
-						slices.Reverse(keys)
+						keys, covs, hints = c.TakeReady(1024, keys[:0], covs[:0], hints[:0])
+						at = 0
 					}
-					sinkKey += keys[len(keys)-1]
-					keys = keys[:len(keys)-1]
+					sinkKey += keys[at]
+					if at++; at == len(keys) {
+						keys = keys[:0]
+					}
 					continue
 				}
 				k, _, ok := c.Next()
