@@ -178,6 +178,14 @@ func AppendQuery(b []byte, res *index.QueryResult) []byte {
 }
 
 func appendProfile(b []byte, p *hashing.Profile) []byte {
+	if p.IsStandard() {
+		// The standard hash has a seed and nothing else: no root, no
+		// projection (docs/api.md#hash-profiles).
+		b = appendMapLen(b, 3)
+		b = appendStr(appendStr(b, "strategy"), p.Strategy)
+		b = appendStr(appendStr(b, "algorithm"), p.Algorithm)
+		return appendStr(appendStr(b, "seed"), p.Seed)
+	}
 	b = appendMapLen(b, 5)
 	b = appendStr(appendStr(b, "strategy"), p.Strategy)
 	b = appendStr(appendStr(b, "algorithm"), p.Algorithm)

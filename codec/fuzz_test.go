@@ -47,6 +47,8 @@ func FuzzDecodeRequests(f *testing.F) {
 		b, _ := msgpack.Marshal(m)
 		f.Add(b)
 	}
+	hb, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "seq_hashes": []any{uint64(1), []byte{1, 2, 3, 4, 5, 6, 7, 8}}})
+	f.Add(hb)
 	f.Add([]byte{0xc1})
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0x91, 0x91, 0x91, 0x91, 0xc0})
@@ -59,6 +61,12 @@ func FuzzDecodeRequests(f *testing.F) {
 		checkErr(t, e)
 		_, e = DecodeUnregister(body, lim)
 		checkErr(t, e)
+		var hq HashQueryRequest
+		e = DecodeHashQuery(body, lim, &hq)
+		checkErr(t, e)
+		if e == nil && (int64(len(hq.Values))*int64(hq.BlockSize) > int64(lim.MaxTokens) || (hq.Raw != nil && len(hq.Raw) != len(hq.Values))) {
+			t.Fatal("hash list limit or shape not enforced")
+		}
 		var q QueryRequest
 		e = DecodeQuery(body, lim, &q)
 		checkErr(t, e)

@@ -177,6 +177,7 @@ const (
 	hpAlgorithm
 	hpProjection
 	hpSeed
+	hpStdSeed
 )
 
 // decodeSpec decodes hash_profile. An error about one of its members
@@ -229,6 +230,15 @@ func decodeSpecMembers(c *cursor, lim Limits) (hashing.Spec, *Error) {
 				seed, e = c.str("hash_profile.python_hash_seed", lim.MaxIdentityBytes)
 				s.PythonHashSeed = &seed
 			}
+		case "seed":
+			// rfc1527's seed (docs/hashing.md#standard-hash-rfc1527): a
+			// member of that strategy only, checked once the strategy
+			// is known.
+			if e = seen.mark(hpStdSeed, "hash_profile.seed"); e == nil {
+				var seed string
+				seed, e = c.str("hash_profile.seed", lim.MaxIdentityBytes)
+				s.Seed = &seed
+			}
 		default:
 			f := "hash_profile." + string(k)
 			return s, Errorf(UnknownField, f, "unknown field %q", f)
@@ -236,6 +246,25 @@ func decodeSpecMembers(c *cursor, lim Limits) (hashing.Spec, *Error) {
 		if e != nil {
 			return s, e
 		}
+	}
+	if seen.has(hpStrategy) && s.Strategy == hashing.StrategyRFC1527 {
+		// The standard hash has no projection and no Python seed: as
+		// for any strategy, a member it does not take is unknown.
+		for _, m := range []struct {
+			bit   int
+			field string
+		}{{hpProjection, "index_projection"}, {hpSeed, "python_hash_seed"}} {
+			if seen.has(m.bit) {
+				return s, Errorf(UnknownField, "hash_profile."+m.field, "unknown field %q for strategy rfc1527", "hash_profile."+m.field)
+			}
+		}
+		if !seen.has(hpAlgorithm) {
+			return s, Errorf(Missing, "hash_profile.algorithm", "hash_profile.algorithm is required")
+		}
+		return s, nil
+	}
+	if seen.has(hpStdSeed) {
+		return s, Errorf(UnknownField, "hash_profile.seed", "unknown field %q (only strategy rfc1527 takes a seed)", "hash_profile.seed")
 	}
 	for _, req := range []struct {
 		bit   int

@@ -115,8 +115,11 @@ func NewService(r Registration) (Service, error) {
 		return svc, ruleErrorf("hash_profile", "%v", err)
 	}
 	switch {
+	case p.IsStandard():
+		// Any publisher may be registered under the standard hash: engine
+		// keys are recomputed from token ids (docs/engines.md#standard-hash).
 	case svc.Type == source.VLLM && p.Strategy != "vllm_v1":
-		return svc, ruleErrorf("strategy", "a vLLM publisher hashes with strategy vllm_v1, got %q", p.Strategy)
+		return svc, ruleErrorf("strategy", "a vLLM publisher hashes with strategy vllm_v1 (or the standard rfc1527), got %q", p.Strategy)
 	case svc.Type == source.SGLang && p.Strategy == "vllm_v1":
 		return svc, ruleErrorf("strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
 	}

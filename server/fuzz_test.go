@@ -26,6 +26,8 @@ func FuzzHandlers(f *testing.F) {
 	f.Add(q)
 	u, _ := msgpack.Marshal(map[string]any{"instance_id": "base", "dp_rank": 0})
 	f.Add(u)
+	hq, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "seq_hashes": []any{uint64(1), []byte{1, 2}}})
+	f.Add(hq)
 	f.Add([]byte{0x80})
 
 	ix := index.New(index.Options{})
@@ -46,7 +48,7 @@ func FuzzHandlers(f *testing.F) {
 		f.Fatalf("base registration: %d %x", st, b)
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, path := range []string{"/query", "/register", "/unregister"} {
+		for _, path := range []string{"/query", "/query_by_hash", "/register", "/unregister"} {
 			before, ctxBefore := reg.Services(), reg.Contexts()
 			st, resp := call(path, body)
 			var v map[string]any

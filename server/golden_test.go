@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -169,7 +170,10 @@ func decodeJSON(raw json.RawMessage) (any, error) {
 func fromJSON(v any) (any, error) {
 	switch t := v.(type) {
 	case json.Number:
-		return t.Int64()
+		if n, err := t.Int64(); err == nil {
+			return n, nil
+		}
+		return strconv.ParseUint(t.String(), 10, 64) // a 64-bit key
 	case []any:
 		for i, e := range t {
 			var err error

@@ -194,6 +194,19 @@ func TestHybridQueryAgainstReference(t *testing.T) {
 			if g := got.Instances["dense"].Device; g != wantDense*hbs {
 				rt.Fatalf("dense device %d, want %d", g, wantDense*hbs)
 			}
+			// /query_by_hash with the prompt's keys: the same answer, hybrid
+			// rules included (docs/api.md#post-query_by_hash).
+			hk := append([]uint64{}, eventtest.ChainKeys(&prof, hbs, q)...)
+			hbody, err := msgpack.Marshal(map[string]any{"model": "m", "block_size": hbs, "seq_hashes": hk})
+			if err != nil {
+				rt.Fatal(err)
+			}
+			hctx := queryCtx(hbody)
+			hctx.Request.SetRequestURI("/query_by_hash")
+			s.Handle(hctx)
+			if string(hctx.Response.Body()) != string(ctx.Response.Body()) {
+				rt.Fatalf("layout %+v: /query_by_hash %q, /query %q", groups, hctx.Response.Body(), ctx.Response.Body())
+			}
 		}
 	})
 }

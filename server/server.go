@@ -213,6 +213,7 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 	var (
 		ve *codec.Error
 		qe *query.Error
+		ee *query.EntryError
 		re *registry.RuleError
 		ce *registry.ConflictError
 		se *registry.SourceError
@@ -223,6 +224,8 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 		return fasthttp.StatusBadRequest, codec.AppendError(out, ve)
 	case errors.As(err, &qe):
 		return fasthttp.StatusBadRequest, codec.AppendError(out, &codec.Error{Reason: queryReasons[qe.Reason], Field: qe.Field, Index: codec.NoIndex, Msg: qe.Msg})
+	case errors.As(err, &ee):
+		return fasthttp.StatusBadRequest, codec.AppendError(out, &codec.Error{Reason: codec.InvalidValue, Field: ee.Field, Index: ee.Index, Msg: ee.Msg})
 	case errors.As(err, &re):
 		reason := codec.InvalidValue
 		if re.Missing {
@@ -277,13 +280,16 @@ type route struct {
 // stay exactly as they are whatever a client sends, and so that a proxy
 // can keep operators' routes apart by path.
 var routes = map[string]route{
-	"/register":    {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).register},
-	"/unregister":  {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).unregister},
-	"/query":       {method: fasthttp.MethodPost, msgpack: true, h: (*Server).lookup},
-	"/services":    {method: fasthttp.MethodGet, json: true, h: (*Server).services},
-	"/global_view": {method: fasthttp.MethodGet, json: true, h: (*Server).globalView},
-	"/healthz":     {method: fasthttp.MethodGet, json: true, h: (*Server).healthz},
-	"/readyz":      {method: fasthttp.MethodGet, json: true, h: (*Server).readyz},
+	"/register":   {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).register},
+	"/unregister": {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).unregister},
+	"/query":      {method: fasthttp.MethodPost, msgpack: true, h: (*Server).lookup},
+	// /query_by_hash answers JSON on Accept too: a router that already
+	// hashes prompts is often a script (docs/api.md#post-query_by_hash).
+	"/query_by_hash": {method: fasthttp.MethodPost, msgpack: true, json: true, h: (*Server).lookupByHash},
+	"/services":      {method: fasthttp.MethodGet, json: true, h: (*Server).services},
+	"/global_view":   {method: fasthttp.MethodGet, json: true, h: (*Server).globalView},
+	"/healthz":       {method: fasthttp.MethodGet, json: true, h: (*Server).healthz},
+	"/readyz":        {method: fasthttp.MethodGet, json: true, h: (*Server).readyz},
 	"/metrics": {method: fasthttp.MethodGet, raw: func(s *Server, ctx *fasthttp.RequestCtx) { s.opts.Metrics(ctx) },
 		enabled: func(o *Options) bool { return o.Metrics != nil }},
 	snapshotPath: {method: fasthttp.MethodGet, token: true, raw: (*Server).serveSnapshot,
@@ -534,6 +540,34 @@ func (s *Server) lookupBody(body []byte, res *query.Result) error {
 	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
 	s.query.LookupIn(tbl, &req, res)
 	return nil
+}
+
+// hashBodyPool holds decoded /query_by_hash bodies, whose lists a warm
+// request reuses.
+var hashBodyPool = sync.Pool{New: func() any { return new(codec.HashQueryRequest) }}
+
+// lookupByHash answers POST /query_by_hash: /query's answer for the
+// prompt whose block hashes the body lists.
+func (s *Server) lookupByHash(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
+	q := hashBodyPool.Get().(*codec.HashQueryRequest)
+	defer func() {
+		clear(q.Raw) // views into the body
+		q.Raw = nil
+		hashBodyPool.Put(q)
+	}()
+	if e := codec.DecodeHashQuery(ctx.PostBody(), s.opts.Limits, q); e != nil {
+		return nil, e
+	}
+	res := resultPool.Get().(*query.Result)
+	defer resultPool.Put(res)
+	req := query.KeysRequest{
+		Context:  index.ContextKey{Tenant: q.TenantID, Model: q.Model, Lora: q.LoraName, BlockSize: q.BlockSize},
+		Instance: q.InstanceID, CacheSalt: q.CacheSalt, Field: q.Field, Values: q.Values, Raw: q.Raw,
+	}
+	if _, err := s.query.LookupKeys(&req, res); err != nil {
+		return nil, err
+	}
+	return codec.AppendQuery(out, res), nil
 }
 
 // queryContext is the context a decoded /query names.

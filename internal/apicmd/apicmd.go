@@ -1,6 +1,6 @@
 // Package apicmd is the command line of a running conductor: the
-// subcommands register, unregister, query, services, global-view and
-// explain send one request to the HTTP API and print its answer as JSON.
+// subcommands register, unregister, query, query-by-hash, services,
+// global-view and explain send one request to the HTTP API and print its answer as JSON.
 //
 // The API speaks MessagePack, which a shell cannot write; these
 // subcommands take the request as JSON with exactly the API's field names
@@ -67,6 +67,9 @@ var commands = map[string]command{
 	"query": {http.MethodPost, "/query",
 		"asks how many leading tokens of a prompt each instance holds, per tier (POST /query)",
 		`{"model":"deepseek","block_size":16,"token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}`},
+	"query-by-hash": {http.MethodPost, "/query_by_hash",
+		"asks the same with the prompt's block hashes instead of its tokens (POST /query_by_hash)",
+		`{"model":"deepseek","block_size":16,"seq_hashes":[16863443419780771464,12466389667045779788]}`},
 	"explain": {http.MethodPost, "/debug/explain",
 		"says where each owner's run stopped and why, for a server started with --debug-routes (POST /debug/explain)",
 		`{"model":"deepseek","block_size":16,"token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]}`},

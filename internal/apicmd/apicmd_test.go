@@ -343,3 +343,37 @@ func TestQuoteMembers(t *testing.T) {
 		t.Error("truncated JSON accepted")
 	}
 }
+
+// TestQueryByHashVerb: the verb sends seq_hashes (64-bit values kept
+// exact from JSON) from stdin or --file and prints the answer or the 400.
+func TestQueryByHashVerb(t *testing.T) {
+	base := startServer(t, server.Options{})
+	env := map[string]string{"CONDUCTOR_SERVER": base}
+	reg := `{"endpoint":"tcp://127.0.0.1:7002","type":"vLLM","modelname":"std","instance_id":"std-a","block_size":16,"dp_rank":0,
+	  "hash_profile":{"strategy":"rfc1527","algorithm":"xxh3_64","seed":"1337"}}`
+	if r := run(t, env, reg, "register"); r.code != 0 {
+		t.Fatalf("register: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, env, "", "services"); !strings.Contains(r.stdout, `"seed": "1337"`) {
+		t.Errorf("services does not show the standard profile's seed: %s", r.stdout)
+	}
+	file := filepath.Join(t.TempDir(), "q.json")
+	if err := os.WriteFile(file, []byte(`{"model":"std","block_size":16,"seq_hashes":[16863443419780771464,18446744073709551615]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, env, "", "query-by-hash", "--file", file)
+	want := map[string]any{"instances": map[string]any{"std-a": map[string]any{"longest_matched": 0.0, "dp": map[string]any{"0": 0.0},
+		"rank_matches": map[string]any{"0": map[string]any{"device": 0.0, "cpu_local": 0.0, "cpu_share": 0.0, "disk": 0.0}},
+		"device":       0.0, "cpu_local": 0.0, "cpu_share": 0.0, "disk": 0.0}}}
+	if r.code != 0 {
+		t.Fatalf("query-by-hash: %d %s %s", r.code, r.stdout, r.stderr)
+	}
+	if d := cmp.Diff(want, decoded(t, r)); d != "" {
+		t.Errorf("answer (-want +got):\n%s", d)
+	}
+	r = run(t, env, `{"model":"std","block_size":16,"seq_hashes":[1,-2]}`, "query-by-hash")
+	if d := cmp.Diff(map[string]any{"error": "seq_hashes[1] is negative; entries are unsigned 64-bit keys", "reason": "invalid_value",
+		"field": "seq_hashes", "index": 1.0}, decoded(t, r)); d != "" || r.code != 1 {
+		t.Errorf("exit %d; error (-want +got):\n%s", r.code, d)
+	}
+}

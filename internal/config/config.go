@@ -477,6 +477,7 @@ type staticSpec struct {
 	Algorithm       *string `json:"algorithm"`
 	IndexProjection *string `json:"index_projection"`
 	PythonHashSeed  *string `json:"python_hash_seed"`
+	Seed            *string `json:"seed"`
 }
 
 // decodeStatic decodes one static registration strictly (unknown members
@@ -508,7 +509,9 @@ func decodeStatic(raw json.RawMessage) (registry.Service, error) {
 	for _, req := range []struct {
 		set  bool
 		name string
-	}{{hp.Strategy != nil, "strategy"}, {hp.Algorithm != nil, "algorithm"}, {hp.IndexProjection != nil, "index_projection"}} {
+	}{{hp.Strategy != nil, "strategy"}, {hp.Algorithm != nil, "algorithm"},
+		// the standard hash (rfc1527) has no projection
+		{hp.IndexProjection != nil || (hp.Strategy != nil && *hp.Strategy == hashing.StrategyRFC1527), "index_projection"}} {
 		if !req.set {
 			return registry.Service{}, fmt.Errorf("hash_profile.%s is required", req.name)
 		}
@@ -541,7 +544,7 @@ func decodeStatic(raw json.RawMessage) (registry.Service, error) {
 		Endpoint:      *e.Endpoint, ReplayEndpoint: e.ReplayEndpoint, Type: *e.Type, ModelName: *e.ModelName,
 		LoraName: e.LoraName, TenantID: e.TenantID, InstanceID: *e.InstanceID,
 		BlockSize: *e.BlockSize, DPRank: *e.DPRank, CacheGroup: e.CacheGroup,
-		HashProfile: hashing.Spec{Strategy: *hp.Strategy, Algorithm: *hp.Algorithm, IndexProjection: *hp.IndexProjection, PythonHashSeed: hp.PythonHashSeed},
+		HashProfile: hashing.Spec{Strategy: *hp.Strategy, Algorithm: *hp.Algorithm, IndexProjection: deref(hp.IndexProjection), PythonHashSeed: hp.PythonHashSeed, Seed: hp.Seed},
 	})
 }
 
@@ -584,6 +587,13 @@ func (c *Config) memoryParts(f *flags, getenv func(string) string) error {
 	c.MemoBytes, c.TokenMemoBytes = int(sz[membudget.HashMemo]), int(sz[membudget.TokenMemo])
 	c.LinkMemoBytes = int(sz[membudget.Links])
 	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // memoSize sets *bytes from a size in MiB; a memo of 0 MiB is disabled.

@@ -171,6 +171,9 @@ type engineDecoder struct {
 	pend      pendingLinks
 	// groups is the decoder's side of the owner's layout (vllm.go).
 	groups groupState
+	// std keys blocks by the standard hash (engine_std.go) when the
+	// registration's profile is rfc1527.
+	std stdState
 }
 
 func newEngine(rules *engineRules, cfg Config) *engineDecoder {
@@ -193,7 +196,17 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		d.links = cfg.Links.Scope(&d.profile)
 	}
 	d.locSink, _ = cfg.Engine.(LocatingSink)
-	d.keepSpans = d.check != nil || d.links.Enabled()
+	if cfg.Profile.IsStandard() {
+		// The engine's hashes only name blocks for removal; the keys are
+		// recomputed, which the hash check would only repeat.
+		d.std = stdState{on: true, seed: cfg.Profile.StdSeed(), max: DefaultStdMapEntries}
+		d.proj = hashing.Low64BE
+		if rules.typ == source.SGLang {
+			d.proj = hashing.First64BE
+		}
+		d.check = nil
+	}
+	d.keepSpans = d.check != nil || d.links.Enabled() || d.std.on
 	return d
 }
 
@@ -222,6 +235,7 @@ func (d *engineDecoder) Forget() {
 // Verification still waiting is dropped with them.
 func (d *engineDecoder) Retract() {
 	d.DropPending()
+	d.std.release()
 	d.sink.ClearOwner(d.owner, index.AllEngineTiers)
 }
 
@@ -486,6 +500,14 @@ func (d *engineDecoder) Apply(rep Reporter) {
 		if ev.result != Applied {
 			continue
 		}
+		if d.std.on && ev.kind == evStored {
+			if d.stdStored(ev); ev.result != Applied {
+				continue
+			}
+		}
+		if d.std.on && ev.kind == evRemoved {
+			d.stdRemoved(ev)
+		}
 		switch ev.kind {
 		case evStored:
 			if ev.grouped {
@@ -527,6 +549,7 @@ func (d *engineDecoder) Apply(rep Reporter) {
 				sink.Remove(owner, ev.tier, k)
 			}
 		case evCleared:
+			d.std.release()
 			sink.ClearOwner(owner, d.rules.clearTiers)
 		}
 	}

@@ -76,7 +76,10 @@ const (
 	mcParentBlk
 )
 
-const mcBlockSize = 0 // ints
+const (
+	mcBlockSize = iota // ints
+	mcBaseIdx
+)
 
 // mooncakeFields is the master's key table (docs/events.md#mooncake-fields,
 // docs/events.md#mooncake-hash-fields).
@@ -98,7 +101,7 @@ var mooncakeFields = newFieldTable(func() []fieldSpec {
 	f[mObjectKey] = fieldSpec{"object_key", shapeStr, mcObjectKey}
 	f[mSeqHashes] = fieldSpec{"seq_hashes", shapeOwn, noSlot}
 	f[mBlockHashes] = fieldSpec{"block_hashes", shapeOwn, noSlot}
-	f[mBaseBlockIdx] = fieldSpec{"base_block_idx", shapeOptInt, noSlot}
+	f[mBaseBlockIdx] = fieldSpec{"base_block_idx", shapeOptInt, mcBaseIdx}
 	f[mParentHash] = fieldSpec{"parent_hash", shapeOptUint, mcParent}
 	f[mTokenIDs] = fieldSpec{"token_ids", shapeTokens, noSlot}
 	f[mParentBlockHash] = fieldSpec{"parent_block_hash", shapeOptUint, mcParentBlk}
@@ -128,6 +131,9 @@ type mcEvent struct {
 	v          values
 	seqN, blkN int
 	seq0, blk0 uint64
+	// seqOff is where the event's seq_hashes start in the decoder's
+	// arena, kept under the standard profile only (mooncake_std.go).
+	seqOff int
 }
 
 func (e *mcEvent) fail(r Reason) {
@@ -289,6 +295,12 @@ type mooncakeDecoder struct {
 	// orphans receives the bindings' references the index evicted.
 	orphans index.Orphans
 	mapEv   mooncakeMapEvent // the event under decoding, reused
+	// std: the registration's profile is the standard hash (rfc1527),
+	// whose keys the events name in seq_hashes (mooncake_std.go); seqs
+	// holds this batch's seq_hashes then.
+	std  bool
+	seqs []uint64
+	one  [1]uint64 // the key an object key names, without an arena
 }
 
 func newMooncake(cfg Config) *mooncakeDecoder {
@@ -296,7 +308,8 @@ func newMooncake(cfg Config) *mooncakeDecoder {
 	return &mooncakeDecoder{
 		profile:  p,
 		proj:     p.Projection(),
-		sglang:   p.Strategy != hashing.StrategyVLLMV1,
+		sglang:   p.Strategy == hashing.StrategySGLang || p.Strategy == hashing.StrategySGLangBigram,
+		std:      p.IsStandard(),
 		ownCtx:   cfg.Context,
 		lookup:   cfg.Lookup,
 		log:      cfg.Logger,
@@ -305,7 +318,10 @@ func newMooncake(cfg Config) *mooncakeDecoder {
 	}
 }
 
-func (d *mooncakeDecoder) beginBatch() { d.events = d.events[:0] }
+func (d *mooncakeDecoder) beginBatch() {
+	d.events = d.events[:0]
+	d.seqs = d.seqs[:0]
+}
 
 // Decode implements Decoder.
 func (d *mooncakeDecoder) Decode(payload []byte) Reason {
@@ -381,6 +397,9 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 			return err
 		}
 		var first uint64
+		if id == mSeqHashes {
+			e.seqOff = len(d.seqs)
+		}
 		for i := 0; i < n; i++ {
 			k, err := r.Peek()
 			if err != nil {
@@ -406,6 +425,9 @@ func (d *mooncakeDecoder) readField(r *msgp.Reader, id uint8, e *mcEvent) error 
 			}
 			if i == 0 {
 				first = u
+			}
+			if d.std && id == mSeqHashes {
+				d.seqs = append(d.seqs, u)
 			}
 		}
 		if id == mSeqHashes {
@@ -479,7 +501,12 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 		e.fail(EvSeqHashes)
 		return
 	}
-	if e.seqN > 1 {
+	if d.std {
+		if !d.stdChain(e) {
+			e.fail(EvSeqHashes)
+			return
+		}
+	} else if e.seqN > 1 {
 		e.fail(EvSeqHashes)
 		return
 	}
@@ -489,14 +516,15 @@ func (d *mooncakeDecoder) validate(e *mcEvent, env *envelope) {
 // sharedTier runs the checks a store and a removal share: the medium names
 // a shared tier (else the event is ignored), and the backend and object key
 // are present (else it is rejected). ok is false when the event is settled.
-func (e *mcEvent) sharedTier() (index.Tier, bool) {
+func (e *mcEvent) sharedTier(std bool) (index.Tier, bool) {
 	tier, ok := mooncakeTier(e.v.strs[mcMedium])
 	switch {
 	case !ok:
 		e.result, e.reason = Ignored, IgnMedium
 	case len(e.v.strs[mcBackend]) == 0:
 		e.fail(EvBackend)
-	case !e.has(mObjectKey):
+	case !e.has(mObjectKey) && !(std && e.seqN > 0):
+		// A standard stream's seq_hashes name its blocks without a key.
 		e.fail(EvObjectKey)
 	default:
 		return tier, true
@@ -582,7 +610,7 @@ func (d *mooncakeDecoder) objectIdentity(e *mcEvent) (identity, component, fullH
 }
 
 func (d *mooncakeDecoder) applyStored(e *mcEvent) {
-	tier, ok := e.sharedTier()
+	tier, ok := e.sharedTier(d.std)
 	if !ok {
 		return
 	}
@@ -601,6 +629,10 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 	sink, prof, ok := d.lookup(ctx)
 	if !ok || sink == nil || prof == nil || *prof != d.profile {
 		e.fail(EvContext)
+		return
+	}
+	if d.std {
+		d.applyStoredStd(e, tier, ctx, sink)
 		return
 	}
 	identity, component, fullHash, prefix, ok := d.objectIdentity(e)
@@ -650,8 +682,12 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 // drops the object's bindings in both shared tiers
 // (docs/events.md#released-master-removals).
 func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
-	tier, ok := e.sharedTier()
+	tier, ok := e.sharedTier(d.std)
 	if !ok {
+		return
+	}
+	if d.std {
+		d.applyRemovedStd(e, tier)
 		return
 	}
 	vgroup := 0

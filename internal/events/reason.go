@@ -65,6 +65,8 @@ const (
 	EvConflict
 	EvAssertion
 	EvLayout
+	EvUnknownParent
+	EvStdMapFull
 
 	// Ignored / no-op events.
 	IgnMedium
@@ -139,6 +141,8 @@ var reasonNames = [NumReasons]string{
 	EvConflict:          "binding_conflict",
 	EvAssertion:         "assertion",
 	EvLayout:            "layout_conflict",
+	EvUnknownParent:     "unknown_parent",
+	EvStdMapFull:        "standard_map_full",
 	IgnMedium:           "medium",
 	IgnUncachedGroup:    "uncached_group",
 	IgnUnknownKind:      "unknown_kind",

@@ -10,6 +10,8 @@ type Spec struct {
 	Algorithm       string
 	IndexProjection string
 	PythonHashSeed  *string
+	// Seed is rfc1527's seed text; nil when omitted (the default 1337).
+	Seed *string
 }
 
 // Projection says which 8 bytes of a 32-byte digest become the index key.
@@ -20,6 +22,9 @@ const (
 	Low64BE Projection = iota + 1
 	// First64BE takes the first 8 bytes big-endian (SGLang).
 	First64BE
+	// Native: the published value is the key itself (rfc1527's H); a
+	// binary form is the 8 bytes big-endian, XXH3's canonical form.
+	Native
 )
 
 // Profile is a validated, resolved hash profile. It is comparable with ==,
@@ -33,6 +38,11 @@ type Profile struct {
 	// RootDigest is the chain root (vLLM) or the all-zero display sentinel
 	// (SGLang); it is reported in read responses.
 	RootDigest [32]byte
+	// Seed is rfc1527's accepted seed text ("" for the other strategies).
+	Seed string
+
+	// seed is Seed's value.
+	seed uint64
 
 	// kind is the parsed (strategy, algorithm) pair; zero means the
 	// Profile was not produced by Resolve and hashes nothing.
@@ -42,7 +52,7 @@ type Profile struct {
 // ProfileError reports the profile member that failed validation so the
 // API can answer invalid_value naming it.
 type ProfileError struct {
-	Member string // "strategy", "algorithm", "index_projection", "python_hash_seed"
+	Member string // "strategy", "algorithm", "index_projection", "python_hash_seed", "seed"
 	Msg    string
 }
 

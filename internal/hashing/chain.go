@@ -88,6 +88,15 @@ type Chain struct {
 	tail0    int
 	tailsSet bool
 	bigNames bool // a name ≥ 64 KiB: pickle must use the general framer
+
+	seed uint64 // rfc1527's seed
+	// std holds rfc1527 keys hashed ahead in batches (Ready), std[stdI]
+	// being block c.block's: XXH3 is cheap enough that hashing a batch
+	// ahead costs less than walking block by block, one stripe lock
+	// each, and the walk then reads the batch stripe by stripe.
+	std      []uint64
+	stdI     int
+	stdBatch int
 }
 
 var chainPool = sync.Pool{New: func() any { return newChain() }}
@@ -142,6 +151,7 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	c.bs, c.pos, c.block, c.limit = blockSize, 0, 0, 0
 	c.havePr, c.tailsSet = false, false
 	c.kind = kindNone
+	c.std, c.stdI, c.stdBatch = c.std[:0], 0, 0
 	if p == nil || blockSize <= 0 {
 		return
 	}
@@ -162,6 +172,14 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 		if c.kind == kindSGLangBigram {
 			c.limit = max(n-1, 0)
 		}
+	case kindRFC1527:
+		// Full blocks only, as Dynamo hashes them. The standard hash has
+		// no salt: a salted query can match no block an engine stored
+		// for it, so it matches none (docs/hashing.md#standard-hash-rfc1527).
+		c.seed = p.seed
+		if salt == "" {
+			c.limit = n - n%blockSize
+		}
 	}
 }
 
@@ -170,6 +188,9 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 // changes. The memo learns the query's chain when the chain is released.
 func (c *Chain) UseMemo(m *Memo) {
 	c.endMemoQuery(false)
+	if c.kind == kindRFC1527 {
+		m = nil // XXH3 costs less than a memo lookup would
+	}
 	c.memo = m
 }
 
@@ -260,12 +281,15 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 		k, covered := c.takeRemembered()
 		return k, covered, true
 	}
+	if c.stdI < len(c.std) {
+		return c.takeStd(), c.bs, true
+	}
 	start := c.pos
 	end := c.limit
 	if end-start > c.bs {
 		end = start + c.bs
 	}
-	if c.h == nil {
+	if c.h == nil && c.kind != kindRFC1527 {
 		c.h = sha256.New() // a zero Chain that did not come from the pool
 	}
 	if c.kind == kindNone {
@@ -345,6 +369,21 @@ func (c *Chain) takeRemembered() (uint64, int) {
 // whole block) and their block hints (0 for none) to keys, covs and
 // hints; it stops early at a block that needs hashing.
 func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]uint64, []int, []uint32) {
+	if k := min(n, len(c.std)-c.stdI); k > 0 {
+		keys = append(keys, c.std[c.stdI:c.stdI+k]...)
+		for range k {
+			covs, hints = append(covs, c.bs), append(hints, 0)
+		}
+		c.stdI += k
+		c.pos += k * c.bs
+		c.block += k
+		if c.stdI == len(c.std) {
+			c.parent = [32]byte{}
+			binary.BigEndian.PutUint64(c.parent[:8], c.std[c.stdI-1])
+			c.havePr = true
+		}
+		return keys, covs, hints
+	}
 	for ; n > 0 && c.pos < c.limit && c.block < c.reuseK; n-- {
 		k, cov := c.takeRemembered()
 		keys, covs, hints = append(keys, k), append(covs, cov), append(hints, 0)
@@ -392,6 +431,9 @@ func (c *Chain) Ready() int {
 	if c.kind == kindNone || c.pos >= c.limit {
 		return 0
 	}
+	if c.kind == kindRFC1527 {
+		return c.readyStd()
+	}
 	if c.memo != nil {
 		c.lookUp()
 		if r := c.reuseK - c.block; r > 0 {
@@ -409,7 +451,9 @@ func (c *Chain) Ready() int {
 
 // hashBlock encodes block [start, end) and sets c.parent to its digest.
 func (c *Chain) hashBlock(start, end int) {
-	c.h.Reset()
+	if c.kind != kindRFC1527 {
+		c.h.Reset()
+	}
 	switch c.kind {
 	case kindVLLMCBOR:
 		// Streams the first SHA-256 block while encoding the rest.
@@ -426,6 +470,15 @@ func (c *Chain) hashBlock(start, end int) {
 	case kindSGLang, kindSGLangBigram:
 		c.buf = c.encodeSGLangPage(start, end)
 		c.h.Write(c.buf)
+	case kindRFC1527:
+		var h uint64
+		h, c.buf = StdLocal(c.seed, c.tokens[start:end], nil, c.buf)
+		if c.havePr {
+			h = StdNext(c.seed, binary.BigEndian.Uint64(c.parent[:8]), h)
+		}
+		c.parent = [32]byte{}
+		binary.BigEndian.PutUint64(c.parent[:8], h)
+		return
 	}
 	c.h.Sum(c.parent[:0])
 }
@@ -522,4 +575,52 @@ func anyNegative(toks []int32) bool {
 		acc |= t
 	}
 	return acc < 0
+}
+
+const (
+	firstStdBatch = 32
+	maxStdBatch   = 1024
+)
+
+// readyStd hashes the next batch of rfc1527 blocks ahead, when none is
+// waiting, and reports how many wait. Batches grow fourfold, so a walk
+// that ends at an early miss hashed at most a few blocks in vain.
+func (c *Chain) readyStd() int {
+	if r := len(c.std) - c.stdI; r > 0 {
+		return r
+	}
+	full := c.limit / c.bs
+	n := min(max(4*c.stdBatch, firstStdBatch), maxStdBatch, full-c.block)
+	if n <= 0 {
+		return 0
+	}
+	c.stdBatch = n
+	c.std, c.stdI = c.std[:0], 0
+	parent, have := binary.BigEndian.Uint64(c.parent[:8]), c.havePr
+	for i := range n {
+		start := (c.block + i) * c.bs
+		var h uint64
+		h, c.buf = StdLocal(c.seed, c.tokens[start:start+c.bs], nil, c.buf)
+		if have {
+			h = StdNext(c.seed, parent, h)
+		}
+		parent, have = h, true
+		c.std = append(c.std, h)
+	}
+	return n
+}
+
+// takeStd is Next for a block readyStd hashed ahead.
+func (c *Chain) takeStd() uint64 {
+	h := c.std[c.stdI]
+	c.stdI++
+	c.pos += c.bs
+	c.block++
+	if c.stdI == len(c.std) {
+		// The batch's last block is the parent of the next one hashed.
+		c.parent = [32]byte{}
+		binary.BigEndian.PutUint64(c.parent[:8], h)
+		c.havePr = true
+	}
+	return h
 }

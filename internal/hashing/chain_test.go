@@ -353,10 +353,10 @@ func FuzzChainMatchesReference(f *testing.F) {
 			seed = strings.Repeat("0", int(seedZeros)%70000) + seed
 		}
 		specs := []Spec{
-			{"vllm_v1", "sha256_cbor", "low64_be", &seed},
-			{"vllm_v1", "sha256", "low64_be", &seed},
-			{"sglang", "sha256_raw", "first64_be", nil},
-			{"sglang_bigram", "sha256_raw", "first64_be", nil},
+			{"vllm_v1", "sha256_cbor", "low64_be", &seed, nil},
+			{"vllm_v1", "sha256", "low64_be", &seed, nil},
+			{"sglang", "sha256_raw", "first64_be", nil, nil},
+			{"sglang_bigram", "sha256_raw", "first64_be", nil, nil},
 		}
 		p, err := Resolve(specs[sel%4])
 		if err != nil {

@@ -17,6 +17,7 @@ const (
 	kindVLLMPickle               // vllm_v1 / sha256 / low64_be
 	kindSGLang                   // sglang / sha256_raw / first64_be
 	kindSGLangBigram             // sglang_bigram / sha256_raw / first64_be
+	kindRFC1527                  // rfc1527 / xxh3_64 (the standard hash)
 )
 
 // The selector strings a hash profile may carry
@@ -56,6 +57,9 @@ func Resolve(s Spec) (Profile, error) {
 	var k kind
 	switch s.Strategy {
 	case StrategyVLLMV1:
+		if s.Seed != nil {
+			return Profile{}, noSeed(s.Strategy)
+		}
 		switch s.Algorithm {
 		case AlgorithmSHA256CBOR:
 			k = kindVLLMCBOR
@@ -89,6 +93,9 @@ func Resolve(s Spec) (Profile, error) {
 		return p, nil
 
 	case StrategySGLang, StrategySGLangBigram:
+		if s.Seed != nil {
+			return Profile{}, noSeed(s.Strategy)
+		}
 		k = kindSGLang
 		if s.Strategy == StrategySGLangBigram {
 			k = kindSGLangBigram
@@ -112,10 +119,18 @@ func Resolve(s Spec) (Profile, error) {
 			kind:            k,
 		}, nil
 
+	case StrategyRFC1527:
+		return resolveStandard(s)
+
 	default:
 		return Profile{}, &ProfileError{Member: "strategy",
-			Msg: "unsupported strategy " + quote(s.Strategy) + " (want vllm_v1, sglang or sglang_bigram)"}
+			Msg: "unsupported strategy " + quote(s.Strategy) + " (want vllm_v1, sglang, sglang_bigram or rfc1527)"}
 	}
+}
+
+// noSeed refuses rfc1527's seed member under a SHA-256 strategy.
+func noSeed(strategy string) error {
+	return &ProfileError{Member: "seed", Msg: "strategy " + strategy + " takes no seed (its seed member is python_hash_seed)"}
 }
 
 // validSeed reports whether seed is "random" or one or more ASCII digits whose
@@ -174,6 +189,8 @@ func (p *Profile) Projection() Projection {
 		return Low64BE
 	case kindSGLang, kindSGLangBigram:
 		return First64BE
+	case kindRFC1527:
+		return Native
 	}
 	return 0
 }

@@ -14,30 +14,30 @@ func TestResolveRejects(t *testing.T) {
 		spec   Spec
 		member string
 	}{
-		{"unknown strategy", Spec{"vllm", "sha256", "low64_be", strp("0")}, "strategy"},
-		{"empty strategy", Spec{"", "sha256", "low64_be", strp("0")}, "strategy"},
-		{"strategy case", Spec{"VLLM_V1", "sha256", "low64_be", strp("0")}, "strategy"},
-		{"vllm xxhash", Spec{"vllm_v1", "xxhash", "low64_be", strp("0")}, "algorithm"},
-		{"vllm sha256_raw", Spec{"vllm_v1", "sha256_raw", "low64_be", strp("0")}, "algorithm"},
-		{"vllm algorithm case", Spec{"vllm_v1", "SHA256", "low64_be", strp("0")}, "algorithm"},
-		{"vllm first64", Spec{"vllm_v1", "sha256", "first64_be", strp("0")}, "index_projection"},
-		{"vllm empty projection", Spec{"vllm_v1", "sha256_cbor", "", strp("0")}, "index_projection"},
-		{"vllm seed missing", Spec{"vllm_v1", "sha256", "low64_be", nil}, "python_hash_seed"},
-		{"vllm seed empty", Spec{"vllm_v1", "sha256", "low64_be", strp("")}, "python_hash_seed"},
-		{"vllm seed sign", Spec{"vllm_v1", "sha256", "low64_be", strp("+42")}, "python_hash_seed"},
-		{"vllm seed minus zero", Spec{"vllm_v1", "sha256", "low64_be", strp("-0")}, "python_hash_seed"},
-		{"vllm seed space", Spec{"vllm_v1", "sha256", "low64_be", strp(" 42")}, "python_hash_seed"},
-		{"vllm seed trailing space", Spec{"vllm_v1", "sha256", "low64_be", strp("42 ")}, "python_hash_seed"},
-		{"vllm seed overflow", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("4294967296")}, "python_hash_seed"},
-		{"vllm seed huge", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("99999999999999999999999")}, "python_hash_seed"},
-		{"vllm seed Random", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("Random")}, "python_hash_seed"},
-		{"vllm seed unset text", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("vllm-none-hash")}, "python_hash_seed"},
-		{"vllm seed hex", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0x10")}, "python_hash_seed"},
-		{"vllm seed non-ascii digit", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("４２")}, "python_hash_seed"},
-		{"sglang sha256", Spec{"sglang", "sha256", "first64_be", nil}, "algorithm"},
-		{"sglang low64", Spec{"sglang", "sha256_raw", "low64_be", nil}, "index_projection"},
-		{"bigram cbor", Spec{"sglang_bigram", "sha256_cbor", "first64_be", nil}, "algorithm"},
-		{"bigram low64", Spec{"sglang_bigram", "sha256_raw", "low64_be", strp("0")}, "index_projection"},
+		{"unknown strategy", Spec{"vllm", "sha256", "low64_be", strp("0"), nil}, "strategy"},
+		{"empty strategy", Spec{"", "sha256", "low64_be", strp("0"), nil}, "strategy"},
+		{"strategy case", Spec{"VLLM_V1", "sha256", "low64_be", strp("0"), nil}, "strategy"},
+		{"vllm xxhash", Spec{"vllm_v1", "xxhash", "low64_be", strp("0"), nil}, "algorithm"},
+		{"vllm sha256_raw", Spec{"vllm_v1", "sha256_raw", "low64_be", strp("0"), nil}, "algorithm"},
+		{"vllm algorithm case", Spec{"vllm_v1", "SHA256", "low64_be", strp("0"), nil}, "algorithm"},
+		{"vllm first64", Spec{"vllm_v1", "sha256", "first64_be", strp("0"), nil}, "index_projection"},
+		{"vllm empty projection", Spec{"vllm_v1", "sha256_cbor", "", strp("0"), nil}, "index_projection"},
+		{"vllm seed missing", Spec{"vllm_v1", "sha256", "low64_be", nil, nil}, "python_hash_seed"},
+		{"vllm seed empty", Spec{"vllm_v1", "sha256", "low64_be", strp(""), nil}, "python_hash_seed"},
+		{"vllm seed sign", Spec{"vllm_v1", "sha256", "low64_be", strp("+42"), nil}, "python_hash_seed"},
+		{"vllm seed minus zero", Spec{"vllm_v1", "sha256", "low64_be", strp("-0"), nil}, "python_hash_seed"},
+		{"vllm seed space", Spec{"vllm_v1", "sha256", "low64_be", strp(" 42"), nil}, "python_hash_seed"},
+		{"vllm seed trailing space", Spec{"vllm_v1", "sha256", "low64_be", strp("42 "), nil}, "python_hash_seed"},
+		{"vllm seed overflow", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("4294967296"), nil}, "python_hash_seed"},
+		{"vllm seed huge", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("99999999999999999999999"), nil}, "python_hash_seed"},
+		{"vllm seed Random", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("Random"), nil}, "python_hash_seed"},
+		{"vllm seed unset text", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("vllm-none-hash"), nil}, "python_hash_seed"},
+		{"vllm seed hex", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0x10"), nil}, "python_hash_seed"},
+		{"vllm seed non-ascii digit", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("４２"), nil}, "python_hash_seed"},
+		{"sglang sha256", Spec{"sglang", "sha256", "first64_be", nil, nil}, "algorithm"},
+		{"sglang low64", Spec{"sglang", "sha256_raw", "low64_be", nil, nil}, "index_projection"},
+		{"bigram cbor", Spec{"sglang_bigram", "sha256_cbor", "first64_be", nil, nil}, "algorithm"},
+		{"bigram low64", Spec{"sglang_bigram", "sha256_raw", "low64_be", strp("0"), nil}, "index_projection"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,7 +60,7 @@ func TestResolveRejects(t *testing.T) {
 }
 
 func TestResolveRejectedSeedIsTruncated(t *testing.T) {
-	_, err := Resolve(Spec{"vllm_v1", "sha256", "low64_be", strp(strings.Repeat("x", 1<<20))})
+	_, err := Resolve(Spec{"vllm_v1", "sha256", "low64_be", strp(strings.Repeat("x", 1<<20)), nil})
 	if err == nil || len(err.Error()) > 200 {
 		t.Fatalf("error for a 1 MiB seed is %d bytes long", len(err.Error()))
 	}
@@ -74,20 +74,20 @@ func TestResolveAccepts(t *testing.T) {
 		proj     Projection
 		wantKind kind
 	}{
-		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0")}, "0",
+		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0"), nil}, "0",
 			"4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e", Low64BE, kindVLLMCBOR},
-		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("00")}, "00",
+		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("00"), nil}, "00",
 			"8d912e4e62b3cc377b1d1c7a14ef61dffbdaa0990237035c05401c29414c4172", Low64BE, kindVLLMCBOR},
-		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("random")}, "random",
+		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("random"), nil}, "random",
 			"78d6ac7e28de859e492449dcea03e3807377d69998c5af819fed33a6df490cad", Low64BE, kindVLLMCBOR},
-		{Spec{"vllm_v1", "sha256", "low64_be", strp("4294967295")}, "4294967295",
+		{Spec{"vllm_v1", "sha256", "low64_be", strp("4294967295"), nil}, "4294967295",
 			"670c2eca46f5f7e11b9dce5c3bd2ff0e9e19567fd45b50c2db5cc0c9aae470d9", Low64BE, kindVLLMPickle},
-		{Spec{"vllm_v1", "sha256", "low64_be", strp("random")}, "random",
+		{Spec{"vllm_v1", "sha256", "low64_be", strp("random"), nil}, "random",
 			"fa1326fc0ad784c54e10f808051a77f999f7b675b12fba49cbef92b3e1a09cb7", Low64BE, kindVLLMPickle},
-		{Spec{"vllm_v1", "sha256", "low64_be", strp("00000000000000000004294967295")}, "00000000000000000004294967295", "", Low64BE, kindVLLMPickle},
-		{Spec{"sglang", "sha256_raw", "first64_be", nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLang},
-		{Spec{"sglang", "sha256_raw", "first64_be", strp("not even a number")}, "0", strings.Repeat("0", 64), First64BE, kindSGLang},
-		{Spec{"sglang_bigram", "sha256_raw", "first64_be", strp("42")}, "0", strings.Repeat("0", 64), First64BE, kindSGLangBigram},
+		{Spec{"vllm_v1", "sha256", "low64_be", strp("00000000000000000004294967295"), nil}, "00000000000000000004294967295", "", Low64BE, kindVLLMPickle},
+		{Spec{"sglang", "sha256_raw", "first64_be", nil, nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLang},
+		{Spec{"sglang", "sha256_raw", "first64_be", strp("not even a number"), nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLang},
+		{Spec{"sglang_bigram", "sha256_raw", "first64_be", strp("42"), nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLangBigram},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec.Strategy+"/"+tt.spec.Algorithm+"/"+deref(tt.spec.PythonHashSeed), func(t *testing.T) {
@@ -119,21 +119,21 @@ func TestResolveAccepts(t *testing.T) {
 
 // Leading zeros are significant and SGLang ignores the seed entirely.
 func TestResolveProfileEquality(t *testing.T) {
-	a, _ := Resolve(Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0")})
-	b, _ := Resolve(Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("00")})
-	c, _ := Resolve(Spec{"vllm_v1", "sha256", "low64_be", strp("0")})
+	a, _ := Resolve(Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0"), nil})
+	b, _ := Resolve(Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("00"), nil})
+	c, _ := Resolve(Spec{"vllm_v1", "sha256", "low64_be", strp("0"), nil})
 	if a == b || a.RootDigest == b.RootDigest {
 		t.Error(`"0" and "00" resolved to the same profile`)
 	}
 	if a.RootDigest == c.RootDigest {
 		t.Error("sha256 and sha256_cbor share a root")
 	}
-	s1, _ := Resolve(Spec{"sglang", "sha256_raw", "first64_be", nil})
-	s2, _ := Resolve(Spec{"sglang", "sha256_raw", "first64_be", strp("123")})
+	s1, _ := Resolve(Spec{"sglang", "sha256_raw", "first64_be", nil, nil})
+	s2, _ := Resolve(Spec{"sglang", "sha256_raw", "first64_be", strp("123"), nil})
 	if s1 != s2 {
 		t.Error("SGLang profiles differ by an ignored seed")
 	}
-	s3, _ := Resolve(Spec{"sglang_bigram", "sha256_raw", "first64_be", nil})
+	s3, _ := Resolve(Spec{"sglang_bigram", "sha256_raw", "first64_be", nil, nil})
 	if s1 == s3 {
 		t.Error("sglang and sglang_bigram profiles compare equal")
 	}
@@ -157,7 +157,7 @@ func FuzzResolveSeed(f *testing.F) {
 			sig := strings.TrimLeft(seed, "0")
 			want = digits && (len(sig) < 10 || (len(sig) == 10 && sig <= "4294967295"))
 		}
-		p, err := Resolve(Spec{"vllm_v1", "sha256_cbor", "low64_be", &seed})
+		p, err := Resolve(Spec{"vllm_v1", "sha256_cbor", "low64_be", &seed, nil})
 		if (err == nil) != want {
 			t.Fatalf("Resolve(%q) err = %v, want accepted=%v", seed, err, want)
 		}

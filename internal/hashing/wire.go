@@ -22,6 +22,8 @@ func KeyFromUint(p Projection, u uint64) (uint64, error) {
 	switch p {
 	case Low64BE:
 		return u, nil
+	case Native:
+		return u, nil
 	case First64BE:
 		if u > 1<<63-1 {
 			return 0, fmt.Errorf("hashing: unsigned block hash %d exceeds int64 range of first64_be (SGLang) hashes", u)
@@ -45,6 +47,13 @@ func KeyFromInt(p Projection, s int64) (uint64, error) {
 		return uint64(s), nil
 	case First64BE:
 		return uint64(s), nil
+	case Native:
+		// A signed form of an unsigned key cannot be told from a
+		// negative mistake; the standard's keys are unsigned.
+		if s < 0 {
+			return 0, fmt.Errorf("hashing: negative block hash %d is not an rfc1527 key", s)
+		}
+		return uint64(s), nil
 	}
 	return 0, fmt.Errorf("%w %d", ErrUnknownProjection, p)
 }
@@ -54,6 +63,12 @@ func KeyFromInt(p Projection, s int64) (uint64, error) {
 // big-endian for Low64BE, the first 8 for First64BE. Fewer than 8 bytes
 // cannot carry a key and are rejected.
 func KeyFromBytes(p Projection, b []byte) (uint64, error) {
+	if p == Native {
+		if len(b) != 8 {
+			return 0, fmt.Errorf("hashing: binary rfc1527 key of %d bytes, want 8", len(b))
+		}
+		return binary.BigEndian.Uint64(b), nil
+	}
 	if p != Low64BE && p != First64BE {
 		return 0, fmt.Errorf("%w %d", ErrUnknownProjection, p)
 	}

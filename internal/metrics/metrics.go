@@ -142,6 +142,10 @@ var (
 		"Memory held by the token memo's remembered arrays (bounded by --token-memo-mib; emptied when the last context goes).", nil, nil)
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
+	descStdMapBytes = prometheus.NewDesc("conductor_standard_hash_map_bytes",
+		"Memory accounted to the engine-hash to standard-hash maps of sources registered with rfc1527 (bounded per source; released on unregister, stale and AllBlocksCleared).", nil, nil)
+	descStdUnreachable = prometheus.NewDesc("conductor_standard_hash_unreachable_blocks_total",
+		"Engine blocks under rfc1527 that no plain query can reach: extra keys the standard cannot fold, a partial page, or a parent that was unreachable.", nil, nil)
 	descHashCheck = prometheus.NewDesc("conductor_hash_check_total",
 		"Sampled event blocks re-hashed under the service's registered profile: match, mismatch (queries will not find that engine's blocks), or skipped (the event did not carry what re-hashing needs; see conductor_hash_check_skipped_total).", []string{"service", "result"}, nil)
 	descHashSkipped = prometheus.NewDesc("conductor_hash_check_skipped_total",
@@ -192,7 +196,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck, descHashSkipped, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck, descHashSkipped, descStdMapBytes, descStdUnreachable, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -269,6 +273,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		collectMemo(ch, descMemo, descMemoBytes, c.opts.Memo)
 	}
 	collectLinks(ch, c.opts.Links)
+	ch <- prometheus.MustNewConstMetric(descStdMapBytes, prometheus.GaugeValue, float64(events.StandardMapBytes()))
+	ch <- prometheus.MustNewConstMetric(descStdUnreachable, prometheus.CounterValue, float64(events.StandardUnreachableBlocks()))
 	if c.opts.TokenMemo != nil {
 		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
 	}

@@ -19,6 +19,10 @@ type engine string
 const (
 	engineVLLM   engine = "vllm"
 	engineSGLang engine = "sglang"
+	// engineVLLMStd is a vLLM publisher registered with the standard hash
+	// (rfc1527): the server recomputes its keys from token ids, and
+	// queries hash with XXH3 instead of SHA-256.
+	engineVLLMStd engine = "vllm-rfc1527"
 )
 
 // hashSpec is the profile the publishers hash with; the same members go into
@@ -27,6 +31,9 @@ func (e engine) hashSpec() hashing.Spec {
 	if e == engineSGLang {
 		return hashing.Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"}
 	}
+	if e == engineVLLMStd {
+		return hashing.Spec{Strategy: "rfc1527", Algorithm: "xxh3_64"}
+	}
 	seed := "0"
 	return hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed}
 }
@@ -34,7 +41,10 @@ func (e engine) hashSpec() hashing.Spec {
 // registration is the /register body for one publisher.
 func (e engine) registration(endpoint, model, instance string, blockSize int) map[string]any {
 	s := e.hashSpec()
-	hp := map[string]any{"strategy": s.Strategy, "algorithm": s.Algorithm, "index_projection": s.IndexProjection}
+	hp := map[string]any{"strategy": s.Strategy, "algorithm": s.Algorithm}
+	if s.IndexProjection != "" {
+		hp["index_projection"] = s.IndexProjection
+	}
 	if s.PythonHashSeed != nil {
 		hp["python_hash_seed"] = *s.PythonHashSeed
 	}
@@ -60,6 +70,10 @@ type vllmStored struct {
 	LoraID      *int     `msgpack:"lora_id"`
 	Medium      string   `msgpack:"medium"`
 	LoraName    *string  `msgpack:"lora_name"`
+	// ExtraKeys, one nil per block, says no block has extra keys: under
+	// the standard hash a block without them is not keyed (a salt may
+	// have entered it unseen).
+	ExtraKeys []any `msgpack:"extra_keys,omitempty"`
 }
 
 // sglangStored is SGLang's BlockStored (docs/events.md#sglang-events): hashes
@@ -113,7 +127,11 @@ func (e *encoder) storedPayload(eng engine, blockSize int, keys []uint64, parent
 		}
 		ev = sglangStored{Type: "BlockStored", BlockHashes: h, Parent: p, TokenIDs: tokens, BlockSize: blockSize, Medium: "GPU"}
 	} else {
-		ev = vllmStored{Type: "BlockStored", BlockHashes: keys, Parent: parent, TokenIDs: tokens, BlockSize: blockSize, Medium: "GPU"}
+		v := vllmStored{Type: "BlockStored", BlockHashes: keys, Parent: parent, TokenIDs: tokens, BlockSize: blockSize, Medium: "GPU"}
+		if eng == engineVLLMStd {
+			v.ExtraKeys = make([]any, len(keys))
+		}
+		ev = v
 	}
 	ts := float64(time.Now().UnixNano()) / 1e9
 	return e.encode([]any{ts, []any{ev}, 0})

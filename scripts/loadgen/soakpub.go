@@ -50,7 +50,11 @@ func storedEvent(eng engine, blockSize int, keys []uint64, parent *uint64, token
 		}
 		return sglangStored{Type: "BlockStored", BlockHashes: h, Parent: p, TokenIDs: tokens, BlockSize: blockSize, Medium: "GPU"}
 	}
-	return vllmStored{Type: "BlockStored", BlockHashes: keys, Parent: parent, TokenIDs: tokens, BlockSize: blockSize, Medium: "GPU"}
+	v := vllmStored{Type: "BlockStored", BlockHashes: keys, Parent: parent, TokenIDs: tokens, BlockSize: blockSize, Medium: "GPU"}
+	if eng == engineVLLMStd {
+		v.ExtraKeys = make([]any, len(keys))
+	}
+	return v
 }
 
 func removedEvent(eng engine, keys []uint64) any {

@@ -110,10 +110,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var seed string
 	fl := flag.NewFlagSet("conductor hash", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	fl.StringVar(&o.spec.Strategy, "strategy", "", "hash strategy: vllm_v1, sglang or sglang_bigram (required)")
+	fl.StringVar(&o.spec.Strategy, "strategy", "", "hash strategy: vllm_v1, sglang, sglang_bigram or rfc1527 (required)")
 	fl.StringVar(&o.spec.Algorithm, "algorithm", "", "vllm_v1: sha256 or sha256_cbor (required); SGLang: sha256_raw (the default)")
 	fl.StringVar(&o.spec.IndexProjection, "index-projection", "", "low64_be (vllm_v1) or first64_be (SGLang); default: the strategy's")
-	fl.StringVar(&seed, "seed", "", "the engine's PYTHONHASHSEED, \"random\" or decimal (required for vllm_v1, ignored by SGLang)")
+	fl.StringVar(&seed, "seed", "", "the engine's PYTHONHASHSEED, \"random\" or decimal (required for vllm_v1, ignored by SGLang); rfc1527: the XXH3 seed (default 1337)")
 	fl.IntVar(&o.blockSize, "block-size", 0, "the registered block_size (required)")
 	fl.StringVar(&o.lora, "lora-name", "", "LoRA adapter name (vllm_v1 hashes it into every block; SGLang ignores it)")
 	fl.StringVar(&o.salt, "cache-salt", "", "the request's cache_salt (enters a chain's first block)")
@@ -136,8 +136,25 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.spec.Strategy == "" {
 		return o, errors.New("--strategy is required")
 	}
-	if set["seed"] {
+	std := o.spec.Strategy == hashing.StrategyRFC1527
+	switch {
+	case set["seed"] && std:
+		o.spec.Seed = &seed
+	case set["seed"]:
 		o.spec.PythonHashSeed = &seed
+	}
+	if std {
+		// The standard hash: XXH3-64, its keys unprojected, no salt.
+		if o.spec.Algorithm == "" {
+			o.spec.Algorithm = hashing.AlgorithmXXH3_64
+		}
+		if o.salt != "" {
+			return o, errors.New("--cache-salt: strategy rfc1527 hashes no salt (a salted query matches no block)")
+		}
+		if o.blockSize <= 0 || o.blockSize > math.MaxInt32 {
+			return o, fmt.Errorf("--block-size must be between 1 and %d", math.MaxInt32)
+		}
+		return o, nil
 	}
 	sglang := o.spec.Strategy == hashing.StrategySGLang || o.spec.Strategy == hashing.StrategySGLangBigram
 	if o.spec.Algorithm == "" && sglang {
@@ -163,7 +180,7 @@ func flagError(err error) error {
 	}
 	name := map[string]string{
 		"strategy": "--strategy", "algorithm": "--algorithm",
-		"index_projection": "--index-projection", "python_hash_seed": "--seed",
+		"index_projection": "--index-projection", "python_hash_seed": "--seed", "seed": "--seed",
 	}[pe.Member]
 	if name == "" {
 		name = pe.Member
@@ -234,10 +251,14 @@ func Hash(p *hashing.Profile, blockSize int, toks []int32, lora, salt string) ([
 		if sglang {
 			event = strconv.FormatInt(int64(key), 10)
 		}
+		digest := hex.EncodeToString(d[:])
+		if p.IsStandard() {
+			digest = digest[:16] // the 64-bit hash is the whole value
+		}
 		out = append(out, Block{
 			Index: i, Start: start, End: start + covered, Covered: covered,
 			Key: strconv.FormatUint(key, 10), KeyHex: fmt.Sprintf("%016x", key),
-			Event: event, Digest: hex.EncodeToString(d[:]),
+			Event: event, Digest: digest,
 		})
 		start += covered
 	}

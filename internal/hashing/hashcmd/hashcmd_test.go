@@ -194,3 +194,57 @@ func TestShortInput(t *testing.T) {
 		t.Fatalf("exit %d, out %q, err %q", code, out.String(), errOut.String())
 	}
 }
+
+// TestStandardVectors runs the subcommand on the standard hash's vectors
+// (docs/hashing.md#standard-hash-rfc1527): default seed 1337 and seed 0.
+func TestStandardVectors(t *testing.T) {
+	ids := func(n int) []byte {
+		toks := make([]int32, n)
+		for i := range toks {
+			toks[i] = int32(i + 1)
+		}
+		b, _ := json.Marshal(toks)
+		return b
+	}
+	for _, tc := range []struct {
+		args []string
+		in   []byte
+		want []string
+	}{
+		{[]string{"--strategy", "rfc1527", "--block-size", "16"}, ids(32), []string{"16863443419780771464", "12466389667045779788"}},
+		{[]string{"--strategy", "rfc1527", "--algorithm", "xxh3_64", "--seed", "1337", "--block-size", "16"}, ids(64),
+			[]string{"16863443419780771464", "12466389667045779788", "960926348267535642", "4923844688253642376"}},
+		{[]string{"--strategy", "rfc1527", "--seed", "0", "--block-size", "16"}, ids(32), []string{"15195734001507359261", "18166693838618995723"}},
+	} {
+		var out, errOut bytes.Buffer
+		if code := Run(append([]string{"--json"}, tc.args...), bytes.NewReader(tc.in), &out, &errOut); code != 0 {
+			t.Fatalf("%v: exit %d: %s", tc.args, code, errOut.String())
+		}
+		var got []string
+		dec := json.NewDecoder(&out)
+		for dec.More() {
+			var b Block
+			if err := dec.Decode(&b); err != nil {
+				t.Fatal(err)
+			}
+			if b.Event != b.Key || len(b.Digest) != 16 || b.Digest != b.KeyHex {
+				t.Errorf("%v: block %+v: the key is the event value and the whole hash", tc.args, b)
+			}
+			got = append(got, b.Key)
+		}
+		if d := cmp.Diff(tc.want, got); d != "" {
+			t.Errorf("%v (-want +got):\n%s", tc.args, d)
+		}
+	}
+	for _, bad := range [][]string{
+		{"--strategy", "rfc1527", "--seed", "-1", "--block-size", "16"},
+		{"--strategy", "rfc1527", "--algorithm", "sha256", "--block-size", "16"},
+		{"--strategy", "rfc1527", "--index-projection", "low64_be", "--block-size", "16"},
+		{"--strategy", "rfc1527", "--cache-salt", "x", "--block-size", "16"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := Run(bad, bytes.NewReader(ids(32)), &out, &errOut); code != 2 || errOut.Len() == 0 {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error", bad, code, errOut.String())
+		}
+	}
+}

@@ -207,3 +207,29 @@ func TestConductorAffinityForTokenIDs(t *testing.T) {
 		t.Fatalf("%d blocks taken from the prefix memo, want at least %d", hits, 64+67)
 	}
 }
+
+// TestStandardScheme: an rfc1527 context's scheme is
+// conductor/rfc1527/xxh3_64/<seed>/<block size>; its 8-byte keys are the
+// standard hashes themselves, and another seed names nothing.
+func TestStandardScheme(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.MinMatchedTokens = -1 })
+	prof, err := hashing.Resolve(hashing.Spec{Strategy: "rfc1527", Algorithm: "xxh3_64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	a := tbl.AddEngineOwner("a", 0)
+	keys := []uint64{16863443419780771464, 12466389667045779788}
+	for _, k := range keys {
+		tbl.Store(a, index.Device, k)
+	}
+	scheme := "conductor/rfc1527/xxh3_64/1337/16"
+	if got := ConductorScheme(&prof, 16); got != scheme {
+		t.Fatalf("ConductorScheme = %q, want %q", got, scheme)
+	}
+	req := chainReq("", 16, keys...)
+	req.TenantId, req.ModelId, req.HashScheme = "t", "m", scheme
+	check(t, "standard keys", f.lookup(req), &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{score("a", 32, 32, 1, t1)}})
+	req.HashScheme = "conductor/rfc1527/xxh3_64/0/16"
+	check(t, "other seed", f.lookup(req), &pb.LookupRouteResponse{ReasonCode: UnknownHashScheme})
+}

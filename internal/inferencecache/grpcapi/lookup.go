@@ -156,8 +156,12 @@ func (cs conductorScheme) matches(p *hashing.Profile, bs int) bool {
 	if bs != cs.blockSize || p.Strategy != cs.strategy || p.Algorithm != cs.algorithm {
 		return false
 	}
-	if p.Strategy == hashing.StrategyVLLMV1 {
+	switch p.Strategy {
+	case hashing.StrategyVLLMV1:
 		return p.PythonHashSeed == cs.seed
+	case hashing.StrategyRFC1527:
+		// The standard hash's seed, as registered (docs/grpc.md#hash-schemes).
+		return p.Seed == cs.seed
 	}
 	return cs.seed == "-" || cs.seed == p.PythonHashSeed
 }
@@ -165,7 +169,11 @@ func (cs conductorScheme) matches(p *hashing.Profile, bs int) bool {
 // ConductorScheme is the hash_scheme naming a Conductor context's keys.
 func ConductorScheme(p *hashing.Profile, blockSize int) string {
 	seed := p.PythonHashSeed
-	if p.Strategy != hashing.StrategyVLLMV1 {
+	switch p.Strategy {
+	case hashing.StrategyVLLMV1:
+	case hashing.StrategyRFC1527:
+		seed = p.Seed // conductor/rfc1527/xxh3_64/<seed>/<block size>
+	default:
 		seed = "-"
 	}
 	return "conductor/" + p.Strategy + "/" + p.Algorithm + "/" + seed + "/" + strconv.Itoa(blockSize)

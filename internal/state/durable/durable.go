@@ -495,7 +495,7 @@ func (s *State) AttachProducer(p *producer.Store) {
 func fingerprint(svc *registry.Service) uint64 { return xxhash.Sum64(regstore.RegisterBody(svc)) }
 
 func profileOf(p *hashing.Profile) snapshot.Profile {
-	return snapshot.Profile{Strategy: p.Strategy, Algorithm: p.Algorithm, IndexProjection: p.IndexProjection, PythonHashSeed: p.PythonHashSeed}
+	return snapshot.Profile{Strategy: p.Strategy, Algorithm: p.Algorithm, IndexProjection: p.IndexProjection, PythonHashSeed: p.PythonHashSeed, Seed: p.Seed}
 }
 
 // Ready reports whether restored sources have settled (or the catch-up

@@ -85,6 +85,12 @@ func (p *plan) take(svc registry.Service) (*snapshot.Source, bool) {
 		if pc, ok := p.contexts[svc.Context()]; ok && pc.profile != profileOf(&svc.Profile) {
 			return nil, false
 		}
+		if svc.Profile.IsStandard() {
+			// The engine-hash → standard-hash map a removal needs is not
+			// in the snapshot: restored blocks could never be removed,
+			// so such a source starts cold (docs/state.md).
+			return nil, false
+		}
 	}
 	p.used[key] = true
 	return src, true

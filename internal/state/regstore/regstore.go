@@ -189,6 +189,9 @@ func RegisterBody(svc *registry.Service) []byte {
 			"python_hash_seed": svc.Profile.PythonHashSeed,
 		},
 	}
+	if svc.Profile.IsStandard() {
+		m["hash_profile"] = map[string]any{"strategy": svc.Profile.Strategy, "algorithm": svc.Profile.Algorithm, "seed": svc.Profile.Seed}
+	}
 	if svc.ReplayEndpoint != "" {
 		m["replay_endpoint"] = svc.ReplayEndpoint
 	}

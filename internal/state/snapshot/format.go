@@ -157,6 +157,9 @@ type Profile struct {
 	Algorithm       string `msgpack:"algorithm"`
 	IndexProjection string `msgpack:"index_projection"`
 	PythonHashSeed  string `msgpack:"python_hash_seed"`
+	// Seed is rfc1527's seed text; absent for the other strategies, so
+	// their snapshots are byte for byte as before.
+	Seed string `msgpack:"seed,omitempty"`
 }
 
 // Context is one table's engine entries.

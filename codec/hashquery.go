@@ -1,0 +1,178 @@
+package codec
+
+import (
+	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+)
+
+// HashQueryRequest is a validated /query_by_hash body
+// (docs/api.md#post-query_by_hash). Its strings and Raw views are valid
+// only while the body is; Entries is reused across decodes.
+type HashQueryRequest struct {
+	Model      string
+	LoraName   string
+	TenantID   string
+	InstanceID string
+	CacheSalt  string
+	BlockSize  int
+	// Field is the name the list came under: seq_hashes, or the earlier
+	// drafts' block_hash.
+	Field string
+	// Values holds the integer entries (0 where an entry is binary);
+	// Raw, nil when no entry is binary, holds entry i's binary (a view
+	// into the body) at Raw[i]. A binary is projected to its index key
+	// only once the context, and so its projection, is known.
+	Values []uint64
+	Raw    [][]byte
+}
+
+const (
+	hqModel = iota
+	hqLoraName
+	hqSeqHashes
+	hqBlockHash
+	hqTenantID
+	hqInstanceID
+	hqBlockSize
+	hqCacheSalt
+	hqLoraID
+)
+
+// DecodeHashQuery decodes a /query_by_hash body under its schema: /query's
+// members with seq_hashes (or block_hash, never both) in place of
+// token_ids. The list counts against MaxTokens in blocks: entries ×
+// block_size may not exceed it.
+func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
+	*q = HashQueryRequest{Values: q.Values[:0]}
+	c, n, e := open(body)
+	if e != nil {
+		return e
+	}
+	var seen fieldSet
+	hasLoraID := false
+	for i := 0; i < n; i++ {
+		k, e := c.key("")
+		if e != nil {
+			return e
+		}
+		switch string(k) {
+		case "model":
+			if e = seen.mark(hqModel, "model"); e == nil {
+				q.Model, e = c.strView("model", lim.MaxIdentityBytes)
+			}
+		case "lora_name":
+			if e = seen.mark(hqLoraName, "lora_name"); e == nil {
+				q.LoraName, e = c.strView("lora_name", lim.MaxNameBytes)
+			}
+		case "lora_id":
+			// RFC #1403 names the adapter by id as well; the context is
+			// selected by lora_name, so an id is accepted only beside it
+			// and not interpreted.
+			if e = seen.mark(hqLoraID, "lora_id"); e == nil {
+				if c.Kind() == msgp.Nil {
+					e = c.nilValue()
+					break
+				}
+				_, e = c.intField("lora_id", 0, maxInt32)
+				hasLoraID = true
+			}
+		case "seq_hashes", "block_hash":
+			bit, other := hqSeqHashes, hqBlockHash
+			if string(k) == "block_hash" {
+				bit, other = hqBlockHash, hqSeqHashes
+			}
+			if seen.has(other) {
+				return Errorf(InvalidValue, string(k), "give seq_hashes or block_hash, not both")
+			}
+			if e = seen.mark(bit, string(k)); e == nil {
+				q.Field = string(k)
+				e = decodeHashList(&c, q.Field, lim, q)
+			}
+		case "tenant_id":
+			if e = seen.mark(hqTenantID, "tenant_id"); e == nil {
+				q.TenantID, e = c.strView("tenant_id", lim.MaxIdentityBytes)
+			}
+		case "instance_id":
+			if e = seen.mark(hqInstanceID, "instance_id"); e == nil {
+				q.InstanceID, e = c.strView("instance_id", lim.MaxIdentityBytes)
+			}
+		case "block_size":
+			if e = seen.mark(hqBlockSize, "block_size"); e == nil {
+				q.BlockSize, e = blockSize(&c)
+			}
+		case "cache_salt":
+			if e = seen.mark(hqCacheSalt, "cache_salt"); e == nil {
+				q.CacheSalt, e = c.strOrNilView("cache_salt", lim.MaxNameBytes)
+			}
+		default:
+			return Errorf(UnknownField, string(k), "unknown field %q", string(k))
+		}
+		if e != nil {
+			return e
+		}
+	}
+	switch {
+	case !seen.has(hqModel):
+		return Errorf(Missing, "model", "model is required")
+	case !seen.has(hqBlockSize):
+		return Errorf(Missing, "block_size", "block_size is required")
+	case !seen.has(hqSeqHashes) && !seen.has(hqBlockHash):
+		return Errorf(Missing, "seq_hashes", "seq_hashes is required")
+	case q.Model == "":
+		return Errorf(InvalidValue, "model", "model must not be empty")
+	case hasLoraID && q.LoraName == "":
+		// An adapter named by id alone would select the base model's
+		// context: refused rather than answered for the wrong model.
+		return Errorf(InvalidValue, "lora_id", "lora_id needs lora_name, which selects the context")
+	case int64(len(q.Values))*int64(q.BlockSize) > int64(lim.MaxTokens):
+		return Errorf(OutOfRange, q.Field, "%s has %d blocks of %d tokens, the limit is %d tokens", q.Field, len(q.Values), q.BlockSize, lim.MaxTokens)
+	}
+	if q.TenantID == "" {
+		q.TenantID = DefaultTenant
+	}
+	return nil
+}
+
+// decodeHashList reads the list: unsigned integers or binaries, nothing
+// else.
+func decodeHashList(c *cursor, field string, lim Limits, q *HashQueryRequest) *Error {
+	if k := c.Kind(); k != msgp.Array {
+		return Errorf(InvalidType, field, "%s must be an array of unsigned integers or binaries, got %s", field, k)
+	}
+	n, err := c.ArrayLen()
+	if err != nil {
+		return errUnchecked
+	}
+	if n > lim.MaxTokens {
+		// Every block covers at least one token.
+		return Errorf(OutOfRange, field, "%s has %d blocks, the limit is %d tokens", field, n, lim.MaxTokens)
+	}
+	for i := 0; i < n; i++ {
+		switch k := c.Kind(); k {
+		case msgp.Int:
+			u, neg := c.int()
+			if neg {
+				return elemErrorf(InvalidValue, field, i, "%s[%d] is negative; entries are unsigned 64-bit keys", field, i)
+			}
+			q.Values = append(q.Values, u)
+		case msgp.Bin:
+			b, err := c.Str()
+			if err != nil {
+				return errUnchecked
+			}
+			if len(b) == 0 {
+				return elemErrorf(InvalidValue, field, i, "%s[%d] is an empty binary", field, i)
+			}
+			if q.Raw == nil {
+				q.Raw = make([][]byte, n)
+			}
+			q.Raw[i] = b
+			q.Values = append(q.Values, 0)
+		default:
+			if err := c.Skip(); err != nil {
+				return errUnchecked
+			}
+			return elemErrorf(InvalidType, field, i, "%s[%d] must be an unsigned integer or a binary, got %s", field, i, k)
+		}
+	}
+	return nil
+}
