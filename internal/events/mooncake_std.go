@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // The Mooncake master and generic RFC #1527 streams under the standard
@@ -129,16 +130,7 @@ func parseStdKey(s string) (uint64, bool) {
 		v, err := strconv.ParseUint(s[2:], 16, 64)
 		return v, err == nil && validHex(s[2:])
 	}
-	if s == "" || len(s) > 20 {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	return v, err == nil
+	return hashing.ParseDecimalU64(s)
 }
 
 func validHex(s string) bool {

@@ -62,9 +62,10 @@ func (p *Profile) StdSeed() uint64 { return p.seed }
 // IsStandard reports whether p is the standard hash (rfc1527).
 func (p *Profile) IsStandard() bool { return p.kind == kindRFC1527 }
 
-// parseStdSeed reads the seed text: one or more ASCII digits whose value
-// fits in u64 (no sign, no spaces).
-func parseStdSeed(s string) (uint64, bool) {
+// ParseDecimalU64 reads one or more ASCII digits whose value fits in u64
+// (no sign, no spaces): the standard profile's seed text, and a master
+// object key in decimal.
+func ParseDecimalU64(s string) (uint64, bool) {
 	if s == "" || len(s) > 20 {
 		return 0, false
 	}
@@ -97,7 +98,7 @@ func resolveStandard(s Spec) (Profile, error) {
 	if s.Seed != nil {
 		text = *s.Seed
 	}
-	v, ok := parseStdSeed(text)
+	v, ok := ParseDecimalU64(text)
 	if !ok {
 		return Profile{}, &ProfileError{Member: "seed",
 			Msg: "invalid seed " + quote(text) + ": want decimal digits with value 0..18446744073709551615"}
