@@ -170,11 +170,6 @@ func TestColdPassAndChainShort(t *testing.T) {
 	if rep.Chain == nil || len(rep.Chain.RunsUS) != 3 || rep.Chain.MedianUS <= 0 {
 		t.Fatalf("bare chain: %+v, want 3 timed runs", rep.Chain)
 	}
-	// The index stands still during the level and the cold pass asked
-	// every prompt once, so every timed query is a remembered answer.
-	if l := rep.Levels[0]; l.AnswerHitPct < 99 {
-		t.Errorf("answer cache served %.1f %% of the level's queries, want ≥ 99 %%", l.AnswerHitPct)
-	}
 	if !strings.Contains(md, "against the bare chain") {
 		t.Error("the Markdown report lacks the ratios")
 	}
