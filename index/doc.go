@@ -1,7 +1,7 @@
 // Package index keeps, per context, which owners hold which projected block
 // keys in which storage tier, and walks a query's key chain against it.
 // Its words (context, owner, tier, stripe, walk, hint, scope, cut,
-// generation, version) are defined in docs/architecture.md#glossary.
+// generation) are defined in docs/architecture.md#glossary.
 //
 // The surface, in a dozen lines:
 //
@@ -13,7 +13,7 @@
 //     SetLayout), stores and removes blocks (Store and its batch, located
 //     and group forms; Remove, RemoveGroup, Evict; Put for restore), counts
 //     shared-tier references (AcquireShared*/ReleaseShared*, SharedRef) and
-//     answers walks (Query, QueryVersioned, Explain, Locate, Version).
+//     answers walks (Query, Explain, Locate).
 //   - Cut and TableCut copy the owners' entries at one moment; Restore and
 //     WalkEntries read them back.
 //   - QueryResult, InstanceHits, RankHits and TierCounts are the answer.

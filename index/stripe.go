@@ -112,9 +112,6 @@ type stripe struct {
 	// it was copied for (see Cut), under mu.
 	pos      int
 	cutEpoch uint64
-	// gen counts the writers that have changed the stripe (see
-	// Table.changing); Table.Version sums it over the stripes.
-	gen atomic.Uint64
 	// acct is the stripe's accounted memory and recency stamps (budget.go).
 	acct acct
 	_    [64]byte // keep neighbouring stripes' locks off one cache line
