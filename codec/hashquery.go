@@ -26,14 +26,8 @@ type HashQueryRequest struct {
 }
 
 const (
-	hqModel = iota
-	hqLoraName
-	hqSeqHashes
+	hqSeqHashes = ctxMembers + iota
 	hqBlockHash
-	hqTenantID
-	hqInstanceID
-	hqBlockSize
-	hqCacheSalt
 	hqLoraID
 )
 
@@ -47,6 +41,7 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 	if e != nil {
 		return e
 	}
+	members := contextMembers{&q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize}
 	var seen fieldSet
 	hasLoraID := false
 	for i := 0; i < n; i++ {
@@ -54,15 +49,13 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 		if e != nil {
 			return e
 		}
+		if shared, e := members.decode(&c, k, &seen, lim); shared {
+			if e != nil {
+				return e
+			}
+			continue
+		}
 		switch string(k) {
-		case "model":
-			if e = seen.mark(hqModel, "model"); e == nil {
-				q.Model, e = c.strView("model", lim.MaxIdentityBytes)
-			}
-		case "lora_name":
-			if e = seen.mark(hqLoraName, "lora_name"); e == nil {
-				q.LoraName, e = c.strView("lora_name", lim.MaxNameBytes)
-			}
 		case "lora_id":
 			// RFC #1403 names the adapter by id as well; the context is
 			// selected by lora_name, so an id is accepted only beside it
@@ -87,22 +80,6 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 				q.Field = string(k)
 				e = decodeHashList(&c, q.Field, lim, q)
 			}
-		case "tenant_id":
-			if e = seen.mark(hqTenantID, "tenant_id"); e == nil {
-				q.TenantID, e = c.strView("tenant_id", lim.MaxIdentityBytes)
-			}
-		case "instance_id":
-			if e = seen.mark(hqInstanceID, "instance_id"); e == nil {
-				q.InstanceID, e = c.strView("instance_id", lim.MaxIdentityBytes)
-			}
-		case "block_size":
-			if e = seen.mark(hqBlockSize, "block_size"); e == nil {
-				q.BlockSize, e = blockSize(&c)
-			}
-		case "cache_salt":
-			if e = seen.mark(hqCacheSalt, "cache_salt"); e == nil {
-				q.CacheSalt, e = c.strOrNilView("cache_salt", lim.MaxNameBytes)
-			}
 		default:
 			return Errorf(UnknownField, string(k), "unknown field %q", string(k))
 		}
@@ -111,9 +88,9 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 		}
 	}
 	switch {
-	case !seen.has(hqModel):
+	case !seen.has(ctxModel):
 		return Errorf(Missing, "model", "model is required")
-	case !seen.has(hqBlockSize):
+	case !seen.has(ctxBlockSize):
 		return Errorf(Missing, "block_size", "block_size is required")
 	case !seen.has(hqSeqHashes) && !seen.has(hqBlockHash):
 		return Errorf(Missing, "seq_hashes", "seq_hashes is required")

@@ -356,15 +356,60 @@ type QueryRequest struct {
 	packed []byte // the array's bytes in the body, for TokenMemo.Remember
 }
 
+// The members /query and /query_by_hash share, as fieldSet bits; each
+// body's own members take the bits after them.
 const (
-	qModel = iota
-	qLoraName
-	qTokenIDs
-	qTenantID
-	qInstanceID
-	qBlockSize
-	qCacheSalt
+	ctxModel = iota
+	ctxLoraName
+	ctxTenantID
+	ctxInstanceID
+	ctxBlockSize
+	ctxCacheSalt
+	ctxMembers // the first bit a body's own members use
 )
+
+// contextMembers points at a body's copies of the shared members.
+type contextMembers struct {
+	model, loraName, tenantID, instanceID, cacheSalt *string
+	blockSize                                        *int
+}
+
+// decode reads member k if it is a shared one, reporting whether it was;
+// a repeated member is refused as every other is.
+func (m contextMembers) decode(c *cursor, k []byte, seen *fieldSet, lim Limits) (bool, *Error) {
+	var e *Error
+	switch string(k) {
+	case "model":
+		if e = seen.mark(ctxModel, "model"); e == nil {
+			*m.model, e = c.strView("model", lim.MaxIdentityBytes)
+		}
+	case "lora_name":
+		if e = seen.mark(ctxLoraName, "lora_name"); e == nil {
+			*m.loraName, e = c.strView("lora_name", lim.MaxNameBytes)
+		}
+	case "tenant_id":
+		if e = seen.mark(ctxTenantID, "tenant_id"); e == nil {
+			*m.tenantID, e = c.strView("tenant_id", lim.MaxIdentityBytes)
+		}
+	case "instance_id":
+		if e = seen.mark(ctxInstanceID, "instance_id"); e == nil {
+			*m.instanceID, e = c.strView("instance_id", lim.MaxIdentityBytes)
+		}
+	case "block_size":
+		if e = seen.mark(ctxBlockSize, "block_size"); e == nil {
+			*m.blockSize, e = blockSize(c)
+		}
+	case "cache_salt":
+		if e = seen.mark(ctxCacheSalt, "cache_salt"); e == nil {
+			*m.cacheSalt, e = c.strOrNilView("cache_salt", lim.MaxNameBytes)
+		}
+	default:
+		return false, nil
+	}
+	return true, e
+}
+
+const qTokenIDs = ctxMembers
 
 // DecodeQuery decodes and validates a /query body into q, reusing q.Tokens.
 //
@@ -394,6 +439,7 @@ func decodeQueryBody(body []byte, lim Limits, q *QueryRequest) *Error {
 
 func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 	*q = QueryRequest{buf: q.buf, ends: q.ends[:0], fps: q.fps[:0], memo: q.memo}
+	members := contextMembers{&q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize}
 	var seen fieldSet
 	for i := 0; i < n; i++ {
 		if e := c.ahead(); e != nil {
@@ -408,37 +454,17 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 				return e
 			}
 		}
-		switch string(k) {
-		case "model":
-			if e = seen.mark(qModel, "model"); e == nil {
-				q.Model, e = c.strView("model", lim.MaxIdentityBytes)
+		if shared, e := members.decode(&c, k, &seen, lim); shared {
+			if e != nil {
+				return e
 			}
-		case "lora_name":
-			if e = seen.mark(qLoraName, "lora_name"); e == nil {
-				q.LoraName, e = c.strView("lora_name", lim.MaxNameBytes)
-			}
-		case "token_ids":
-			if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
-				e = decodeTokens(&c, lim, q)
-			}
-		case "tenant_id":
-			if e = seen.mark(qTenantID, "tenant_id"); e == nil {
-				q.TenantID, e = c.strView("tenant_id", lim.MaxIdentityBytes)
-			}
-		case "instance_id":
-			if e = seen.mark(qInstanceID, "instance_id"); e == nil {
-				q.InstanceID, e = c.strView("instance_id", lim.MaxIdentityBytes)
-			}
-		case "block_size":
-			if e = seen.mark(qBlockSize, "block_size"); e == nil {
-				q.BlockSize, e = blockSize(&c)
-			}
-		case "cache_salt":
-			if e = seen.mark(qCacheSalt, "cache_salt"); e == nil {
-				q.CacheSalt, e = c.strOrNilView("cache_salt", lim.MaxNameBytes)
-			}
-		default:
+			continue
+		}
+		if string(k) != "token_ids" {
 			return Errorf(UnknownField, string(k), "unknown field %q", string(k))
+		}
+		if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
+			e = decodeTokens(&c, lim, q)
 		}
 		if e != nil {
 			return e
@@ -448,9 +474,9 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 		return errUnchecked // trailing bytes
 	}
 	switch {
-	case !seen.has(qModel):
+	case !seen.has(ctxModel):
 		return Errorf(Missing, "model", "model is required")
-	case !seen.has(qBlockSize):
+	case !seen.has(ctxBlockSize):
 		return Errorf(Missing, "block_size", "block_size is required")
 	case !seen.has(qTokenIDs):
 		return Errorf(Missing, "token_ids", "token_ids is required")
