@@ -447,11 +447,7 @@ func TestGracefulRestartAnswersIdentically(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	p := startConductor(t, dir, "--snapshot-interval", "0")
 	engines := []*engine{newEngine(t, "e1", 1000), newEngine(t, "e2", 1000)}
-	m := model{}
-	for _, e := range engines {
-		e.register(p)
-		probe(t, p, e, m, 0)
-	}
+	m := registerAll(t, p, engines)
 	var prompts [][]int32
 	for i := 1; i < 30; i++ {
 		for _, e := range engines {
@@ -516,11 +512,7 @@ func TestCrashRecoversThroughReplay(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	p := startConductor(t, dir, "--snapshot-interval", "50ms")
 	engines := []*engine{newEngine(t, "e1", 100000), newEngine(t, "e2", 100000)}
-	m := model{}
-	for _, e := range engines {
-		e.register(p)
-		probe(t, p, e, m, 0)
-	}
+	m := registerAll(t, p, engines)
 	const prompts = 120
 	stopQ := make(chan struct{})
 	var wg sync.WaitGroup
@@ -573,6 +565,30 @@ func TestCrashRecoversThroughReplay(t *testing.T) {
 	}
 }
 
+// registerAll registers engines with p and returns the model of what
+// they hold, empty, once each one's source is live.
+func registerAll(t *testing.T, p *proc, engines []*engine) model {
+	t.Helper()
+	m := model{}
+	for _, e := range engines {
+		e.register(p)
+		probe(t, p, e, m, 0)
+	}
+	return m
+}
+
+// storeAll has every engine store its prompts from..to-1, in that order,
+// interleaved across engines, and records them in m.
+func storeAll(t *testing.T, engines []*engine, m model, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		for _, e := range engines {
+			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
+			m[e.name][i] = true
+		}
+	}
+}
+
 // Downtime longer than one publisher's replay buffer: that source resumes
 // cold, with no phantom hit from its restored entries and its new events
 // indexed; the other source recovers everything.
@@ -581,17 +597,8 @@ func TestDowntimeLongerThanReplayBufferResumesCold(t *testing.T) {
 	p := startConductor(t, dir)
 	short, long := newEngine(t, "e1", 3), newEngine(t, "e2", 100000)
 	engines := []*engine{short, long}
-	m := model{}
-	for _, e := range engines {
-		e.register(p)
-		probe(t, p, e, m, 0)
-	}
-	for i := 1; i < 10; i++ {
-		for _, e := range engines {
-			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
-			m[e.name][i] = true
-		}
-	}
+	m := registerAll(t, p, engines)
+	storeAll(t, engines, m, 1, 10)
 	checkAll(t, p, m, engines, 10, "before the restart")
 	p.stop()
 
@@ -603,12 +610,7 @@ func TestDowntimeLongerThanReplayBufferResumesCold(t *testing.T) {
 			m[e.name][i] = false
 		}
 	}
-	for i := 10; i < 20; i++ {
-		for _, e := range engines {
-			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
-			m[e.name][i] = true
-		}
-	}
+	storeAll(t, engines, m, 10, 20)
 	p2 := startConductor(t, dir)
 	// Until a source's first live message arrives (a SUB joins
 	// asynchronously, so the first ones may be lost) it has not learnt of
@@ -644,17 +646,8 @@ func TestDeadPublishersRestoredEntriesDropAtCatchUpTimeout(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	p := startConductor(t, dir, "--snapshot-interval", "0")
 	engines := []*engine{newEngine(t, "e1", 1000), newEngine(t, "e2", 1000)}
-	m := model{}
-	for _, e := range engines {
-		e.register(p)
-		probe(t, p, e, m, 0)
-	}
-	for i := 1; i < 5; i++ {
-		for _, e := range engines {
-			e.send(storedEvent(t, prompt(engineIndex(e.name), i)))
-			m[e.name][i] = true
-		}
-	}
+	m := registerAll(t, p, engines)
+	storeAll(t, engines, m, 1, 5)
 	checkAll(t, p, m, engines, 5, "before the restart")
 	p.stop()
 	for _, e := range engines {
