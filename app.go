@@ -180,8 +180,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// memo and the verified links, and the doors' token
 	// memos attached to it, all forgotten through engine.Forget. Ingest
 	// fills the links.
-	links := hashing.NewLinks(cfg.LinkMemoBytes - linkBacklogBytes(cfg.LinkMemoBytes))
-	links.SetBacklogLimit(int64(linkBacklogBytes(cfg.LinkMemoBytes)))
+	backlog := linkBacklogBytes(cfg.Memory, cfg.LinkMemoBytes)
+	links := hashing.NewLinks(cfg.LinkMemoBytes - backlog)
+	links.SetBacklogLimit(int64(backlog))
 	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
 	// The token memo's part of the budget serves both doors: with the
 	// gRPC door on, each door's memo (MessagePack bodies here, protobuf
@@ -545,9 +546,17 @@ type sourceLimits struct {
 const budgetedRcvHWM = 1000
 
 // linkBacklogBytes is the part of the links' memory that every source's
-// verification backlog shares: an eighth; the tables get the rest
-// (docs/index-memory.md#the-budget).
-func linkBacklogBytes(linkBytes int) int { return linkBytes / 8 }
+// verification backlog shares under a bounded budget b: an eighth; the
+// tables get the rest (docs/index-memory.md#the-budget). Unbounded, it is
+// 0: each source keeps only its own bound, because one shared bound sheds
+// the verification of simultaneous bursts (half the blocks of the
+// cold-8k preset's four publishers), which queries then pay for.
+func linkBacklogBytes(b membudget.Budget, linkBytes int) int {
+	if b.Total == 0 {
+		return 0
+	}
+	return linkBytes / 8
+}
 
 // budgetedSources are the subscribers' limits under budget b: an eighth
 // of the links' part for each one's verification backlog, which the
