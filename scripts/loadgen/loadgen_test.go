@@ -273,6 +273,13 @@ func TestProcParsing(t *testing.T) {
 	if _, err := parseStatCPU([]byte("4242 (x) S 1")); err == nil {
 		t.Error("short stat accepted")
 	}
+	// minflt is field 10 (1000 here), stime field 15 (130 ticks).
+	if f, err := parseStatFaults([]byte(stat)); err != nil || f != (statFaults{minor: 1000, system: 1300 * time.Millisecond}) {
+		t.Errorf("parseStatFaults = %+v, %v; want 1000 faults, 1.3s", f, err)
+	}
+	if _, err := parseStatFaults([]byte("4242 (x) S 1")); err == nil {
+		t.Error("short stat accepted for faults")
+	}
 	status := "Name:\tconductor\nVmPeak:\t  9000 kB\nVmRSS:\t   12345 kB\nRssAnon:\t    4321 kB\nThreads:\t9\n"
 	rss, err := parseStatusKB([]byte(status), "VmRSS:")
 	if err != nil || rss != 12345*1024 {

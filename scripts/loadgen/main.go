@@ -450,6 +450,16 @@ func (m sampler) cpu() time.Duration {
 	return d
 }
 
+// faults reads the server's minor faults and system time; ok is false
+// when unknown.
+func (m sampler) faults() (statFaults, bool) {
+	if m.pid <= 0 {
+		return statFaults{}, false
+	}
+	f, err := procFaults(m.pid)
+	return f, err == nil
+}
+
 // peak is the server's VmHWM, -1 when unknown.
 func (m sampler) peak() int64 {
 	if m.pid <= 0 {
@@ -641,6 +651,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	// Ingest.
 	m.memory(&rep.RSS.BeforeIngest, &rep.RSSAnon.BeforeIngest)
 	cpu0, self0 := total(fl.cpus()), selfCPU()
+	faults0, faultsKnown := fl[0].faults()
 	if err := s.ingest(ctx, c.distinctBlocks()+len(s.pubs), rep); err != nil {
 		return rep, err
 	}
@@ -656,6 +667,12 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		return rep, err
 	}
 	cpuVerified := total(fl.cpus())
+	if f, ok := fl[0].faults(); ok && faultsKnown {
+		// The first server's: every server ingests every block.
+		n := float64(rep.Ingest.BlocksPublished)
+		rep.Ingest.FaultsPerBlock = float64(f.minor-faults0.minor) / n
+		rep.Ingest.SystemCPUPerBlockUS = float64((f.system - faults0.system).Microseconds()) / n
+	}
 	// Less what reading /metrics took the servers while waiting, measured
 	// on a few more reads.
 	const probes = 5

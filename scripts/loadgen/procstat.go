@@ -75,6 +75,42 @@ func parseStatCPU(b []byte) (time.Duration, error) {
 	return time.Duration(utime+stime) * time.Second / clockTicks, nil
 }
 
+// statFaults is what /proc/<pid>/stat says of a process's memory faults
+// and its time in the kernel.
+type statFaults struct {
+	minor  uint64        // minor faults (field 10): first touches of anonymous pages, mostly
+	system time.Duration // stime (field 15), in whole ticks
+}
+
+// procFaults reads process pid's minor faults and system time.
+func procFaults(pid int) (statFaults, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return statFaults{}, err
+	}
+	return parseStatFaults(b)
+}
+
+// parseStatFaults reads minflt (field 10) and stime (field 15) from a
+// /proc/<pid>/stat line, counting fields from the last ')' as
+// parseStatCPU does.
+func parseStatFaults(b []byte) (statFaults, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return statFaults{}, fmt.Errorf("stat: no command name")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return statFaults{}, fmt.Errorf("stat: %d fields", len(f)+2)
+	}
+	minor, err1 := strconv.ParseUint(f[7], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return statFaults{}, fmt.Errorf("stat: bad minflt/stime %q %q", f[7], f[12])
+	}
+	return statFaults{minor: minor, system: time.Duration(stime) * time.Second / clockTicks}, nil
+}
+
 // procRSS returns process pid's resident set size in bytes.
 func procRSS(pid int) (int64, error) { return procStatusKB(pid, "VmRSS:") }
 
