@@ -1,0 +1,349 @@
+// Package tokenmemo is the token memo both doors share: it remembers the
+// token ids of recent requests under their packed bytes, so a request
+// repeating a prefix seen before (a system prompt, the previous turn of a
+// conversation) has those ids copied instead of decoded.
+//
+// Decoding is the one cost of a warm lookup that the prefix memo cannot
+// remove: MessagePack's smallest-format integers (/query) and protobuf's
+// varints (LookupRoute's token_ids) both place each id where every id
+// before it ends, so decoding is a chain of dependent loads, while
+// comparing and copying the same bytes runs at memory speed.
+//
+// One Memo serves both doors: one instance, one byte budget, one pair of
+// hit and miss counts. An entry is one token array, held once, with its
+// packed form in each wire format (Format) of the doors that use the memo
+// (Use): the form of the door that decoded it, exactly as it arrived, and
+// the other's canonical encoding of the same ids, so a prompt one door
+// learned is a hit on the other. Each form is filed under fingerprints of
+// its own bytes in its own format's domain, and a candidate is verified
+// against the form of the request's format byte for byte: equal bytes in
+// one format are equal ids, whereas the same bytes in the other format
+// may be other ids, so formats never share a form.
+//
+// Nothing else changes what bytes decode to: the model, tenant, hash
+// scheme or profile, block size, salt and adapter of a request choose
+// what its ids are looked up in (the query engine, the prefix memo), not
+// what they are. So an entry is keyed by its bytes and format alone, and
+// the same ids asked for in different contexts share it.
+//
+// Memory is bounded by the store's byte budget with roughly oldest-first
+// eviction (memostore); entries hold only pointer-free slices. Safe for
+// concurrent use. A nil *Memo is a memo turned off.
+package tokenmemo
+
+import (
+	"encoding/binary"
+	"math"
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/mooncake-conductor-go/conductor/internal/memostore"
+)
+
+// Format is a wire format token ids arrive packed in.
+type Format uint8
+
+const (
+	// MsgPack is the elements of a MessagePack array of integers (/query's
+	// token_ids), each in any integer format a packer chose.
+	MsgPack Format = iota
+	// Varint is a protobuf packed run of varints (LookupRoute's
+	// token_ids, a repeated uint32).
+	Varint
+	numFormats
+)
+
+func (f Format) String() string {
+	switch f {
+	case MsgPack:
+		return "msgpack"
+	case Varint:
+		return "varint"
+	}
+	return "unknown"
+}
+
+// domain separates the fingerprints of the formats: the same bytes in two
+// formats get different fingerprints, so a lookup in one format does not
+// even meet the other's forms (it would reject them anyway: see usable).
+var domain = [numFormats]uint64{MsgPack: 0, Varint: 0x9e3779b97f4a7c15}
+
+// Chunk is how many ids lie between the byte offsets a form records: the
+// granularity at which a partly shared prefix is reused.
+const Chunk = memostore.Chunk
+
+// entryOverhead is the memory an entry accounts for besides its slices.
+const entryOverhead = 160
+
+// Memo is the token memo; see the package comment.
+type Memo struct {
+	store *memostore.Store[*Entry]
+	// used holds, by Format, whether a door decoding that format uses
+	// the memo: entries get a form in each format in use.
+	used [numFormats]atomic.Bool
+}
+
+// Entry is one remembered token array; immutable once inserted, and may be
+// held and read by a lookup after it was evicted.
+type Entry struct {
+	memostore.Record
+	toks  []int32 // the ids
+	forms [numFormats]form
+}
+
+// form is an entry's array packed in one format.
+type form struct {
+	raw  []byte   // the packed ids (nil: the entry has no form in this format)
+	ends []uint32 // ends[j]: offset in raw just past id (j+1)·Chunk−1
+}
+
+func (e *Entry) Rec() *memostore.Record { return &e.Record }
+
+// Tokens is the entry's ids, never to be modified; they may be kept for as
+// long as anyone needs them.
+func (e *Entry) Tokens() []int32 { return e.toks }
+
+// Ends is the chunk ends of the entry's form in f (see form.ends).
+func (e *Entry) Ends(f Format) []uint32 { return e.forms[f].ends }
+
+// New returns a memo holding about maxBytes of entries (at least
+// memostore.MinBytes); maxBytes <= 0 returns nil, a memo turned off.
+func New(maxBytes int) *Memo {
+	if maxBytes <= 0 {
+		return nil
+	}
+	return &Memo{store: memostore.New[*Entry](maxBytes)}
+}
+
+// Use says a door decoding format f consults the memo: from then on, every
+// entry learned is also packed in f, so that door finds what the others
+// learned. A door calls it once, when it is built.
+func (m *Memo) Use(f Format) {
+	if m != nil {
+		m.used[f].Store(true)
+	}
+}
+
+// Reset forgets every entry; the service calls it once nothing is left to
+// look up, so that memory returns to its idle size. Lookups holding an
+// entry keep it.
+func (m *Memo) Reset() {
+	if m != nil {
+		m.store.Reset()
+	}
+}
+
+// Bytes is the memory the entries account for (0 for a nil memo).
+func (m *Memo) Bytes() int {
+	if m == nil {
+		return 0
+	}
+	return m.store.Bytes()
+}
+
+// Count adds to the memo's counts: ids copied from an entry (hits) and ids
+// decoded while it was consulted (misses).
+func (m *Memo) Count(hits, misses uint64) { m.store.Count(hits, misses) }
+
+// Stats returns how many ids of accepted requests, on both doors, were
+// copied from the memo (hits) and how many were decoded while it was
+// consulted (misses; arrays too short to look up are not counted).
+func (m *Memo) Stats() (hits, misses uint64) {
+	if m == nil {
+		return 0, 0
+	}
+	return m.store.Stats()
+}
+
+// Fingerprints appends the fingerprints of b, packed in f, that a lookup
+// and an entry learned from it are filed under: those of its first 256,
+// 512, … bytes for spans ending within limit, then the locator, one of all
+// of b (memostore.SpanFingerprints). b starts at the first id; it may go
+// on past the array (a /query body's later members), which only the
+// locator reads.
+func Fingerprints(f Format, b []byte, limit int, dst []uint64) []uint64 {
+	n := len(dst)
+	dst = memostore.SpanFingerprints(b, limit, dst)
+	for i := n; i < len(dst); i++ {
+		dst[i] ^= domain[f]
+	}
+	return dst
+}
+
+// Match finds the entry sharing the most leading ids with the n-id array
+// packed in f at the start of b (n: an upper bound when the caller has not
+// counted them; b may go on past the array): it returns that entry, the
+// number of ids k it supplies and the packed length off they span. fps are
+// Fingerprints(f, b, …); the deepest is tried first.
+func (m *Memo) Match(f Format, b []byte, n int, fps []uint64) (best *Entry, k, off int) {
+	if m == nil {
+		return nil, 0, 0
+	}
+	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
+		m.store.Lookup(fps[j], func(e *Entry) bool {
+			if ek, eoff := e.usable(f, b, n); ek > k {
+				best, k, off = e, ek, eoff
+			}
+			return true
+		})
+	}
+	return best, k, off
+}
+
+// usable is how many leading ids of e an n-id array packed in f at the
+// start of b shares, and the packed length they span: only ids whose bytes
+// lie inside the common prefix of b and e's form in f, in whole chunks (or
+// all of e), and within the array itself (the bytes after it may happen to
+// match too). An entry with no form in f shares none.
+func (e *Entry) usable(f Format, b []byte, n int) (k, off int) {
+	fm := &e.forms[f]
+	if fm.raw == nil {
+		return 0, 0
+	}
+	common := memostore.CommonPrefix(b, fm.raw)
+	if common == len(fm.raw) && len(e.toks) <= n {
+		return len(e.toks), len(fm.raw)
+	}
+	c := min(memostore.ChunksWithin(fm.ends, common), n/Chunk)
+	if c == 0 {
+		return 0, 0
+	}
+	return c * Chunk, int(fm.ends[c-1])
+}
+
+// Remember files an accepted array: toks, decoded from raw packed in f,
+// with ends its chunk ends in raw and fps the request's Fingerprints in f
+// (the locator last). The entry copies raw and ends. It takes toks itself
+// rather than a copy when own allows it and toks is about as long as its
+// capacity, and reports whether it did: the caller must then never write
+// to toks again. The entry is also packed in every other format in use
+// whose encoding can hold the ids. The memo must not be nil.
+func (m *Memo) Remember(f Format, raw []byte, toks []int32, ends []uint32, fps []uint64, own bool) (took bool) {
+	nf := memostore.SpansWithin(len(raw), len(fps))
+	if nf == 0 {
+		return false
+	}
+	e := &Entry{}
+	if took = own && cap(toks) <= len(toks)+len(toks)/4; took {
+		e.toks = toks[:len(toks):len(toks)]
+	} else {
+		e.toks = append([]int32(nil), toks...)
+	}
+	e.forms[f] = form{raw: append([]byte(nil), raw...), ends: append([]uint32(nil), ends...)}
+	var filed []uint64
+	size := entryOverhead + 4*cap(e.toks)
+	for g := range numFormats {
+		if g == f || !m.used[g].Load() {
+			continue
+		}
+		fm, ok := encode(g, e.toks)
+		if !ok || len(fm.raw) < memostore.FirstSpan {
+			continue
+		}
+		e.forms[g] = fm
+		gfps := Fingerprints(g, fm.raw, len(fm.raw), nil)
+		filed = append(filed, memostore.FiledUnder(gfps, memostore.SpansWithin(len(fm.raw), len(gfps)))...)
+	}
+	// The learning format's fingerprints come last: the store accounts an
+	// entry in the shard of its last one, the request's own locator.
+	filed = append(filed, memostore.FiledUnder(fps, nf)...)
+	e.Fps = filed
+	for g := range numFormats {
+		size += len(e.forms[g].raw) + 4*len(e.forms[g].ends)
+	}
+	e.Size = size + 8*len(e.Fps)
+	m.store.Insert(e, e.extends)
+	return took
+}
+
+// extends reports whether e holds o's whole array as its own prefix, in
+// every format o has a form in, so a lookup finds at least as much in e
+// (up to the last partial chunk).
+func (e *Entry) extends(o *Entry) bool {
+	if len(o.toks) > len(e.toks) {
+		return false
+	}
+	for g := range numFormats {
+		if o.forms[g].raw != nil && e.forms[g].raw == nil {
+			return false
+		}
+	}
+	return memostore.Extends(int32Bytes(e.toks), int32Bytes(o.toks))
+}
+
+// int32Bytes is the memory of ids, for comparing arrays with memcmp.
+func int32Bytes(ids []int32) []byte {
+	if len(ids) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ids))), 4*len(ids))
+}
+
+// encode packs ids in g as the canonical packer of that format does, with
+// the chunk ends: MessagePack in each integer's smallest format (as
+// Python's packer writes), varints as protobuf writes a uint32. ok is false
+// when g cannot carry the ids (a negative id is no uint32).
+func encode(g Format, ids []int32) (fm form, ok bool) {
+	raw := make([]byte, 0, encodedLen(g, ids))
+	ends := make([]uint32, 0, len(ids)/Chunk)
+	for i, v := range ids {
+		switch g {
+		case MsgPack:
+			raw = appendMsgPackInt(raw, v)
+		case Varint:
+			if v < 0 {
+				return form{}, false
+			}
+			raw = binary.AppendUvarint(raw, uint64(v))
+		}
+		if (i+1)%Chunk == 0 {
+			ends = append(ends, uint32(len(raw)))
+		}
+	}
+	return form{raw: raw, ends: ends}, true
+}
+
+// encodedLen is the exact packed length of ids in g (a negative id counts
+// 5 bytes in Varint, where encode refuses it).
+func encodedLen(g Format, ids []int32) int {
+	n := 0
+	for _, v := range ids {
+		u := uint32(v)
+		switch {
+		case g == Varint:
+			n += 1 + max(bits.Len32(u)-1, 0)/7
+		case v >= -32 && v <= math.MaxInt8:
+			n++
+		case v >= 0 && v <= math.MaxUint8, v >= math.MinInt8 && v < 0:
+			n += 2
+		case v >= 0 && v <= math.MaxUint16, v >= math.MinInt16 && v < 0:
+			n += 3
+		default:
+			n += 5
+		}
+	}
+	return n
+}
+
+// appendMsgPackInt appends v in its smallest MessagePack integer format.
+func appendMsgPackInt(b []byte, v int32) []byte {
+	switch {
+	case v >= 0 && v <= 0x7f:
+		return append(b, byte(v))
+	case v >= -32 && v < 0:
+		return append(b, byte(int8(v)))
+	case v >= 0 && v <= 0xff:
+		return append(b, 0xcc, byte(v))
+	case v >= 0 && v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+	case v >= 0:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
+	case v >= math.MinInt8:
+		return append(b, 0xd0, byte(int8(v)))
+	case v >= math.MinInt16:
+		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(int16(v)))
+	default:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(v))
+	}
+}
