@@ -329,10 +329,13 @@ func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
 
 // BenchmarkDecodeQuery8KColdMemo decodes 8K-token bodies the token memo
 // has not seen (512 distinct ones cycled through the smallest budget), the
-// memo's overhead on a cold query: looking up, missing, and remembering.
+// memo's overhead on a cold query: looking up, missing, and remembering;
+// with both doors using the memo (memo=cold-both-doors), remembering also
+// packs the ids as varints for the gRPC door.
 func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
-	for _, memo := range []bool{false, true} {
-		b.Run(map[bool]string{false: "memo=none", true: "memo=cold"}[memo], func(b *testing.B) {
+	for _, mode := range []string{"memo=none", "memo=cold", "memo=cold-both-doors"} {
+		memo := mode != "memo=none"
+		b.Run(mode, func(b *testing.B) {
 			const prompts = 512
 			bodies := make([][]byte, prompts)
 			for p := range bodies {
@@ -345,6 +348,10 @@ func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
 			var m *tokenmemo.Memo
 			if memo {
 				m = tokenmemo.New(1)
+				m.Use(tokenmemo.MsgPack)
+			}
+			if mode == "memo=cold-both-doors" {
+				m.Use(tokenmemo.Varint)
 			}
 			var q QueryRequest
 			b.ReportAllocs()

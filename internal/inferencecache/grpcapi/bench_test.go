@@ -200,7 +200,9 @@ func BenchmarkReportIngest(b *testing.B) {
 // (every id three bytes) it has never seen (miss: the run differs in its
 // first fingerprinted window, so nothing is found), one sharing its first
 // half with a remembered run (half), and one it holds whole (hit). A miss
-// and a half are remembered, as the server does for a known context.
+// and a half are remembered, as the server does for a known context; with
+// /query using the memo too (miss-both-doors), remembering also packs the
+// ids in MessagePack.
 func BenchmarkTokenMemoDecode(b *testing.B) {
 	const n = 8192
 	run := make([]byte, 0, 3*n)
@@ -212,15 +214,20 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 		v += 1 << 14
 		run[3*j], run[3*j+1], run[3*j+2] = byte(v)|0x80, byte(v>>7)|0x80, byte(v>>14)
 	}
-	for _, mode := range []string{"miss", "half", "hit"} {
+	for _, mode := range []string{"miss", "half", "hit", "miss-both-doors"} {
 		b.Run(mode, func(b *testing.B) {
 			m := tokenmemo.New(memostore.MinBytes)
+			m.Use(tokenmemo.Varint)
+			if mode == "miss-both-doors" {
+				// Remembering also packs the ids for /query.
+				m.Use(tokenmemo.MsgPack)
+			}
 			dst := make([]uint32, 0, n)
 			var learn tmLearn
 			i := 0
 			for b.Loop() {
 				switch mode {
-				case "miss": // ids 0 and 70 (bytes 210-212, inside the first window)
+				case "miss", "miss-both-doors": // ids 0 and 70 (bytes 210-212, inside the first window)
 					patch(0, i&(1<<20-1))
 					patch(70, i>>20)
 				case "half":
