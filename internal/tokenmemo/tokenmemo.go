@@ -247,7 +247,11 @@ func (m *Memo) Remember(f Format, raw []byte, toks []int32, ends []uint32, fps [
 	}
 	// The learning format's fingerprints come last: the store accounts an
 	// entry in the shard of its last one, the request's own locator.
-	filed = append(filed, memostore.FiledUnder(fps, nf)...)
+	if own := memostore.FiledUnder(fps, nf); filed == nil {
+		filed = own
+	} else {
+		filed = append(filed, own...)
+	}
 	e.Fps = filed
 	for g := range numFormats {
 		size += len(e.forms[g].raw) + 4*len(e.forms[g].ends)
