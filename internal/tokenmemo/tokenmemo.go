@@ -34,9 +34,8 @@ package tokenmemo
 import (
 	"encoding/binary"
 	"math"
-	"math/bits"
+	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 )
@@ -261,93 +260,118 @@ func (m *Memo) Remember(f Format, raw []byte, toks []int32, ends []uint32, fps [
 	return took
 }
 
-// extends reports whether e holds o's whole array as its own prefix, in
-// every format o has a form in, so a lookup finds at least as much in e
-// (up to the last partial chunk).
+// extends reports whether e serves every lookup o serves: in each format o
+// has a form in, e's form begins with all of o's bytes (the same ids, packed
+// the same way; a body packed otherwise finds o, not e). A lookup then
+// finds at least as much in e (up to the last partial chunk).
 func (e *Entry) extends(o *Entry) bool {
 	if len(o.toks) > len(e.toks) {
 		return false
 	}
 	for g := range numFormats {
-		if o.forms[g].raw != nil && e.forms[g].raw == nil {
+		if o.forms[g].raw != nil && !memostore.Extends(e.forms[g].raw, o.forms[g].raw) {
 			return false
 		}
 	}
-	return memostore.Extends(int32Bytes(e.toks), int32Bytes(o.toks))
-}
-
-// int32Bytes is the memory of ids, for comparing arrays with memcmp.
-func int32Bytes(ids []int32) []byte {
-	if len(ids) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ids))), 4*len(ids))
+	return true
 }
 
 // encode packs ids in g as the canonical packer of that format does, with
 // the chunk ends: MessagePack in each integer's smallest format (as
 // Python's packer writes), varints as protobuf writes a uint32. ok is false
-// when g cannot carry the ids (a negative id is no uint32).
+// when g cannot carry the ids (a negative id is no uint32). It packs into
+// a pooled buffer of the largest size the ids could take and copies the
+// result out, so the entry holds exactly its bytes without a pass to
+// measure them first.
 func encode(g Format, ids []int32) (fm form, ok bool) {
-	raw := make([]byte, 0, encodedLen(g, ids))
-	ends := make([]uint32, 0, len(ids)/Chunk)
-	for i, v := range ids {
-		switch g {
-		case MsgPack:
-			raw = appendMsgPackInt(raw, v)
-		case Varint:
+	if g == Varint {
+		for _, v := range ids {
 			if v < 0 {
 				return form{}, false
 			}
-			raw = binary.AppendUvarint(raw, uint64(v))
-		}
-		if (i+1)%Chunk == 0 {
-			ends = append(ends, uint32(len(raw)))
 		}
 	}
-	return form{raw: raw, ends: ends}, true
+	bp := scratch.Get().(*[]byte)
+	defer scratch.Put(bp)
+	if cap(*bp) < 5*len(ids) {
+		*bp = make([]byte, 5*len(ids))
+	}
+	buf := (*bp)[:5*len(ids)]
+	ends := make([]uint32, 0, len(ids)/Chunk)
+	at := 0
+	for c := 0; c < len(ids); c += Chunk {
+		chunk := ids[c:min(c+Chunk, len(ids))]
+		switch g {
+		case MsgPack:
+			at = putMsgPack(buf, at, chunk)
+		case Varint:
+			at = putVarints(buf, at, chunk)
+		}
+		if len(chunk) == Chunk {
+			ends = append(ends, uint32(at))
+		}
+	}
+	if cap(*bp) > maxScratch {
+		*bp = nil // a rare huge array does not stay pooled
+	}
+	return form{raw: append([]byte(nil), buf[:at]...), ends: ends}, true
 }
 
-// encodedLen is the exact packed length of ids in g (a negative id counts
-// 5 bytes in Varint, where encode refuses it).
-func encodedLen(g Format, ids []int32) int {
-	n := 0
+// scratch holds encode's buffers; maxScratch bounds the one it keeps.
+var scratch = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxScratch = 1 << 20
+
+// putVarints writes ids (none negative) at buf[at:] as protobuf varints,
+// each at most 5 bytes, and returns the offset past them.
+func putVarints(buf []byte, at int, ids []int32) int {
 	for _, v := range ids {
 		u := uint32(v)
-		switch {
-		case g == Varint:
-			n += 1 + max(bits.Len32(u)-1, 0)/7
-		case v >= -32 && v <= math.MaxInt8:
-			n++
-		case v >= 0 && v <= math.MaxUint8, v >= math.MinInt8 && v < 0:
-			n += 2
-		case v >= 0 && v <= math.MaxUint16, v >= math.MinInt16 && v < 0:
-			n += 3
-		default:
-			n += 5
+		for u >= 0x80 {
+			buf[at] = byte(u) | 0x80
+			u >>= 7
+			at++
 		}
+		buf[at] = byte(u)
+		at++
 	}
-	return n
+	return at
 }
 
-// appendMsgPackInt appends v in its smallest MessagePack integer format.
-func appendMsgPackInt(b []byte, v int32) []byte {
-	switch {
-	case v >= 0 && v <= 0x7f:
-		return append(b, byte(v))
-	case v >= -32 && v < 0:
-		return append(b, byte(int8(v)))
-	case v >= 0 && v <= 0xff:
-		return append(b, 0xcc, byte(v))
-	case v >= 0 && v <= 0xffff:
-		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
-	case v >= 0:
-		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
-	case v >= math.MinInt8:
-		return append(b, 0xd0, byte(int8(v)))
-	case v >= math.MinInt16:
-		return binary.BigEndian.AppendUint16(append(b, 0xd1), uint16(int16(v)))
-	default:
-		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(v))
+// putMsgPack writes ids at buf[at:] each in its smallest MessagePack
+// integer format, at most 5 bytes, and returns the offset past them.
+func putMsgPack(buf []byte, at int, ids []int32) int {
+	for _, v := range ids {
+		switch {
+		case v >= 0 && v <= 0x7f:
+			buf[at] = byte(v)
+			at++
+		case v >= -32 && v < 0:
+			buf[at] = byte(int8(v))
+			at++
+		case v >= 0 && v <= 0xff:
+			buf[at], buf[at+1] = 0xcc, byte(v)
+			at += 2
+		case v >= 0 && v <= 0xffff:
+			buf[at] = 0xcd
+			binary.BigEndian.PutUint16(buf[at+1:], uint16(v))
+			at += 3
+		case v >= 0:
+			buf[at] = 0xce
+			binary.BigEndian.PutUint32(buf[at+1:], uint32(v))
+			at += 5
+		case v >= math.MinInt8:
+			buf[at], buf[at+1] = 0xd0, byte(int8(v))
+			at += 2
+		case v >= math.MinInt16:
+			buf[at] = 0xd1
+			binary.BigEndian.PutUint16(buf[at+1:], uint16(int16(v)))
+			at += 3
+		default:
+			buf[at] = 0xd2
+			binary.BigEndian.PutUint32(buf[at+1:], uint32(v))
+			at += 5
+		}
 	}
+	return at
 }
