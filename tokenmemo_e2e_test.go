@@ -44,9 +44,10 @@ func (e *e2e) postCompact(path string, body map[string]any) (int, map[string]any
 	return resp.StatusCode(), out
 }
 
-// TestOneTokenMemoServesBothDoors: the service has one token memo. A prompt
-// /query decoded is a hit for LookupRoute (every id copied, none decoded),
-// and one LookupRoute decoded is a hit for /query; the answers are those
+// TestOneTokenMemoServesBothDoors: the service has one token memo. Once
+// both doors have looked token ids up, a prompt /query decoded is a hit for
+// LookupRoute (every id copied, none decoded), and one LookupRoute decoded
+// is a hit for /query; the answers are those
 // the other door gives and those a lookup the memo misses gives. Both
 // doors' ids are counted in the one conductor_token_memo_tokens_total.
 func TestOneTokenMemoServesBothDoors(t *testing.T) {
@@ -100,10 +101,15 @@ func TestOneTokenMemoServesBothDoors(t *testing.T) {
 	}
 	same := cmp.Options{protocmp.Transform(), protocmp.IgnoreFields(&pb.LookupRouteResponse{}, "lookup_latency_us")}
 
-	// /query teaches, LookupRoute finds.
+	// Until the gRPC door has looked token ids up, entries carry no
+	// varint form: its first lookup decodes.
 	memo.Reset()
 	var httpDevice int64
 	expect("/query, memo empty", 0, 1024, func() { httpDevice = query() })
+	expect("LookupRoute, the door's first", 0, 1024, func() { lookup() })
+	// From then on /query teaches, LookupRoute finds.
+	memo.Reset()
+	expect("/query, memo empty, both doors in use", 0, 1024, func() { httpDevice = query() })
 	var hit *pb.LookupRouteResponse
 	expect("LookupRoute after /query", 1024, 0, func() { hit = lookup() })
 	if got := hit.ReplicaScores[0].MatchedTokens; int64(got) != httpDevice || httpDevice != 640 {

@@ -97,7 +97,6 @@ type Server struct {
 
 // New builds a Server; it does not listen until Serve.
 func New(opts Options) *Server {
-	opts.TokenMemo.Use(tokenmemo.MsgPack)
 	if opts.Limits == (codec.Limits{}) {
 		opts.Limits = codec.DefaultLimits()
 	}

@@ -11,10 +11,12 @@
 //
 // One Memo serves both doors: one instance, one byte budget, one pair of
 // hit and miss counts. An entry is one token array, held once, with its
-// packed form in each wire format (Format) of the doors that use the memo
-// (Use): the form of the door that decoded it, exactly as it arrived, and
-// the other's canonical encoding of the same ids, so a prompt one door
-// learned is a hit on the other. Each form is filed under fingerprints of
+// packed form in each wire format (Format) a door has looked arrays up in
+// (Match, or Use): the form of the door that decoded it, exactly as it
+// arrived, and the other's canonical encoding of the same ids, so a
+// prompt one door learned is a hit on the other. A door that is open but
+// has never looked an array up (the gRPC door serving only block hashes,
+// say) costs the entries nothing. Each form is filed under fingerprints of
 // its own bytes in its own format's domain, and a candidate is verified
 // against the form of the request's format byte for byte: equal bytes in
 // one format are equal ids, whereas the same bytes in the other format
@@ -32,7 +34,6 @@
 package tokenmemo
 
 import (
-	"encoding/binary"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -78,8 +79,8 @@ const entryOverhead = 160
 // Memo is the token memo; see the package comment.
 type Memo struct {
 	store *memostore.Store[*Entry]
-	// used holds, by Format, whether a door decoding that format uses
-	// the memo: entries get a form in each format in use.
+	// used holds, by Format, whether a door decoding that format has
+	// looked an array up: entries get a form in each format in use.
 	used [numFormats]atomic.Bool
 }
 
@@ -117,7 +118,7 @@ func New(maxBytes int) *Memo {
 
 // Use says a door decoding format f consults the memo: from then on, every
 // entry learned is also packed in f, so that door finds what the others
-// learned. A door calls it once, when it is built.
+// learned. Match calls it on a door's first lookup.
 func (m *Memo) Use(f Format) {
 	if m != nil {
 		m.used[f].Store(true)
@@ -178,6 +179,9 @@ func Fingerprints(f Format, b []byte, limit int, dst []uint64) []uint64 {
 func (m *Memo) Match(f Format, b []byte, n int, fps []uint64) (best *Entry, k, off int) {
 	if m == nil {
 		return nil, 0, 0
+	}
+	if !m.used[f].Load() {
+		m.Use(f)
 	}
 	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
 		m.store.Lookup(fps[j], func(e *Entry) bool {
@@ -324,16 +328,29 @@ const maxScratch = 1 << 20
 
 // putVarints writes ids (none negative) at buf[at:] as protobuf varints,
 // each at most 5 bytes, and returns the offset past them.
+// Each id's length is chosen once and its bytes written at fixed offsets:
+// a loop over its bytes cost as much as decoding them.
 func putVarints(buf []byte, at int, ids []int32) int {
 	for _, v := range ids {
 		u := uint32(v)
-		for u >= 0x80 {
-			buf[at] = byte(u) | 0x80
-			u >>= 7
+		b := buf[at : at+5 : at+5] // one bounds check for the id
+		switch {
+		case u < 1<<7:
+			b[0] = byte(u)
 			at++
+		case u < 1<<14:
+			b[0], b[1] = byte(u)|0x80, byte(u>>7)
+			at += 2
+		case u < 1<<21:
+			b[0], b[1], b[2] = byte(u)|0x80, byte(u>>7)|0x80, byte(u>>14)
+			at += 3
+		case u < 1<<28:
+			b[0], b[1], b[2], b[3] = byte(u)|0x80, byte(u>>7)|0x80, byte(u>>14)|0x80, byte(u>>21)
+			at += 4
+		default:
+			b[0], b[1], b[2], b[3], b[4] = byte(u)|0x80, byte(u>>7)|0x80, byte(u>>14)|0x80, byte(u>>21)|0x80, byte(u>>28)
+			at += 5
 		}
-		buf[at] = byte(u)
-		at++
 	}
 	return at
 }
@@ -342,34 +359,31 @@ func putVarints(buf []byte, at int, ids []int32) int {
 // integer format, at most 5 bytes, and returns the offset past them.
 func putMsgPack(buf []byte, at int, ids []int32) int {
 	for _, v := range ids {
+		b := buf[at : at+5 : at+5] // one bounds check for the id
 		switch {
 		case v >= 0 && v <= 0x7f:
-			buf[at] = byte(v)
+			b[0] = byte(v)
 			at++
 		case v >= -32 && v < 0:
-			buf[at] = byte(int8(v))
+			b[0] = byte(int8(v))
 			at++
 		case v >= 0 && v <= 0xff:
-			buf[at], buf[at+1] = 0xcc, byte(v)
+			b[0], b[1] = 0xcc, byte(v)
 			at += 2
 		case v >= 0 && v <= 0xffff:
-			buf[at] = 0xcd
-			binary.BigEndian.PutUint16(buf[at+1:], uint16(v))
+			b[0], b[1], b[2] = 0xcd, byte(v>>8), byte(v)
 			at += 3
 		case v >= 0:
-			buf[at] = 0xce
-			binary.BigEndian.PutUint32(buf[at+1:], uint32(v))
+			b[0], b[1], b[2], b[3], b[4] = 0xce, byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
 			at += 5
 		case v >= math.MinInt8:
-			buf[at], buf[at+1] = 0xd0, byte(int8(v))
+			b[0], b[1] = 0xd0, byte(int8(v))
 			at += 2
 		case v >= math.MinInt16:
-			buf[at] = 0xd1
-			binary.BigEndian.PutUint16(buf[at+1:], uint16(int16(v)))
+			b[0], b[1], b[2] = 0xd1, byte(v>>8), byte(v)
 			at += 3
 		default:
-			buf[at] = 0xd2
-			binary.BigEndian.PutUint32(buf[at+1:], uint32(v))
+			b[0], b[1], b[2], b[3], b[4] = 0xd2, byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
 			at += 5
 		}
 	}

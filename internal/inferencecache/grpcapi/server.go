@@ -179,7 +179,6 @@ func New(opts Options) (*Server, error) {
 	}
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
-	opts.TokenMemo.Use(tokenmemo.Varint)
 	s.codec = newLookupCodec(opts.TokenMemo)
 	if opts.Engine == nil {
 		opts.Engine = query.New(query.Options{Index: opts.Index})
