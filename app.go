@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bgjob"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
@@ -34,6 +33,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/state/durable"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
@@ -56,6 +56,8 @@ type app struct {
 	door   *grpcapi.Server
 	doorLn net.Listener
 	prod   *producer.Store
+	// tokenMemo is the token memo both doors share (nil: off).
+	tokenMemo *tokenmemo.Memo
 	// pprof serves runtime profiles with --pprof-addr (nil: off).
 	pprof *pprofsrv.Server
 	// shared links the replica to etcd (nil for a single node).
@@ -184,15 +186,14 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	links := hashing.NewLinks(cfg.LinkMemoBytes - backlog)
 	links.SetBacklogLimit(int64(backlog))
 	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
-	// The token memo's part of the budget serves both doors: with the
-	// gRPC door on, each door's memo (MessagePack bodies here, protobuf
-	// varints there) gets half of it.
-	tokenMemoBytes := cfg.TokenMemoBytes
-	if cfg.GRPCAddr != "" {
-		tokenMemoBytes /= 2
-	}
-	tokenMemo := codec.NewTokenMemo(tokenMemoBytes)
-	engine.Attach(tokenMemo, false)
+	// One token memo, with the whole of its part of the budget, serves
+	// both doors (MessagePack bodies here, protobuf varints there): a
+	// prompt one door learned is a hit on the other. With the gRPC door
+	// on, producer-scope lookups use it too, so it goes only once no
+	// scope is left either.
+	tokenMemo := tokenmemo.New(cfg.TokenMemoBytes)
+	engine.Attach(tokenMemo, cfg.GRPCAddr != "")
+	a.tokenMemo = tokenMemo
 	memReturn := bgjob.New(returnMemory, nil)
 	// door is set once the gRPC door is open, for the sources' state
 	// changes its watchers hear of; sources may change state from their
@@ -245,7 +246,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				}
 				// The last producer-fed scope went (cleared or
 				// expired): with no context left either, the
-				// door's token memo only keeps its budget resident.
+				// token memo only keeps its budget resident.
 				engine.Forget()
 				memReturn.Request()
 			}})
@@ -278,17 +279,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	}
 	build := buildinfo.Get()
 	budget := membudget.NewCollector(cfg.Memory, map[membudget.Part]func() int64{
-		membudget.Total:    procmem.RSS,
-		membudget.Index:    ix.MemoryBytes,
-		membudget.Links:    func() int64 { return int64(links.Bytes()) + links.BacklogBytes() },
-		membudget.HashMemo: func() int64 { return int64(engine.Memo().Bytes()) },
-		membudget.TokenMemo: func() int64 {
-			n := int64(tokenMemo.Bytes())
-			if d := door.Load(); d != nil {
-				n += int64(d.MemoBytes())
-			}
-			return n
-		},
+		membudget.Total:     procmem.RSS,
+		membudget.Index:     ix.MemoryBytes,
+		membudget.Links:     func() int64 { return int64(links.Bytes()) + links.BacklogBytes() },
+		membudget.HashMemo:  func() int64 { return int64(engine.Memo().Bytes()) },
+		membudget.TokenMemo: func() int64 { return int64(tokenMemo.Bytes()) },
 	})
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
@@ -326,7 +321,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	})
 	if cfg.GRPCAddr != "" {
 		// Health follows /readyz exactly.
-		if err := a.openDoor(cfg, prod, m, engine, func() bool { ok, _, _ := ready(); return ok }); err != nil {
+		if err := a.openDoor(cfg, prod, m, engine, tokenMemo, func() bool { ok, _, _ := ready(); return ok }); err != nil {
 			return fail(err)
 		}
 		door.Store(a.door)
@@ -338,9 +333,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 }
 
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
-func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, engine *query.Engine, ready func() bool) error {
+func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, engine *query.Engine, tokenMemo *tokenmemo.Memo, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Engine: engine, TokenMemoBytes: cfg.TokenMemoBytes / 2, Logger: a.log,
+		Index: a.ix, Producer: prod, Engine: engine, TokenMemo: tokenMemo, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),

@@ -130,7 +130,7 @@ func TestGRPCLookupMatchesQuery(t *testing.T) {
 	}
 }
 
-// TestGRPCTokenMemoResetWithLastContext: the door's token memo fills with
+// TestGRPCTokenMemoResetWithLastContext: the shared token memo fills with
 // a token_ids lookup and is emptied when the last context is dropped, as
 // the HTTP memos are; while a context remains it keeps what it holds.
 func TestGRPCTokenMemoResetWithLastContext(t *testing.T) {
@@ -150,7 +150,7 @@ func TestGRPCTokenMemoResetWithLastContext(t *testing.T) {
 	if _, err := client.LookupRoute(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	filled := e.app.door.MemoBytes()
+	filled := e.app.tokenMemo.Bytes()
 	if filled == 0 {
 		t.Fatal("the token memo remembered nothing")
 	}
@@ -158,17 +158,17 @@ func TestGRPCTokenMemoResetWithLastContext(t *testing.T) {
 		t.Fatalf("unregister m0: %d %v", status, out)
 	}
 	// m1 keeps the context: nothing to reset.
-	if got := e.app.door.MemoBytes(); got != filled {
+	if got := e.app.tokenMemo.Bytes(); got != filled {
 		t.Fatalf("memo holds %d bytes with a context left, want %d", got, filled)
 	}
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m1", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister m1: %d %v", status, out)
 	}
-	eventually(t, "the token memo emptied", func() bool { return e.app.door.MemoBytes() == 0 })
+	eventually(t, "the token memo emptied", func() bool { return e.app.tokenMemo.Bytes() == 0 })
 }
 
 // TestGRPCTokenMemoResetWithLastScope: a token_ids lookup on a producer
-// scheme fills the door's token memo; it is emptied once the last
+// scheme fills the shared token memo; it is emptied once the last
 // producer-fed scope is dropped and no context is left, and kept while a
 // scope or a context remains.
 func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
@@ -204,7 +204,7 @@ func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
 		if err != nil || (resp.ReasonCode != "PREFIX_MATCH" && resp.ReasonCode != "AFFINITY_HINT") {
 			t.Fatalf("lookup: %v %v", resp, err)
 		}
-		n := e.app.door.MemoBytes()
+		n := e.app.tokenMemo.Bytes()
 		if n == 0 {
 			t.Fatal("the token memo remembered nothing")
 		}
@@ -223,19 +223,19 @@ func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
 	if len(e.app.ix.Scopes()) != 0 {
 		t.Fatalf("scopes left: %v", e.app.ix.Scopes())
 	}
-	if got := e.app.door.MemoBytes(); got != filled {
+	if got := e.app.tokenMemo.Bytes(); got != filled {
 		t.Fatalf("memo holds %d bytes with a context left, want %d", got, filled)
 	}
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister m0: %d %v", status, out)
 	}
-	eventually(t, "the token memo emptied with the last context", func() bool { return e.app.door.MemoBytes() == 0 })
+	eventually(t, "the token memo emptied with the last context", func() bool { return e.app.tokenMemo.Bytes() == 0 })
 
 	// Producer-fed scopes only: the last one going empties the memo.
 	report("c")
 	fill()
 	clear("c")
-	eventually(t, "the token memo emptied with the last scope", func() bool { return e.app.door.MemoBytes() == 0 })
+	eventually(t, "the token memo emptied with the last scope", func() bool { return e.app.tokenMemo.Bytes() == 0 })
 }
 
 // TestGRPCReplicaUpdatedOnSourceState: StreamCacheEvents, through a real

@@ -2,6 +2,7 @@ package codec
 
 import (
 	"bytes"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"reflect"
 	"testing"
 
@@ -77,8 +78,8 @@ func FuzzDecodeRequests(f *testing.F) {
 		// The token memo, shared across inputs so that it learns from the
 		// corpus, changes nothing a caller can see.
 		var mq QueryRequest
-		checkSameQuery(t, e, &q, fuzzTokenMemo.DecodeQuery(body, lim, &mq), &mq)
-		fuzzTokenMemo.Remember(&mq)
+		checkSameQuery(t, e, &q, DecodeQueryMemo(fuzzTokenMemo, body, lim, &mq), &mq)
+		RememberTokens(fuzzTokenMemo, &mq)
 		// A body our validator accepts must decode with vmihailenco too
 		// structurally, consuming the whole body.
 		if msgp.Validate(body) == nil {
@@ -90,7 +91,7 @@ func FuzzDecodeRequests(f *testing.F) {
 	})
 }
 
-var fuzzTokenMemo = NewTokenMemo(4 << 20)
+var fuzzTokenMemo = tokenmemo.New(4 << 20)
 
 // checkOnePass asserts that DecodeQuery, which reads a body in one checked
 // pass, answers exactly what validating the whole body and then reading it

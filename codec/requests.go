@@ -8,6 +8,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -351,9 +352,9 @@ type QueryRequest struct {
 	buf    []int32  // the token buffer this request owns
 	ends   []uint32 // chunk ends of the array, for the token memo
 	fps    []uint64 // fingerprints of the array, for the token memo
-	memo   *TokenMemo
+	memo   *tokenmemo.Memo
 	learn  memoLearn
-	packed []byte // the array's bytes in the body, for TokenMemo.Remember
+	packed []byte // the array's bytes in the body, for RememberTokens
 }
 
 // The members /query and /query_by_hash share, as fieldSet bits; each
@@ -421,7 +422,7 @@ const qTokenIDs = ctxMembers
 // exactly those of validate-then-read: a malformed body is invalid_msgpack
 // even when an earlier field also has a schema error.
 func DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
-	return (*TokenMemo)(nil).DecodeQuery(body, lim, q)
+	return DecodeQueryMemo(nil, body, lim, q)
 }
 
 func decodeQueryBody(body []byte, lim Limits, q *QueryRequest) *Error {
@@ -520,16 +521,18 @@ func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 		q.buf, q.Tokens = dst, dst
 		learn := q.memo != nil && n >= memoMinTokens
 		if learn {
-			q.fps = fingerprints(body[start:], n, q.fps)
+			// An element takes at most 9 bytes: the spans fingerprinted
+			// are those the array could reach.
+			q.fps = tokenmemo.Fingerprints(tokenmemo.MsgPack, body[start:], 9*n, q.fps)
 			q.learn = memoLearn{start: start, fps: len(q.fps)}
-			if e, k, off := q.memo.match(body[start:], n, q.fps); k == n {
-				q.Tokens = e.toks[:n:n]
+			if e, k, off := q.memo.Match(tokenmemo.MsgPack, body[start:], n, q.fps); k == n {
+				q.Tokens = e.Tokens()[:n:n]
 				c.SetPos(start + off)
 				q.learn.end, q.learn.reused = c.Pos(), n
 				return nil
 			} else if k > 0 {
-				copy(dst, e.toks[:k])
-				q.ends = append(q.ends, e.ends[:k/memoChunk]...)
+				copy(dst, e.Tokens()[:k])
+				q.ends = append(q.ends, e.Ends(tokenmemo.MsgPack)[:k/memoChunk]...)
 				c.SetPos(start + off)
 				from, q.learn.reused = k, k
 			}

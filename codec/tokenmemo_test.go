@@ -2,6 +2,7 @@ package codec
 
 import (
 	"encoding/binary"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -87,7 +88,7 @@ func queryBody(toks []int32, at int, formats func(i int) int) []byte {
 // exercises the hit path whatever the sample size (rapid draws a fifth as
 // many under -short, too few to count on two draws sharing a prompt).
 func TestTokenMemoMatchesPlainDecode(t *testing.T) {
-	m := NewTokenMemo(1)
+	m := tokenmemo.New(1)
 	var q, mq QueryRequest
 	rapid.Check(t, func(rt *rapid.T) {
 		prompt := rapid.IntRange(0, 3).Draw(rt, "prompt")
@@ -118,20 +119,20 @@ func TestTokenMemoMatchesPlainDecode(t *testing.T) {
 			body = body[:rapid.IntRange(0, len(body)).Draw(rt, "cutAt")]
 		}
 		e := DecodeQuery(body, DefaultLimits(), &q)
-		me := m.DecodeQuery(body, DefaultLimits(), &mq)
+		me := DecodeQueryMemo(m, body, DefaultLimits(), &mq)
 		checkSameQuery(rt, e, &q, me, &mq)
 		consulted := me == nil && mq.learn.fps > 0
-		m.Remember(&mq)
+		RememberTokens(m, &mq)
 		if !consulted {
 			return
 		}
 		h0, _ := m.Stats()
-		me = m.DecodeQuery(body, DefaultLimits(), &mq)
+		me = DecodeQueryMemo(m, body, DefaultLimits(), &mq)
 		checkSameQuery(rt, e, &q, me, &mq)
 		if h, _ := m.Stats(); h == h0 {
 			rt.Errorf("a repeated %d-token body copied nothing from the memo", len(q.Tokens))
 		}
-		m.Remember(&mq)
+		RememberTokens(m, &mq)
 	})
 }
 
@@ -140,7 +141,7 @@ func TestTokenMemoMatchesPlainDecode(t *testing.T) {
 // another format share no bytes and are decoded; an identical body is
 // copied whole and teaches the memo nothing.
 func TestTokenMemoReusesPrefix(t *testing.T) {
-	m := NewTokenMemo(8 << 20)
+	m := tokenmemo.New(8 << 20)
 	turn1 := make([]int32, 2000)
 	for i := range turn1 {
 		turn1[i] = int32(i * 7919 % 150000)
@@ -151,10 +152,10 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 	step := func(toks []int32, formats func(int) int, wantHits, wantMisses uint64) {
 		t.Helper()
 		h0, m0 := m.Stats()
-		if e := m.DecodeQuery(queryBody(toks, 1, formats), DefaultLimits(), &q); e != nil {
+		if e := DecodeQueryMemo(m, queryBody(toks, 1, formats), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		m.Remember(&q)
+		RememberTokens(m, &q)
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ")
 		}
@@ -186,17 +187,17 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 // array, or whose buffer the memo took, must not write into it when the
 // same QueryRequest decodes the next body.
 func TestTokenMemoEntriesStayIntact(t *testing.T) {
-	m := NewTokenMemo(8 << 20)
+	m := tokenmemo.New(8 << 20)
 	a, b := make([]int32, 1000), make([]int32, 1000)
 	for i := range a {
 		a[i], b[i] = int32(i), int32(5000+i)
 	}
 	var q QueryRequest
 	for _, toks := range [][]int32{a, a, b, a, b} {
-		if e := m.DecodeQuery(queryBody(toks, 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+		if e := DecodeQueryMemo(m, queryBody(toks, 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		m.Remember(&q)
+		RememberTokens(m, &q)
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ: a remembered array was overwritten")
 		}
@@ -207,11 +208,11 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 	// Without the memo, and for short arrays, the tokens are the
 	// request's own.
 	for _, n := range []int{1000, memoMinTokens - 1} {
-		var mm *TokenMemo
+		var mm *tokenmemo.Memo
 		if n < memoMinTokens {
 			mm = m
 		}
-		if e := mm.DecodeQuery(queryBody(a[:n], 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+		if e := DecodeQueryMemo(mm, queryBody(a[:n], 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
 		if q.TokensShared() {
@@ -221,18 +222,18 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 }
 
 func TestTokenMemoHitAllocations(t *testing.T) {
-	m := NewTokenMemo(8 << 20)
+	m := tokenmemo.New(8 << 20)
 	body := tokenBody(8192, false)
 	var q QueryRequest
-	if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+	if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
 		t.Fatal(e)
 	}
-	m.Remember(&q)
+	RememberTokens(m, &q)
 	allocs := testing.AllocsPerRun(100, func() {
-		if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+		if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		m.Remember(&q)
+		RememberTokens(m, &q)
 	})
 	if allocs != 0 {
 		t.Errorf("a remembered body allocates %.1f times per request, want 0", allocs)
@@ -246,19 +247,19 @@ func TestTokenMemoHitAllocations(t *testing.T) {
 // budget (memostore.MinBytes at least) plus the entry being inserted; a
 // prompt far longer than a 64th of the budget is still remembered.
 func TestTokenMemoBudget(t *testing.T) {
-	m := NewTokenMemo(1)
+	m := tokenmemo.New(1)
 	var q QueryRequest
 	toks := make([]int32, 1000)
 	for p := range 500 {
 		for i := range toks {
 			toks[i] = int32(p*1000 + i)
 		}
-		if e := m.DecodeQuery(queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+		if e := DecodeQueryMemo(m, queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		m.Remember(&q)
+		RememberTokens(m, &q)
 	}
-	if got, limit := m.Bytes(), memostore.MinBytes+packedOverhead+9*1000+8*16; got > limit || got == 0 {
+	if got, limit := m.Bytes(), memostore.MinBytes+160+9*1000+8*16; got > limit || got == 0 {
 		t.Errorf("memo holds %d bytes, limit %d", got, limit)
 	}
 	long := make([]int32, 200_000) // about 1.6 MB remembered
@@ -267,10 +268,10 @@ func TestTokenMemoBudget(t *testing.T) {
 	}
 	body := queryBody(long, 0, func(int) int { return 0 })
 	for range 2 {
-		if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+		if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		m.Remember(&q)
+		RememberTokens(m, &q)
 	}
 	if hits, _ := m.Stats(); hits < uint64(len(long)) {
 		t.Errorf("a 200K-token prompt was not remembered (%d tokens copied in all)", hits)
@@ -283,15 +284,15 @@ func BenchmarkDecodeQuery8KMemo(b *testing.B) {
 	for _, enc := range []string{"compact", "int32"} {
 		b.Run("enc="+enc, func(b *testing.B) {
 			body := tokenBody(8192, enc == "int32")
-			m := NewTokenMemo(64 << 20)
+			m := tokenmemo.New(64 << 20)
 			var q QueryRequest
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if e := m.DecodeQuery(body, DefaultLimits(), &q); e != nil {
+				if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
 					b.Fatal(e)
 				}
-				m.Remember(&q)
+				RememberTokens(m, &q)
 			}
 		})
 	}
@@ -307,12 +308,12 @@ func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
 		toks[i] = int32(i % 100)
 	}
 	for _, tc := range []struct{ n, present int }{{500, 512}, {500, 1000}, {999, 1000}, {512, 576}} {
-		m := NewTokenMemo(8 << 20)
+		m := tokenmemo.New(8 << 20)
 		var q, mq QueryRequest
-		if e := m.DecodeQuery(queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &mq); e != nil {
+		if e := DecodeQueryMemo(m, queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &mq); e != nil {
 			t.Fatal(e)
 		}
-		m.Remember(&mq)
+		RememberTokens(m, &mq)
 		// {"token_ids": [toks[:n]] toks[n:present], "model": …,
 		// "block_size": …}: stray integers stand where a key belongs. Read
 		// past them, the rest of the body would be a valid request.
@@ -322,16 +323,19 @@ func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
 		if e == nil {
 			t.Fatal("the malformed body was accepted without the memo")
 		}
-		checkSameQuery(t, e, &q, m.DecodeQuery(body, DefaultLimits(), &mq), &mq)
+		checkSameQuery(t, e, &q, DecodeQueryMemo(m, body, DefaultLimits(), &mq), &mq)
 	}
 }
 
 // BenchmarkDecodeQuery8KColdMemo decodes 8K-token bodies the token memo
 // has not seen (512 distinct ones cycled through the smallest budget), the
-// memo's overhead on a cold query: looking up, missing, and remembering.
+// memo's overhead on a cold query: looking up, missing, and remembering;
+// with both doors using the memo (memo=cold-both-doors), remembering also
+// packs the ids as varints for the gRPC door.
 func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
-	for _, memo := range []bool{false, true} {
-		b.Run(map[bool]string{false: "memo=none", true: "memo=cold"}[memo], func(b *testing.B) {
+	for _, mode := range []string{"memo=none", "memo=cold", "memo=cold-both-doors"} {
+		memo := mode != "memo=none"
+		b.Run(mode, func(b *testing.B) {
 			const prompts = 512
 			bodies := make([][]byte, prompts)
 			for p := range bodies {
@@ -341,18 +345,22 @@ func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
 				}
 				bodies[p] = queryBody(toks, 2, func(int) int { return 0 })
 			}
-			var m *TokenMemo
+			var m *tokenmemo.Memo
 			if memo {
-				m = NewTokenMemo(1)
+				m = tokenmemo.New(1)
+				m.Use(tokenmemo.MsgPack)
+			}
+			if mode == "memo=cold-both-doors" {
+				m.Use(tokenmemo.Varint)
 			}
 			var q QueryRequest
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
-				if e := m.DecodeQuery(bodies[i%prompts], DefaultLimits(), &q); e != nil {
+				if e := DecodeQueryMemo(m, bodies[i%prompts], DefaultLimits(), &q); e != nil {
 					b.Fatal(e)
 				}
-				m.Remember(&q)
+				RememberTokens(m, &q)
 				i++
 			}
 			hits, _ := m.Stats()
@@ -365,7 +373,7 @@ func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
 // one of them resetting it now and then: every decode stays exact while
 // others copy from, learn into and give buffers to the same entries.
 func TestTokenMemoConcurrent(t *testing.T) {
-	m := NewTokenMemo(1)
+	m := tokenmemo.New(1)
 	prompts := make([][]int32, 4)
 	for p := range prompts {
 		prompts[p] = make([]int32, 1500)
@@ -383,11 +391,11 @@ func TestTokenMemoConcurrent(t *testing.T) {
 					m.Reset()
 				}
 				toks := prompts[r.IntN(len(prompts))][:256+r.IntN(1244)]
-				if e := m.DecodeQuery(queryBody(toks, r.IntN(3), func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+				if e := DecodeQueryMemo(m, queryBody(toks, r.IntN(3), func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
 					t.Error(e)
 					return
 				}
-				m.Remember(&q)
+				RememberTokens(m, &q)
 				if !slices.Equal(q.Tokens, toks) {
 					t.Error("tokens differ under concurrent use")
 					return
@@ -407,7 +415,7 @@ func TestTokenMemoConcurrent(t *testing.T) {
 // Each prompt must still be found whole when it is sent again, rather than
 // have its tail decoded and be remembered anew on every round.
 func TestTokenMemoKeepsPromptsThatShareTheirOpening(t *testing.T) {
-	m := NewTokenMemo(64 << 20)
+	m := tokenmemo.New(64 << 20)
 	const prompts, system, tail = 64, 2048, 512
 	sys := make([]int32, system)
 	for i := range sys {
@@ -424,10 +432,10 @@ func TestTokenMemoKeepsPromptsThatShareTheirOpening(t *testing.T) {
 	var q QueryRequest
 	send := func() {
 		for _, b := range bodies {
-			if e := m.DecodeQuery(b, DefaultLimits(), &q); e != nil {
+			if e := DecodeQueryMemo(m, b, DefaultLimits(), &q); e != nil {
 				t.Fatal(e)
 			}
-			m.Remember(&q)
+			RememberTokens(m, &q)
 		}
 	}
 	send()

@@ -8,10 +8,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
 // explainSetup registers engines a/0 and b/0 (block size 16) and stores
@@ -19,7 +19,7 @@ import (
 // nowhere. shared adds the first 3 blocks to the shared cpu_share pool.
 func explainSetup(t *testing.T, debug, shared bool, memoBytes int) *harness {
 	t.Helper()
-	h := startServerMemo(t, Options{DebugRoutes: debug, TokenMemo: codec.NewTokenMemo(memoBytes)}, hashing.NewMemo(memoBytes))
+	h := startServerMemo(t, Options{DebugRoutes: debug, TokenMemo: tokenmemo.New(memoBytes)}, hashing.NewMemo(memoBytes))
 	for i, inst := range []string{"a", "b"} {
 		body := pack(t, map[string]any{
 			"endpoint": "tcp://127.0.0.1:" + itoa(6000+i), "type": "vLLM", "modelname": "m", "instance_id": inst,

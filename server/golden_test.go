@@ -18,10 +18,10 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -306,7 +306,7 @@ func TestGoldenAPI(t *testing.T) {
 				if err := json.Unmarshal(raw, &gc); err != nil {
 					t.Fatalf("parse %s: %v", f, err)
 				}
-				h := startServerMemo(t, Options{MaxBodyBytes: gc.MaxBody, TokenMemo: codec.NewTokenMemo(memoBytes)}, hashing.NewMemo(memoBytes))
+				h := startServerMemo(t, Options{MaxBodyBytes: gc.MaxBody, TokenMemo: tokenmemo.New(memoBytes)}, hashing.NewMemo(memoBytes))
 				for i, st := range gc.Steps {
 					if st.Store != nil {
 						if err := h.store(st.Store); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
 var lookupCtx = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 4}
@@ -26,7 +27,7 @@ func lookupFixture(t *testing.T, tokens []int32, memos bool) *Server {
 	qo := query.Options{Index: ix}
 	opts := Options{Index: ix}
 	if memos {
-		qo.Memo, opts.TokenMemo = hashing.NewMemo(1<<20), codec.NewTokenMemo(1<<20)
+		qo.Memo, opts.TokenMemo = hashing.NewMemo(1<<20), tokenmemo.New(1<<20)
 	}
 	opts.Engine = query.New(qo)
 	return New(opts)

@@ -7,12 +7,12 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -81,7 +81,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 		}
 		bodies = append(bodies, body)
 	}
-	opts := Options{Registry: reg, Index: ix, Engine: query.New(query.Options{Index: ix, Memo: hashing.NewMemo(memoBytes)}), TokenMemo: codec.NewTokenMemo(memoBytes)}
+	opts := Options{Registry: reg, Index: ix, Engine: query.New(query.Options{Index: ix, Memo: hashing.NewMemo(memoBytes)}), TokenMemo: tokenmemo.New(memoBytes)}
 	return New(opts), bodies
 }
 

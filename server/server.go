@@ -21,6 +21,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bearer"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -49,9 +50,10 @@ type Options struct {
 	// share, with its caches); nil builds one over Index without caches.
 	Engine *query.Engine
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
-	// prefix seen before instead of decoding them. It is this door's
-	// cache; the service attaches it to the Engine, which forgets it.
-	TokenMemo *codec.TokenMemo
+	// prefix seen before (on either door) instead of decoding them: the
+	// token memo both doors share. Its owner forgets it (the service
+	// attaches it to the Engine).
+	TokenMemo *tokenmemo.Memo
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
 	AuthToken string
@@ -526,7 +528,7 @@ var bodyPool = sync.Pool{New: func() any { return new(codec.QueryRequest) }}
 func (s *Server) lookupBody(body []byte, res *query.Result) error {
 	q := bodyPool.Get().(*codec.QueryRequest)
 	defer bodyPool.Put(q)
-	if d := s.opts.TokenMemo.DecodeQuery(body, s.opts.Limits, q); d != nil {
+	if d := codec.DecodeQueryMemo(s.opts.TokenMemo, body, s.opts.Limits, q); d != nil {
 		return d
 	}
 	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens}
@@ -535,7 +537,7 @@ func (s *Server) lookupBody(body []byte, res *query.Result) error {
 		return err
 	}
 	if tbl != nil {
-		s.opts.TokenMemo.Remember(q)
+		codec.RememberTokens(s.opts.TokenMemo, q)
 	}
 	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
 	s.query.LookupIn(tbl, &req, res)

@@ -29,8 +29,9 @@ import (
 // conversations of a fleet's router.
 const DefaultMemoMiB = 64
 
-// DefaultTokenMemoMiB sizes the token memo: about a thousand remembered
-// 8K-token arrays (packed bytes and decoded ids) as well.
+// DefaultTokenMemoMiB sizes the token memo both doors share: about a
+// thousand remembered 8K-token arrays (packed bytes and decoded ids) with
+// one door, fewer with both (an entry then holds both doors' packings).
 const DefaultTokenMemoMiB = 64
 
 // DefaultLinkMemoMiB sizes the verified links (hashing.Links) that let
@@ -59,8 +60,8 @@ type Config struct {
 	LogFormat string // "json" or "console"
 	// MemoBytes sizes the prefix memo for warm queries (0 disables).
 	MemoBytes int
-	// TokenMemoBytes sizes the token memo, which spares warm queries
-	// decoding their token ids (0 disables).
+	// TokenMemoBytes sizes the one token memo both doors share, which
+	// spares warm queries decoding their token ids (0 disables).
 	TokenMemoBytes int
 	// LinkMemoBytes sizes the verified links that let queries skip
 	// SHA-256 for blocks ingest verified (0 disables).

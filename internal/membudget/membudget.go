@@ -41,8 +41,8 @@ const (
 	Links Part = "links"
 	// HashMemo is the prefix memo of digest chains (hashing.NewMemo).
 	HashMemo Part = "hash_memo"
-	// TokenMemo is the token memo, one part for both doors
-	// (codec.NewTokenMemo and the gRPC door's).
+	// TokenMemo is the one token memo both doors share
+	// (tokenmemo.New).
 	TokenMemo Part = "token_memo"
 )
 

@@ -7,11 +7,11 @@ import (
 	"github.com/cespare/xxhash/v2"
 )
 
-// What follows is shared by the two token memos, which remember decoded
-// token arrays by their packed bytes: /query's (codec: MessagePack arrays)
-// and the gRPC door's (grpcapi: protobuf packed varints). Both encodings
-// delimit each id, so equal leading bytes are equal leading ids; each memo
-// keeps its own entry type (int32 or uint32 ids) and decoder.
+// What follows serves the token memo (tokenmemo), which remembers decoded
+// token arrays by their packed bytes, MessagePack arrays (/query) and
+// protobuf packed varints (LookupRoute). Both encodings delimit each id,
+// so equal leading bytes in one format are equal leading ids; each door
+// keeps its own decoder.
 
 const (
 	// Chunk is how many ids lie between the byte offsets an entry

@@ -13,13 +13,13 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -33,7 +33,7 @@ type Options struct {
 	// Links, when set, is reported as conductor_link_memo_*.
 	Links *hashing.Links
 	// TokenMemo, when set, is reported as conductor_token_memo_*.
-	TokenMemo *codec.TokenMemo
+	TokenMemo *tokenmemo.Memo
 	// Build, when set, is exported as conductor_build_info.
 	Build *buildinfo.Info
 	// HashChecks, when set, is exported as conductor_hash_check_total.
@@ -137,9 +137,9 @@ var (
 	descMemo = prometheus.NewDesc("conductor_hash_memo_lookups_total",
 		"Query blocks whose digest came from the prefix memo (hit) or was hashed (miss).", []string{"result"}, nil)
 	descTokenMemo = prometheus.NewDesc("conductor_token_memo_tokens_total",
-		"Token ids of accepted /query bodies copied from the token memo (hit) or decoded while it was consulted (miss).", []string{"result"}, nil)
+		"Token ids of accepted /query bodies and LookupRoute requests copied from the token memo both doors share (hit) or decoded while it was consulted (miss).", []string{"result"}, nil)
 	descTokenMemoBytes = prometheus.NewDesc("conductor_token_memo_bytes",
-		"Memory held by the token memo's remembered arrays (bounded by --token-memo-mib; emptied when the last context goes).", nil, nil)
+		"Memory held by the token memo's remembered arrays, for both doors (bounded by --token-memo-mib; emptied when nothing is left to look up).", nil, nil)
 	descMemoBytes = prometheus.NewDesc("conductor_hash_memo_bytes",
 		"Memory held by the prefix memo's remembered chains (bounded by --hash-memo-mib; emptied when the last context goes).", nil, nil)
 	descStdMapBytes = prometheus.NewDesc("conductor_standard_hash_map_bytes",

@@ -10,12 +10,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/membudget"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -73,7 +73,7 @@ func TestFamiliesMatchREADME(t *testing.T) {
 	checks.Add(string(svc.Key()), &svc.Profile, svc.BlockSize, "")
 	m := New(Options{
 		Index: ix, Registry: reg, Counters: subscriber.NewCounters(),
-		Memo: hashing.NewMemo(1 << 20), Links: hashing.NewLinks(1 << 20), TokenMemo: codec.NewTokenMemo(1 << 20),
+		Memo: hashing.NewMemo(1 << 20), Links: hashing.NewLinks(1 << 20), TokenMemo: tokenmemo.New(1 << 20),
 		Build: &buildinfo.Info{Version: "v", Commit: "c", GoVersion: "go", LibZMQ: "4"}, HashChecks: checks,
 		// The service adds the memory budget's families (app.go).
 		Extra: []prometheus.Collector{membudget.NewCollector(membudget.Split(0, 0, "", nil), map[membudget.Part]func() int64{membudget.Total: func() int64 { return 1 }})},

@@ -15,13 +15,13 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/server"
 )
 
@@ -48,17 +48,14 @@ func benchServersWith(b testing.TB, n int, memos bool) (*server.Server, *Server,
 		}
 	}
 	var memo *hashing.Memo
-	var tokenMemo *codec.TokenMemo
+	var tokenMemo *tokenmemo.Memo
 	if memos {
-		memo, tokenMemo = hashing.NewMemo(64<<20), codec.NewTokenMemo(64<<20)
+		memo, tokenMemo = hashing.NewMemo(64<<20), tokenmemo.New(64<<20)
 	}
 	engine := query.New(query.Options{Index: ix, Memo: memo})
 	hs := server.New(server.Options{Index: ix, Engine: engine, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
-	tm := 0
-	if memos {
-		tm = 64 << 20
-	}
-	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Engine: engine, TokenMemoBytes: tm, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
+	// One token memo for both doors, as the service has it.
+	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Engine: engine, TokenMemo: tokenMemo, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -203,7 +200,9 @@ func BenchmarkReportIngest(b *testing.B) {
 // (every id three bytes) it has never seen (miss: the run differs in its
 // first fingerprinted window, so nothing is found), one sharing its first
 // half with a remembered run (half), and one it holds whole (hit). A miss
-// and a half are remembered, as the server does for a known context.
+// and a half are remembered, as the server does for a known context; with
+// /query using the memo too (miss-both-doors), remembering also packs the
+// ids in MessagePack.
 func BenchmarkTokenMemoDecode(b *testing.B) {
 	const n = 8192
 	run := make([]byte, 0, 3*n)
@@ -215,15 +214,20 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 		v += 1 << 14
 		run[3*j], run[3*j+1], run[3*j+2] = byte(v)|0x80, byte(v>>7)|0x80, byte(v>>14)
 	}
-	for _, mode := range []string{"miss", "half", "hit"} {
+	for _, mode := range []string{"miss", "half", "hit", "miss-both-doors"} {
 		b.Run(mode, func(b *testing.B) {
-			m := newTokenMemo(memostore.MinBytes)
+			m := tokenmemo.New(memostore.MinBytes)
+			m.Use(tokenmemo.Varint)
+			if mode == "miss-both-doors" {
+				// Remembering also packs the ids for /query.
+				m.Use(tokenmemo.MsgPack)
+			}
 			dst := make([]uint32, 0, n)
 			var learn tmLearn
 			i := 0
 			for b.Loop() {
 				switch mode {
-				case "miss": // ids 0 and 70 (bytes 210-212, inside the first window)
+				case "miss", "miss-both-doors": // ids 0 and 70 (bytes 210-212, inside the first window)
 					patch(0, i&(1<<20-1))
 					patch(70, i>>20)
 				case "half":
@@ -231,10 +235,10 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 					patch(n/2+1, i>>20)
 				}
 				i++
-				if _, _, _, ok := m.decodeRun(dst[:0], run, &learn); !ok {
+				if _, _, _, ok := decodeRun(m, dst[:0], run, &learn); !ok {
 					b.Fatal("decode failed")
 				}
-				m.learn(&learn)
+				learnRun(m, &learn)
 			}
 			b.ReportMetric(float64(hitsOf(m))/float64(b.N), "reused/op")
 		})

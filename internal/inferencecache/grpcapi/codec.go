@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
 // lookupCodec is the server's wire codec: the standard protobuf codec,
@@ -28,10 +29,10 @@ import (
 // and points the hashes into one copy of the message.
 type lookupCodec struct {
 	base encoding.CodecV2
-	memo *tokenMemo
+	memo *tokenmemo.Memo
 }
 
-func newLookupCodec(memo *tokenMemo) lookupCodec {
+func newLookupCodec(memo *tokenmemo.Memo) lookupCodec {
 	return lookupCodec{encoding.GetCodecV2("proto"), memo}
 }
 
@@ -76,7 +77,7 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := decodeLookup(buf.ReadOnlyData(), m, bufs, c.memo, l)
 	if err == nil && bufs == nil {
 		// A request decoded on its own has no lookup to wait for.
-		c.memo.learn(l)
+		learnRun(c.memo, l)
 	}
 	return err
 }
@@ -205,8 +206,8 @@ var blockHashTag = byte(protowire.EncodeTag(7, protowire.BytesType))
 // arena. bufs, when not nil, supplies the arena and the repeated fields'
 // arrays (and gets back any it had to grow). memo, when not nil, supplies
 // remembered token_ids prefixes, and l is given what the memo may learn
-// from the request (tokenMemo.learn).
-func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *tokenMemo, l *tmLearn) error {
+// from the request (learnRun).
+func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *tokenmemo.Memo, l *tmLearn) error {
 	m.Reset()
 	l.forget()
 	var arena []byte
@@ -354,7 +355,7 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 			}
 			b = b[n:]
 			var ok, lent, nar bool
-			if m.TokenIds, lent, nar, ok = memo.decodeRun(m.TokenIds, run, l); !ok {
+			if m.TokenIds, lent, nar, ok = decodeRun(memo, m.TokenIds, run, l); !ok {
 				return errBadLookup
 			}
 			narrow = narrow && nar

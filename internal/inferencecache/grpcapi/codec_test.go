@@ -13,6 +13,7 @@ import (
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
 // FuzzDecodeLookup: the server's LookupRouteRequest decoder accepts and
@@ -57,7 +58,7 @@ func FuzzDecodeLookup(f *testing.F) {
 	b2, _ := proto.Marshal(&pb.LookupRouteRequest{TokenIds: long})
 	f.Add(b2)
 	plain := newLookupCodec(nil)
-	memo := newLookupCodec(newTokenMemo(1 << 20)) // shared across inputs, so later ones hit
+	memo := newLookupCodec(tokenmemo.New(1 << 20)) // shared across inputs, so later ones hit
 	// One pooled call per codec, reused by every input as the server
 	// reuses them: whatever an earlier request left in its buffers must
 	// not show through.
@@ -74,7 +75,7 @@ func FuzzDecodeLookup(f *testing.F) {
 					got = &calls[i].req
 					if gerr == nil {
 						// As the server does for a lookup with a context.
-						c.memo.learn(&calls[i].bufs.learn)
+						learnRun(c.memo, &calls[i].bufs.learn)
 					}
 				} else {
 					got = new(pb.LookupRouteRequest)
@@ -103,7 +104,7 @@ func FuzzDecodeLookup(f *testing.F) {
 // prefix reuses the chunks inside the shared bytes, and both decode as
 // proto.Unmarshal does.
 func TestTokenMemoReuses(t *testing.T) {
-	c := newLookupCodec(newTokenMemo(1 << 20))
+	c := newLookupCodec(tokenmemo.New(1 << 20))
 	ids := make([]uint32, 1000)
 	for i := range ids {
 		ids[i] = uint32(i*7919) % 150000
@@ -120,7 +121,7 @@ func TestTokenMemoReuses(t *testing.T) {
 		}
 	}
 	decode(ids)
-	if h, m := c.memo.store().Stats(); h != 0 || m != 1000 {
+	if h, m := c.memo.Stats(); h != 0 || m != 1000 {
 		t.Fatalf("first decode: %d hits %d misses", h, m)
 	}
 	decode(ids)
@@ -232,7 +233,7 @@ func TestAppendChunkEnds(t *testing.T) {
 }
 
 // hitsOf is the memo's hit count (ids reused).
-func hitsOf(m *tokenMemo) uint64 {
-	h, _ := m.store().Stats()
+func hitsOf(m *tokenmemo.Memo) uint64 {
+	h, _ := m.Stats()
 	return h
 }

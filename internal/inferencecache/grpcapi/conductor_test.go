@@ -9,6 +9,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
 // TestConductorSchemeInputs: a Conductor context answers chains of 8-byte
@@ -73,7 +74,7 @@ func TestConductorSchemeInputs(t *testing.T) {
 // token memo (a repeat), or partly served and partly decoded; the same
 // prompts with small ids are answered.
 func TestTokenIdsPastInt32(t *testing.T) {
-	f := newFixture(t, func(o *Options) { o.TokenMemoBytes = 1 << 20; o.MinMatchedTokens = -1 })
+	f := newFixture(t, func(o *Options) { o.TokenMemo = tokenmemo.New(1 << 20); o.MinMatchedTokens = -1 })
 	prof := vllmProfile(t)
 	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
 	a := tbl.AddEngineOwner("a", 0)
@@ -132,7 +133,7 @@ func vllmProfile(tb testing.TB) hashing.Profile {
 // scope (tenant, model or scheme) leave the token memo empty, as /query's
 // does for queries without a context; one for a known context fills it.
 func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
-	f := newFixture(t, func(o *Options) { o.TokenMemoBytes = 1 << 20 })
+	f := newFixture(t, func(o *Options) { o.TokenMemo = tokenmemo.New(1 << 20) })
 	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, vllmProfile(t))
 	tbl.AddEngineOwner("a", 0)
 	ids := make([]uint32, 1000)
@@ -150,12 +151,12 @@ func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
 		if resp.ReasonCode != c.want {
 			t.Fatalf("%s/%s/%s: %v, want %s", c.tenant, c.model, c.scheme, resp, c.want)
 		}
-		if n := f.srv.MemoBytes(); n != 0 {
+		if n := f.srv.opts.TokenMemo.Bytes(); n != 0 {
 			t.Fatalf("a lookup for %s/%s/%s left %d bytes in the token memo", c.tenant, c.model, c.scheme, n)
 		}
 	}
 	f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: scheme, TokenIds: ids})
-	if f.srv.MemoBytes() == 0 {
+	if f.srv.opts.TokenMemo.Bytes() == 0 {
 		t.Fatal("a lookup for a known context taught the token memo nothing")
 	}
 }

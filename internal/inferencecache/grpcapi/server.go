@@ -32,6 +32,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
 // ServiceName is the gRPC service name health checks report on.
@@ -66,14 +67,15 @@ type Options struct {
 	// Engine answers token_ids lookups on Conductor contexts: the one
 	// engine /query uses, with its prefix memo and answer cache, so both
 	// doors give one answer for one prompt (nil builds one over Index
-	// without caches). The door attaches its token memo to it, to be
-	// forgotten once neither a context nor a scope is left.
+	// without caches).
 	Engine *query.Engine
-	// TokenMemoBytes sizes the door's token memo, which lets a lookup
-	// repeating a token_ids prefix seen before copy those ids instead of
-	// decoding them (0: off).
-	TokenMemoBytes int
-	Logger         zerolog.Logger
+	// TokenMemo, when set, is the token memo both doors share, which lets
+	// a lookup repeating a token_ids prefix seen before on either door
+	// copy those ids instead of decoding them. Its owner forgets it (the
+	// service attaches it to the engine, to go once neither a context nor
+	// a scope is left: scope lookups use it too).
+	TokenMemo *tokenmemo.Memo
+	Logger    zerolog.Logger
 	// AuthToken, when set, is the bearer token ReportCacheState and
 	// PublishEvent require (the one /register and /unregister require).
 	AuthToken string
@@ -177,14 +179,11 @@ func New(opts Options) (*Server, error) {
 	}
 	s.m = m
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
-	s.codec = newLookupCodec(newTokenMemo(opts.TokenMemoBytes))
+	s.codec = newLookupCodec(opts.TokenMemo)
 	if opts.Engine == nil {
 		opts.Engine = query.New(query.Options{Index: opts.Index})
 	}
 	s.query = opts.Engine
-	// Producer-fed scopes answer token_ids lookups too, so the memo goes
-	// only when neither they nor the contexts are left.
-	s.query.Attach(query.ResetFunc(s.ResetMemo), true)
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgBytes),
 		grpc.MaxSendMsgSize(opts.MaxMsgBytes),
@@ -227,15 +226,6 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	return err
 }
-
-// ResetMemo forgets the token memo's remembered runs. The service calls it
-// when nothing is left to look up (the last context dropped), as it resets
-// the HTTP memos, so the memo's budget does not stay resident for an empty
-// index.
-func (s *Server) ResetMemo() { s.codec.memo.reset() }
-
-// MemoBytes is the memory the token memo's remembered runs account for.
-func (s *Server) MemoBytes() int { return s.codec.memo.bytes() }
 
 // stopGrace is how long Stop lets unary calls in flight finish.
 const stopGrace = 3 * time.Second

@@ -4,117 +4,71 @@ import (
 	"encoding/binary"
 	"math/bits"
 
+	"math"
+	"unsafe"
+
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
-// tokenMemo remembers the packed token_ids of recent lookups with the ids
-// they decode to, so a lookup repeating a prefix seen before (a system
-// prompt, the previous turn) copies those ids instead of decoding them —
-// what the HTTP side's token memo does for MessagePack bodies. Decoding
+// The door's token_ids are looked up in, and taught to, the token memo
+// both doors share (internal/tokenmemo), in its Varint format: a varint
+// ends at its first byte below 0x80, so equal packed bytes are equal ids,
+// and a lookup repeating a prefix seen on either door (a system prompt,
+// the previous turn) copies those ids instead of decoding them. Decoding
 // 8K varints is a chain of dependent loads and the largest part of a warm
 // lookup; comparing and copying the same bytes runs at memory speed.
-//
-// A varint ends at its first byte below 0x80, so equal packed bytes are
-// equal ids: a remembered entry is checked against the request byte for
-// byte (memcmp), and only ids whose bytes lie inside the common prefix are
-// reused, in chunks of memostore.Chunk ids (or the whole entry). The rest is
-// decoded as usual. Entries are filed under fingerprints of the run's first
-// 256, 512, 1024, … bytes and of the whole run (memostore), found without
-// decoding anything. Memory is bounded by the store's byte budget.
-type tokenMemo memostore.Store[*tmEntry]
 
-// store is the memo's store: the same pointer, nil for a nil memo.
-func (m *tokenMemo) store() *memostore.Store[*tmEntry] {
-	return (*memostore.Store[*tmEntry])(m)
+// uint32s is ids as the uint32 token_ids protobuf decodes to: the same
+// memory, read only. The memo's Varint forms hold no negative id, so the
+// values are the ids themselves.
+func uint32s(ids []int32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(ids))), len(ids))
 }
 
-// tmOverhead is the memory an entry accounts for besides its slices.
-const tmOverhead = 160
-
-// tmEntry is one remembered run; immutable once inserted.
-type tmEntry struct {
-	memostore.Record
-	raw  []byte   // the packed run
-	toks []uint32 // what it decodes to
-	ends []uint32 // ends[j]: offset in raw just past id (j+1)·memostore.Chunk−1
-	fits bool     // every id is at most MaxInt32
-}
-
-func (e *tmEntry) Rec() *memostore.Record { return &e.Record }
-
-func newTokenMemo(maxBytes int) *tokenMemo {
-	if maxBytes <= 0 {
-		return nil
-	}
-	return (*tokenMemo)(memostore.New[*tmEntry](maxBytes))
-}
-
-// reset forgets every remembered run, so the memo's memory returns to its
-// idle size; lookups decoding meanwhile keep the entries they hold.
-func (m *tokenMemo) reset() { m.store().Reset() }
-
-// bytes is the memory the remembered runs account for.
-func (m *tokenMemo) bytes() int { return m.store().Bytes() }
-
-// usable is how many leading ids of e run shares, and their packed length.
-func (e *tmEntry) usable(run []byte) (k, off int) {
-	common := memostore.CommonPrefix(run, e.raw)
-	if common == len(e.raw) {
-		return len(e.toks), len(e.raw)
-	}
-	c := memostore.ChunksWithin(e.ends, common)
-	if c == 0 {
-		return 0, 0
-	}
-	return c * memostore.Chunk, int(e.ends[c-1])
+// int32s is ids, each at most MaxInt32, as the int32 tokens the memo and
+// the query engine take: the same memory.
+func int32s(ids []uint32) []int32 {
+	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(ids))), len(ids))
 }
 
 // decodeRun appends the ids packed in run to dst (as uint32, truncating as
 // protobuf does), copying a remembered prefix when the memo has one. When
 // it decoded a chunk or more itself, it notes in l what remembering the run
-// takes (the first such run of a request only), for learn once the lookup
+// takes (the first such run of a request only), for learnRun once the lookup
 // proved to have a context. ok is false for a malformed run, exactly when
 // decoding it in full would fail. lent says the result is the memo's own
 // array (read-only, never to be reused); narrow, that every id appended is
 // known to fit an int32.
-func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint32, lent, narrow, ok bool) {
+func decodeRun(m *tokenmemo.Memo, dst []uint32, run []byte, l *tmLearn) (out []uint32, lent, narrow, ok bool) {
 	if m == nil || len(run) < memostore.FirstSpan {
 		out, narrow, ok = appendPacked(dst, run)
 		return out, false, narrow, ok
 	}
 	var fpBuf [24]uint64
-	fps := memostore.SpanFingerprints(run, len(run), fpBuf[:0])
-	var best *tmEntry
-	k, off := 0, 0
-	for j := len(fps) - 1; j >= 0 && k == 0; j-- {
-		m.store().Lookup(fps[j], func(e *tmEntry) bool {
-			if ek, eoff := e.usable(run); ek > k {
-				best, k, off = e, ek, eoff
-			}
-			return true
-		})
-	}
+	fps := tokenmemo.Fingerprints(tokenmemo.Varint, run, len(run), fpBuf[:0])
+	// The run is exactly the ids: no bound on their number to give.
+	best, k, off := m.Match(tokenmemo.Varint, run, math.MaxInt, fps)
 	base := len(dst)
 	if off == len(run) { // the whole run was remembered
-		m.store().Count(uint64(k), 0)
+		m.Count(uint64(k), 0)
+		ids := uint32s(best.Tokens()[:k:k])
 		if base == 0 {
 			// The entry is immutable and the request only reads its
 			// ids: share them (capped, so an append would copy).
-			return best.toks[:k:k], true, best.fits, true
+			return ids, true, true, true
 		}
-		return append(dst, best.toks[:k]...), false, best.fits, true
+		return append(dst, ids...), false, true, true
 	}
 	rest := varintCount(run[off:]) // only the bytes not reused are counted
 	dst = growTo(dst, k+rest)
 	if best != nil {
-		dst = append(dst, best.toks[:k]...)
+		dst = append(dst, uint32s(best.Tokens()[:k])...)
 	}
-	var restNarrow bool
-	if dst, restNarrow, ok = appendCounted(dst, run[off:], rest); !ok {
+	if dst, narrow, ok = appendCounted(dst, run[off:], rest); !ok {
 		return dst, false, false, false
 	}
-	narrow = restNarrow && (best == nil || best.fits)
-	m.store().Count(uint64(k), uint64(rest))
+	m.Count(uint64(k), uint64(rest))
 	if rest >= memostore.Chunk && !l.pending {
 		// Worth remembering. The run is copied: the transport reuses
 		// its buffer once the decode returns. The ids stay in dst,
@@ -125,7 +79,7 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 		l.fps = append(l.fps[:0], fps...)
 		l.reused = nil
 		if best != nil {
-			l.reused = best.ends[:k/memostore.Chunk]
+			l.reused = best.Ends(tokenmemo.Varint)[:k/memostore.Chunk]
 		}
 	}
 	return dst, false, narrow, true
@@ -133,15 +87,16 @@ func (m *tokenMemo) decodeRun(dst []uint32, run []byte, l *tmLearn) (out []uint3
 
 // tmLearn is what remembering a decoded run takes, kept from the decode
 // (decodeRun) until the server knows the lookup has a context to answer
-// from (learn): lookups for unknown tenants, models or schemes must not
+// from (learnRun): lookups for unknown tenants, models or schemes must not
 // fill the memo. A pooled lookup call holds one, reused by its lookups.
 type tmLearn struct {
 	pending bool
 	narrow  bool
 	raw     []byte   // a copy of the run
 	toks    []uint32 // its ids, in the request's array
-	fps     []uint64 // its fingerprints (memostore.SpanFingerprints)
+	fps     []uint64 // its fingerprints (tokenmemo.Fingerprints)
 	reused  []uint32 // chunk ends of the ids copied from an entry (the entry's)
+	ends    []uint32 // the run's chunk ends, made by learnRun (the memo copies them)
 	off, k  int      // the packed length and number of those ids
 }
 
@@ -152,19 +107,26 @@ func (l *tmLearn) forget() {
 	if cap(l.raw) > maxPooledBytes {
 		l.raw = nil
 	}
+	if 4*cap(l.ends) > maxPooledBytes {
+		l.ends = nil
+	}
 }
 
-// learn remembers the run l notes, if any: with the chunk ends of its ids,
+// learnRun remembers the run l notes, if any: with the chunk ends of its ids,
 // those it reused taken from the entry they came from, the rest found in
 // its bytes. The request l's ids lie in must still be intact.
-func (m *tokenMemo) learn(l *tmLearn) {
+//
+// A run with an id over MaxInt32 is not learned: no lookup answers it, and
+// the memo's ids are int32s, the query engine's tokens.
+func learnRun(m *tokenmemo.Memo, l *tmLearn) {
 	if m == nil || !l.pending {
 		return
 	}
-	ends := make([]uint32, 0, len(l.toks)/memostore.Chunk)
-	ends = append(ends, l.reused...)
-	ends = appendChunkEnds(ends, l.raw, l.off, l.k)
-	m.remember(l.raw, l.toks, ends, l.fps, l.narrow)
+	if l.narrow || fitInt32(l.toks) {
+		l.ends = append(l.ends[:0], l.reused...)
+		l.ends = appendChunkEnds(l.ends, l.raw, l.off, l.k)
+		m.Remember(tokenmemo.Varint, l.raw, int32s(l.toks), l.ends, l.fps, false)
+	}
 	l.forget()
 }
 
@@ -197,20 +159,4 @@ func appendChunkEnds(ends []uint32, run []byte, i, seen int) []uint32 {
 			return ends
 		}
 	}
-}
-
-// remember files a decoded run under the fingerprints of the spans it
-// covers and its whole-run fingerprint. It copies run and toks, and keeps
-// ends itself.
-func (m *tokenMemo) remember(run []byte, toks []uint32, ends []uint32, fps []uint64, narrow bool) {
-	e := &tmEntry{
-		raw:  append([]byte(nil), run...),
-		toks: append([]uint32(nil), toks...),
-		ends: ends, // the caller's own, made for the entry
-	}
-	// Checked once here, so a lookup the entry serves need not.
-	e.fits = narrow || fitInt32(e.toks)
-	e.Fps = memostore.FiledUnder(fps, memostore.SpansWithin(len(run), len(fps)))
-	e.Size = tmOverhead + len(e.raw) + 4*len(e.toks) + 4*len(e.ends) + 8*len(e.Fps)
-	m.store().Insert(e, func(o *tmEntry) bool { return memostore.Extends(e.raw, o.raw) })
 }
