@@ -82,7 +82,7 @@ const (
 )
 
 // mooncakeFields is the master's key table (docs/events.md#mooncake-fields,
-// docs/events.md#mooncake-hash-fields).
+// docs/events.md#mooncake-hash-fields); read-only after initialisation.
 var mooncakeFields = newFieldTable(func() []fieldSpec {
 	f := make([]fieldSpec, mLayerID+1)
 	f[mEventID] = fieldSpec{"event_id", shapeUint, noSlot}

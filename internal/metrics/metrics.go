@@ -254,7 +254,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			// Every state, 1 for the current one, so that a transition
 			// shows as a change of value rather than a series appearing.
 			known := false
-			for _, st := range subscriber.States {
+			for _, st := range subscriber.States() {
 				v := 0.0
 				if st.String() == s.State {
 					v, known = 1, true

@@ -74,6 +74,7 @@ const (
 	OriginNone     = "none"
 )
 
+// The metrics' descriptors; read-only after initialisation.
 var (
 	descLastSuccess = prometheus.NewDesc("conductor_snapshot_last_success_timestamp_seconds",
 		"Unix time of the cut the last index snapshot written describes (0: none since start).", nil, nil)
