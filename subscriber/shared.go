@@ -74,9 +74,6 @@ func (sh *Shared) Events() *events.Stats { return sh.events }
 // Trimmer is the C heap trimmer the receivers ask after a backlog drained.
 func (sh *Shared) Trimmer() *zmqx.Trimmer { return sh.trim }
 
-// OptionalMonitors is how many optional connection monitors are held.
-func (sh *Shared) OptionalMonitors() int { return int(sh.monitors.Load()) }
-
 // takeMonitor takes a slot among the optional monitors, if one is free.
 func (sh *Shared) takeMonitor() bool {
 	if sh.monitors.Add(1) <= sh.maxMonitors {
