@@ -177,7 +177,10 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	a.state = state
 	a.stops.push("state directory", nothingToReport(state.Release))
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
-	counters := subscriber.NewCounters()
+	// What every source shares: the ingest counters and decoder figures
+	// the metrics export, the budget of optional connection monitors, the
+	// C receive batches and the C heap trimmer.
+	sources := subscriber.NewShared(subscriber.SharedOptions{})
 	// One engine answers both doors and owns their caches: the prefix
 	// memo and the verified links, and the doors' token
 	// memos attached to it, all forgotten through engine.Forget. Ingest
@@ -205,8 +208,11 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		checks = hashcheck.NewSet(hashcheck.Options{Logger: log, Every: cfg.HashCheckEvery})
 	}
 	reg := registry.New(registry.Options{
-		Index:  ix,
-		Start:  sourceFactory(log, counters, checks, links, budgetedSources(cfg.Memory), staticKeys(cfg), state, sourceStateTeller(&door), staleRecovery(cfg)),
+		Index: ix,
+		Start: sourceFactory{
+			log: log, shared: sources, checks: checks, links: links, limits: budgetedSources(cfg.Memory),
+			watch: staticKeys(cfg), state: state, stateChanged: sourceStateTeller(&door), staleMode: staleRecovery(cfg),
+		}.New,
 		Logger: log,
 		OnContextDropped: func(_ index.ContextKey, remaining int) {
 			if remaining == 0 {
@@ -224,7 +230,8 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		// No goroutine outlives the service: the memory return the last
 		// drops requested, and the subscribers' C-heap trims.
 		memReturn.Wait()
-		zmqx.WaitTrims()
+		sources.Trimmer().Wait()
+		sources.Close()
 	}))
 	a.stops.push("sources", nothingToReport(reg.Close))
 	if err := registerAtStart(cfg, state, reg, log); err != nil {
@@ -285,7 +292,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		membudget.HashMemo:  func() int64 { return int64(engine.Memo().Bytes()) },
 		membudget.TokenMemo: func() int64 { return int64(tokenMemo.Bytes()) },
 	})
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: counters, Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: sources.Counters(), Events: sources.Events(), Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
@@ -419,29 +426,37 @@ func (a *app) close() error {
 	return a.closeErr
 }
 
-// sourceFactory connects the registry to the ZMQ subscribers. Each engine
-// service also gets a hash checker, whose counts live as long as its source.
-func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *hashcheck.Set, links *hashing.Links, lim sourceLimits, watch map[registry.ServiceKey]bool, state *durable.State,
-	stateChanged func(registry.Service, subscriber.State), staleMode subscriber.StaleRecovery) registry.SourceFactory {
-	return func(svc registry.Service, b registry.Binding) (registry.Source, error) {
-		key := string(svc.Key())
-		// A source the snapshot knows gets its entries back before it
-		// subscribes, and resumes its stream where the snapshot left it.
-		resume := state.Resume(svc, b)
-		var chk *hashcheck.Checker
-		if svc.IsEngine() && checks != nil {
-			chk = checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
-		}
-		scfg := subscriber.Config{
-			Key:            key,
-			Type:           svc.Type,
-			Endpoint:       svc.Endpoint,
-			ReplayEndpoint: svc.ReplayEndpoint,
-			DPRank:         svc.DPRank,
-			Context:        svc.Context(),
-			Profile:        svc.Profile,
-			Engine:         b.Table,
-			Owner:          b.Owner,
+// sourceFactory connects the registry to the ZMQ subscribers: New starts
+// the subscriber of one registration. Each engine service also gets a hash
+// checker, whose counts live as long as its source.
+type sourceFactory struct {
+	log    zerolog.Logger
+	shared *subscriber.Shared
+	checks *hashcheck.Set // nil: the hash check is off
+	links  *hashing.Links
+	limits sourceLimits
+	// watch are the registrations readiness waits for (the config file's).
+	watch map[registry.ServiceKey]bool
+	// state restores sources from the snapshot and holds the gate.
+	state *durable.State
+	// stateChanged, when set, is told every state change of a source.
+	stateChanged func(registry.Service, subscriber.State)
+	staleMode    subscriber.StaleRecovery
+}
+
+// New starts the source of svc, bound to its table (b).
+func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.Source, error) {
+	key := string(svc.Key())
+	var chk *hashcheck.Checker
+	if svc.IsEngine() && f.checks != nil {
+		chk = f.checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
+	}
+	cfg := subscriber.Config{
+		Source: subscriber.SourceConfig{
+			Key: key, Type: svc.Type, Endpoint: svc.Endpoint, ReplayEndpoint: svc.ReplayEndpoint, DPRank: svc.DPRank,
+		},
+		Index: subscriber.IndexConfig{
+			Context: svc.Context(), Profile: svc.Profile, Engine: b.Table, Owner: b.Owner,
 			Lookup: func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
 				t, ok := b.Lookup(ctx)
 				if !ok {
@@ -449,34 +464,28 @@ func sourceFactory(log zerolog.Logger, counters *subscriber.Counters, checks *ha
 				}
 				return t, t.Profile(), true
 			},
-			Logger:          log, // the subscriber adds the service key itself
-			WatchConnection: watch[svc.Key()],
-			Counters:        counters,
-			HashCheck:       chk,
-			Links:           links,
-			LinkDefer:       lim.linkDefer,
-			Tuning:          subscriber.Tuning{RcvHWM: lim.rcvHWM},
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,
-			Gate:                  state.Gate(),
-			Resume:                resume,
-			OnResume:              state.OnResume,
-			StaleRecovery:         staleMode,
-		}
-		if stateChanged != nil {
-			scfg.OnState = func(st subscriber.State) { stateChanged(svc, st) }
-		}
-		sub, err := subscriber.Start(scfg)
-		if err != nil {
-			checks.Remove(chk)
-			return nil, err
-		}
-		if resume != nil && !resume.Stale {
-			state.Track(sub)
-		}
-		return source{Subscriber: sub, stopped: func() { checks.Remove(chk) }}, nil
+		},
+		Verify:  subscriber.VerifyConfig{HashCheck: chk, Links: f.links, LinkDefer: f.limits.linkDefer},
+		Session: subscriber.SessionConfig{WatchConnection: f.watch[svc.Key()], StaleRecovery: f.staleMode},
+		Tuning:  subscriber.Tuning{RcvHWM: f.limits.rcvHWM},
+		// A source the snapshot knows gets its entries back before it
+		// subscribes, and resumes its stream where the snapshot left it.
+		Durable: subscriber.DurableConfig{Gate: f.state.Gate(), Restore: f.state.Resume(svc, b)},
+		Report:  subscriber.ReportConfig{Logger: f.log}, // the subscriber adds the service key itself
+		Shared:  f.shared,
 	}
+	if f.stateChanged != nil {
+		cfg.Report.OnState = func(st subscriber.State) { f.stateChanged(svc, st) }
+	}
+	sub, err := subscriber.Start(cfg)
+	if err != nil {
+		f.checks.Remove(chk)
+		return nil, err
+	}
+	return source{Subscriber: sub, stopped: func() { f.checks.Remove(chk) }}, nil
 }
 
 // sourceStateTeller tells the gRPC door, once it is open, that a source
@@ -528,7 +537,7 @@ func applyMemoryBudget(b membudget.Budget, log zerolog.Logger) {
 // (zero: the subscriber's defaults).
 type sourceLimits struct {
 	// linkDefer is what the subscriber may hold of events waiting for
-	// verification (subscriber.Config.LinkDefer).
+	// verification (subscriber.VerifyConfig.LinkDefer).
 	linkDefer int
 	// rcvHWM is its receive queue's length in messages.
 	rcvHWM int

@@ -41,7 +41,9 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory(zerolog.New(io.Discard), subscriber.NewCounters(), checks, nil, sourceLimits{}, nil, memOnly, nil, subscriber.StaleRecoveryAuto)})
+	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory{
+		log: zerolog.New(io.Discard), shared: subscriber.NewShared(subscriber.SharedOptions{}), checks: checks, state: memOnly,
+	}.New})
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
 	if err != nil {

@@ -26,6 +26,8 @@ const (
 	numMetrics
 )
 
+// metricNames are the families' names; read-only, a table fixed at compile
+// time.
 var metricNames = [numMetrics]string{
 	"messages_received", "messages_dropped", "envelopes_rejected", "batches_rejected",
 	"events_applied", "events_ignored", "events_rejected", "sequence_gaps",
@@ -120,7 +122,7 @@ func (c *Counters) samples(zeros bool) []Sample {
 // familyReasons is, per family, every reason it counts by (ReasonNone for
 // families without one): the series a metrics endpoint exports from
 // start-up, at zero until something is counted, so that rates and alerts
-// work before the first event.
+// work before the first event. Read-only after initialisation.
 var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
 	span := func(m Metric, from, to events.Reason) {
 		for r := from; r <= to; r++ {

@@ -16,7 +16,7 @@ func direct(t *testing.T, reg string, also ...string) (*Subscriber, *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.started = true
+	s.seq.started = true
 	s.setState(Live)
 	return s, e
 }

@@ -25,8 +25,12 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	logs := &logBuffer{}
 	ctx := eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16})
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
-	s := mustStart(t, Config{Key: "rej|default|0", Type: source.VLLM, Endpoint: pub.endpoint, Context: ctx, Profile: prof,
-		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.New(logs), Counters: NewCounters()})
+	s := mustStart(t, Config{
+		Source: SourceConfig{Key: "rej|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Index:  IndexConfig{Context: ctx, Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
+		Report: ReportConfig{Logger: zerolog.New(logs)},
+		Shared: NewShared(SharedOptions{Counters: NewCounters()}),
+	})
 	defer s.Stop()
 	pub.waitSubscribed()
 	stored := func(extra map[string]any) map[string]any {
@@ -115,10 +119,14 @@ func TestStuckConnectingWarnsOnce(t *testing.T) {
 	prof := mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256CBOR, "low64_be", &seed)
 	logs := &logBuffer{}
 	const ep = "tcp://no-such-host.invalid:5557"
-	s := mustStart(t, Config{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep, WatchConnection: true,
-		Context: eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16}), Profile: prof,
-		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.New(logs), Counters: NewCounters(),
-		Tuning: Tuning{ConnectWarnAfter: 100 * time.Millisecond}})
+	s := mustStart(t, Config{
+		Source:  SourceConfig{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep},
+		Index:   IndexConfig{Context: eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16}), Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
+		Session: SessionConfig{WatchConnection: true},
+		Tuning:  Tuning{ConnectWarnAfter: 100 * time.Millisecond},
+		Report:  ReportConfig{Logger: zerolog.New(logs)},
+		Shared:  NewShared(SharedOptions{Counters: NewCounters()}),
+	})
 	stuck := func() []map[string]any {
 		var out []map[string]any
 		for _, l := range logs.lines(t) {

@@ -15,6 +15,20 @@
 // The transport rules implemented here are described in docs/events.md;
 // comments cite its sections (docs/events.md#recovery, …).
 //
+// Layout: a Subscriber composes one type per concern, each owning its
+// state: session (session.go: sockets, connection monitor, reconnections,
+// healing a lost session), receiver (receive.go, recv_cgo.go), sequence
+// (sequence.go, epoch.go: the state machine, stale states, publisher
+// restarts), recovery (recover.go: replay and what is buffered meanwhile),
+// applier (apply.go: the decoder, index writes, the gate) and resumption
+// (resume.go: a restore from a snapshot). What the process's subscribers
+// share (counters, the monitor budget, the C batch free list, the C heap
+// trimmer) is a Shared value the app creates.
+//
+// Data flows one way: the subscriber calls the decoders, which write the
+// index, and the durable state's stage (DurableConfig: the gate, the
+// restore handle); none of them imports this package.
+//
 // Concurrency: a Subscriber's goroutine is the only user of its decoder and
 // the only writer of its sequence state and index entries, so none of them
 // needs a lock; State, Stale and LastSeq read atomics that are published
@@ -28,7 +42,7 @@
 // (messages held during a replay) is copied. The SUB queue is long
 // (defaultRcvHWM), so a burst queues here rather than overflowing a
 // publisher's send queue, and the C heap is trimmed when a burst has
-// drained (zmqx.RequestTrim), so RSS follows the index rather than the
+// drained (zmqx.Trimmer), so RSS follows the index rather than the
 // largest burst.
 //
 // Decoding: a batch is decoded completely (events.Decoder) before any of

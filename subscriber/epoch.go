@@ -6,6 +6,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 )
 
 // StaleRecovery says what a stale source does after its entries are
@@ -44,7 +45,7 @@ func ParseStaleRecovery(v string) (StaleRecovery, bool) {
 // DefaultStaleHoldOff is how long a stale source ignores messages before
 // the next one becomes its baseline: long enough for a burst that overran
 // a queue to pass (re-baselining inside it would only find the next gap),
-// short enough that a message published 5 s after the gap is indexed.
+// short enough that a message published soon after the gap is indexed.
 const DefaultStaleHoldOff = 2 * time.Second
 
 // Evidence names what showed a publisher restart, in logs
@@ -65,35 +66,31 @@ const (
 
 // digestOf fingerprints an applied payload, so a replay endpoint's record
 // at the same sequence can later be told apart from it. 64 bits: a restart
-// that published a different batch at that sequence is missed with
-// probability 2^-64.
+// that published a different batch there is missed with probability 2^-64.
 func digestOf(payload []byte) uint64 { return xxh3.Hash(payload) }
 
 // matchesDigest is the replay anchor check: the publisher's record at the
 // last applied sequence is the batch that was applied.
-func (s *Subscriber) matchesDigest(payload []byte) bool { return digestOf(payload) == s.digest }
+func (s *Subscriber) matchesDigest(payload []byte) bool { return digestOf(payload) == s.seq.digest }
 
 // Restarts is how many publisher restarts this source detected (each a new
 // epoch: the old process's entries dropped, the new stream indexed).
-func (s *Subscriber) Restarts() uint64 { return s.restarts.Load() }
+func (s *Subscriber) Restarts() uint64 { return s.seq.restarts.Load() }
 
 // StaleRecoveries is how many times this source left the stale state by
 // itself (StaleRecoveryAuto).
-func (s *Subscriber) StaleRecoveries() uint64 { return s.recoveries.Load() }
+func (s *Subscriber) StaleRecoveries() uint64 { return s.seq.recoveries.Load() }
 
 // resetStream drops everything the source contributed and forgets its
 // sequence state, so that the next message applied is a baseline. The
 // caller holds the gate, so no cut sees the source between the two.
 func (s *Subscriber) resetStream() {
-	s.gate()
-	s.retract()
-	s.retracted = false
-	s.started, s.applied, s.high = false, 0, 0
-	s.hasDigest, s.digest = false, 0
-	s.reconnected = false
-	s.hasSeq.Store(false)
-	s.lastSeq.Store(0)
-	s.ungate()
+	s.apply.enter()
+	s.apply.retract()
+	s.apply.retracted = false
+	s.seq.reset()
+	s.conn.reconnected = false
+	s.apply.leave()
 }
 
 // newEpoch handles a publisher restart shown by evidence at live message
@@ -102,31 +99,32 @@ func (s *Subscriber) resetStream() {
 // before seq is fetched from its own buffer first (docs/events.md#restarts).
 func (s *Subscriber) newEpoch(ev Evidence, seq uint64, payload []byte) error {
 	s.countRestart(ev, seq)
-	s.gate()
+	s.apply.enter()
 	s.resetStream()
-	s.settleResume(ResumedRestarted)
-	if s.replay != nil && seq > 0 {
+	s.settleResume(streampos.Restarted)
+	if s.rec.replay != nil && seq > 0 {
 		// The gate is not held across a replay, which may take
 		// seconds: a cut meanwhile sees a source with nothing applied.
-		s.ungate()
-		s.high = seq
+		s.apply.leave()
+		s.seq.high = seq
 		return s.recover(liveMsg{seq: seq, payload: payload}, true)
 	}
 	s.baseline(seq, payload)
-	s.ungate()
+	s.apply.leave()
 	return nil
 }
 
 // countRestart counts and logs one detected restart.
 func (s *Subscriber) countRestart(ev Evidence, seq uint64) {
-	s.restarts.Add(1)
+	q := &s.seq
+	q.restarts.Add(1)
 	e := s.log.Info().Str("evidence", string(ev)).Uint64("seq", seq)
-	if s.started {
-		e = e.Uint64("last_applied", s.applied).Uint64("highest_received", s.high)
+	if q.started {
+		e = e.Uint64("last_applied", q.applied).Uint64("highest_received", q.high)
 	}
 	e.Msg("publisher restarted: its previous entries are dropped and the new stream is indexed")
-	if s.cfg.onEpoch != nil {
-		s.cfg.onEpoch()
+	if s.cfg.test.onEpoch != nil {
+		s.cfg.test.onEpoch()
 	}
 }
 
@@ -144,21 +142,22 @@ func recoversFrom(why events.Reason) bool {
 // willRecover reports whether this stale source will take a later message
 // as a new baseline, so its SUB socket must stay open.
 func (s *Subscriber) willRecover() bool {
-	return s.cfg.StaleRecovery == StaleRecoveryAuto && recoversFrom(s.staleWhy)
+	return s.cfg.Session.StaleRecovery == StaleRecoveryAuto && recoversFrom(s.seq.staleWhy)
 }
 
 // tryStaleRecovery makes the live message (seq, payload) the new baseline
 // of a stale source once its hold-off has passed; it reports whether it
 // did.
 func (s *Subscriber) tryStaleRecovery(seq uint64, payload []byte) bool {
-	if !s.willRecover() || time.Since(s.staleAt) < s.tuning.StaleHoldOff {
+	q := &s.seq
+	if !s.willRecover() || time.Since(q.staleAt) < s.tuning.StaleHoldOff {
 		return false
 	}
-	s.recoveries.Add(1)
-	s.log.Info().Str("stale_reason", s.staleWhy.String()).Uint64("seq", seq).Dur("stale_for", time.Since(s.staleAt)).
+	q.recoveries.Add(1)
+	s.log.Info().Str("stale_reason", q.staleWhy.String()).Uint64("seq", seq).Dur("stale_for", time.Since(q.staleAt)).
 		Msg("stale source recovered: this message is its new baseline")
-	s.gate()
-	defer s.ungate()
+	s.apply.enter()
+	defer s.apply.leave()
 	s.resetStream()
 	s.baseline(seq, payload)
 	return true

@@ -68,34 +68,26 @@ func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, 
 		t.Fatalf("registration type %q", reg.Type)
 	}
 	e.cfg = Config{
-		Key:            reg.InstanceID + "|default|" + fmt.Sprint(reg.DPRank),
-		Type:           typ,
-		Endpoint:       endpoint,
-		ReplayEndpoint: replayEndpoint,
-		DPRank:         reg.DPRank,
-		Context:        eventtest.ContextOf(reg),
-		Profile:        prof,
-		Owner:          eventtest.Owner,
-		Logger:         eventtest.Logger(t),
-		Counters:       e.counters,
-		onEvent: func(seq uint64, o events.Outcome) {
+		Source: SourceConfig{Key: reg.InstanceID + "|default|" + fmt.Sprint(reg.DPRank), Type: typ, Endpoint: endpoint, ReplayEndpoint: replayEndpoint, DPRank: reg.DPRank},
+		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Owner: eventtest.Owner},
+		Report: ReportConfig{Logger: eventtest.Logger(t)},
+		Shared: NewShared(SharedOptions{Counters: e.counters}),
+		test: testHooks{onEvent: func(seq uint64, o events.Outcome) {
 			e.mu.Lock()
 			e.outcomes[seq] = append(e.outcomes[seq], o)
 			e.mu.Unlock()
-		},
-		onApply: func(seq uint64) {
+		}, onApply: func(seq uint64) {
 			e.mu.Lock()
 			e.applied = append(e.applied, seq)
 			e.mu.Unlock()
-		},
-		onEpoch: func() {
+		}, onEpoch: func() {
 			e.mu.Lock()
 			e.epoch = len(e.applied)
 			e.mu.Unlock()
-		},
+		}},
 	}
 	if reg.Type == "Mooncake" {
-		e.cfg.Lookup = func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
+		e.cfg.Index.Lookup = func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
 			p, ok := tables[ctx]
 			if !ok {
 				return nil, nil, false
@@ -103,9 +95,9 @@ func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, 
 			return e.shared, p, true
 		}
 	} else {
-		e.cfg.Engine = e.engine
-		e.check = hashcheck.NewSet(hashcheck.Options{Logger: eventtest.Logger(t)}).Add(e.cfg.Key, &prof, reg.BlockSize, reg.LoraName)
-		e.cfg.HashCheck = e.check
+		e.cfg.Index.Engine = e.engine
+		e.check = hashcheck.NewSet(hashcheck.Options{Logger: eventtest.Logger(t)}).Add(e.cfg.Source.Key, &prof, reg.BlockSize, reg.LoraName)
+		e.cfg.Verify.HashCheck = e.check
 	}
 	return e
 }

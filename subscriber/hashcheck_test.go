@@ -130,8 +130,11 @@ func TestHashCheckOverZMQ(t *testing.T) {
 			pub := newPublisher(t, ipcEndpoint(t, "pub"))
 			rec := &eventtest.Recorder{}
 			s := mustStart(t, Config{
-				Key: key, Type: tc.typ, Endpoint: pub.endpoint, Context: ctx, Profile: tc.registered,
-				Engine: rec, Owner: eventtest.Owner, Logger: log, Counters: NewCounters(), HashCheck: chk,
+				Source: SourceConfig{Key: key, Type: tc.typ, Endpoint: pub.endpoint},
+				Index:  IndexConfig{Context: ctx, Profile: tc.registered, Engine: rec, Owner: eventtest.Owner},
+				Verify: VerifyConfig{HashCheck: chk},
+				Report: ReportConfig{Logger: log},
+				Shared: NewShared(SharedOptions{Counters: NewCounters()}),
 			})
 			defer s.Stop()
 			pub.waitSubscribed()

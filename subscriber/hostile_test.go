@@ -43,11 +43,13 @@ func TestHostilePublisher(t *testing.T) {
 	reg, prof, tb := vllmTable(t, index.Options{MemoryLimit: 8 << 20})
 	counters := NewCounters()
 	start := func(key, endpoint string) *Subscriber {
-		return mustStart(t, Config{Key: key, Type: source.VLLM, Endpoint: endpoint, Context: eventtest.ContextOf(reg),
-			Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0), Logger: eventtest.Logger(t), Counters: counters,
-			// The first message after the gap's stale state is a baseline
-			// at once, so the test waits on states, not on a hold-off.
-			Tuning: Tuning{StaleHoldOff: time.Nanosecond}})
+		return mustStart(t, Config{
+			Source: SourceConfig{Key: key, Type: source.VLLM, Endpoint: endpoint},
+			Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0)},
+			Tuning: Tuning{StaleHoldOff: time.Nanosecond},
+			Report: ReportConfig{Logger: eventtest.Logger(t)},
+			Shared: NewShared(SharedOptions{Counters: counters}),
+		})
 	}
 	bad, good := newPublisher(t, ipcEndpoint(t, "bad")), newPublisher(t, ipcEndpoint(t, "good"))
 	sBad, sGood := start("bad", bad.endpoint), start("good", good.endpoint)
@@ -192,10 +194,13 @@ func TestOversizeMessageWithReplay(t *testing.T) {
 	counters := NewCounters()
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	rs := startReplayService(t)
-	s := mustStart(t, Config{Key: "svc", Type: source.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint,
-		Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0),
-		Logger: eventtest.Logger(t), Counters: counters,
-		Tuning: Tuning{StaleHoldOff: time.Nanosecond, ReplayReceiveTimeout: 200 * time.Millisecond, ReplayTotalTimeout: time.Second}})
+	s := mustStart(t, Config{
+		Source: SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint},
+		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
+		Tuning: Tuning{StaleHoldOff: time.Nanosecond, ReplayReceiveTimeout: 200 * time.Millisecond, ReplayTotalTimeout: time.Second},
+		Report: ReportConfig{Logger: eventtest.Logger(t)},
+		Shared: NewShared(SharedOptions{Counters: counters}),
+	})
 	defer s.Stop()
 	pub.waitSubscribed()
 
@@ -277,9 +282,12 @@ func TestHandshakeFailureReconnects(t *testing.T) {
 	}()
 	defer func() { _ = ln.Close(); <-done; conns.Wait() }()
 
-	s := mustStart(t, Config{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String(),
-		Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0),
-		Logger: eventtest.Logger(t), Counters: counters})
+	s := mustStart(t, Config{
+		Source: SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String()},
+		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
+		Report: ReportConfig{Logger: eventtest.Logger(t)},
+		Shared: NewShared(SharedOptions{Counters: counters}),
+	})
 	defer s.Stop()
 	eventtest.WaitFor(t, "a second connection after the failed handshake", 20*time.Second, func() bool {
 		return accepted.Load() >= 2

@@ -381,11 +381,11 @@ func TestStartErrors(t *testing.T) {
 		mod  func(c *Config)
 		want string
 	}{
-		{"unknown type", func(c *Config) { c.Type = source.NumTypes }, "unknown publisher type"},
-		{"no engine sink", func(c *Config) { c.Engine = nil }, "engine source needs an index table"},
-		{"unresolved profile", func(c *Config) { c.Profile = hashing.Profile{} }, "hash profile is not resolved"},
-		{"bad endpoint", func(c *Config) { c.Endpoint = "tcp://no-port" }, "connect SUB socket to tcp://no-port"},
-		{"mooncake no lookup", func(c *Config) { c.Type = source.Mooncake }, "Mooncake source needs a context lookup"},
+		{"unknown type", func(c *Config) { c.Source.Type = source.NumTypes }, "unknown publisher type"},
+		{"no engine sink", func(c *Config) { c.Index.Engine = nil }, "engine source needs an index table"},
+		{"unresolved profile", func(c *Config) { c.Index.Profile = hashing.Profile{} }, "hash profile is not resolved"},
+		{"bad endpoint", func(c *Config) { c.Source.Endpoint = "tcp://no-port" }, "connect SUB socket to tcp://no-port"},
+		{"mooncake no lookup", func(c *Config) { c.Source.Type = source.Mooncake }, "Mooncake source needs a context lookup"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
@@ -395,8 +395,8 @@ func TestStartErrors(t *testing.T) {
 				s.Stop()
 				t.Fatal("Start succeeded")
 			}
-			if msg := err.Error(); !strings.HasPrefix(msg, "start subscriber "+c.Key+": ") || !strings.Contains(msg, tc.want) {
-				t.Errorf("error %q: want it to name %q and %q", msg, "start subscriber "+c.Key, tc.want)
+			if msg := err.Error(); !strings.HasPrefix(msg, "start subscriber "+c.Source.Key+": ") || !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q: want it to name %q and %q", msg, "start subscriber "+c.Source.Key, tc.want)
 			}
 		})
 	}
@@ -415,18 +415,24 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	tb.AcquireShared(index.CPUShare, 99) // another master's object
 
 	pubV := newPublisher(t, ipcEndpoint(t, "v"))
-	sv, err := Start(Config{Key: "vllm-a", Type: source.VLLM, Endpoint: pubV.endpoint, Context: eventtest.ContextOf(reg),
-		Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0), Logger: eventtest.Logger(t)})
+	sv, err := Start(Config{
+		Source: SourceConfig{Key: "vllm-a", Type: source.VLLM, Endpoint: pubV.endpoint},
+		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0)},
+		Report: ReportConfig{Logger: eventtest.Logger(t)},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sv.Stop()
 	pubM := newPublisher(t, ipcEndpoint(t, "m"))
-	sm, err := Start(Config{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint, Context: eventtest.ContextOf(reg),
-		Profile: prof, Logger: eventtest.Logger(t), Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
+	sm, err := Start(Config{
+		Source: SourceConfig{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint},
+		Index: IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
 			t := ix.Table(ctx)
 			return t, t != nil
-		})})
+		})},
+		Report: ReportConfig{Logger: eventtest.Logger(t)},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,7 +497,7 @@ func TestStopPromptBehindBacklog(t *testing.T) {
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	e := vllmEnv(t, pub.endpoint, "")
 	sink := &slowSink{}
-	e.cfg.Engine = sink
+	e.cfg.Index.Engine = sink
 	s := mustStart(t, e.cfg)
 	pub.waitSubscribed()
 	for seq := uint64(1); seq <= 3000; seq++ {
@@ -521,12 +527,12 @@ func (p *panicSink) Store(index.OwnerID, index.Tier, uint64) { panic("index bug"
 func TestPanicMakesStale(t *testing.T) {
 	e := newEnv(t, eventtest.LoadManifest(t), "vllm-a", nil, "inproc://unused", "")
 	sink := &panicSink{}
-	e.cfg.Engine = sink
+	e.cfg.Index.Engine = sink
 	s, err := newSubscriber(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.started = true
+	s.seq.started = true
 	s.setState(Live)
 	s.applyBatch(1, eventtest.Payload(t, eventtest.LoadManifest(t).Fixture(t, "vllm_stored_gpu_2blocks")))
 	if s.State() != Stale || e.counters.Value(MetricStale, source.VLLM, events.StaleInternal) != 1 {
@@ -543,7 +549,7 @@ func TestPanicMakesStale(t *testing.T) {
 func TestTypedNilTableRejected(t *testing.T) {
 	e := newEnv(t, eventtest.LoadManifest(t), "vllm-a", nil, "tcp://127.0.0.1:1", "")
 	var tb *index.Table
-	e.cfg.Engine = tb
+	e.cfg.Index.Engine = tb
 	if s, err := Start(e.cfg); err == nil {
 		s.Stop()
 		t.Fatal("Start accepted a nil *index.Table")
@@ -584,7 +590,7 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 	for _, removed := range []bool{false, true} {
 		pub := newPublisher(t, ipcEndpoint(t, "pub"))
 		e := vllmEnv(t, pub.endpoint, "")
-		e.cfg.OwnerRemovedAfterStop = removed
+		e.cfg.Index.OwnerRemovedAfterStop = removed
 		s := mustStart(t, e.cfg)
 		pub.waitSubscribed()
 		pub.send(1, storedBatch([]uint64{11, 12}, 4, 0))
@@ -611,10 +617,11 @@ func TestOwnerRemovedAfterStop(t *testing.T) {
 func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 	for _, watch := range []bool{true, false} {
 		t.Run(fmt.Sprintf("WatchConnection=%v", watch), func(t *testing.T) {
-			base := optionalMonitors.Load()
 			pub := newPublisher(t, "tcp://127.0.0.1:*")
 			e := vllmEnv(t, pub.endpoint, "")
-			e.cfg.WatchConnection = watch
+			e.cfg.Session.WatchConnection = watch
+			sh := e.cfg.Shared
+			base := sh.monitors.Load()
 			s := mustStart(t, e.cfg)
 			defer s.Stop()
 			eventtest.WaitFor(t, "connection", 10*time.Second, s.Connected)
@@ -625,7 +632,7 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 			if !watch {
 				held++
 			}
-			if got := optionalMonitors.Load(); got != held {
+			if got := sh.monitors.Load(); got != held {
 				t.Errorf("%d optional monitors while connected, want %d", got, held)
 			}
 			pub.waitSubscribed()
@@ -635,7 +642,7 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 				t.Fatalf("state %v after the first batch, want live", st)
 			}
 			s.Stop()
-			if got := optionalMonitors.Load(); got != base {
+			if got := sh.monitors.Load(); got != base {
 				t.Errorf("%d optional monitors after Stop, want %d", got, base)
 			}
 		})
@@ -648,35 +655,38 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 // with its first batch, while one readiness waits for still gets one. Every
 // slot taken is given back, by connecting or by Stop.
 func TestOptionalMonitorsBounded(t *testing.T) {
-	base := optionalMonitors.Load()
+	sh := NewShared(SharedOptions{})
+	base := sh.monitors.Load()
 	down := make([]*Subscriber, 0, 3)
 	for i := range 3 {
 		e := vllmEnv(t, ipcEndpoint(t, fmt.Sprintf("down-%d", i)), "")
+		e.cfg.Shared = sh
 		down = append(down, mustStart(t, e.cfg))
 	}
-	if got := optionalMonitors.Load(); got != base+3 {
+	if got := sh.monitors.Load(); got != base+3 {
 		t.Fatalf("%d optional monitors after three unconnected sources, want %d", got, base+3)
 	}
 	for _, s := range down {
 		s.Stop()
 	}
-	if got := optionalMonitors.Load(); got != base {
+	if got := sh.monitors.Load(); got != base {
 		t.Fatalf("%d optional monitors after Stop, want %d", got, base)
 	}
 
 	// Fill the remaining slots as unreachable publishers would.
-	optionalMonitors.Add(MaxOptionalMonitors - base)
-	defer optionalMonitors.Add(base - MaxOptionalMonitors)
+	sh.monitors.Add(MaxOptionalMonitors - base)
+	defer sh.monitors.Add(base - MaxOptionalMonitors)
 	for _, watch := range []bool{false, true} {
 		pub := newPublisher(t, "tcp://127.0.0.1:*")
 		e := vllmEnv(t, pub.endpoint, "")
-		e.cfg.WatchConnection = watch
+		e.cfg.Session.WatchConnection = watch
+		e.cfg.Shared = sh
 		s := mustStart(t, e.cfg)
 		pub.waitSubscribed() // the connection is up
 		if watch {
 			eventtest.WaitFor(t, "connection", 10*time.Second, s.Connected)
 		} else {
-			if s.mon != nil || s.monSlot {
+			if s.conn.mon != nil || s.conn.monSlot {
 				t.Fatal("a source beyond the bound has a monitor")
 			}
 			if st := s.State(); st != Connecting {
@@ -689,7 +699,7 @@ func TestOptionalMonitorsBounded(t *testing.T) {
 			}
 		}
 		s.Stop()
-		if got := optionalMonitors.Load(); got != MaxOptionalMonitors {
+		if got := sh.monitors.Load(); got != MaxOptionalMonitors {
 			t.Fatalf("WatchConnection=%v: %d optional monitors, want %d", watch, got, MaxOptionalMonitors)
 		}
 	}
@@ -703,13 +713,13 @@ func TestOnStateTellsEveryChange(t *testing.T) {
 	rs := startReplayService(t)
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
-	e.cfg.WatchConnection = true
+	e.cfg.Session.WatchConnection = true
 	var (
 		mu        sync.Mutex
 		told      []State
 		clearedAt = -1 // how many states had been told when the retraction was seen
 	)
-	e.cfg.OnState = func(st State) {
+	e.cfg.Report.OnState = func(st State) {
 		mu.Lock()
 		defer mu.Unlock()
 		told = append(told, st)

@@ -68,8 +68,8 @@ func TestLinksVerifiedWhenIdle(t *testing.T) {
 			pub := newPublisher(t, "tcp://127.0.0.1:*")
 			e := newEnv(t, m, "vllm-a", nil, pub.endpoint, "")
 			links := hashing.NewLinks(8 << 20)
-			e.cfg.Links, e.cfg.LinkDefer = links, tc.defer_
-			payloads, blocks := linkedStores(t, &e.cfg.Profile, e.cfg.Context.BlockSize, 40, 8)
+			e.cfg.Verify.Links, e.cfg.Verify.LinkDefer = links, tc.defer_
+			payloads, blocks := linkedStores(t, &e.cfg.Index.Profile, e.cfg.Index.Context.BlockSize, 40, 8)
 			s := mustStart(t, e.cfg)
 			defer s.Stop()
 			pub.waitSubscribed()
@@ -103,12 +103,12 @@ func TestLinksPendingDroppedOnStop(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := newEnv(t, m, "vllm-a", nil, pub.endpoint, "")
 	links := hashing.NewLinks(8 << 20)
-	e.cfg.Links = links
-	payloads, _ := linkedStores(t, &e.cfg.Profile, e.cfg.Context.BlockSize, 4, 8)
+	e.cfg.Verify.Links = links
+	payloads, _ := linkedStores(t, &e.cfg.Index.Profile, e.cfg.Index.Context.BlockSize, 4, 8)
 	// Applied events wait while the subscriber is busy: hold it in the
 	// apply hook until all are queued, then stop it from there.
 	release := make(chan struct{})
-	e.cfg.onApply = func(seq uint64) {
+	e.cfg.test.onApply = func(seq uint64) {
 		if seq == 1 {
 			<-release
 		}

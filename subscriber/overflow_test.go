@@ -66,7 +66,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 		_ = sock.Close()
 	})
 	e := vllmEnv(t, pub.endpoint, rs.endpoint)
-	e.cfg.Context.BlockSize = 1024
+	e.cfg.Index.Context.BlockSize = 1024
 	e.cfg.Tuning.RcvHWM = 4
 	// Replay timeouts long enough for any machine: the test waits for the
 	// recovery, it does not time it.
@@ -75,7 +75,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	gate := &gateSink{inner: e.engine, entered: make(chan struct{}), release: make(chan struct{})}
 	var releaseOnce sync.Once
 	release := func() { releaseOnce.Do(func() { close(gate.release) }) }
-	e.cfg.Engine = gate
+	e.cfg.Index.Engine = gate
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	defer release() // before Stop, which waits for the goroutine

@@ -216,10 +216,11 @@ func rawSocket(sock *zmq.Socket) unsafe.Pointer {
 // messages (no copy, no Go allocation): a message's frames stay valid until
 // the next fill, which happens only once every queued message was handed
 // out. Handlers must therefore copy whatever they keep past their return
-// (recovery buffering does). The C batch (≈ 21 KiB) is taken from a shared
+// (recovery buffering does). The C batch is taken from the shared
 // free list while a drain runs and returned when it ends empty, so idle
 // sources hold none.
 type batchReceiver struct {
+	shared   *Shared // the batch free list and the trimmer
 	b        *C.cb_batch
 	n, next  int   // queued messages are info[next:n]
 	deferred error // error that ended the last fill after some messages
@@ -270,7 +271,7 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 		return zmq.ErrorSocketClosed
 	}
 	if r.b == nil {
-		r.b = getBatch()
+		r.b = r.shared.batches.get()
 	}
 	n := int(C.cb_recv(h, r.b, C.int(max(limit, 1)), C.size_t(batchMaxBytes)))
 	cerr, partial := r.b.err, r.b.partial
@@ -278,7 +279,7 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 	r.bytes += int(r.b.total)
 	if cerr == 0 {
 		r.backlog = true
-		zmqx.NoteBacklog()
+		r.shared.trim.NoteBacklog()
 	}
 	var err error
 	if cerr != 0 {
@@ -310,7 +311,7 @@ func (r *batchReceiver) fill(sock *zmq.Socket, limit int) error {
 // burst's peak.
 func (r *batchReceiver) noteEmpty() {
 	if r.backlog && r.bytes >= zmqx.TrimAfterBytes {
-		zmqx.RequestTrim()
+		r.shared.trim.Request()
 		r.backlog, r.bytes = false, 0
 	} else if !r.backlog {
 		r.bytes = 0 // steady traffic the subscriber keeps up with
@@ -323,7 +324,7 @@ func (r *batchReceiver) idle() {
 	if r.b == nil || r.queued() || r.deferred != nil {
 		return
 	}
-	putBatch(r.b)
+	r.shared.batches.put(r.b)
 	r.b, r.n, r.next = nil, 0, 0
 }
 
@@ -334,27 +335,26 @@ func (r *batchReceiver) discard() {
 	r.idle()
 }
 
-// batchFree keeps a few released C batches for reuse; more than
-// maxIdleBatches are freed, so the free list is bounded by what was busy
-// at once, not by the number of registered sources. Process-wide for the
-// reason sync.Pool is (which cannot hold C memory): what it bounds is the
-// drains running at once across every subscriber of the process.
-var batchFree struct {
-	sync.Mutex
+// batchPool keeps a few released C batches for reuse (Shared owns one for
+// every subscriber of the process); more than maxIdleBatches are freed, so
+// the list is bounded by the drains running at once, not by the number of
+// registered sources. sync.Pool cannot hold C memory.
+type batchPool struct {
+	mu   sync.Mutex
 	list []*C.cb_batch
 }
 
 const maxIdleBatches = 16
 
-func getBatch() *C.cb_batch {
-	batchFree.Lock()
-	if n := len(batchFree.list); n > 0 {
-		b := batchFree.list[n-1]
-		batchFree.list = batchFree.list[:n-1]
-		batchFree.Unlock()
+func (p *batchPool) get() *C.cb_batch {
+	p.mu.Lock()
+	if n := len(p.list); n > 0 {
+		b := p.list[n-1]
+		p.list = p.list[:n-1]
+		p.mu.Unlock()
 		return b
 	}
-	batchFree.Unlock()
+	p.mu.Unlock()
 	b := C.cb_new()
 	if b == nil {
 		panic("subscriber: out of C memory for a receive batch")
@@ -362,15 +362,26 @@ func getBatch() *C.cb_batch {
 	return b
 }
 
-func putBatch(b *C.cb_batch) {
+func (p *batchPool) put(b *C.cb_batch) {
 	C.cb_release(b) // closes the messages: frames handed out are now invalid
-	batchFree.Lock()
-	if len(batchFree.list) < maxIdleBatches {
-		batchFree.list = append(batchFree.list, b)
+	p.mu.Lock()
+	if len(p.list) < maxIdleBatches {
+		p.list = append(p.list, b)
 		b = nil
 	}
-	batchFree.Unlock()
+	p.mu.Unlock()
 	if b != nil {
+		C.cb_free(b)
+	}
+}
+
+// close frees the idle batches.
+func (p *batchPool) close() {
+	p.mu.Lock()
+	list := p.list
+	p.list = nil
+	p.mu.Unlock()
+	for _, b := range list {
 		C.cb_free(b)
 	}
 }

@@ -65,7 +65,7 @@ func TestSocketHandleFieldPresent(t *testing.T) {
 	if rawSocket(s) != nil {
 		t.Fatal("closed socket still has a handle")
 	}
-	var r batchReceiver
+	r := batchReceiver{shared: NewShared(SharedOptions{})}
 	if _, err := r.recv(s, nil, 1); err != zmq.ErrorSocketClosed {
 		t.Fatalf("receive on a closed socket: %v", err)
 	}
@@ -139,7 +139,7 @@ func TestBatchReceiveMatchesPerFrame(t *testing.T) {
 			send([]byte("big"), seqFrame(uint64(round)), big)
 		}
 	}
-	var r batchReceiver
+	r := batchReceiver{shared: NewShared(SharedOptions{})}
 	defer r.discard()
 	var got [][]byte
 	for i := range sent {
@@ -181,7 +181,7 @@ func TestBatchReceiveLimits(t *testing.T) {
 		}
 		p.pub.send(uint64(i), []byte{byte(i)})
 	}
-	var r batchReceiver
+	r := batchReceiver{shared: NewShared(SharedOptions{})}
 	defer r.discard()
 	var frames [][]byte
 	var err error
@@ -224,14 +224,14 @@ func TestBufferedLivePayloadIsCopied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.budget.MaxMessages, s.budget.MaxBytes = 10, 1<<20
+	s.rec.budget.MaxMessages, s.rec.budget.MaxBytes = 10, 1<<20
 	payload := []byte("payload bytes")
 	if err := s.bufferLive([][]byte{nil, seqFrame(5), payload}); err != nil {
 		t.Fatal(err)
 	}
 	copy(payload, "XXXXXXXXXXXXX")
-	if len(s.buffered) != 1 || string(s.buffered[0].payload) != "payload bytes" {
-		t.Fatalf("buffered %v", s.buffered)
+	if len(s.rec.buffered) != 1 || string(s.rec.buffered[0].payload) != "payload bytes" {
+		t.Fatalf("buffered %v", s.rec.buffered)
 	}
 }
 
@@ -290,28 +290,25 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 	}
 }
 
-// countTrims replaces the C heap trim with a counter for the test.
-func countTrims(t *testing.T) *atomic.Int64 {
+// countTrims returns subscribers' shared state whose trimmer counts trims
+// instead of trimming.
+func countTrims(t *testing.T) (*Shared, *atomic.Int64) {
 	var n atomic.Int64
-	eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
-	old := zmqx.SwapTrim(func() { n.Add(1) })
-	t.Cleanup(func() {
-		eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
-		zmqx.SwapTrim(old)
-	})
-	return &n
+	sh := NewShared(SharedOptions{Trimmer: zmqx.NewTrimmer(func() { n.Add(1) })})
+	t.Cleanup(sh.Trimmer().Wait)
+	return sh, &n
 }
 
 // TestTrimAfterBacklogDrains: a source that had a backlog of several MiB
 // asks for a trim once its socket is empty; a source that keeps up does not.
 func TestTrimAfterBacklogDrains(t *testing.T) {
-	n := countTrims(t)
+	sh, n := countTrims(t)
 	p := newSubPair(t)
 	payload := make([]byte, 64<<10)
 	for i := range 100 { // 6.4 MiB, more than one batch
 		p.pub.send(uint64(i), payload)
 	}
-	var r batchReceiver
+	r := batchReceiver{shared: sh}
 	defer r.discard()
 	var frames [][]byte
 	var err error
@@ -334,7 +331,7 @@ func TestTrimAfterBacklogDrains(t *testing.T) {
 			_, _ = r.recv(p.b, frames[:0], drainBurst)
 		}
 	}
-	eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !zmqx.TrimRunning() })
+	eventtest.WaitFor(t, "trimmer idle", 5*time.Second, func() bool { return !sh.Trimmer().Running() })
 	if got := n.Load(); got != 1 {
 		t.Fatalf("%d trims, want 1", got)
 	}
@@ -350,19 +347,19 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 	m := eventtest.LoadManifest(t)
 	pub := newPublisher(t, fmt.Sprintf("inproc://recv-test-%d", inprocSeq.Add(1)))
 	e := newEnv(t, m, "vllm-a", nil, pub.endpoint, "")
-	e.cfg.Context.BlockSize = benchBlockSize
-	e.cfg.Engine = nopSink{}
-	e.cfg.onEvent, e.cfg.onApply = nil, nil
+	e.cfg.Index.Context.BlockSize = benchBlockSize
+	e.cfg.Index.Engine = nopSink{}
+	e.cfg.test.onEvent, e.cfg.test.onApply = nil, nil
 	s, err := newSubscriber(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.open(); err != nil {
+	if err := s.conn.open(s); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		s.rx.discard()
-		s.closeSockets()
+		s.rx.batch.discard()
+		s.conn.close(s)
 	}()
 	pub.waitSubscribed()
 	payload, offs := vllmBatchTemplate()

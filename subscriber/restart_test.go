@@ -14,6 +14,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -153,7 +154,7 @@ func TestPublisherRestartIsNewEpoch(t *testing.T) {
 			}
 			p1 := startProcess(t, "tcp://127.0.0.1:*", replayEP, 0)
 			e := vllmEnv(t, p1.pub.endpoint, p1.replayEndpoint())
-			e.cfg.WatchConnection = true
+			e.cfg.Session.WatchConnection = true
 			s := mustStart(t, e.cfg)
 			defer s.Stop()
 			p1.pub.waitSubscribed()
@@ -218,12 +219,11 @@ func TestGapsInOneProcessAreNotRestarts(t *testing.T) {
 func gapsInOneProcess(t *testing.T, monitored bool) {
 	p := startProcess(t, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 0)
 	e := vllmEnv(t, p.pub.endpoint, p.replayEndpoint())
-	e.cfg.WatchConnection = monitored
+	e.cfg.Session.WatchConnection = monitored
 	if !monitored {
 		// Every optional monitor taken, as by unreachable publishers.
-		base := optionalMonitors.Load()
-		optionalMonitors.Add(MaxOptionalMonitors - base)
-		defer optionalMonitors.Add(base - MaxOptionalMonitors)
+		e.cfg.Shared = NewShared(SharedOptions{Counters: e.counters, MaxOptionalMonitors: 1})
+		e.cfg.Shared.monitors.Add(1)
 	}
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
@@ -293,8 +293,8 @@ func gapsInOneProcess(t *testing.T, monitored bool) {
 	if monitored && anchored > reconnections || !monitored && anchored < 250 {
 		t.Errorf("monitor=%v: %d of %d replay requests anchored on the last applied batch", monitored, anchored, requests)
 	}
-	if (s.mon != nil) != monitored {
-		t.Errorf("monitor %v, want %v", s.mon != nil, monitored)
+	if (s.conn.mon != nil) != monitored {
+		t.Errorf("monitor %v, want %v", s.conn.mon != nil, monitored)
 	}
 	t.Logf("monitor=%v: false positives: %d restarts over %d gaps (%d reconnections), %d recovered by replay rounds of their own, %d of %d requests anchored",
 		monitored, s.Restarts(), gaps, reconnections, rounds, anchored, requests)
@@ -309,7 +309,7 @@ func TestMooncakeMasterRestart(t *testing.T) {
 	second := eventtest.Payload(t, m.Fixture(t, "mooncake_stored_vllm_block2_cpu"))
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := newEnv(t, m, "pool-a-sub", []string{"vllm-a"}, pub.endpoint, "")
-	e.cfg.WatchConnection = true
+	e.cfg.Session.WatchConnection = true
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
@@ -361,7 +361,7 @@ func TestStaleRecovery(t *testing.T) {
 					p := eventtest.Payload(t, m.Fixture(t, "mooncake_stored_vllm_cpu_disk"))
 					batch = func(uint64) []byte { return p }
 				}
-				e.cfg.StaleRecovery = mode
+				e.cfg.Session.StaleRecovery = mode
 				e.cfg.Tuning.StaleHoldOff = 20 * time.Millisecond
 				s := mustStart(t, e.cfg)
 				defer func() { s.Stop() }() // s is replaced by a re-registration
@@ -442,14 +442,14 @@ func TestRestartWhileConductorDown(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p1 := startProcess(t, "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 0)
 			e1 := vllmEnv(t, p1.pub.endpoint, p1.replayEndpoint())
-			e1.cfg.Gate = &sync.RWMutex{}
+			e1.cfg.Durable.Gate = &sync.RWMutex{}
 			s1 := mustStart(t, e1.cfg)
 			p1.pub.waitSubscribed()
 			for i := range uint64(10) {
 				p1.publish(100 + i)
 			}
 			waitSeq(t, s1, 9)
-			pos := position(s1, e1.cfg.Gate)
+			pos := position(s1, e1.cfg.Durable.Gate)
 			s1.Stop() // the conductor goes down
 			waitUnsubscription(t, p1.pub)
 			if !pos.HasDigest || pos.Seq != 9 {
@@ -466,7 +466,7 @@ func TestRestartWhileConductorDown(t *testing.T) {
 			for i := range tc.missed {
 				p.miss(firstKey + i)
 			}
-			re := newResumeEnv(t, p.pub.endpoint, p.replayEndpoint(), &Resume{Seq: pos.Seq, Digest: pos.Digest, HasDigest: pos.HasDigest})
+			re := newResumeEnv(t, p.pub.endpoint, p.replayEndpoint(), &streampos.Resume{Seq: pos.Seq, Digest: pos.Digest, HasDigest: pos.HasDigest})
 			s := mustStart(t, re.cfg)
 			defer s.Stop()
 			p.pub.waitSubscribed()
@@ -478,11 +478,11 @@ func TestRestartWhileConductorDown(t *testing.T) {
 			eventtest.WaitFor(t, "resumed", 5*time.Second, s.Resumed)
 			ops := re.engine.Snapshot()
 			if !tc.restarted {
-				want := ResumedReplay
+				want := streampos.Replay
 				if tc.missed == 0 {
-					want = ResumedInOrder
+					want = streampos.InOrder
 				}
-				if diff := cmp.Diff([]string{want}, re.outcome()); diff != "" {
+				if diff := cmp.Diff([]streampos.Outcome{want}, re.outcome()); diff != "" {
 					t.Errorf("outcome (-want +got):\n%s", diff)
 				}
 				if s.Restarts() != 0 || slices.ContainsFunc(ops, func(o eventtest.Op) bool { return o.Kind == "clear" }) {
@@ -493,7 +493,7 @@ func TestRestartWhileConductorDown(t *testing.T) {
 				}
 				return
 			}
-			if diff := cmp.Diff([]string{ResumedRestarted}, re.outcome()); diff != "" {
+			if diff := cmp.Diff([]streampos.Outcome{streampos.Restarted}, re.outcome()); diff != "" {
 				t.Errorf("outcome (-want +got):\n%s", diff)
 			}
 			if len(ops) == 0 || ops[0].Kind != "clear" {

@@ -1,78 +1,36 @@
 package subscriber
 
 import (
-	"slices"
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 )
 
-// Resume is where a source restored from a snapshot picks its stream up.
-type Resume struct {
-	// Seq is the last sequence the restored entries reflect.
-	Seq uint64
-	// Stale restores a source that was stale: it stays stale.
-	Stale bool
-	// Bindings are a Mooncake source's restored object bindings; each
-	// takes its shared reference again at Start.
-	Bindings []events.Binding
-	// Digest, when HasDigest, fingerprints the batch applied at Seq: with
-	// replay, the first message after the restart is checked against the
-	// publisher's record there, so a publisher that restarted meanwhile
-	// is a new epoch rather than a continuation (docs/events.md#restarts).
-	Digest    uint64
-	HasDigest bool
-}
-
-// Resume outcomes, reported once per restored source through
-// Config.OnResume.
-const (
-	// ResumedInOrder: the first live message followed the recorded
-	// sequence; nothing was missed.
-	ResumedInOrder = "in_order"
-	// ResumedReplay: the downtime's gap was recovered through replay.
-	ResumedReplay = "replay"
-	// ResumedCold: the gap could not be recovered; the restored entries
-	// were dropped and the stream applies from the first message received.
-	ResumedCold = "cold"
-	// ResumedRestarted: the publisher restarted while the conductor was
-	// down; the restored entries were dropped and its new stream indexed.
-	ResumedRestarted = "restarted"
-	// ResumedLagging: nothing confirmed the restored entries by the
-	// catch-up deadline (ExpireResume): they were dropped, and the stream
-	// applies from the next message received, as for a new registration
-	// (docs/state.md#what-survives-a-restart).
-	ResumedLagging = "lagging"
-)
-
-// Position is a source's place in its stream for a snapshot.
-type Position struct {
-	Seq      uint64
-	HasSeq   bool
-	Stale    bool
-	Bindings []events.Binding
-	// Digest fingerprints the batch applied at Seq (sources with replay).
-	Digest    uint64
-	HasDigest bool
+// resumption owns a restore from a snapshot: the durable state's handle
+// (DurableConfig.Restore) and whether the catch-up is under way.
+type resumption struct {
+	restore    *streampos.Restore
+	catchingUp bool // restored, catch-up not settled yet
 }
 
 // Position reports the last applied sequence, the state and (Mooncake) the
-// object bindings. The caller must hold Config.Gate for writing, which is
-// what makes the answer match the index: no batch is half-applied.
-func (s *Subscriber) Position() Position {
-	p := Position{Stale: s.State() == Stale}
+// object bindings. The caller must hold DurableConfig.Gate for writing,
+// which is what makes the answer match the index: no batch is half-applied.
+func (s *Subscriber) Position() streampos.Position {
+	p := streampos.Position{Stale: s.State() == Stale}
 	if p.Stale {
 		return p // nothing of it is in the index
 	}
 	p.Seq, p.HasSeq = s.LastSeq()
 	if p.HasSeq {
-		p.Digest, p.HasDigest = s.digest, s.hasDigest
+		p.Digest, p.HasDigest = s.seq.digest, s.seq.hasDigest
 	}
-	if !p.HasSeq && s.resumePending.Load() {
-		p.Seq, p.HasSeq = s.cfg.Resume.Seq, true
-		p.Digest, p.HasDigest = s.cfg.Resume.Digest, s.cfg.Resume.HasDigest
+	if r := s.resume.restore; !p.HasSeq && r != nil && r.CatchingUp() {
+		p.Seq, p.HasSeq = r.Seq, true
+		p.Digest, p.HasDigest = r.Digest, r.HasDigest
 	}
-	if b, ok := s.dec.(events.Bindings); ok && p.HasSeq {
+	if b, ok := s.apply.dec.(events.Bindings); ok && p.HasSeq {
 		p.Bindings = b.ExportBindings()
 	}
 	return p
@@ -81,75 +39,54 @@ func (s *Subscriber) Position() Position {
 // Resumed reports whether a restored source has settled: caught up in
 // order, through replay, cold, restarted or lagging (or it was never
 // restored).
-func (s *Subscriber) Resumed() bool { return !s.resumePending.Load() }
-
-// ExpireResume tells a restored source that the catch-up deadline has
-// passed. If nothing has confirmed its restored entries yet (a publisher
-// that is gone, or silent), they are dropped within pollInterval: an entry
-// nothing confirmed may be the state of an engine that no longer exists,
-// and would answer higher than the truth. The source settles as
-// ResumedLagging and goes on subscribing. Safe from any goroutine.
-func (s *Subscriber) ExpireResume() { s.resumeExpired.Store(true) }
+func (s *Subscriber) Resumed() bool {
+	r := s.resume.restore
+	return r == nil || !r.CatchingUp()
+}
 
 // expireResume, on the run goroutine, drops what the snapshot restored
-// once ExpireResume was called and the source is still catching up.
+// once the durable state said the catch-up deadline passed
+// (streampos.Restore.Expire) and the source is still catching up: an entry
+// nothing confirmed may be the state of an engine that no longer exists,
+// and would answer higher than the truth. The source settles as Lagging
+// and goes on subscribing.
 func (s *Subscriber) expireResume() {
-	if !s.resuming || !s.resumeExpired.Load() {
+	if !s.resume.catchingUp || !s.resume.restore.Expired() {
 		return
 	}
-	s.log.Warn().Uint64("restored_seq", s.applied).
+	s.log.Warn().Uint64("restored_seq", s.seq.applied).
 		Msg("restored source not confirmed by its publisher by the catch-up timeout; its restored entries are dropped and its stream starts over")
-	s.gate()
+	s.apply.enter()
 	s.resetStream()
-	s.settleResume(ResumedLagging)
-	s.ungate()
-}
-
-// gate enters the section that changes the index or the sequence state:
-// cuts (Config.Gate held for writing) never see half of one. Sections nest
-// (a stale transition inside a batch), only the outermost takes the lock.
-func (s *Subscriber) gate() {
-	if s.cfg.Gate == nil {
-		return
-	}
-	if s.gateDepth == 0 {
-		s.cfg.Gate.RLock()
-	}
-	s.gateDepth++
-}
-
-func (s *Subscriber) ungate() {
-	if s.cfg.Gate == nil {
-		return
-	}
-	if s.gateDepth--; s.gateDepth == 0 {
-		s.cfg.Gate.RUnlock()
-	}
+	s.settleResume(streampos.Lagging)
+	s.apply.leave()
 }
 
 // startResume sets up a restored source before its goroutine starts: the
-// stream continues after Resume.Seq, and a Mooncake source holds its
+// stream continues after Restore.Seq, and a Mooncake source holds its
 // bindings again.
 func (s *Subscriber) startResume() {
-	r := s.cfg.Resume
+	r := s.cfg.Durable.Restore
 	if r == nil {
 		return
 	}
+	s.resume.restore = r
 	if r.Stale {
 		// Why it went stale is not kept; it recovers like one that
 		// lost messages.
-		s.retracted = true
-		s.staleAt, s.staleWhy = time.Now(), events.ReasonNone
+		s.apply.retracted = true
+		s.seq.staleAt, s.seq.staleWhy = time.Now(), events.ReasonNone
 		s.setState(Stale)
 		return
 	}
-	s.started, s.applied, s.high = true, r.Seq, r.Seq
-	if s.replay != nil && r.HasDigest {
-		s.digest, s.hasDigest = r.Digest, true
+	q := &s.seq
+	q.started, q.applied, q.high = true, r.Seq, r.Seq
+	if s.rec.replay != nil && r.HasDigest {
+		q.digest, q.hasDigest = r.Digest, true
 	}
-	s.resuming = true
-	s.resumePending.Store(true)
-	if b, ok := s.dec.(events.Bindings); ok {
+	s.resume.catchingUp = true
+	r.Begin()
+	if b, ok := s.apply.dec.(events.Bindings); ok {
 		b.ImportBindings(r.Bindings)
 	}
 }
@@ -167,17 +104,13 @@ func resumable(why events.Reason) bool {
 }
 
 // settleResume ends the catch-up with an outcome.
-func (s *Subscriber) settleResume(outcome string) {
-	if !s.resuming {
+func (s *Subscriber) settleResume(outcome streampos.Outcome) {
+	if !s.resume.catchingUp {
 		return
 	}
-	s.resuming = false
-	s.log.Info().Str("outcome", outcome).Uint64("last_applied", s.applied).Msg("restored source resumed")
-	if s.cfg.OnResume != nil {
-		s.cfg.OnResume(outcome)
-	}
-	// Last: whoever sees Resumed also sees the outcome counted.
-	s.resumePending.Store(false)
+	s.resume.catchingUp = false
+	s.log.Info().Str("outcome", string(outcome)).Uint64("last_applied", s.seq.applied).Msg("restored source resumed")
+	s.resume.restore.Settle(outcome)
 }
 
 // resumeCold drops what the snapshot restored and makes the source a fresh
@@ -186,32 +119,30 @@ func (s *Subscriber) resumeCold(why events.Reason) {
 	s.log.Warn().Str("reason", why.String()).Msg("restored source cannot catch up; its restored entries are dropped and it starts over")
 	// One gate section: no cut sees the entries gone but the restored
 	// position still claimed.
-	s.gate()
+	s.apply.enter()
 	s.resetStream()
-	s.settleResume(ResumedCold)
-	s.ungate()
+	s.settleResume(streampos.Cold)
+	s.apply.leave()
 }
 
 // coldFromBuffered resumes cold in the middle of a recovery: the messages
 // buffered meanwhile apply from the first as a fresh stream would.
 func (s *Subscriber) coldFromBuffered(why events.Reason) {
-	msgs := slices.Clone(s.buffered)
-	clear(s.buffered)
-	s.buffered = s.buffered[:0]
-	s.budget.Reset()
+	msgs := s.rec.take()
 	s.resumeCold(why)
 	s.setState(Live)
+	q := &s.seq
 	for _, m := range msgs {
 		switch {
-		case !s.started:
+		case !q.started:
 			s.baseline(m.seq, m.payload)
-		case m.seq == s.applied+1:
-			s.high = m.seq
+		case m.seq == q.applied+1:
+			q.high = m.seq
 			s.applyBatch(m.seq, m.payload)
 		default:
 			// A hole among messages received live: the live stream
 			// itself lost them, which is the publisher's side.
-			s.cfg.Counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
+			s.counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
 			s.markStale(events.StaleGap, m.seq)
 			return
 		}

@@ -12,28 +12,28 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 )
 
 // resumeEnv is a vLLM source restored at seq 10, with its outcome recorded.
 type resumeEnv struct {
 	*env
 	mu       sync.Mutex
-	outcomes []string
+	outcomes []streampos.Outcome
 }
 
-func newResumeEnv(t *testing.T, endpoint, replayEP string, r *Resume) *resumeEnv {
+func newResumeEnv(t *testing.T, endpoint, replayEP string, r *streampos.Resume) *resumeEnv {
 	re := &resumeEnv{env: vllmEnv(t, endpoint, replayEP)}
-	re.cfg.Resume = r
-	re.cfg.Gate = &sync.RWMutex{}
-	re.cfg.OnResume = func(o string) {
+	re.cfg.Durable.Gate = &sync.RWMutex{}
+	re.cfg.Durable.Restore = streampos.NewRestore(*r, func(o streampos.Outcome) {
 		re.mu.Lock()
 		re.outcomes = append(re.outcomes, o)
 		re.mu.Unlock()
-	}
+	})
 	return re
 }
 
-func (re *resumeEnv) outcome() []string {
+func (re *resumeEnv) outcome() []streampos.Outcome {
 	re.mu.Lock()
 	defer re.mu.Unlock()
 	return slices.Clone(re.outcomes)
@@ -52,7 +52,7 @@ func kinds(ops []eventtest.Op) []string {
 	return out
 }
 
-func position(s *Subscriber, gate *sync.RWMutex) Position {
+func position(s *Subscriber, gate *sync.RWMutex) streampos.Position {
 	gate.Lock()
 	defer gate.Unlock()
 	return s.Position()
@@ -62,19 +62,19 @@ func position(s *Subscriber, gate *sync.RWMutex) Position {
 // entries stay, nothing is cleared, the source is caught up.
 func TestResumeInOrder(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
-	re := newResumeEnv(t, pub.endpoint, "", &Resume{Seq: 10})
+	re := newResumeEnv(t, pub.endpoint, "", &streampos.Resume{Seq: 10})
 	s := mustStart(t, re.cfg)
 	defer s.Stop()
 	if s.Resumed() {
 		t.Error("resumed before any message")
 	}
-	if got := position(s, re.cfg.Gate); !cmp.Equal(got, Position{Seq: 10, HasSeq: true}) {
+	if got := position(s, re.cfg.Durable.Gate); !cmp.Equal(got, streampos.Position{Seq: 10, HasSeq: true}) {
 		t.Errorf("position before any message %+v", got)
 	}
 	pub.waitSubscribed()
 	pub.send(11, storedBatch([]uint64{1}, 4, 0))
 	waitSeq(t, s, 11)
-	if diff := cmp.Diff([]string{ResumedInOrder}, re.outcome()); diff != "" {
+	if diff := cmp.Diff([]streampos.Outcome{streampos.InOrder}, re.outcome()); diff != "" {
 		t.Errorf("outcome (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]string{"store 1"}, kinds(re.engine.Snapshot())); diff != "" {
@@ -92,7 +92,7 @@ func TestResumeThroughReplay(t *testing.T) {
 		rs.put(seq, storedBatch([]uint64{seq}, 4, 0))
 	}
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
-	re := newResumeEnv(t, pub.endpoint, rs.endpoint, &Resume{Seq: 10})
+	re := newResumeEnv(t, pub.endpoint, rs.endpoint, &streampos.Resume{Seq: 10})
 	s := mustStart(t, re.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
@@ -102,7 +102,7 @@ func TestResumeThroughReplay(t *testing.T) {
 	if diff := cmp.Diff([]uint64{11, 12, 13, 14, 15}, re.appliedOrder()); diff != "" {
 		t.Errorf("applied (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{ResumedReplay}, re.outcome()); diff != "" {
+	if diff := cmp.Diff([]streampos.Outcome{streampos.Replay}, re.outcome()); diff != "" {
 		t.Errorf("outcome (-want +got):\n%s", diff)
 	}
 	for _, o := range re.engine.Snapshot() {
@@ -119,12 +119,12 @@ func TestResumeCold(t *testing.T) {
 	for name, tc := range map[string]struct {
 		replay  bool
 		first   uint64
-		outcome string
+		outcome streampos.Outcome
 	}{
-		"no replay endpoint":             {false, 15, ResumedCold},
-		"replay no longer holds the gap": {true, 15, ResumedCold},
-		"publisher restarted":            {false, 1, ResumedRestarted},
-		"publisher restarted, replay":    {true, 3, ResumedRestarted},
+		"no replay endpoint":             {false, 15, streampos.Cold},
+		"replay no longer holds the gap": {true, 15, streampos.Cold},
+		"publisher restarted":            {false, 1, streampos.Restarted},
+		"publisher restarted, replay":    {true, 3, streampos.Restarted},
 	} {
 		t.Run(name, func(t *testing.T) {
 			replayEP := ""
@@ -132,7 +132,7 @@ func TestResumeCold(t *testing.T) {
 				replayEP = startReplayService(t).endpoint // holds nothing
 			}
 			pub := newPublisher(t, "tcp://127.0.0.1:*")
-			re := newResumeEnv(t, pub.endpoint, replayEP, &Resume{Seq: 10})
+			re := newResumeEnv(t, pub.endpoint, replayEP, &streampos.Resume{Seq: 10})
 			s := mustStart(t, re.cfg)
 			defer s.Stop()
 			pub.waitSubscribed()
@@ -140,7 +140,7 @@ func TestResumeCold(t *testing.T) {
 			waitSeq(t, s, tc.first)
 			pub.send(tc.first+1, storedBatch([]uint64{tc.first + 1}, 4, 0))
 			waitSeq(t, s, tc.first+1)
-			if diff := cmp.Diff([]string{tc.outcome}, re.outcome()); diff != "" {
+			if diff := cmp.Diff([]streampos.Outcome{tc.outcome}, re.outcome()); diff != "" {
 				t.Errorf("outcome (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff([]uint64{tc.first, tc.first + 1}, re.appliedOrder()); diff != "" {
@@ -153,7 +153,7 @@ func TestResumeCold(t *testing.T) {
 			if s.State() != Live || s.Stale() {
 				t.Errorf("state %v", s.State())
 			}
-			if got := position(s, re.cfg.Gate); !cmp.Equal(got, Position{Seq: tc.first + 1, HasSeq: true}, cmpopts.IgnoreFields(Position{}, "Digest", "HasDigest")) {
+			if got := position(s, re.cfg.Durable.Gate); !cmp.Equal(got, streampos.Position{Seq: tc.first + 1, HasSeq: true}, cmpopts.IgnoreFields(streampos.Position{}, "Digest", "HasDigest")) {
 				t.Errorf("position %+v", got)
 			}
 			// Live gaps after that follow the usual rules.
@@ -168,13 +168,13 @@ func TestResumeCold(t *testing.T) {
 // A source that was stale stays stale, holding nothing.
 func TestResumeStale(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
-	re := newResumeEnv(t, pub.endpoint, "", &Resume{Seq: 10, Stale: true})
+	re := newResumeEnv(t, pub.endpoint, "", &streampos.Resume{Seq: 10, Stale: true})
 	s := mustStart(t, re.cfg)
 	defer s.Stop()
 	if !s.Stale() || !s.Resumed() {
 		t.Errorf("stale %v resumed %v", s.Stale(), s.Resumed())
 	}
-	if got := position(s, re.cfg.Gate); !cmp.Equal(got, Position{Stale: true}) {
+	if got := position(s, re.cfg.Durable.Gate); !cmp.Equal(got, streampos.Position{Stale: true}) {
 		t.Errorf("position %+v", got)
 	}
 }
@@ -193,11 +193,11 @@ func TestResumeMooncakeBindings(t *testing.T) {
 		{Backend: "be", Tenant: ctx.Tenant, Identity: "obj-3", Tier: uint8(index.Disk), Model: "gone", BlockSize: ctx.BlockSize, Prefix: 7, FullHash: "00cc"},
 	}
 	gate := &sync.RWMutex{}
-	e.cfg.Gate = gate
-	e.cfg.Resume = &Resume{Seq: 4, Bindings: bindings}
-	var outcome []string
+	e.cfg.Durable.Gate = gate
+	var outcome []streampos.Outcome
 	var mu sync.Mutex
-	e.cfg.OnResume = func(o string) { mu.Lock(); outcome = append(outcome, o); mu.Unlock() }
+	e.cfg.Durable.Restore = streampos.NewRestore(streampos.Resume{Seq: 4, Bindings: bindings},
+		func(o streampos.Outcome) { mu.Lock(); outcome = append(outcome, o); mu.Unlock() })
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	want := []eventtest.Op{{Kind: "acquire", Tier: index.CPUShare, Key: 5}, {Kind: "acquire", Tier: index.Disk, Key: 6}}
@@ -206,14 +206,14 @@ func TestResumeMooncakeBindings(t *testing.T) {
 	}
 	pos := position(s, gate)
 	slices.SortFunc(pos.Bindings, func(a, b events.Binding) int { return int(a.Prefix) - int(b.Prefix) })
-	if diff := cmp.Diff(Position{Seq: 4, HasSeq: true, Bindings: bindings[:2]}, pos); diff != "" {
+	if diff := cmp.Diff(streampos.Position{Seq: 4, HasSeq: true, Bindings: bindings[:2]}, pos); diff != "" {
 		t.Errorf("position (-want +got):\n%s", diff)
 	}
 	pub.waitSubscribed()
 	pub.send(9, emptyBatch("Mooncake"))
 	waitSeq(t, s, 9)
 	mu.Lock()
-	if diff := cmp.Diff([]string{ResumedCold}, outcome); diff != "" {
+	if diff := cmp.Diff([]streampos.Outcome{streampos.Cold}, outcome); diff != "" {
 		t.Errorf("outcome (-want +got):\n%s", diff)
 	}
 	mu.Unlock()

@@ -240,7 +240,7 @@ func assertDroppedThenIndexed(t *testing.T, e *env) {
 // of every tier, Mooncake references balance out.
 func assertRetracted(t *testing.T, e *env) {
 	t.Helper()
-	if e.cfg.Engine != nil {
+	if e.cfg.Index.Engine != nil {
 		ops := e.engine.Snapshot()
 		if len(ops) == 0 {
 			return
@@ -284,18 +284,19 @@ func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 		pub := newPublisher(t, ipcEndpoint(t, name))
 		typ, _ := source.Parse(reg.Type)
 		cfg := Config{
-			Key: name, Type: typ, Endpoint: pub.endpoint, DPRank: reg.DPRank,
-			Context: eventtest.ContextOf(reg), Profile: prof, Logger: eventtest.Logger(t),
+			Source: SourceConfig{Key: name, Type: typ, Endpoint: pub.endpoint, DPRank: reg.DPRank},
+			Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof},
+			Report: ReportConfig{Logger: eventtest.Logger(t)},
 		}
 		if reg.Type == "Mooncake" {
-			cfg.Lookup = TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
+			cfg.Index.Lookup = TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
 				tb := ix.Table(ctx)
 				return tb, tb != nil
 			})
 		} else {
-			tb := ix.EnsureTable(cfg.Context, prof)
-			cfg.Engine = tb
-			cfg.Owner = tb.AddEngineOwner(reg.InstanceID, reg.DPRank)
+			tb := ix.EnsureTable(cfg.Index.Context, prof)
+			cfg.Index.Engine = tb
+			cfg.Index.Owner = tb.AddEngineOwner(reg.InstanceID, reg.DPRank)
 		}
 		s, err := Start(cfg)
 		if err != nil {

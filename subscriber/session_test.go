@@ -29,12 +29,12 @@ func TestSessionDeadline(t *testing.T) {
 		{"capped", lost, 20, false, t0.Add(maxSessionBackoff)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Subscriber{sub: &zmq.Socket{}}
+			s := &Subscriber{conn: session{sub: &zmq.Socket{}}}
 			if tc.noSub {
-				s.sub = nil
+				s.conn.sub = nil
 			}
-			s.session = sessionWatch{lostAt: tc.lostAt, inARow: tc.inARow, lastReset: t0}
-			if got := s.sessionDeadline(); !got.Equal(tc.want) {
+			s.conn.watch = sessionWatch{lostAt: tc.lostAt, inARow: tc.inARow, lastReset: t0}
+			if got := s.conn.sessionDeadline(); !got.Equal(tc.want) {
 				t.Errorf("deadline %v, want %v", got, tc.want)
 			}
 		})

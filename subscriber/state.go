@@ -36,6 +36,11 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", int32(s))
 }
 
-// States is every state in order, for listings and for metrics that export
-// each state from start-up.
-var States = [...]State{Connecting, Connected, Live, Recovering, Stale, Stopped}
+// numStates is how many States there are.
+const numStates = int(Stopped) + 1
+
+// States returns every state in order, for listings and for metrics that
+// export each state from start-up.
+func States() [numStates]State {
+	return [...]State{Connecting, Connected, Live, Recovering, Stale, Stopped}
+}

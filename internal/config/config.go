@@ -270,6 +270,12 @@ func Defaults() *Config {
 // flag.ErrHelp; --version returns a Config with only ShowVersion set,
 // reading no file.
 func Load(args []string, getenv func(string) string) (*Config, error) {
+	return load(args, getenv, processMemoryLimit)
+}
+
+// load is Load with the process's memory limit read through limit (tests
+// pass their own).
+func load(args []string, getenv func(string) string, limit func() MemoryLimit) (*Config, error) {
 	f := newFlags()
 	if err := f.fs.Parse(args); err != nil {
 		return nil, err
@@ -333,7 +339,7 @@ func Load(args []string, getenv func(string) string) (*Config, error) {
 		}
 		c.LogFormat = v
 	}
-	if err := c.memoryParts(f, getenv); err != nil {
+	if err := c.memoryParts(f, getenv, limit); err != nil {
 		return nil, err
 	}
 	if tf := f.pick("auth-token-file", *f.tokenFile, getenv("CONDUCTOR_AUTH_TOKEN_FILE")); tf != "" {
@@ -551,8 +557,8 @@ func decodeStatic(raw json.RawMessage) (registry.Service, error) {
 
 // memoryParts resolves --memory-mib and splits it; a part's own flag or
 // environment variable, when given, overrides its share.
-func (c *Config) memoryParts(f *flags, getenv func(string) string) error {
-	total, limit, err := memoryBudget(f.pick("memory-mib", *f.memory, getenv("CONDUCTOR_MEMORY_MIB")), memoryLimit)
+func (c *Config) memoryParts(f *flags, getenv func(string) string, processLimit func() MemoryLimit) error {
+	total, limit, err := memoryBudget(f.pick("memory-mib", *f.memory, getenv("CONDUCTOR_MEMORY_MIB")), processLimit)
 	if err != nil {
 		return err
 	}

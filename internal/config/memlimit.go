@@ -100,8 +100,8 @@ func smallestOnPath(root, mount, rel, name string) (limit int64, file string, ok
 	}
 }
 
-// memoryLimit is the running process's limit; tests replace it.
-var memoryLimit = func() MemoryLimit { return ProcessMemoryLimit("/", debug.SetMemoryLimit(-1)) }
+// processMemoryLimit is the running process's limit.
+func processMemoryLimit() MemoryLimit { return ProcessMemoryLimit("/", debug.SetMemoryLimit(-1)) }
 
 // memoryBudget resolves --memory-mib: "auto" derives the budget from the
 // process's memory limit less the headroom (0, unbounded, when none is

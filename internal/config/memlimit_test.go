@@ -138,8 +138,6 @@ func TestProcessMemoryLimit(t *testing.T) {
 // TestMemoryFlags: --memory-mib and the parts' overrides, by flag and by
 // environment, against the split the budget's rule gives.
 func TestMemoryFlags(t *testing.T) {
-	old := memoryLimit
-	t.Cleanup(func() { memoryLimit = old })
 	const mib = 1 << 20
 	cgroup8G := MemoryLimit{Bytes: 8 << 30, Source: "cgroup /sys/fs/cgroup/memory.max"}
 	for _, tc := range []struct {
@@ -174,8 +172,7 @@ func TestMemoryFlags(t *testing.T) {
 		{name: "cache override invalid", env: map[string]string{"CONDUCTOR_LINK_MEMO_MIB": "x"}, err: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			memoryLimit = func() MemoryLimit { return tc.limit }
-			c, err := Load(append(tc.args, "--config", ""), func(k string) string { return tc.env[k] })
+			c, err := load(append(tc.args, "--config", ""), func(k string) string { return tc.env[k] }, func() MemoryLimit { return tc.limit })
 			if tc.err {
 				if err == nil {
 					t.Fatalf("accepted: %+v", c.Memory)

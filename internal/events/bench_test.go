@@ -83,7 +83,7 @@ func runStoreRemove(b *testing.B, d *mooncakeDecoder, mod func(map[string]any)) 
 			if rej := d.Decode(p); rej != ReasonNone {
 				b.Fatal(rej)
 			}
-			d.Apply(rep)
+			applyTo(d, rep)
 		}
 	}
 	b.StopTimer()

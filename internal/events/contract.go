@@ -29,9 +29,13 @@ type Decoder interface {
 	Decode(payload []byte) Reason
 	// DPRank is the decoded batch's dp_rank, when it carried one.
 	DPRank() (dp uint64, ok bool)
-	// Apply applies the decoded batch's events in order, then reports
-	// every event's outcome to r in order.
-	Apply(r Reporter)
+	// Apply applies the decoded batch's events in order and returns how
+	// many the batch had. The decoder keeps each one's outcome: the caller
+	// reads them with Outcome, so nothing of the decoder calls back up.
+	Apply() int
+	// Outcome is the outcome of the applied batch's event i, valid until
+	// the next Decode.
+	Outcome(i int) (Result, Reason)
 	// Retract removes everything the source contributed to the index.
 	Retract()
 	// Forget drops every view into the last payload, which the caller is
@@ -42,14 +46,10 @@ type Decoder interface {
 // RejectDetailer is a Decoder that can name, for a rejected event of the
 // batch it is applying, the values the rule judged and what the
 // registration or layout expected (e.g. block_size 32 against 16
-// registered), for the rejection's log line. Call it from Reporter.Report.
+// registered), for the rejection's log line. Call it between Apply and
+// Forget.
 type RejectDetailer interface {
 	RejectDetail(i int, e *zerolog.Event)
-}
-
-// Reporter is told the outcome of every event a Decoder applies.
-type Reporter interface {
-	Report(i int, res Result, why Reason)
 }
 
 // Config is what a decoder needs of one registration.
@@ -77,6 +77,9 @@ type Config struct {
 	// one that does not fit is left unverified and counted
 	// (hashing.Links.Shed). 0 verifies each event as it is applied.
 	LinkDefer int
+	// Stats receives the figures every decoder of the process adds to;
+	// nil counts nothing.
+	Stats *Stats
 }
 
 // Verifier is implemented by the decoders whose link verification can wait

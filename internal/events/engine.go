@@ -185,7 +185,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		blockSize: int64(cfg.Context.BlockSize),
 		lora:      []byte(cfg.Context.Lora),
 		check:     cfg.Check,
-		groups:    groupState{log: cfg.Logger},
+		groups:    groupState{log: cfg.Logger, stats: cfg.Stats},
 		events:    make([]engineEvent, 0, 64),
 		keys:      make([]uint64, 0, 1024),
 		profile:   cfg.Profile,
@@ -199,7 +199,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 	if cfg.Profile.IsStandard() {
 		// The engine's hashes only name blocks for removal; the keys are
 		// recomputed, which the hash check would only repeat.
-		d.std = stdState{on: true, seed: cfg.Profile.StdSeed(), max: DefaultStdMapEntries}
+		d.std = stdState{on: true, seed: cfg.Profile.StdSeed(), max: DefaultStdMapEntries, stats: cfg.Stats}
 		d.proj = hashing.Low64BE
 		if rules.typ == source.SGLang {
 			d.proj = hashing.First64BE
@@ -489,7 +489,7 @@ func (d *engineDecoder) validate(ev *engineEvent, f *engineFields) {
 
 // Apply implements Decoder: the decoded events go in order to the engine
 // owner.
-func (d *engineDecoder) Apply(rep Reporter) {
+func (d *engineDecoder) Apply() int {
 	sink, owner := d.sink, d.owner
 	linking := d.links.Enabled()
 	if linking {
@@ -553,9 +553,12 @@ func (d *engineDecoder) Apply(rep Reporter) {
 			sink.ClearOwner(owner, d.rules.clearTiers)
 		}
 	}
-	for i := range d.events {
-		rep.Report(i, d.events[i].result, d.events[i].reason)
-	}
+	return len(d.events)
+}
+
+// Outcome implements Decoder.
+func (d *engineDecoder) Outcome(i int) (Result, Reason) {
+	return d.events[i].result, d.events[i].reason
 }
 
 // RejectDetail implements RejectDetailer: a rejected event's values

@@ -1,8 +1,6 @@
 package events
 
 import (
-	"sync/atomic"
-
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
@@ -29,7 +27,7 @@ import (
 //     than stored unremovable.
 //
 // The map is released when the source retracts (unregister, stale) and on
-// AllBlocksCleared; its bytes are accounted (StandardMapBytes).
+// AllBlocksCleared; its bytes are accounted (Stats.StandardMapBytes).
 
 // stdEntryBytes is what one map entry accounts for: its key (group, engine
 // hash) and value (H, reachability) and the Go map's per-entry overhead.
@@ -37,20 +35,6 @@ const stdEntryBytes = 64
 
 // DefaultStdMapEntries bounds one source's engine-hash map.
 const DefaultStdMapEntries = 1 << 21
-
-// stdMapBytes is the process's accounted bytes of every standard map.
-var stdMapBytes atomic.Int64
-
-// stdUnreachable counts blocks kept unreachable (see above).
-var stdUnreachable atomic.Uint64
-
-// StandardMapBytes is the accounted size of every source's engine-hash →
-// standard-hash map, for the memory metrics.
-func StandardMapBytes() int64 { return stdMapBytes.Load() }
-
-// StandardUnreachableBlocks counts the blocks engines stored that the
-// standard hash cannot key for a plain query.
-func StandardUnreachableBlocks() uint64 { return stdUnreachable.Load() }
 
 type stdKey struct {
 	group int32
@@ -71,6 +55,8 @@ type stdState struct {
 	m    map[stdKey]stdVal
 	toks []int32
 	buf  []byte
+	// stats receives the map's accounted bytes and unreachable blocks.
+	stats *Stats
 }
 
 func (s *stdState) put(k stdKey, v stdVal) bool {
@@ -81,7 +67,7 @@ func (s *stdState) put(k stdKey, v stdVal) bool {
 		if len(s.m) >= s.max {
 			return false
 		}
-		stdMapBytes.Add(stdEntryBytes)
+		s.stats.addStdMapBytes(stdEntryBytes)
 	}
 	s.m[k] = v
 	return true
@@ -91,14 +77,14 @@ func (s *stdState) del(k stdKey) (stdVal, bool) {
 	v, ok := s.m[k]
 	if ok {
 		delete(s.m, k)
-		stdMapBytes.Add(-stdEntryBytes)
+		s.stats.addStdMapBytes(-stdEntryBytes)
 	}
 	return v, ok
 }
 
 // release forgets the whole map.
 func (s *stdState) release() {
-	stdMapBytes.Add(-int64(len(s.m)) * stdEntryBytes)
+	s.stats.addStdMapBytes(-int64(len(s.m)) * stdEntryBytes)
 	s.m = nil
 }
 
@@ -213,7 +199,7 @@ func (d *engineDecoder) stdStored(ev *engineEvent) {
 			}
 			parent = h
 		} else {
-			stdUnreachable.Add(1)
+			s.stats.addStdUnreachable()
 		}
 		s.put(stdKey{group, ev.tier, keys[i]}, stdVal{h: h, reachable: reach})
 		if reach {

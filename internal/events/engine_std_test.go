@@ -30,7 +30,7 @@ func stdDecoder(t *testing.T, typ source.Type) (*engineDecoder, *eventtest.Recor
 		t.Fatal(err)
 	}
 	rec := &eventtest.Recorder{}
-	d, err := New(Config{Type: typ, Profile: p, Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: rec, Owner: 1})
+	d, err := New(Config{Type: typ, Profile: p, Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: rec, Owner: 1, Stats: &Stats{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func stdBatch(t *testing.T, d Decoder, evs ...map[string]any) []stdOutcome {
 		t.Fatalf("envelope rejected: %v", r)
 	}
 	var log outcomeLog
-	d.Apply(&log)
+	applyTo(d, &log)
 	d.Forget()
 	return log
 }
@@ -74,8 +74,8 @@ func remove(k uint64) eventtest.Op {
 // extras the standard cannot fold (and their children) are remembered but
 // never stored, and the map's bytes are accounted and given back.
 func TestStandardEngineKeys(t *testing.T) {
-	base := StandardMapBytes()
 	d, rec := stdDecoder(t, source.VLLM)
+	stats := d.std.stats
 	applied := stdOutcome{Applied, ReasonNone}
 	got := stdBatch(t, d,
 		vStoredEv([]uint64{11, 12}, nil, 1, 32, []any{nil, nil}),
@@ -94,11 +94,11 @@ func TestStandardEngineKeys(t *testing.T) {
 		t.Errorf("sink calls (-want +got):\n%s", diff)
 	}
 	// 11, 13, 21, 31 remain (12 and 22 removed; 14 never keyed).
-	if got := StandardMapBytes() - base; got != 4*stdEntryBytes {
+	if got := stats.StandardMapBytes(); got != 4*stdEntryBytes {
 		t.Errorf("accounted %d bytes, want %d", got, 4*stdEntryBytes)
 	}
 	stdBatch(t, d, map[string]any{"type": "AllBlocksCleared"})
-	if got := StandardMapBytes() - base; got != 0 {
+	if got := stats.StandardMapBytes(); got != 0 {
 		t.Errorf("after AllBlocksCleared: %d bytes still accounted", got)
 	}
 	got = stdBatch(t, d, vStoredEv([]uint64{15}, uint64(13), 49, 16, []any{nil}))
@@ -107,7 +107,7 @@ func TestStandardEngineKeys(t *testing.T) {
 	}
 	stdBatch(t, d, vStoredEv([]uint64{11}, nil, 1, 16, []any{nil}))
 	d.Retract()
-	if got := StandardMapBytes() - base; got != 0 {
+	if got := stats.StandardMapBytes(); got != 0 {
 		t.Errorf("after Retract: %d bytes still accounted", got)
 	}
 }

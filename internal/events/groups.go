@@ -1,8 +1,6 @@
 package events
 
 import (
-	"sync/atomic"
-
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/rs/zerolog"
 )
@@ -17,27 +15,13 @@ type GroupSink interface {
 	NoteGroup(id index.OwnerID, g int, spec index.GroupSpec) index.GroupNote
 }
 
-// groupKindEvents counts applied BlockStored events that carried a kind,
-// by the kind's rule family, for conductor_events_group_kind_total.
-// Process-wide like that counter, which carries no source label: every
-// decoder of the process adds to the same series.
-var groupKindEvents [index.NumGroupKinds]atomic.Uint64
-
-// GroupKindEvents returns the counts of applied BlockStored events by
-// KV-cache group kind (index.GroupKind), since start-up.
-func GroupKindEvents() (out [index.NumGroupKinds]uint64) {
-	for i := range out {
-		out[i] = groupKindEvents[i].Load()
-	}
-	return out
-}
-
 // groupState is the decoder's memory of the owner's layout: the last spec
 // each group was applied with, so the table's layout (under its
 // registration lock) is consulted only when a group's spec changes, and
 // whether a conflict has been logged (once per service).
 type groupState struct {
 	log    zerolog.Logger
+	stats  *Stats // counts applied events by group kind
 	known  [index.MaxGroups]index.GroupSpec
 	seen   uint32
 	logged bool
@@ -197,7 +181,7 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 		ev.result, ev.reason = Ignored, ev.ignore
 		return
 	}
-	groupKindEvents[ev.spec.Kind].Add(1)
+	st.stats.addGroupKind(ev.spec.Kind)
 	for _, k := range keys {
 		if g == 0 {
 			d.sink.Store(d.owner, ev.tier, k) // group 0 is the dense path

@@ -84,7 +84,7 @@ func (x *tester) applyBatch(seq uint64, payload []byte) {
 		return
 	}
 	x.seq = seq
-	x.dec.Apply(x)
+	applyTo(x.dec, x)
 	x.dec.Forget()
 }
 
@@ -93,3 +93,17 @@ func (x *tester) Report(i int, res Result, why Reason) {
 }
 
 func (x *tester) retract() { x.dec.Retract() }
+
+// reporter is told the outcome of every event of a batch (test helpers).
+type reporter interface {
+	Report(i int, res Result, why Reason)
+}
+
+// applyTo applies d's decoded batch and tells r every outcome, in order, as
+// the subscriber reads them.
+func applyTo(d Decoder, r reporter) {
+	for i := range d.Apply() {
+		res, why := d.Outcome(i)
+		r.Report(i, res, why)
+	}
+}

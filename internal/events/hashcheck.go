@@ -30,7 +30,8 @@ const (
 
 const noSpan = 0xff
 
-// spanOf maps a field id to its span, or noSpan.
+// spanOf maps a field id to its span, or noSpan; read-only after
+// initialisation.
 var spanOf = func() (t [numEngineFields]uint8) {
 	for i := range t {
 		t[i] = noSpan

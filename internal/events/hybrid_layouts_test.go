@@ -210,7 +210,7 @@ func (h *layoutHarness) send(evs ...map[string]any) []Outcome {
 	if rej := h.dec.Decode(payload); rej != ReasonNone {
 		h.t.Fatalf("batch rejected: %v", rej)
 	}
-	h.dec.Apply(h)
+	applyTo(h.dec, h)
 	h.dec.Forget()
 	return append([]Outcome(nil), h.out...)
 }

@@ -62,7 +62,7 @@ func TestPendingLinksChunks(t *testing.T) {
 		if why := d.Decode(p); why != ReasonNone {
 			t.Fatalf("envelope rejected: %v", why)
 		}
-		d.Apply(rep)
+		applyTo(d, rep)
 		d.Forget()
 	}
 	if rep.applied != events || d.PendingLinks() != len(keys) || links.Len() != 0 || len(d.pend.chunks) != 2 {
@@ -116,7 +116,7 @@ func TestPendingLinksShareOneBound(t *testing.T) {
 		if why := d.Decode(p); why != ReasonNone {
 			t.Fatalf("envelope rejected: %v", why)
 		}
-		d.Apply(&countReporter{})
+		applyTo(d, &countReporter{})
 		d.Forget()
 		return len(keys)
 	}

@@ -82,7 +82,7 @@ const (
 )
 
 // mooncakeFields is the master's key table (docs/events.md#mooncake-fields,
-// docs/events.md#mooncake-hash-fields).
+// docs/events.md#mooncake-hash-fields); read-only after initialisation.
 var mooncakeFields = newFieldTable(func() []fieldSpec {
 	f := make([]fieldSpec, mLayerID+1)
 	f[mEventID] = fieldSpec{"event_id", shapeUint, noSlot}
@@ -547,7 +547,7 @@ func mooncakeTier(m []byte) (index.Tier, bool) {
 
 // Apply implements Decoder: the batch's events go in order against the
 // binding table.
-func (d *mooncakeDecoder) Apply(rep Reporter) {
+func (d *mooncakeDecoder) Apply() int {
 	d.dropOrphans()
 	for i := range d.events {
 		e := &d.events[i]
@@ -563,9 +563,12 @@ func (d *mooncakeDecoder) Apply(rep Reporter) {
 			d.applyCleared(e)
 		}
 	}
-	for i := range d.events {
-		rep.Report(i, d.events[i].result, d.events[i].reason)
-	}
+	return len(d.events)
+}
+
+// Outcome implements Decoder.
+func (d *mooncakeDecoder) Outcome(i int) (Result, Reason) {
+	return d.events[i].result, d.events[i].reason
 }
 
 // objectIdentity resolves the key's identity, component and block hash under

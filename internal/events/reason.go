@@ -97,6 +97,8 @@ const (
 	NumReasons // the number of reasons, for arrays indexed by Reason
 )
 
+// reasonNames are the reasons' metric labels; read-only, a table fixed at
+// compile time.
 var reasonNames = [NumReasons]string{
 	ReasonNone:          "none",
 	DropFrameCount:      "frame_count",

@@ -9,7 +9,7 @@ import (
 
 // sglangRules is SGLang's KV event family (docs/events.md#sglang-events):
 // signed int64 hashes, EAGLE bigram token pairs, no LoRA, device and host
-// tiers by medium.
+// tiers by medium. Read-only: every SGLang decoder points at it.
 var sglangRules = engineRules{
 	typ: source.SGLang,
 	fields: newFieldTable(func() []fieldSpec {

@@ -10,7 +10,7 @@ import (
 
 // vllmRules is vLLM's KV event family (docs/events.md#vllm-events): unsigned
 // or byte-string hashes, LoRA by name, attention kinds and cache groups, GPU
-// medium only.
+// medium only. Read-only: every vLLM decoder points at it.
 var vllmRules = engineRules{
 	typ: source.VLLM,
 	fields: newFieldTable(func() []fieldSpec {

@@ -29,7 +29,10 @@ type Options struct {
 	Index    *index.Index
 	Registry *registry.Registry
 	Counters *subscriber.Counters
-	Memo     *hashing.Memo
+	// Events, when set, is exported as the decoders' figures
+	// (conductor_events_group_kind_total, conductor_standard_hash_*).
+	Events *events.Stats
+	Memo   *hashing.Memo
 	// Links, when set, is reported as conductor_link_memo_*.
 	Links *hashing.Links
 	// TokenMemo, when set, is reported as conductor_token_memo_*.
@@ -251,7 +254,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			// Every state, 1 for the current one, so that a transition
 			// shows as a change of value rather than a series appearing.
 			known := false
-			for _, st := range subscriber.States {
+			for _, st := range subscriber.States() {
 				v := 0.0
 				if st.String() == s.State {
 					v, known = 1, true
@@ -273,8 +276,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		collectMemo(ch, descMemo, descMemoBytes, c.opts.Memo)
 	}
 	collectLinks(ch, c.opts.Links)
-	ch <- prometheus.MustNewConstMetric(descStdMapBytes, prometheus.GaugeValue, float64(events.StandardMapBytes()))
-	ch <- prometheus.MustNewConstMetric(descStdUnreachable, prometheus.CounterValue, float64(events.StandardUnreachableBlocks()))
+	ch <- prometheus.MustNewConstMetric(descStdMapBytes, prometheus.GaugeValue, float64(c.opts.Events.StandardMapBytes()))
+	ch <- prometheus.MustNewConstMetric(descStdUnreachable, prometheus.CounterValue, float64(c.opts.Events.StandardUnreachableBlocks()))
 	if c.opts.TokenMemo != nil {
 		collectMemo(ch, descTokenMemo, descTokenMemoBytes, c.opts.TokenMemo)
 	}
@@ -287,7 +290,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descHashSkipped, prometheus.CounterValue, float64(hc.Skipped[r]), svc, r.String())
 		}
 	}
-	for k, n := range events.GroupKindEvents() {
+	for k, n := range c.opts.Events.GroupKindEvents() {
 		if kind := index.GroupKind(k); kind != index.KindUnreported {
 			ch <- prometheus.MustNewConstMetric(descGroupKinds, prometheus.CounterValue, float64(n), kind.String())
 		}

@@ -111,7 +111,10 @@ func (r *linkRig) applyPayload(owner int, payload []byte) {
 	if why := dec.Decode(payload); why != events.ReasonNone {
 		r.t.Fatalf("envelope rejected: %v", why)
 	}
-	dec.Apply(&r.rep)
+	for i := range dec.Apply() {
+		res, why := dec.Outcome(i)
+		r.rep.Report(i, res, why)
+	}
 	dec.Forget()
 }
 

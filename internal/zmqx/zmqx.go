@@ -15,10 +15,10 @@ import (
 // the connection of a peer that sends a larger message (it never buffers
 // it) and, that being a protocol error, does not reconnect; the subscriber
 // sees that through its connection monitor and reconnects the endpoint
-// itself, the messages lost meanwhile a sequence gap (subscriber/session.go). The largest real batch, a vLLM step that
-// stores a 1 M-token prompt's blocks with their token ids, is about 6 MiB;
-// the limit bounds what one message may cost before it is decoded
-// (docs/index-memory.md#other-limits).
+// itself, the messages lost meanwhile a sequence gap (subscriber/session.go).
+// The largest real batch, a vLLM step that stores a very long prompt's
+// blocks with their token ids, fits well within it; the limit bounds what
+// one message may cost before it is decoded (docs/index-memory.md#other-limits).
 const MaxMessageBytes = 16 << 20
 
 // NewSocket creates a socket with the options every event socket gets:

@@ -26,8 +26,8 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 	"github.com/mooncake-conductor-go/conductor/registry"
-	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 // DefaultCatchUpTimeout is Options.CatchUpTimeout when it is not set (the
@@ -97,21 +97,13 @@ type State struct {
 	done chan struct{}
 
 	readyMu  sync.Mutex
-	lagTimer *time.Timer // Start's deadline check; Close stops it
-	tracked  []resumer
-	deadline time.Time // zero until Start
+	lagTimer *time.Timer          // Start's deadline check; Close stops it
+	restores []*streampos.Restore // handed to restored sources; readiness waits on them
+	deadline time.Time            // zero until Start
 	started  bool
 	timedOut bool
 
 	stats stats
-}
-
-// resumer is a restored source readiness waits for.
-type resumer interface {
-	Resumed() bool
-	// ExpireResume says the catch-up deadline passed: a source not settled
-	// by then drops its restored entries and settles as lagging.
-	ExpireResume()
 }
 
 // Open opens (or, with an empty path, skips) the state directory, reads the
@@ -229,9 +221,11 @@ func (s *State) Gate() *sync.RWMutex { return &s.gate }
 
 // Resume restores what the snapshot holds for svc before its source
 // starts: its engine entries into its table under its new owner id, and
-// where its stream resumes. It returns nil for a source the snapshot does
-// not know, which then starts fresh. Each source is restored once.
-func (s *State) Resume(svc registry.Service, b registry.Binding) *subscriber.Resume {
+// the handle through which the source resumes its stream and says how it
+// settled (readiness waits for the sources catching up). It returns nil
+// for a source the snapshot does not know, which then starts fresh. Each
+// source is restored once.
+func (s *State) Resume(svc registry.Service, b registry.Binding) *streampos.Restore {
 	s.planMu.Lock()
 	defer s.planMu.Unlock()
 	if s.plan == nil {
@@ -241,24 +235,18 @@ func (s *State) Resume(svc registry.Service, b registry.Binding) *subscriber.Res
 	if !ok {
 		return nil
 	}
-	r := &subscriber.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest}
+	r := streampos.NewRestore(streampos.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest},
+		s.stats.outcome)
 	if svc.IsEngine() && !src.Stale && b.Table != nil {
 		n := s.plan.restoreOwner(svc, b.Table, b.Owner)
 		s.stats.restoredPairs.Add(int64(n))
 	}
 	s.stats.restored.Add(1)
+	s.readyMu.Lock()
+	s.restores = append(s.restores, r)
+	s.readyMu.Unlock()
 	return r
 }
-
-// Track makes readiness wait for a restored source to settle.
-func (s *State) Track(r resumer) {
-	s.readyMu.Lock()
-	s.tracked = append(s.tracked, r)
-	s.readyMu.Unlock()
-}
-
-// OnResume counts how a restored source settled.
-func (s *State) OnResume(outcome string) { s.stats.outcome(outcome) }
 
 // Start runs after the start-up registrations: it records the merged set,
 // makes later changes durable first, drops the restore plan and starts the
@@ -285,7 +273,7 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 	s.readyMu.Lock()
 	s.started = true
 	s.deadline = s.opts.Now().Add(s.opts.CatchUpTimeout)
-	if len(s.tracked) > 0 {
+	if s.catchingUp() > 0 {
 		// Count the laggards at the deadline even if nobody asks /readyz.
 		s.lagTimer = time.AfterFunc(s.opts.CatchUpTimeout, func() { s.Ready() })
 	}
@@ -369,8 +357,11 @@ func (s *State) Snapshot() error {
 	return nil
 }
 
-// positioner is a source that can say where it is in its stream.
-type positioner interface{ Position() subscriber.Position }
+// positioner is a source that can say where it is in its stream. The cut
+// is the one place the durable state reads sources rather than being
+// called by them: a snapshot needs every source's position at one instant,
+// which only a pull under the gate gives.
+type positioner interface{ Position() streampos.Position }
 
 // cut holds registrations still and the sources between batches for the
 // instant it takes to mark the cut and read every source's position; the
@@ -380,7 +371,7 @@ func (s *State) cut() *snapshot.Snapshot {
 	var c *index.Cut
 	var pc *producer.Cut
 	s.reg.Freeze(func(fs []registry.Frozen) {
-		pos := make([]subscriber.Position, len(fs))
+		pos := make([]streampos.Position, len(fs))
 		has := make([]bool, len(fs))
 		s.gate.Lock()
 		c = s.ix.BeginCut()
@@ -506,14 +497,9 @@ func (s *State) Ready() (bool, string) {
 	if !s.started {
 		return false, "restoring state"
 	}
-	waiting := 0
-	for _, r := range s.tracked {
-		if !r.Resumed() {
-			waiting++
-		}
-	}
+	waiting := s.catchingUp()
 	if waiting == 0 {
-		s.tracked = nil
+		s.restores = nil
 		return true, ""
 	}
 	if s.opts.Now().Before(s.deadline) {
@@ -524,15 +510,26 @@ func (s *State) Ready() (bool, string) {
 		// gone for good would otherwise keep answering from them. Each
 		// drops them and counts itself as lagging when it settles.
 		s.timedOut = true
-		for _, r := range s.tracked {
-			if !r.Resumed() {
-				r.ExpireResume()
+		for _, r := range s.restores {
+			if r.CatchingUp() {
+				r.Expire()
 			}
 		}
 		s.log.Warn().Int("sources", waiting).Dur("catch_up_timeout", s.opts.CatchUpTimeout).
 			Msg("restored sources not confirmed by the catch-up timeout; their restored entries are dropped; reporting ready")
 	}
 	return true, ""
+}
+
+// catchingUp counts the restored sources not settled yet; readyMu held.
+func (s *State) catchingUp() int {
+	n := 0
+	for _, r := range s.restores {
+		if r.CatchingUp() {
+			n++
+		}
+	}
+	return n
 }
 
 // Close stops periodic snapshots and writes a last one, whose failure it

@@ -29,8 +29,8 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 	"github.com/mooncake-conductor-go/conductor/registry"
-	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 // logBuf collects the log as JSON lines.
@@ -69,14 +69,14 @@ func service(t testing.TB, instance string, rank int, endpoint string) registry.
 // is told to under the gate, like a subscriber applying a batch.
 type fakeSource struct {
 	mu     sync.Mutex
-	pos    subscriber.Position
-	resume *subscriber.Resume
+	pos    streampos.Position
+	resume *streampos.Resume
 }
 
 func (f *fakeSource) Stop()         {}
 func (f *fakeSource) Stale() bool   { return false }
 func (f *fakeSource) State() string { return "live" }
-func (f *fakeSource) Position() subscriber.Position {
+func (f *fakeSource) Position() streampos.Position {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.pos
@@ -110,7 +110,10 @@ func openWith(t testing.TB, opts Options) (*world, error) {
 	w.st = st
 	w.ix = index.New(index.Options{})
 	w.reg = registry.New(registry.Options{Index: w.ix, Start: func(svc registry.Service, b registry.Binding) (registry.Source, error) {
-		f := &fakeSource{resume: st.Resume(svc, b)}
+		f := &fakeSource{}
+		if r := st.Resume(svc, b); r != nil {
+			f.resume = &r.Resume
+		}
 		w.sources[svc.Key()], w.owners[svc.Key()], w.tables[svc.Key()] = f, b.Owner, b.Table
 		return f, nil
 	}})
@@ -149,7 +152,7 @@ func (w *world) apply(key registry.ServiceKey, seq uint64, keys ...uint64) {
 	}
 	f := w.sources[key]
 	f.mu.Lock()
-	f.pos = subscriber.Position{Seq: seq, HasSeq: true}
+	f.pos = streampos.Position{Seq: seq, HasSeq: true}
 	f.mu.Unlock()
 }
 
@@ -230,7 +233,7 @@ func TestRestartRestoresRegistrationsAndEntries(t *testing.T) {
 	if got := len(w2.reg.Services()); got != 2 {
 		t.Fatalf("%d services after restart", got)
 	}
-	for key, want := range map[registry.ServiceKey]*subscriber.Resume{a.Key(): {Seq: 5}, b.Key(): {Seq: 9}} {
+	for key, want := range map[registry.ServiceKey]*streampos.Resume{a.Key(): {Seq: 5}, b.Key(): {Seq: 9}} {
 		if diff := cmp.Diff(want, w2.sources[key].resume); diff != "" {
 			t.Errorf("%s resume (-want +got):\n%s", key, diff)
 		}
@@ -469,8 +472,12 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	defer reg.Close()
 	st.Start(reg, ix, nil)
 	defer st.Close()
-	r := &settled{st: st}
-	st.Track(r)
+	// A restored source catching up, as subscriber.Subscriber begins one.
+	r := streampos.NewRestore(streampos.Resume{Seq: 1}, st.stats.outcome)
+	r.Begin()
+	st.readyMu.Lock()
+	st.restores = append(st.restores, r)
+	st.readyMu.Unlock()
 	if ok, why := st.Ready(); ok || why != "1 restored sources are catching up" {
 		t.Errorf("catching up: %v %q", ok, why)
 	}
@@ -478,27 +485,13 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 	if ok, _ := st.Ready(); !ok {
 		t.Error("not ready after the catch-up timeout")
 	}
-	if !r.expired {
+	if !r.Expired() {
 		t.Error("the laggard was not told to drop its restored entries")
 	}
+	r.Settle(streampos.Lagging) // as the source does when told
 	if v := value(t, st, "conductor_restore_sources", "lagging"); v != 1 {
 		t.Errorf("lagging %v", v)
 	}
-}
-
-// settled is a restored source that settles as lagging when told to, as
-// subscriber.Subscriber does.
-type settled struct {
-	st      *State
-	done    bool
-	expired bool
-}
-
-func (s *settled) Resumed() bool { return s.done }
-
-func (s *settled) ExpireResume() {
-	s.expired, s.done = true, true
-	s.st.OnResume("lagging")
 }
 
 // The config file's registrations are not recorded (the file is their

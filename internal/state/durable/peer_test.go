@@ -11,8 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 	"github.com/mooncake-conductor-go/conductor/registry"
-	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 // peerServer serves w's snapshot the way the service does, behind a
@@ -94,7 +94,7 @@ func TestBootstrapFromPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for key, want := range map[registry.ServiceKey]*subscriber.Resume{a.Key(): {Seq: 5}, b.Key(): {Seq: 9}} {
+	for key, want := range map[registry.ServiceKey]*streampos.Resume{a.Key(): {Seq: 5}, b.Key(): {Seq: 9}} {
 		if diff := cmp.Diff(want, w.sources[key].resume); diff != "" {
 			t.Errorf("%s resume (-want +got):\n%s", key, diff)
 		}
@@ -144,7 +144,7 @@ func TestBootstrapFallsBackToStateDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&subscriber.Resume{Seq: 2}, w.sources[a.Key()].resume); diff != "" {
+	if diff := cmp.Diff(&streampos.Resume{Seq: 2}, w.sources[a.Key()].resume); diff != "" {
 		t.Errorf("resume (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(map[string]float64{OriginPeer: 0, OriginStateDir: 1, OriginNone: 0}, origins(t, w.st)); diff != "" {

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
-	"github.com/mooncake-conductor-go/conductor/subscriber"
+	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 )
 
 // stats are the durable state's figures for /metrics.
@@ -52,17 +52,17 @@ func (st *stats) failure(reason string) {
 	st.mu.Unlock()
 }
 
-func (st *stats) outcome(o string) {
+func (st *stats) outcome(o streampos.Outcome) {
 	switch o {
-	case subscriber.ResumedInOrder:
+	case streampos.InOrder:
 		st.inOrder.Add(1)
-	case subscriber.ResumedReplay:
+	case streampos.Replay:
 		st.replayed.Add(1)
-	case subscriber.ResumedCold:
+	case streampos.Cold:
 		st.cold.Add(1)
-	case subscriber.ResumedRestarted:
+	case streampos.Restarted:
 		st.restarted.Add(1)
-	case subscriber.ResumedLagging:
+	case streampos.Lagging:
 		st.lagging.Add(1)
 	}
 }
@@ -74,6 +74,7 @@ const (
 	OriginNone     = "none"
 )
 
+// The metrics' descriptors; read-only after initialisation.
 var (
 	descLastSuccess = prometheus.NewDesc("conductor_snapshot_last_success_timestamp_seconds",
 		"Unix time of the cut the last index snapshot written describes (0: none since start).", nil, nil)

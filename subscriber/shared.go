@@ -1,0 +1,90 @@
+package subscriber
+
+import (
+	"sync/atomic"
+
+	"github.com/mooncake-conductor-go/conductor/internal/events"
+	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
+)
+
+// MaxOptionalMonitors bounds the connection monitors held at once by
+// sources that watch their connection only to report it (the registry's
+// state, sources registered at run time) rather than for readiness
+// (SessionConfig.WatchConnection, the config file's). A monitor lives as
+// long as its source, because reconnections are evidence of publisher
+// restarts (docs/events.md#restarts): without the bound, the most sources
+// the registry takes would hold more descriptors than the README's limits
+// budget. A source started beyond the bound reports connected with its first
+// batch instead, sees no reconnections, and so checks every gap against its
+// replay endpoint; nor does it see a session libzmq ended for good (an
+// oversize message, session.go), so it stays deaf until registered again. A
+// slot that frees is not handed to such a source: a monitor attached late
+// would miss the connection under way, and count its connections from a
+// point it cannot know.
+const MaxOptionalMonitors = 1024
+
+// Shared is what every subscriber of a process shares: the counters the
+// metrics export, the budget of optional connection monitors (what it
+// rations, libzmq's socket limit, counts every socket of the process), the
+// free list of C receive batches, and the C heap trimmer. The app creates
+// one and passes it to every Start; its methods are safe for concurrent
+// use.
+type Shared struct {
+	counters *Counters
+	events   *events.Stats
+	trim     *zmqx.Trimmer
+	batches  batchPool
+	// monitors counts the monitors held under maxMonitors.
+	monitors    atomic.Int32
+	maxMonitors int32
+}
+
+// SharedOptions configure NewShared; zero fields take defaults.
+type SharedOptions struct {
+	Counters *Counters     // nil: NewCounters()
+	Events   *events.Stats // the decoders' process-wide figures; nil: a new set
+	Trimmer  *zmqx.Trimmer // nil: one trimming the C heap
+	// MaxOptionalMonitors overrides MaxOptionalMonitors (tests).
+	MaxOptionalMonitors int
+}
+
+// NewShared returns the state the process's subscribers share.
+func NewShared(o SharedOptions) *Shared {
+	if o.Counters == nil {
+		o.Counters = NewCounters()
+	}
+	if o.Events == nil {
+		o.Events = &events.Stats{}
+	}
+	if o.Trimmer == nil {
+		o.Trimmer = zmqx.NewTrimmer(nil)
+	}
+	if o.MaxOptionalMonitors <= 0 {
+		o.MaxOptionalMonitors = MaxOptionalMonitors
+	}
+	return &Shared{counters: o.Counters, events: o.Events, trim: o.Trimmer, maxMonitors: int32(o.MaxOptionalMonitors)}
+}
+
+// Counters are the ingest counters every subscriber adds to.
+func (sh *Shared) Counters() *Counters { return sh.counters }
+
+// Events are the decoders' figures summed over every source.
+func (sh *Shared) Events() *events.Stats { return sh.events }
+
+// Trimmer is the C heap trimmer the receivers ask after a backlog drained.
+func (sh *Shared) Trimmer() *zmqx.Trimmer { return sh.trim }
+
+// takeMonitor takes a slot among the optional monitors, if one is free.
+func (sh *Shared) takeMonitor() bool {
+	if sh.monitors.Add(1) <= sh.maxMonitors {
+		return true
+	}
+	sh.monitors.Add(-1)
+	return false
+}
+
+func (sh *Shared) giveMonitor() { sh.monitors.Add(-1) }
+
+// Close frees the idle C receive batches; call it after every subscriber
+// using sh has stopped.
+func (sh *Shared) Close() { sh.batches.close() }
