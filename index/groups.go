@@ -171,22 +171,6 @@ func (s *stripe) pairWord(p pair) uint32 {
 	return explicitWord(w, p.mask())
 }
 
-// StoreGroup records that engine owner id holds key in tier for KV-cache
-// group g; Store is StoreGroup for group 0. Idempotent, as Store.
-func (t *Table) StoreGroup(id OwnerID, tier Tier, g int, key uint64) {
-	if g >= 0 {
-		t.store(id, tier, uint(g), key)
-	}
-}
-
-// RemoveGroup retracts key of group g in tier from engine owner id; the
-// key stays in the tier while another of the owner's groups holds it there.
-func (t *Table) RemoveGroup(id OwnerID, tier Tier, g int, key uint64) {
-	if g >= 0 {
-		t.remove(id, tier, uint(g), key)
-	}
-}
-
 // cloneGroups deep-copies a stripe's group word lists, for a cut.
 func cloneGroups(g [][]uint32) [][]uint32 {
 	if g == nil {
@@ -226,7 +210,7 @@ func wordCovers(w uint32, m uint8) bool {
 }
 
 // groupsRestored merges word w, for tiers m, into the pair at pos whose
-// tiers were before (StoreBatchGroups).
+// tiers were before (storeBatch).
 func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
 	g := s.groupsOf(sl)
 	if g == nil {
@@ -291,56 +275,55 @@ func (t *Table) lockSharedGroup(tier Tier, g int, key uint64) (*stripe, int) {
 	return s, i
 }
 
-// AcquireSharedGroup is AcquireShared for KV-cache group g: a hybrid
-// model's Mooncake object of that group. Group 0 is AcquireShared itself.
-func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
-	if g == 0 {
-		t.AcquireShared(tier, key)
-		return
-	}
-	s, i := t.lockSharedGroup(tier, g, key)
+// acquireGroup is Acquire for a reference of a KV-cache group other than
+// 0: a hybrid model's Mooncake object of that group, counted beside the
+// block.
+func (t *Table) acquireGroup(r *SharedRef) bool {
+	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
 	if s == nil {
-		return
+		return false
 	}
 	defer s.mu.Unlock()
-	if s.dead {
-		return
+	if s.dead || r.held {
+		return false
 	}
 	t.changing(s)
 	t.sharedGroups.Store(true)
 	if s.sharedGroups == nil {
 		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
 	}
-	r := s.sharedGroups[key]
-	if r == nil {
-		r = new(sharedGroupRefs)
-		s.sharedGroups[key] = r
+	c := s.sharedGroups[r.key]
+	if c == nil {
+		c = new(sharedGroupRefs)
+		s.sharedGroups[r.key] = c
 		s.charge(sharedGroupBytes)
 	}
-	if r[g][i] != ^uint32(0) {
-		r[g][i]++
+	if c[r.group][i] != ^uint32(0) {
+		c[r.group][i]++
 	}
+	r.held = true
+	return true
 }
 
-// ReleaseSharedGroup drops one reference AcquireSharedGroup took.
-func (t *Table) ReleaseSharedGroup(tier Tier, g int, key uint64) {
-	if g == 0 {
-		t.ReleaseShared(tier, key)
-		return
-	}
-	s, i := t.lockSharedGroup(tier, g, key)
+// releaseGroup drops the count acquireGroup took.
+func (t *Table) releaseGroup(r *SharedRef) {
+	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
 	if s == nil {
 		return
 	}
 	defer s.mu.Unlock()
-	r := s.sharedGroups[key]
-	if s.dead || r == nil || r[g][i] == 0 {
+	if !r.held {
+		return
+	}
+	r.held = false
+	c := s.sharedGroups[r.key]
+	if s.dead || c == nil || c[r.group][i] == 0 {
 		return
 	}
 	t.changing(s)
-	r[g][i]--
-	if *r == (sharedGroupRefs{}) {
-		delete(s.sharedGroups, key)
+	c[r.group][i]--
+	if *c == (sharedGroupRefs{}) {
+		delete(s.sharedGroups, r.key)
 		s.charge(-sharedGroupBytes)
 	}
 }

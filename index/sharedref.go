@@ -42,15 +42,21 @@ type refKey struct {
 	bit uint32
 }
 
-// SharedRef is one reference an outside owner holds on a key's shared tier.
-// It belongs to one table: take it with Table.AcquireSharedRef, give it back
-// with Table.ReleaseSharedRef, each at most once.
+// SharedRef is one reference an outside owner holds on a key's shared tier
+// for one KV-cache group. It belongs to one table: take it with
+// Table.Acquire, give it back with Table.Release, each at most once.
+//
+// A reference of group 0 is owned and evictable as described above. One of
+// another group is a plain count beside the block (groups.go): it is not
+// charged by its cost, never evicted and never orphaned, since the hybrid
+// walk reads those counts only where group 0 holds the block.
 type SharedRef struct {
 	// Owner is the owner's record, for the owner to find it again when
 	// Orphans hands the reference back.
 	Owner any
 
 	tier    Tier
+	group   int
 	key     uint64
 	cost    int64
 	orphans *Orphans
@@ -61,23 +67,19 @@ type SharedRef struct {
 	gone atomic.Bool
 }
 
-// NewSharedRef makes a reference on key's shared tier for owner, whose
-// record accounts for cost bytes; orphans (may be nil) receives it if the
-// index evicts it.
-func NewSharedRef(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) *SharedRef {
-	r := &SharedRef{}
-	r.Init(owner, tier, key, cost, orphans)
-	return r
-}
-
-// Init makes r, never taken, what NewSharedRef returns, for an owner that
-// embeds its reference and saves an allocation.
-func (r *SharedRef) Init(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) {
-	*r = SharedRef{Owner: owner, tier: tier, key: key, cost: max(cost, 0), orphans: orphans}
+// Init makes r a reference, not taken, on key's shared tier for KV-cache
+// group group, for owner, whose record accounts for cost bytes; orphans
+// (may be nil) receives it if the index evicts it. Owners embed their
+// reference, which saves an allocation per binding.
+func (r *SharedRef) Init(owner any, tier Tier, group int, key uint64, cost int64, orphans *Orphans) {
+	*r = SharedRef{Owner: owner, tier: tier, group: group, key: key, cost: max(cost, 0), orphans: orphans}
 }
 
 // Tier is the shared tier the reference is on.
 func (r *SharedRef) Tier() Tier { return r.tier }
+
+// Group is the KV-cache group the reference is on.
+func (r *SharedRef) Group() int { return r.group }
 
 // Key is the block key the reference is on.
 func (r *SharedRef) Key() uint64 { return r.key }
@@ -117,11 +119,17 @@ func (o *Orphans) Len() int {
 	return len(o.refs)
 }
 
-// AcquireSharedRef takes reference r on its key's shared tier, as
-// AcquireShared does, and charges r's cost to the budget while it is held.
-// It reports false, taking nothing, for a dropped table, a tier that is not
-// shared, or a reference already taken.
-func (t *Table) AcquireSharedRef(r *SharedRef) bool {
+// Acquire takes reference r on its key's shared tier (CPUShare or Disk).
+// A Mooncake binding takes one per object, so a block split into K and V
+// objects holds two references and stays visible until both are released.
+// A reference of group 0 charges its cost to the budget while it is held.
+// Acquire reports false, taking nothing, for a dropped table, a tier that
+// is not shared, a group outside [0, MaxGroups), or a reference already
+// taken.
+func (t *Table) Acquire(r *SharedRef) bool {
+	if r.group != 0 {
+		return t.acquireGroup(r)
+	}
 	bit := sharedTierBit(r.tier)
 	if bit == 0 {
 		return false
@@ -150,11 +158,15 @@ func (t *Table) AcquireSharedRef(r *SharedRef) bool {
 	return true
 }
 
-// ReleaseSharedRef gives back reference r: its cost leaves the budget and
-// the key leaves the shared tier with its last reference. A reference not
-// held (never taken, released already, or evicted) is a no-op, so it never
+// Release gives back reference r: its cost leaves the budget and the key
+// leaves the shared tier with its last reference. A reference not held
+// (never taken, released already, or evicted) is a no-op, so it never
 // takes a count another reference holds.
-func (t *Table) ReleaseSharedRef(r *SharedRef) {
+func (t *Table) Release(r *SharedRef) {
+	if r.group != 0 {
+		t.releaseGroup(r)
+		return
+	}
 	bit := sharedTierBit(r.tier)
 	if bit == 0 {
 		return
@@ -247,11 +259,11 @@ func (r *SharedRef) orphan() {
 	r.gone.Store(true)
 }
 
-// AdjustSharedRef changes what held reference r accounts for by delta
+// Adjust changes what held reference r of group 0 accounts for by delta
 // bytes (its owner's record grew or shrank) and reports whether r is held;
-// a reference not held is left alone.
-func (t *Table) AdjustSharedRef(r *SharedRef, delta int64) bool {
-	if sharedTierBit(r.tier) == 0 {
+// a reference not held, or of another group, is left alone.
+func (t *Table) Adjust(r *SharedRef, delta int64) bool {
+	if sharedTierBit(r.tier) == 0 || r.group != 0 {
 		return false
 	}
 	if delta > 0 {
@@ -267,4 +279,26 @@ func (t *Table) AdjustSharedRef(r *SharedRef, delta int64) bool {
 	r.cost += delta
 	s.charge(delta)
 	return true
+}
+
+// acquireSharedLocked adds one reference to key's shared pair of tier bit
+// in stripe s (whose write lock the caller holds and which is not dead),
+// creating the pair and telling watchers of the key when it is the first;
+// a saturated count stays saturated.
+func (t *Table) acquireSharedLocked(s *stripe, bit uint32, key, h uint64) {
+	t.changing(s)
+	idx := s.findOrInsert(key, h)
+	b := &s.blocks[idx]
+	k := s.findShared(b, bit)
+	if k != noPair {
+		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
+			p.aux++
+		}
+	} else {
+		s.addPair(b, pair{own: bit, aux: 1})
+	}
+	s.setMask(b, b.mask()|uint8(bit))
+	if k == noPair {
+		t.notify(KeyAdded, 0, key)
+	}
 }
