@@ -444,7 +444,7 @@ func BenchmarkCutPauses(b *testing.B) {
 	b.ReportMetric(float64(finish.Microseconds())/n, "µs-mean-encode-in-place")
 }
 
-// StoreBatch leaves the table exactly as Store per tier would, including
+// storeBatch leaves the table exactly as Store per tier would, including
 // into stripes that already hold entries and free slab slots.
 func TestStoreBatchEqualsStore(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -489,6 +489,6 @@ func TestStoreBatchEqualsStore(t *testing.T) {
 		t.Errorf("Store (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(want, decodeCut(t, cb)); diff != "" {
-		t.Errorf("StoreBatch (-want +got):\n%s", diff)
+		t.Errorf("storeBatch (-want +got):\n%s", diff)
 	}
 }

@@ -74,12 +74,8 @@ func (s *stripe) groupsOf(sl int) []uint32 {
 	return nil
 }
 
-// Accounted costs of the group dimension (budget.go): a group word, and a
-// key's shared references of other groups (the map entry and its counts).
-const (
-	groupWordBytes   = 4
-	sharedGroupBytes = 8 + 8 + MaxGroups*8 + 48
-)
+// groupWordBytes is the accounted cost of a group word (budget.go).
+const groupWordBytes = 4
 
 // groupsAppend mirrors ownerAppend: a new pair's word is implicit.
 func (s *stripe) groupsAppend(sl int) {
@@ -227,103 +223,4 @@ func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
 		s.charge(groupWordBytes * int64(len(g)))
 	}
 	g[pos] = explicitWord(g[pos], before) | w
-}
-
-// sharedGroupRefs are one key's shared references per KV-cache group
-// (index 0 unused: group 0 is the block's shared pairs) and shared tier
-// (CPUShare, Disk).
-type sharedGroupRefs [MaxGroups][2]uint32
-
-// word packs the groups with references: CPUShare's in the low groupBits,
-// Disk's above; 0 for a nil r.
-func (r *sharedGroupRefs) word() uint32 {
-	if r == nil {
-		return 0
-	}
-	var w uint32
-	for g := 1; g < MaxGroups; g++ {
-		if r[g][0] != 0 {
-			w |= 1 << g
-		}
-		if r[g][1] != 0 {
-			w |= 1 << (groupBits + g)
-		}
-	}
-	return w
-}
-
-func sharedSlot(tier Tier) int {
-	switch tier {
-	case CPUShare:
-		return 0
-	case Disk:
-		return 1
-	}
-	return -1
-}
-
-// lockSharedGroup returns key's stripe, write-locked, and tier's slot in
-// a sharedGroupRefs, for a reference of group g; nil when tier or g is not
-// one a group reference can have.
-func (t *Table) lockSharedGroup(tier Tier, g int, key uint64) (*stripe, int) {
-	i := sharedSlot(tier)
-	if i < 0 || g < 0 || g >= MaxGroups {
-		return nil, 0
-	}
-	s := t.stripeFor(mix(key))
-	s.mu.Lock()
-	return s, i
-}
-
-// acquireGroup is Acquire for a reference of a KV-cache group other than
-// 0: a hybrid model's Mooncake object of that group, counted beside the
-// block.
-func (t *Table) acquireGroup(r *SharedRef) bool {
-	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
-	if s == nil {
-		return false
-	}
-	defer s.mu.Unlock()
-	if s.dead || r.held {
-		return false
-	}
-	t.changing(s)
-	t.sharedGroups.Store(true)
-	if s.sharedGroups == nil {
-		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
-	}
-	c := s.sharedGroups[r.key]
-	if c == nil {
-		c = new(sharedGroupRefs)
-		s.sharedGroups[r.key] = c
-		s.charge(sharedGroupBytes)
-	}
-	if c[r.group][i] != ^uint32(0) {
-		c[r.group][i]++
-	}
-	r.held = true
-	return true
-}
-
-// releaseGroup drops the count acquireGroup took.
-func (t *Table) releaseGroup(r *SharedRef) {
-	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
-	if s == nil {
-		return
-	}
-	defer s.mu.Unlock()
-	if !r.held {
-		return
-	}
-	r.held = false
-	c := s.sharedGroups[r.key]
-	if s.dead || c == nil || c[r.group][i] == 0 {
-		return
-	}
-	t.changing(s)
-	c[r.group][i]--
-	if *c == (sharedGroupRefs{}) {
-		delete(s.sharedGroups, r.key)
-		s.charge(-sharedGroupBytes)
-	}
 }

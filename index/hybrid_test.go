@@ -513,7 +513,7 @@ func TestHybridAgainstReference(t *testing.T) {
 				}
 			case 8:
 				// a Mooncake object of group g (group 0's go through
-				// AcquireShared)
+				// acquireShared)
 				st := rapid.SampledFrom([]Tier{CPUShare, Disk}).Draw(rt, "shared")
 				tb.acquireSharedGroup(st, g, base[j])
 				c := ref.shared[hk]

@@ -60,10 +60,6 @@ func (ix *Index) Scopes() []*Table {
 	return out
 }
 
-// IsScope reports whether the table is a producer-fed scope rather than a
-// Conductor context.
-func (t *Table) IsScope() bool { return t.scope }
-
 // ScopeKey returns the scope a producer-fed table indexes (zero for a
 // Conductor context).
 func (t *Table) ScopeKey() ScopeKey {

@@ -16,7 +16,7 @@ func TestScopesAreSeparateFromContexts(t *testing.T) {
 		t.Fatal("scope exists before EnsureScope")
 	}
 	s := ix.EnsureScope(k)
-	if s != ix.EnsureScope(k) || !s.IsScope() || s.ScopeKey() != k {
+	if s != ix.EnsureScope(k) || !s.scope || s.ScopeKey() != k {
 		t.Fatalf("EnsureScope gave %+v", s.ScopeKey())
 	}
 	if len(ix.Tables()) != 0 {
@@ -35,12 +35,12 @@ func TestScopesAreSeparateFromContexts(t *testing.T) {
 		t.Fatal("DropScope kept the scope")
 	}
 	if added(s.Store(s.AddEngineOwner("r", 0), Put{Key: 1, Tier: Device, Replace: true})) {
-		t.Fatal("a dropped scope accepted a Put")
+		t.Fatal("a dropped scope accepted a replacing Store")
 	}
 }
 
 // TestPutReplacesTier checks that a re-report moves a block between tiers
-// (the demotion path), that Put and Evict report real changes only, and
+// (the demotion path), that replacing Store and Remove report real changes only, and
 // that the table stays consistent.
 func TestPutReplacesTier(t *testing.T) {
 	ix := New(Options{Stripes: 2})
@@ -49,7 +49,7 @@ func TestPutReplacesTier(t *testing.T) {
 	keys := []uint64{10, 11, 12}
 	for _, k := range keys {
 		if !added(s.Store(a, Put{Key: k, Tier: Device, Replace: true})) {
-			t.Fatalf("first Put of %d not reported as added", k)
+			t.Fatalf("first replacing Store of %d not reported as added", k)
 		}
 	}
 	s.Store(b, Put{Key: 10, Tier: Device, Replace: true})
@@ -69,7 +69,7 @@ func TestPutReplacesTier(t *testing.T) {
 		t.Fatalf("tier blocks %v", got)
 	}
 	if !s.Remove(a, Put{Key: 11, Replace: true}) || s.Remove(a, Put{Key: 11, Replace: true}) || s.Remove(b, Put{Key: 11, Replace: true}) {
-		t.Fatal("Evict reports wrong")
+		t.Fatal("replacing Remove reports wrong")
 	}
 	if s.Has(11) || !s.Has(10) {
 		t.Fatal("Has disagrees with the evictions")

@@ -1,9 +1,10 @@
 package index
 
-// AcquireShared adds one reference to key in a shared tier (CPUShare or
-// Disk). The Mooncake binding table calls it once per object binding, so a
-// block split into K and V objects holds two references and stays visible
-// until both are released.
+// Anonymous shared counts, for tests that exercise the shared holders
+// without owning references: the service only takes SharedRefs.
+
+// acquireShared adds one anonymous reference to key in a shared tier
+// (CPUShare or Disk).
 func (t *Table) acquireShared(tier Tier, key uint64) {
 	bit := sharedTierBit(tier)
 	if bit == 0 {
@@ -21,7 +22,7 @@ func (t *Table) acquireShared(tier Tier, key uint64) {
 	s.mu.Unlock()
 }
 
-// ReleaseShared drops one reference taken by AcquireShared; the key leaves
+// releaseShared drops one reference taken by acquireShared; the key leaves
 // the shared tier with its last reference and never goes below zero.
 func (t *Table) releaseShared(tier Tier, key uint64) {
 	bit := sharedTierBit(tier)
@@ -40,7 +41,7 @@ func (t *Table) releaseShared(tier Tier, key uint64) {
 	}
 	p := s.pairAt(b, k)
 	if p.aux <= uint32(s.refsHeld(refKey{key, bit})) {
-		return // the rest are owned references (ReleaseSharedRef)
+		return // the rest are owned references (Release)
 	}
 	if p.aux--; p.aux == 0 {
 		s.removePair(b, k)

@@ -46,10 +46,11 @@ type refKey struct {
 // for one KV-cache group. It belongs to one table: take it with
 // Table.Acquire, give it back with Table.Release, each at most once.
 //
-// A reference of group 0 is owned and evictable as described above. One of
-// another group is a plain count beside the block (groups.go): it is not
-// charged by its cost, never evicted and never orphaned, since the hybrid
-// walk reads those counts only where group 0 holds the block.
+// A reference of group 0 is owned and evictable as described above; those
+// cover group 0, which every dense and hybrid model has. One of another
+// group is a plain count of that group beside the key (the end of this
+// file): the stripe is charged a fixed size per key for such counts instead
+// of the reference's cost, and they are never evicted or orphaned.
 type SharedRef struct {
 	// Owner is the owner's record, for the owner to find it again when
 	// Orphans hands the reference back.
@@ -300,5 +301,112 @@ func (t *Table) acquireSharedLocked(s *stripe, bit uint32, key, h uint64) {
 	s.setMask(b, b.mask()|uint8(bit))
 	if k == noPair {
 		t.notify(KeyAdded, 0, key)
+	}
+}
+
+// Shared references of KV-cache groups other than 0 (docs/hybrid.md#mooncake)
+// are plain counts per key and group, which the hybrid walk reads beside
+// the block's group 0 holders.
+
+// sharedGroupBytes is the accounted cost of a key's counts of other groups
+// (the map entry and its counts, budget.go).
+const sharedGroupBytes = 8 + 8 + MaxGroups*8 + 48
+
+// sharedGroupRefs are one key's shared references per KV-cache group
+// (index 0 unused: group 0 is the block's shared pairs) and shared tier
+// (CPUShare, Disk).
+type sharedGroupRefs [MaxGroups][2]uint32
+
+// word packs the groups with references: CPUShare's in the low groupBits,
+// Disk's above; 0 for a nil r.
+func (r *sharedGroupRefs) word() uint32 {
+	if r == nil {
+		return 0
+	}
+	var w uint32
+	for g := 1; g < MaxGroups; g++ {
+		if r[g][0] != 0 {
+			w |= 1 << g
+		}
+		if r[g][1] != 0 {
+			w |= 1 << (groupBits + g)
+		}
+	}
+	return w
+}
+
+func sharedSlot(tier Tier) int {
+	switch tier {
+	case CPUShare:
+		return 0
+	case Disk:
+		return 1
+	}
+	return -1
+}
+
+// lockSharedGroup returns key's stripe, write-locked, and tier's slot in
+// a sharedGroupRefs, for a reference of group g; nil when tier or g is not
+// one a group reference can have.
+func (t *Table) lockSharedGroup(tier Tier, g int, key uint64) (*stripe, int) {
+	i := sharedSlot(tier)
+	if i < 0 || g < 0 || g >= MaxGroups {
+		return nil, 0
+	}
+	s := t.stripeFor(mix(key))
+	s.mu.Lock()
+	return s, i
+}
+
+// acquireGroup is Acquire for a reference of a KV-cache group other than
+// 0: a hybrid model's Mooncake object of that group, counted beside the
+// block.
+func (t *Table) acquireGroup(r *SharedRef) bool {
+	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
+	if s == nil {
+		return false
+	}
+	defer s.mu.Unlock()
+	if s.dead || r.held {
+		return false
+	}
+	t.changing(s)
+	t.sharedGroups.Store(true)
+	if s.sharedGroups == nil {
+		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
+	}
+	c := s.sharedGroups[r.key]
+	if c == nil {
+		c = new(sharedGroupRefs)
+		s.sharedGroups[r.key] = c
+		s.charge(sharedGroupBytes)
+	}
+	if c[r.group][i] != ^uint32(0) {
+		c[r.group][i]++
+	}
+	r.held = true
+	return true
+}
+
+// releaseGroup drops the count acquireGroup took.
+func (t *Table) releaseGroup(r *SharedRef) {
+	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
+	if s == nil {
+		return
+	}
+	defer s.mu.Unlock()
+	if !r.held {
+		return
+	}
+	r.held = false
+	c := s.sharedGroups[r.key]
+	if s.dead || c == nil || c[r.group][i] == 0 {
+		return
+	}
+	t.changing(s)
+	c[r.group][i]--
+	if *c == (sharedGroupRefs{}) {
+		delete(s.sharedGroups, r.key)
+		s.charge(-sharedGroupBytes)
 	}
 }

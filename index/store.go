@@ -13,10 +13,11 @@ type Put struct {
 	// a group outside [0, MaxGroups) is ignored.
 	Group int
 	// Replace makes the owner's holding of Key exactly Tier (Store) or
-	// nothing (Remove), whatever it held before: producers re-report a
-	// block with its current tier, last write wins, which is how a
-	// demotion from engine memory to host memory arrives. Producer-fed
-	// scopes have no groups, so Group is not looked at.
+	// nothing (Remove), whatever tiers and groups it held before:
+	// producers re-report a block with its current tier, last write wins,
+	// which is how a demotion from engine memory to host memory arrives.
+	// Producers have no KV-cache groups, so a replaced key is held in
+	// group 0 and Group is not looked at.
 	Replace bool
 }
 
@@ -107,8 +108,12 @@ func (t *Table) replace(id OwnerID, tier Tier, key uint64) (hint uint32, added b
 	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findEngine(b, id); k != noPair {
-		if p := s.pairAt(b, k); p.mask() != uint8(bit) {
+		p, g := s.pairAt(b, k), s.groupsOf(id.slot())
+		if p.mask() != uint8(bit) || (g != nil && g[p.aux] != 0) {
 			p.own = p.own&^tierBits | bit
+			if g != nil {
+				g[p.aux] = 0 // group 0 alone, in the one tier now held
+			}
 			s.settle(idx, b)
 		}
 		s.mu.Unlock()
