@@ -56,10 +56,6 @@ func encodeBlocks(buf []byte, slab []block, ext [][]pair, groups [][]uint32, vie
 	return buf, blocks, pairs
 }
 
-// EntryVisitor receives one decoded entry: a block key and, per holder, the
-// owner's position and its tier mask.
-type EntryVisitor func(key uint64, holders []EntryHolder)
-
 // EntryHolder is one owner of an encoded block.
 type EntryHolder struct {
 	Owner int
@@ -73,10 +69,10 @@ var ErrBadEntries = errors.New("malformed index entries")
 
 // WalkEntries decodes entries encoded as TableCut.Entries describes,
 // checking every owner position against owners, and calls visit per block
-// (visit may be nil: a validation pass). It returns the blocks and pairs
+// with its key and holders (visit may be nil: a validation pass). It returns the blocks and pairs
 // seen, or an error wrapping ErrBadEntries; visit has then been called for
 // the blocks before the bad one, so callers validate before applying.
-func WalkEntries(entries []byte, owners int, visit EntryVisitor) (blocks, pairs int, err error) {
+func WalkEntries(entries []byte, owners int, visit func(key uint64, holders []EntryHolder)) (blocks, pairs int, err error) {
 	var holders []EntryHolder
 	for p := 0; p < len(entries); {
 		if len(entries)-p < 8 {
