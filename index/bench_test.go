@@ -33,7 +33,7 @@ func walkTable(_ testing.TB, instances, ranks, n int, held func(owner int) int) 
 		for r := range ranks {
 			id := tb.AddEngineOwner(fmt.Sprintf("inst-%03d", i), r)
 			for k := range held(o) {
-				tb.Store(id, Device, c.keys[k])
+				tb.Store(id, Put{Key: c.keys[k], Tier: Device})
 			}
 			o++
 		}
@@ -89,7 +89,7 @@ func BenchmarkWalkMixed(b *testing.B) {
 	const blocks = 512
 	tb, c := walkTable(b, 8, 2, blocks, func(o int) int { return (o + 1) * blocks / 16 })
 	for _, k := range c.keys {
-		tb.AcquireShared(CPUShare, k)
+		tb.acquireShared(CPUShare, k)
 	}
 	runWalk(b, tb, c, blocks)
 }
@@ -102,7 +102,7 @@ func BenchmarkStore(b *testing.B) {
 		id := tb.AddEngineOwner("a", 0)
 		i := 0
 		for b.Loop() {
-			tb.Store(id, Device, benchKey(i))
+			tb.Store(id, Put{Key: benchKey(i), Tier: Device})
 			i++
 		}
 	})
@@ -110,11 +110,11 @@ func BenchmarkStore(b *testing.B) {
 		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
 		id := tb.AddEngineOwner("a", 0)
 		for i := range 1 << 16 {
-			tb.Store(id, Device, benchKey(i))
+			tb.Store(id, Put{Key: benchKey(i), Tier: Device})
 		}
 		i := 0
 		for b.Loop() {
-			tb.Store(id, Device, benchKey(i&(1<<16-1)))
+			tb.Store(id, Put{Key: benchKey(i & (1<<16 - 1)), Tier: Device})
 			i++
 		}
 	})
@@ -130,7 +130,7 @@ func BenchmarkStore(b *testing.B) {
 			}
 			i := 0
 			for b.Loop() {
-				tb.Store(ids[i%owners], Device, benchKey(i/owners))
+				tb.Store(ids[i%owners], Put{Key: benchKey(i / owners), Tier: Device})
 				i++
 			}
 		})
@@ -140,8 +140,8 @@ func BenchmarkStore(b *testing.B) {
 		id := tb.AddEngineOwner("a", 0)
 		i := 0
 		for b.Loop() {
-			tb.Store(id, Device, benchKey(i))
-			tb.Remove(id, Device, benchKey(i-4096))
+			tb.Store(id, Put{Key: benchKey(i), Tier: Device})
+			tb.Remove(id, Put{Key: benchKey(i - 4096), Tier: Device})
 			i++
 		}
 	})
@@ -152,7 +152,7 @@ func BenchmarkStore(b *testing.B) {
 			id := tb.AddEngineOwner(fmt.Sprint("p", next.Add(1)), 0)
 			i := 0
 			for pb.Next() {
-				tb.Store(id, Device, benchKey(i))
+				tb.Store(id, Put{Key: benchKey(i), Tier: Device})
 				i++
 			}
 		})
@@ -186,7 +186,7 @@ func measureMemory(blocks, owners int) (heap, rss float64) {
 	for o := range owners {
 		id := tb.AddEngineOwner("inst", o)
 		for i := range blocks {
-			tb.Store(id, Device, benchKey(i))
+			tb.Store(id, Put{Key: benchKey(i), Tier: Device})
 		}
 	}
 	h1, r1 := settle()
@@ -243,8 +243,8 @@ func BenchmarkQueryUnderIngest(b *testing.B) {
 				return
 			default:
 			}
-			tb.Store(writer, Device, benchKey(blocks+i%100000))
-			tb.Remove(writer, Device, benchKey(blocks+(i+50000)%100000))
+			tb.Store(writer, Put{Key: benchKey(blocks + i%100000), Tier: Device})
+			tb.Remove(writer, Put{Key: benchKey(blocks + (i+50000)%100000), Tier: Device})
 		}
 	}()
 	b.ResetTimer()
@@ -284,7 +284,7 @@ func BenchmarkQueryDuringRemoval(b *testing.B) {
 				for o := range ids {
 					ids[o] = tb.AddEngineOwner(fmt.Sprintf("inst-%02d", o), 0)
 					for i := range perOwner {
-						tb.Store(ids[o], Device, benchKey(o*perOwner+i))
+						tb.Store(ids[o], Put{Key: benchKey(o*perOwner + i), Tier: Device})
 					}
 				}
 				c := &keyChain{}
@@ -339,7 +339,7 @@ func BenchmarkWalkLargeTable(b *testing.B) {
 	for o := range owners {
 		id := tb.AddEngineOwner(fmt.Sprintf("inst-%02d", o), 0)
 		for i := range perOwner {
-			tb.Store(id, Device, benchKey(o*perOwner+i))
+			tb.Store(id, Put{Key: benchKey(o*perOwner + i), Tier: Device})
 		}
 	}
 	var chains []*keyChain

@@ -10,7 +10,7 @@ import (
 // the bytes its entries account for (acct.bytes, under the stripe lock) and
 // passes the changes on to the index's budget in batches of flushBytes, so
 // the hot path pays a plain addition per structural change and an atomic
-// add about once per 30 new blocks. When the accounted total reaches
+// add only once per flushBytes. When the accounted total reaches
 // highWater of the limit the evictor (evict.go) wakes and removes the
 // least recently stored entries until the total is back at lowWater;
 // writers that would add entries while the total is at hardWater wait for
@@ -326,7 +326,7 @@ func EstimateBytes(blocks, pairs int64) int64 {
 }
 
 // EstimateRefBytes is the least an owned shared reference whose owner's
-// record accounts for cost bytes adds once taken (AcquireSharedRef), not
+// record accounts for cost bytes adds once taken (Acquire), not
 // counting its block or its holder's list, which other references may
 // share.
 func EstimateRefBytes(cost int64) int64 { return max(cost, 0) + refSlotBytes }

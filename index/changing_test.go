@@ -16,19 +16,19 @@ func TestCutSeesEveryWriter(t *testing.T) {
 		name   string
 		change func(tb *Table, a OwnerID)
 	}{
-		{"store", func(tb *Table, a OwnerID) { tb.Store(a, CPULocal, 3) }},
-		{"store batch", func(tb *Table, a OwnerID) { tb.StoreBatch(a, []uint64{4, 5}, []TierMask{1 << Device, 1 << Disk}) }},
-		{"put", func(tb *Table, a OwnerID) { tb.Put(a, Disk, 6) }},
-		{"remove", func(tb *Table, a OwnerID) { tb.Remove(a, Device, 1) }},
-		{"evict", func(tb *Table, a OwnerID) { tb.Evict(a, 2) }},
+		{"store", func(tb *Table, a OwnerID) { tb.Store(a, Put{Key: 3, Tier: CPULocal}) }},
+		{"store batch", func(tb *Table, a OwnerID) { tb.storeBatch(a, []uint64{4, 5}, []TierMask{1 << Device, 1 << Disk}, nil) }},
+		{"put", func(tb *Table, a OwnerID) { tb.Store(a, Put{Key: 6, Tier: Disk, Replace: true}) }},
+		{"remove", func(tb *Table, a OwnerID) { tb.Remove(a, Put{Key: 1, Tier: Device}) }},
+		{"evict", func(tb *Table, a OwnerID) { tb.Remove(a, Put{Key: 2, Replace: true}) }},
 		{"clear owner", func(tb *Table, a OwnerID) { tb.ClearOwner(a, AllEngineTiers) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := New(Options{Stripes: 4})
 			tb := ix.EnsureTable(testCtx, hashing.Profile{})
 			a := tb.AddEngineOwner("a", 0)
-			tb.Store(a, Device, 1)
-			tb.Store(a, Disk, 2)
+			tb.Store(a, Put{Key: 1, Tier: Device})
+			tb.Store(a, Put{Key: 2, Tier: Disk})
 			want := held{{"a", 0}: {1: 1 << Device, 2: 1 << Disk}}
 			c := ix.BeginCut()
 			tc.change(tb, a)

@@ -73,9 +73,9 @@ func TestConcurrentIngestQueryRemove(t *testing.T) {
 				tier := []Tier{Device, CPULocal, Disk}[r.IntN(3)]
 				switch n := r.IntN(100); {
 				case n < 60:
-					tb.Store(id, tier, k)
+					tb.Store(id, Put{Key: k, Tier: tier})
 				case n < 95:
-					tb.Remove(id, tier, k)
+					tb.Remove(id, Put{Key: k, Tier: tier})
 				case n < 98:
 					tb.ClearOwner(id, 1<<Device)
 				default:
@@ -92,16 +92,16 @@ func TestConcurrentIngestQueryRemove(t *testing.T) {
 			k := uint64(r.IntN(keys))
 			ref := [2]uint64{uint64(tier), k}
 			if r.IntN(2) == 0 || refs[ref] == 0 {
-				tb.AcquireShared(tier, k)
+				tb.acquireShared(tier, k)
 				refs[ref]++
 			} else {
-				tb.ReleaseShared(tier, k)
+				tb.releaseShared(tier, k)
 				refs[ref]--
 			}
 		}
 		for ref, n := range refs {
 			for range n {
-				tb.ReleaseShared(Tier(ref[0]), ref[1])
+				tb.releaseShared(Tier(ref[0]), ref[1])
 			}
 		}
 	})

@@ -69,21 +69,21 @@ func benchStoreCPUTime(b *testing.B, newTable func() (*Table, func())) {
 		prep func(tb *Table, id OwnerID, n int) // untimed
 		op   func(tb *Table, id OwnerID, i int)
 	}{
-		{"new", nil, func(tb *Table, id OwnerID, i int) { tb.Store(id, Device, benchKey(i)) }},
+		{"new", nil, func(tb *Table, id OwnerID, i int) { tb.Store(id, Put{Key: benchKey(i), Tier: Device}) }},
 		{"existing", func(tb *Table, id OwnerID, n int) {
 			for i := range n {
-				tb.Store(id, Device, benchKey(i))
+				tb.Store(id, Put{Key: benchKey(i), Tier: Device})
 			}
-		}, func(tb *Table, id OwnerID, i int) { tb.Store(id, Device, benchKey(i)) }},
+		}, func(tb *Table, id OwnerID, i int) { tb.Store(id, Put{Key: benchKey(i), Tier: Device}) }},
 		{"churn", func(tb *Table, id OwnerID, n int) {
 			for i := range n {
-				tb.Store(id, Device, benchKey(i))
+				tb.Store(id, Put{Key: benchKey(i), Tier: Device})
 			}
 		}, func(tb *Table, id OwnerID, i int) {
-			tb.Store(id, Device, benchKey(1<<30+i))
-			tb.Remove(id, Device, benchKey(i))
+			tb.Store(id, Put{Key: benchKey(1<<30 + i), Tier: Device})
+			tb.Remove(id, Put{Key: benchKey(i), Tier: Device})
 		}},
-		{"shared-new", nil, func(tb *Table, _ OwnerID, i int) { tb.AcquireShared(CPUShare, benchKey(i)) }},
+		{"shared-new", nil, func(tb *Table, _ OwnerID, i int) { tb.acquireShared(CPUShare, benchKey(i)) }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			tb, done := newTable()

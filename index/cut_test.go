@@ -85,14 +85,14 @@ func TestCutIsTheStateAtBegin(t *testing.T) {
 			a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 1)
 			m.reg[ownerKey{"a", 0}], m.reg[ownerKey{"b", 1}] = a, b
 			for k := uint64(0); k < 2000; k++ {
-				tb.Store(a, Device, k)
+				tb.Store(a, Put{Key: k, Tier: Device})
 				m.store(a, Device, k)
 				if k%3 == 0 {
-					tb.Store(b, Disk, k)
+					tb.Store(b, Put{Key: k, Tier: Disk})
 					m.store(b, Disk, k)
 				}
 				if k%5 == 0 {
-					tb.AcquireShared(CPUShare, k) // shared references are not cut
+					tb.acquireShared(CPUShare, k) // shared references are not cut
 				}
 			}
 			want := modelHeld(m)
@@ -101,10 +101,10 @@ func TestCutIsTheStateAtBegin(t *testing.T) {
 			// Every kind of writer, after the cut.
 			late := tb.AddEngineOwner("late", 0)
 			for k := uint64(0); k < 3000; k += 2 {
-				tb.Store(late, CPULocal, k)
-				tb.Store(a, CPULocal, k)
-				tb.Remove(b, Disk, k)
-				tb.ReleaseShared(CPUShare, k)
+				tb.Store(late, Put{Key: k, Tier: CPULocal})
+				tb.Store(a, Put{Key: k, Tier: CPULocal})
+				tb.Remove(b, Put{Key: k, Tier: Disk})
+				tb.releaseShared(CPUShare, k)
 			}
 			tb.ClearOwner(a, AllEngineTiers)
 			tb.RemoveEngineOwner(b)
@@ -135,7 +135,7 @@ func TestCutAcrossDropAndCreate(t *testing.T) {
 	other := ContextKey{Model: "other", BlockSize: 16}
 	tb := ix.EnsureTable(testCtx, hashing.Profile{})
 	id := tb.AddEngineOwner("a", 0)
-	tb.Store(id, Device, 7)
+	tb.Store(id, Put{Key: 7, Tier: Device})
 	c := ix.BeginCut()
 	ix.DropTable(testCtx)
 	ix.EnsureTable(other, hashing.Profile{})
@@ -169,7 +169,7 @@ func TestRestoreRoundTrip(t *testing.T) {
 	for range 5000 {
 		id, k := ids[rng.IntN(len(ids))], rng.Uint64N(1500)
 		tr := []Tier{Device, CPULocal, Disk}[rng.IntN(3)]
-		tb.Store(id, tr, k)
+		tb.Store(id, Put{Key: k, Tier: tr})
 		m.store(id, tr, k)
 	}
 	c := ix.BeginCut()
@@ -201,9 +201,9 @@ func TestWalkEntriesRejectsMalformed(t *testing.T) {
 	ix := New(Options{Stripes: 1})
 	tb := ix.EnsureTable(testCtx, hashing.Profile{})
 	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
-	tb.Store(a, Device, 1)
-	tb.Store(b, Disk, 1)
-	tb.Store(a, CPULocal, 2)
+	tb.Store(a, Put{Key: 1, Tier: Device})
+	tb.Store(b, Put{Key: 1, Tier: Disk})
+	tb.Store(a, Put{Key: 2, Tier: CPULocal})
 	cut, _ := findCut(ix.BeginCut().Finish(), testCtx)
 	good := cut.Entries
 	if _, _, err := WalkEntries(good, 2, nil); err != nil {
@@ -261,10 +261,10 @@ func TestPropertyCutPerSource(t *testing.T) {
 					k, tr := key.Draw(rt, "key"), tier.Draw(rt, "tier")
 					switch rapid.IntRange(0, 3).Draw(rt, "op") {
 					case 0, 1:
-						tb.Store(s.id, tr, k)
+						tb.Store(s.id, Put{Key: k, Tier: tr})
 						next[k] |= 1 << tr
 					case 2:
-						tb.Remove(s.id, tr, k)
+						tb.Remove(s.id, Put{Key: k, Tier: tr})
 						if next[k] &^= 1 << tr; next[k] == 0 {
 							delete(next, k)
 						}
@@ -328,11 +328,11 @@ func TestCutConcurrent(t *testing.T) {
 	// batch n-3, so the state after n is a function of n alone.
 	apply := func(i, n int) {
 		for k := n * 7; k < n*7+50; k++ {
-			tb.Store(ids[i], Device, uint64(k%keys))
+			tb.Store(ids[i], Put{Key: uint64(k % keys), Tier: Device})
 		}
 		if n >= 3 {
 			for k := (n - 3) * 7; k < (n-3)*7+50; k++ {
-				tb.Remove(ids[i], Device, uint64(k%keys))
+				tb.Remove(ids[i], Put{Key: uint64(k % keys), Tier: Device})
 			}
 		}
 	}
@@ -415,7 +415,7 @@ func BenchmarkCutPauses(b *testing.B) {
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for range 2_000_000 {
-		tb.Store(ids[rng.IntN(len(ids))], Device, rng.Uint64())
+		tb.Store(ids[rng.IntN(len(ids))], Put{Key: rng.Uint64(), Tier: Device})
 	}
 	var begin, worstCopy, totalCopy, finish time.Duration
 	b.ResetTimer()
@@ -444,7 +444,7 @@ func BenchmarkCutPauses(b *testing.B) {
 	b.ReportMetric(float64(finish.Microseconds())/n, "µs-mean-encode-in-place")
 }
 
-// StoreBatch leaves the table exactly as Store per tier would, including
+// storeBatch leaves the table exactly as Store per tier would, including
 // into stripes that already hold entries and free slab slots.
 func TestStoreBatchEqualsStore(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -465,18 +465,18 @@ func TestStoreBatchEqualsStore(t *testing.T) {
 				keys, tiers = append(keys, k), append(tiers, tm)
 				for _, tr := range []Tier{Device, CPULocal, CPUShare, Disk} {
 					if tm&(1<<tr) != 0 {
-						ta.Store(ida[o], tr, k)
+						ta.Store(ida[o], Put{Key: k, Tier: tr})
 						m.store(ida[o], tr, k)
 					}
 				}
 			}
-			tb.StoreBatch(idb[o], keys, tiers)
+			tb.storeBatch(idb[o], keys, tiers, nil)
 		}
 		// Removals leave free slab slots for the next round to reuse.
 		for range 2000 * (round + 1) {
 			o, k := rng.IntN(len(ida)), rng.Uint64N(5000)
-			ta.Remove(ida[o], Device, k)
-			tb.Remove(idb[o], Device, k)
+			ta.Remove(ida[o], Put{Key: k, Tier: Device})
+			tb.Remove(idb[o], Put{Key: k, Tier: Device})
 			m.remove(ida[o], Device, k)
 		}
 	}
@@ -489,6 +489,6 @@ func TestStoreBatchEqualsStore(t *testing.T) {
 		t.Errorf("Store (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(want, decodeCut(t, cb)); diff != "" {
-		t.Errorf("StoreBatch (-want +got):\n%s", diff)
+		t.Errorf("storeBatch (-want +got):\n%s", diff)
 	}
 }

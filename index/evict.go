@@ -14,12 +14,13 @@ import (
 // by stripe, at most evictChunk entries per write-lock hold.
 
 // evictChunk bounds the entries one write-lock hold evicts, and scanChunk
-// the slab entries it reads: a hold costs a few tens of microseconds, so a
-// query waits at most that long for eviction.
+// the slab entries it reads, and histChunk the recency stamps read per
+// read-lock hold: each hold stays short, so a query never waits long for
+// eviction.
 const (
 	evictChunk = 256
 	scanChunk  = 4096
-	histChunk  = 16384 // stamps read per read-lock hold (~10 µs)
+	histChunk  = 16384
 )
 
 // maxAge is the histogram's last bucket; older entries share it.

@@ -17,8 +17,8 @@ func BenchmarkEvict(b *testing.B) {
 		tb := ix.EnsureTable(testCtx, hashing.Profile{})
 		a, c := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
 		for i := range n {
-			tb.Store(a, Device, benchKey(i))
-			tb.Store(c, Device, benchKey(i))
+			tb.Store(a, Put{Key: benchKey(i), Tier: Device})
+			tb.Store(c, Put{Key: benchKey(i), Tier: Device})
 		}
 		limit := ix.bud.epoch.Add(1) - 1
 		b.StartTimer()

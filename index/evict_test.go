@@ -145,7 +145,7 @@ func TestPropertyEvictionNeverOverReports(t *testing.T) {
 			},
 			"store": func(rt *rapid.T) {
 				id, tr, k := anyID.Draw(rt, "id"), tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.Store(id, tr, k)
+				tb.Store(id, Put{Key: k, Tier: tr})
 				if tr != CPUShare && m.registered(id) {
 					m.stamp[k] = ix.bud.epoch.Load()
 				}
@@ -154,13 +154,13 @@ func TestPropertyEvictionNeverOverReports(t *testing.T) {
 			},
 			"remove": func(rt *rapid.T) {
 				id, tr, k := anyID.Draw(rt, "id"), tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.Remove(id, tr, k) // of an evicted entry: a no-op
+				tb.Remove(id, Put{Key: k, Tier: tr}) // of an evicted entry: a no-op
 				m.remove(id, tr, k)
 				truth.remove(id, tr, k)
 			},
 			"acquire": func(rt *rapid.T) {
 				tr, k := tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.AcquireShared(tr, k)
+				tb.acquireShared(tr, k)
 				if tr == CPUShare || tr == Disk {
 					m.stamp[k] = ix.bud.epoch.Load()
 				}
@@ -169,7 +169,7 @@ func TestPropertyEvictionNeverOverReports(t *testing.T) {
 			},
 			"release": func(rt *rapid.T) {
 				tr, k := tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.ReleaseShared(tr, k)
+				tb.releaseShared(tr, k)
 				m.release(tr, k)
 				truth.release(tr, k)
 			},
@@ -236,29 +236,29 @@ func TestAccountingFollowsEveryPath(t *testing.T) {
 		id, k := ids[r.IntN(len(ids))], uint64(r.IntN(5000))
 		switch n := r.IntN(100); {
 		case n < 40:
-			tb.Store(id, Tier(r.IntN(4)), k)
+			tb.Store(id, Put{Key: k, Tier: Tier(r.IntN(4))})
 		case n < 65:
-			tb.Remove(id, Tier(r.IntN(4)), k)
+			tb.Remove(id, Put{Key: k, Tier: Tier(r.IntN(4))})
 		case n < 72:
-			tb.AcquireShared(Tier(2+r.IntN(2)), k)
+			tb.acquireShared(Tier(2+r.IntN(2)), k)
 		case n < 78:
-			tb.ReleaseShared(Tier(2+r.IntN(2)), k)
+			tb.releaseShared(Tier(2+r.IntN(2)), k)
 		case n < 81:
-			ref := NewSharedRef(nil, Tier(2+r.IntN(2)), k, int64(r.IntN(300)), &orphans)
-			if tb.AcquireSharedRef(ref) {
+			ref := newSharedRef(nil, Tier(2+r.IntN(2)), k, int64(r.IntN(300)), &orphans)
+			if tb.Acquire(ref) {
 				refs = append(refs, ref)
 			}
 		case n < 84 && len(refs) > 0:
 			j := r.IntN(len(refs))
-			tb.ReleaseSharedRef(refs[j])
+			tb.Release(refs[j])
 			refs[j] = refs[len(refs)-1]
 			refs = refs[:len(refs)-1]
 		case n < 88:
-			sc.Put(pid, Tier(r.IntN(2)), k)
+			sc.Store(pid, Put{Key: k, Tier: Tier(r.IntN(2)), Replace: true})
 		case n < 95:
-			sc.Evict(pid, k)
+			sc.Remove(pid, Put{Key: k, Replace: true})
 		case n < 96:
-			tb.StoreBatch(id, []uint64{k, k + 1, k + 2}, []TierMask{1, 2, 4})
+			tb.storeBatch(id, []uint64{k, k + 1, k + 2}, []TierMask{1, 2, 4}, nil)
 		default:
 			if r.IntN(200) == 0 {
 				tb.ClearOwner(id, AllEngineTiers)
@@ -293,10 +293,10 @@ func TestEvictedRemovalIsNoOp(t *testing.T) {
 	defer ix.Close()
 	tb := ix.EnsureTable(testCtx, hashing.Profile{})
 	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
-	tb.Store(a, Device, 1)
-	tb.AcquireShared(CPUShare, 1)
+	tb.Store(a, Put{Key: 1, Tier: Device})
+	tb.acquireShared(CPUShare, 1)
 	old := ix.bud.epoch.Add(1) - 1
-	tb.Store(b, Device, 2)
+	tb.Store(b, Put{Key: 2, Tier: Device})
 	evictUpTo(ix, old)
 	if tb.Has(1) || !tb.Has(2) {
 		t.Fatalf("after evicting epoch %d: key 1 held %v, key 2 held %v", old, tb.Has(1), tb.Has(2))
@@ -304,13 +304,13 @@ func TestEvictedRemovalIsNoOp(t *testing.T) {
 	if got := ix.Evictions(EvictedContext); got != 1 {
 		t.Fatalf("%d evictions counted, want 1", got)
 	}
-	tb.Remove(a, Device, 1)
-	tb.ReleaseShared(CPUShare, 1)
+	tb.Remove(a, Put{Key: 1, Tier: Device})
+	tb.releaseShared(CPUShare, 1)
 	if tb.Has(1) {
 		t.Fatal("removing an evicted entry brought it back")
 	}
-	tb.Store(b, Device, 1)
-	tb.Remove(a, Device, 1) // a's entry was evicted: b's is untouched
+	tb.Store(b, Put{Key: 1, Tier: Device})
+	tb.Remove(a, Put{Key: 1, Tier: Device}) // a's entry was evicted: b's is untouched
 	var res QueryResult
 	tb.Query(&keyChain{keys: []uint64{1, 2}, cov: []int{16, 16}}, "b", &res)
 	want := []InstanceHits{inst("b", RankHits{0, TierCounts{32, 32, 32, 32}})}
@@ -338,7 +338,7 @@ func TestBudgetBelowFixedCosts(t *testing.T) {
 		for i, tb := range tbs {
 			id := tb.AddEngineOwner("a", 0)
 			for k := range uint64(5000) {
-				tb.Store(id, Device, uint64(i)<<32|k)
+				tb.Store(id, Put{Key: uint64(i)<<32 | k, Tier: Device})
 			}
 		}
 	}()

@@ -45,7 +45,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 			defer wg.Done()
 			base := uint64(p+1) << 40
 			for i := range perPublisher {
-				t.Store(id, Device, base+uint64(i))
+				t.Store(id, Put{Key: base + uint64(i), Tier: Device})
 				stored[p].Store(int64(i + 1))
 			}
 		}()

@@ -74,12 +74,8 @@ func (s *stripe) groupsOf(sl int) []uint32 {
 	return nil
 }
 
-// Accounted costs of the group dimension (budget.go): a group word, and a
-// key's shared references of other groups (the map entry and its counts).
-const (
-	groupWordBytes   = 4
-	sharedGroupBytes = 8 + 8 + MaxGroups*8 + 48
-)
+// groupWordBytes is the accounted cost of a group word (budget.go).
+const groupWordBytes = 4
 
 // groupsAppend mirrors ownerAppend: a new pair's word is implicit.
 func (s *stripe) groupsAppend(sl int) {
@@ -171,22 +167,6 @@ func (s *stripe) pairWord(p pair) uint32 {
 	return explicitWord(w, p.mask())
 }
 
-// StoreGroup records that engine owner id holds key in tier for KV-cache
-// group g; Store is StoreGroup for group 0. Idempotent, as Store.
-func (t *Table) StoreGroup(id OwnerID, tier Tier, g int, key uint64) {
-	if g >= 0 {
-		t.store(id, tier, uint(g), key)
-	}
-}
-
-// RemoveGroup retracts key of group g in tier from engine owner id; the
-// key stays in the tier while another of the owner's groups holds it there.
-func (t *Table) RemoveGroup(id OwnerID, tier Tier, g int, key uint64) {
-	if g >= 0 {
-		t.remove(id, tier, uint(g), key)
-	}
-}
-
 // cloneGroups deep-copies a stripe's group word lists, for a cut.
 func cloneGroups(g [][]uint32) [][]uint32 {
 	if g == nil {
@@ -226,7 +206,7 @@ func wordCovers(w uint32, m uint8) bool {
 }
 
 // groupsRestored merges word w, for tiers m, into the pair at pos whose
-// tiers were before (StoreBatchGroups).
+// tiers were before (storeBatch).
 func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
 	g := s.groupsOf(sl)
 	if g == nil {
@@ -243,104 +223,4 @@ func (s *stripe) groupsRestored(sl int, pos uint32, before, m uint8, w uint32) {
 		s.charge(groupWordBytes * int64(len(g)))
 	}
 	g[pos] = explicitWord(g[pos], before) | w
-}
-
-// sharedGroupRefs are one key's shared references per KV-cache group
-// (index 0 unused: group 0 is the block's shared pairs) and shared tier
-// (CPUShare, Disk).
-type sharedGroupRefs [MaxGroups][2]uint32
-
-// word packs the groups with references: CPUShare's in the low groupBits,
-// Disk's above; 0 for a nil r.
-func (r *sharedGroupRefs) word() uint32 {
-	if r == nil {
-		return 0
-	}
-	var w uint32
-	for g := 1; g < MaxGroups; g++ {
-		if r[g][0] != 0 {
-			w |= 1 << g
-		}
-		if r[g][1] != 0 {
-			w |= 1 << (groupBits + g)
-		}
-	}
-	return w
-}
-
-func sharedSlot(tier Tier) int {
-	switch tier {
-	case CPUShare:
-		return 0
-	case Disk:
-		return 1
-	}
-	return -1
-}
-
-// lockSharedGroup returns key's stripe, write-locked, and tier's slot in
-// a sharedGroupRefs, for a reference of group g; nil when tier or g is not
-// one a group reference can have.
-func (t *Table) lockSharedGroup(tier Tier, g int, key uint64) (*stripe, int) {
-	i := sharedSlot(tier)
-	if i < 0 || g < 0 || g >= MaxGroups {
-		return nil, 0
-	}
-	s := t.stripeFor(mix(key))
-	s.mu.Lock()
-	return s, i
-}
-
-// AcquireSharedGroup is AcquireShared for KV-cache group g: a hybrid
-// model's Mooncake object of that group. Group 0 is AcquireShared itself.
-func (t *Table) AcquireSharedGroup(tier Tier, g int, key uint64) {
-	if g == 0 {
-		t.AcquireShared(tier, key)
-		return
-	}
-	s, i := t.lockSharedGroup(tier, g, key)
-	if s == nil {
-		return
-	}
-	defer s.mu.Unlock()
-	if s.dead {
-		return
-	}
-	t.changing(s)
-	t.sharedGroups.Store(true)
-	if s.sharedGroups == nil {
-		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
-	}
-	r := s.sharedGroups[key]
-	if r == nil {
-		r = new(sharedGroupRefs)
-		s.sharedGroups[key] = r
-		s.charge(sharedGroupBytes)
-	}
-	if r[g][i] != ^uint32(0) {
-		r[g][i]++
-	}
-}
-
-// ReleaseSharedGroup drops one reference AcquireSharedGroup took.
-func (t *Table) ReleaseSharedGroup(tier Tier, g int, key uint64) {
-	if g == 0 {
-		t.ReleaseShared(tier, key)
-		return
-	}
-	s, i := t.lockSharedGroup(tier, g, key)
-	if s == nil {
-		return
-	}
-	defer s.mu.Unlock()
-	r := s.sharedGroups[key]
-	if s.dead || r == nil || r[g][i] == 0 {
-		return
-	}
-	t.changing(s)
-	r[g][i]--
-	if *r == (sharedGroupRefs{}) {
-		delete(s.sharedGroups, key)
-		s.charge(-sharedGroupBytes)
-	}
 }

@@ -7,8 +7,8 @@ import "slices"
 // is stored once and a block refers to it by a small id. A query then tells
 // that a block is held exactly like one it has already resolved by
 // comparing that id, instead of reading the block's overflow list, a
-// separate allocation and the walk's costliest cache miss: at 8 instances ×
-// 2 ranks it was half of a warm 32K-token walk (BenchmarkWalkReady).
+// separate allocation and the walk's costliest cache miss (BENCHMARKS.md,
+// BenchmarkWalkReady).
 //
 // Cached prompts are mostly held by the same few owner combinations, so a
 // stripe keeps few sets however many blocks refer to them. The words are the

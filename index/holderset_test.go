@@ -143,31 +143,31 @@ func TestQueryAfterHolderListReuse(t *testing.T) {
 		if n%7 == 0 {
 			others = append(others, tb.AddEngineOwner(fmt.Sprint("x", n/7), 0))
 		}
-		tb.Store(o1, Device, k)
+		tb.Store(o1, Put{Key: k, Tier: Device})
 		for i, tier := range tiers {
 			if (n%7+1)&(1<<i) != 0 {
-				tb.Store(others[len(others)-1], tier, k)
+				tb.Store(others[len(others)-1], Put{Key: k, Tier: tier})
 			}
 		}
 	}
-	tb.Store(o1, Device, keyA)
-	tb.Store(o2, Device, keyA)
+	tb.Store(o1, Put{Key: keyA, Tier: Device})
+	tb.Store(o2, Put{Key: keyA, Tier: Device})
 	// keyF, in the other stripe, keeps a and b going between keyA and keyB
 	// without touching stripe 0's memo.
-	tb.Store(o1, Device, keyF)
-	tb.Store(o2, Device, keyF)
+	tb.Store(o1, Put{Key: keyF, Tier: Device})
+	tb.Store(o2, Put{Key: keyF, Tier: Device})
 	s := &tb.stripes[0]
 	idA := s.blocks[s.find(keyA, mix(keyA))].holderID()
 
 	reuse := func() {
 		// keyA's list and the others lose their last reference, which
 		// sweeps them, and keyB's new list gets keyA's old id.
-		tb.Remove(o2, Device, keyA)
+		tb.Remove(o2, Put{Key: keyA, Tier: Device})
 		for _, id := range others {
 			tb.ClearOwner(id, AllEngineTiers)
 		}
-		tb.Store(o1, Device, keyB)
-		tb.Store(o3, Device, keyB)
+		tb.Store(o1, Put{Key: keyB, Tier: Device})
+		tb.Store(o3, Put{Key: keyB, Tier: Device})
 		if got := s.blocks[s.find(keyB, mix(keyB))].holderID(); got != idA {
 			t.Fatalf("keyB's list got id %d, want keyA's old id %d: the test no longer reuses an id", got, idA)
 		}

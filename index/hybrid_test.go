@@ -185,13 +185,13 @@ func TestWorkedExamples(t *testing.T) {
 			tb, id := hybridTable(t, 16, []GroupSpec{swa(128, 16), fa(16)})
 			keys := promptKeys(62)
 			for j, k := range keys {
-				tb.StoreGroup(id, Device, 1, k)
+				tb.Store(id, Put{Key: k, Tier: Device, Group: 1})
 				if j > 40 {
-					tb.StoreGroup(id, Device, 0, k)
+					tb.Store(id, Put{Key: k, Tier: Device, Group: 0})
 				}
 			}
 			for _, j := range c.evicted {
-				tb.RemoveGroup(id, Device, 0, keys[j])
+				tb.Remove(id, Put{Key: keys[j], Tier: Device, Group: 0})
 			}
 			// P[0:800] and 300 new tokens: 68 hash blocks, the first 50 P's
 			q := append(append([]uint64(nil), keys[:50]...), promptKeys(18)...)
@@ -214,10 +214,10 @@ func TestWorkedExamples(t *testing.T) {
 		keys := promptKeys(256)
 		for gi := range 7 {
 			for _, k := range keys {
-				tb.StoreGroup(id, Device, gi, k)
+				tb.Store(id, Put{Key: k, Tier: Device, Group: gi})
 			}
 		}
-		tb.RemoveGroup(id, Device, 3, keys[200])
+		tb.Remove(id, Put{Key: keys[200], Tier: Device, Group: 3})
 		if got := queryDevice(t, tb, keys, 16); got != 3200 {
 			t.Errorf("device %d, want 3200", got)
 		}
@@ -227,17 +227,17 @@ func TestWorkedExamples(t *testing.T) {
 		tb, id := hybridTable(t, 528, []GroupSpec{m, m, m, fa(528)})
 		keys := promptKeys(5) // R's full blocks end at 528 … 2,640
 		for _, k := range keys {
-			tb.StoreGroup(id, Device, 3, k)
+			tb.Store(id, Put{Key: k, Tier: Device, Group: 3})
 		}
 		for g := range 3 {
-			tb.StoreGroup(id, Device, g, keys[2]) // 1,584
-			tb.StoreGroup(id, Device, g, keys[4]) // 2,640
+			tb.Store(id, Put{Key: keys[2], Tier: Device, Group: g}) // 1,584
+			tb.Store(id, Put{Key: keys[4], Tier: Device, Group: g}) // 2,640
 		}
 		q := append(append([]uint64(nil), keys...), 1<<40, 1<<40+1) // R + 1,000 new tokens
 		if got := queryDevice(t, tb, q, 528); got != 2640 {
 			t.Errorf("device %d, want 2640", got)
 		}
-		tb.RemoveGroup(id, Device, 1, keys[4])
+		tb.Remove(id, Put{Key: keys[4], Tier: Device, Group: 1})
 		if got := queryDevice(t, tb, q, 528); got != 1584 {
 			t.Errorf("after g1 evicted 2,640: device %d, want 1584", got)
 		}
@@ -246,13 +246,13 @@ func TestWorkedExamples(t *testing.T) {
 		tb, id := hybridTable(t, 16, []GroupSpec{{Kind: KindChunked, BlockSize: 16, ChunkSize: 8192}, fa(16)})
 		keys := promptKeys(750)
 		for _, k := range keys {
-			tb.StoreGroup(id, Device, 0, k)
-			tb.StoreGroup(id, Device, 1, k)
+			tb.Store(id, Put{Key: k, Tier: Device, Group: 0})
+			tb.Store(id, Put{Key: k, Tier: Device, Group: 1})
 		}
 		if got := queryDevice(t, tb, keys, 16); got != 12000 {
 			t.Errorf("device %d, want 12000", got)
 		}
-		tb.RemoveGroup(id, Device, 0, keys[600])
+		tb.Remove(id, Put{Key: keys[600], Tier: Device, Group: 0})
 		if got := queryDevice(t, tb, keys, 16); got != 9600 {
 			t.Errorf("block 600 evicted: device %d, want 9600", got)
 		}
@@ -493,11 +493,11 @@ func TestHybridAgainstReference(t *testing.T) {
 				// a run of stores from j on, as an engine caches a prompt
 				n := rapid.IntRange(1, 8).Draw(rt, "run")
 				for k := j; k < min(len(base), j+n); k++ {
-					tb.StoreGroup(id, tier, g, base[k])
+					tb.Store(id, Put{Key: base[k], Tier: tier, Group: g})
 					ref.held[id][[2]uint64{base[k], uint64(g)}] |= 1 << tier
 				}
 			case 5, 6:
-				tb.RemoveGroup(id, tier, g, base[j])
+				tb.Remove(id, Put{Key: base[j], Tier: tier, Group: g})
 				if ref.held[id][hk] &^= 1 << tier; ref.held[id][hk] == 0 {
 					delete(ref.held[id], hk)
 				}
@@ -513,15 +513,15 @@ func TestHybridAgainstReference(t *testing.T) {
 				}
 			case 8:
 				// a Mooncake object of group g (group 0's go through
-				// AcquireShared)
+				// acquireShared)
 				st := rapid.SampledFrom([]Tier{CPUShare, Disk}).Draw(rt, "shared")
-				tb.AcquireSharedGroup(st, g, base[j])
+				tb.acquireSharedGroup(st, g, base[j])
 				c := ref.shared[hk]
 				c[st]++
 				ref.shared[hk] = c
 			case 9:
 				st := rapid.SampledFrom([]Tier{CPUShare, Disk}).Draw(rt, "shared")
-				tb.ReleaseSharedGroup(st, g, base[j])
+				tb.releaseSharedGroup(st, g, base[j])
 				if c := ref.shared[hk]; c[st] > 0 {
 					c[st]--
 					ref.shared[hk] = c
@@ -565,7 +565,7 @@ func TestHybridAgainstReference(t *testing.T) {
 		for k, c := range ref.shared { // a cut leaves shared references to the Mooncake bindings
 			for _, st := range []Tier{CPUShare, Disk} {
 				for range c[st] {
-					tb2.AcquireSharedGroup(st, int(k[1]), k[0])
+					tb2.acquireSharedGroup(st, int(k[1]), k[0])
 				}
 			}
 		}
@@ -630,8 +630,8 @@ func measureHybridMemory(blocks, owners int) (heap, rss float64) {
 		id := tb.AddEngineOwner("inst", o)
 		tb.SetLayout(id, []GroupSpec{{Kind: KindSliding, BlockSize: 16, SlidingWindow: 128}, {Kind: KindFull, BlockSize: 16}})
 		for i := range blocks {
-			tb.Store(id, Device, benchKey(i))
-			tb.StoreGroup(id, Device, 1, benchKey(i))
+			tb.Store(id, Put{Key: benchKey(i), Tier: Device})
+			tb.Store(id, Put{Key: benchKey(i), Tier: Device, Group: 1})
 		}
 	}
 	h1, r1 := settle()
@@ -670,7 +670,7 @@ func TestHybridMissHashesLittle(t *testing.T) {
 		{"sliding window only", []GroupSpec{{Kind: KindSliding, BlockSize: 16, SlidingWindow: 128}}, 513},
 	} {
 		tb, id := hybridTable(t, 16, c.groups)
-		tb.Store(id, Device, 1) // some other prompt
+		tb.Store(id, Put{Key: 1, Tier: Device}) // some other prompt
 		ch := &keyChain{keys: promptKeys(512)}
 		var res QueryResult
 		tb.Query(ch, "", &res)

@@ -14,8 +14,8 @@ import (
 type Options struct {
 	// Stripes is the number of independently locked shards per table,
 	// rounded up to a power of two (default 64). More stripes mean less
-	// contention between ingestion and queries, at ~300 bytes each per
-	// context (plus a reverse-list header per engine owner).
+	// contention between ingestion and queries, at the cost of a stripe's
+	// fixed size per context (plus a reverse-list header per engine owner).
 	Stripes int
 	// RemovalPause, when positive, makes RemoveEngineOwner return as soon
 	// as the owner is unpublished (queries stop reporting it at once) and

@@ -67,7 +67,7 @@ func TestQueryRules(t *testing.T) {
 		{
 			name: "no registered instances is empty even with shared data",
 			setup: func(f *fixture) {
-				f.t.AcquireShared(CPUShare, k[0])
+				f.t.acquireShared(CPUShare, k[0])
 			},
 			chain: chainOf(k[0]),
 			want:  []InstanceHits{},
@@ -91,10 +91,10 @@ func TestQueryRules(t *testing.T) {
 			name: "tiers are cumulative per owner",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, Device, k[1])
-				f.t.Store(a, CPULocal, k[2])
-				f.t.Store(a, Disk, k[3])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[1], Tier: Device})
+				f.t.Store(a, Put{Key: k[2], Tier: CPULocal})
+				f.t.Store(a, Put{Key: k[3], Tier: Disk})
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(32, 48, 48, 64)))},
@@ -104,9 +104,9 @@ func TestQueryRules(t *testing.T) {
 			name: "device and cpu_local on one block counts for both",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, CPULocal, k[0])
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, CPULocal, k[1])
+				f.t.Store(a, Put{Key: k[0], Tier: CPULocal})
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[1], Tier: CPULocal})
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(16, 32, 32, 32)))},
@@ -118,10 +118,10 @@ func TestQueryRules(t *testing.T) {
 				a := f.own("a", 0)
 				f.own("b", 0)
 				f.own("b", 1)
-				f.t.Store(a, Device, k[0])
-				f.t.AcquireShared(CPUShare, k[0])
-				f.t.AcquireShared(CPUShare, k[1])
-				f.t.AcquireShared(Disk, k[2])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.acquireShared(CPUShare, k[0])
+				f.t.acquireShared(CPUShare, k[1])
+				f.t.acquireShared(Disk, k[2])
 			},
 			chain: chainOf(k...),
 			want: []InstanceHits{
@@ -135,8 +135,8 @@ func TestQueryRules(t *testing.T) {
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
 				f.own("b", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.AcquireShared(CPUShare, k[1])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.acquireShared(CPUShare, k[1])
 			},
 			chain: chainOf(k...),
 			want: []InstanceHits{
@@ -149,7 +149,7 @@ func TestQueryRules(t *testing.T) {
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
 				f.own("b", 0)
-				f.t.Store(a, Disk, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: Disk})
 			},
 			chain: chainOf(k...),
 			want: []InstanceHits{
@@ -161,9 +161,9 @@ func TestQueryRules(t *testing.T) {
 			name: "cpu_local and shared disk mix",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, CPULocal, k[0])
-				f.t.AcquireShared(Disk, k[1])
-				f.t.Store(a, CPULocal, k[2])
+				f.t.Store(a, Put{Key: k[0], Tier: CPULocal})
+				f.t.acquireShared(Disk, k[1])
+				f.t.Store(a, Put{Key: k[2], Tier: CPULocal})
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 16, 16, 48)))},
@@ -172,11 +172,11 @@ func TestQueryRules(t *testing.T) {
 			name: "ranks are isolated and the instance reports the maximum",
 			setup: func(f *fixture) {
 				r0, r1 := f.own("a", 0), f.own("a", 1)
-				f.t.Store(r0, Device, k[0])
-				f.t.Store(r0, Device, k[1])
-				f.t.Store(r1, Device, k[0])
-				f.t.Store(r1, CPULocal, k[1])
-				f.t.Store(r1, CPULocal, k[2])
+				f.t.Store(r0, Put{Key: k[0], Tier: Device})
+				f.t.Store(r0, Put{Key: k[1], Tier: Device})
+				f.t.Store(r1, Put{Key: k[0], Tier: Device})
+				f.t.Store(r1, Put{Key: k[1], Tier: CPULocal})
+				f.t.Store(r1, Put{Key: k[2], Tier: CPULocal})
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{{Instance: "a", Max: tc(32, 48, 48, 48), Ranks: []RankHits{rk(0, tc(32, 32, 32, 32)), rk(1, tc(16, 48, 48, 48))}}},
@@ -185,8 +185,8 @@ func TestQueryRules(t *testing.T) {
 			name: "a gap ends the prefix",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, Device, k[2])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[2], Tier: Device})
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(16, 16, 16, 16)))},
@@ -196,10 +196,10 @@ func TestQueryRules(t *testing.T) {
 			name: "instance filter restricts output and the walk",
 			setup: func(f *fixture) {
 				a, b := f.own("a", 0), f.own("b", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(b, Device, k[0])
-				f.t.Store(b, Device, k[1])
-				f.t.Store(b, Device, k[2])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(b, Put{Key: k[0], Tier: Device})
+				f.t.Store(b, Put{Key: k[1], Tier: Device})
+				f.t.Store(b, Put{Key: k[2], Tier: Device})
 			},
 			chain:  chainOf(k...),
 			filter: "a",
@@ -210,7 +210,7 @@ func TestQueryRules(t *testing.T) {
 			name: "unknown instance filter is empty",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
 			},
 			chain:  chainOf(k...),
 			filter: "zzz",
@@ -221,9 +221,9 @@ func TestQueryRules(t *testing.T) {
 			name: "partial covered counts are summed",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, Device, k[1])
-				f.t.AcquireShared(CPUShare, k[2])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[1], Tier: Device})
+				f.t.acquireShared(CPUShare, k[2])
 			},
 			chain: &keyChain{keys: k[:3], cov: []int{16, 16, 5}},
 			want:  []InstanceHits{inst("a", rk(0, tc(32, 32, 37, 37)))},
@@ -232,13 +232,13 @@ func TestQueryRules(t *testing.T) {
 			name: "store is idempotent and remove retracts one tier",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, CPULocal, k[0])
-				f.t.Remove(a, Device, k[0])
-				f.t.Remove(a, Device, k[0])
-				f.t.Remove(a, Disk, k[0])
-				f.t.Remove(a, Device, 999)
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[0], Tier: CPULocal})
+				f.t.Remove(a, Put{Key: k[0], Tier: Device})
+				f.t.Remove(a, Put{Key: k[0], Tier: Device})
+				f.t.Remove(a, Put{Key: k[0], Tier: Disk})
+				f.t.Remove(a, Put{Key: 999, Tier: Device})
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 16, 16, 16)))},
@@ -247,13 +247,13 @@ func TestQueryRules(t *testing.T) {
 			name: "K and V references keep a shared block until the last release",
 			setup: func(f *fixture) {
 				f.own("a", 0)
-				f.t.AcquireShared(CPUShare, k[0]) // K
-				f.t.AcquireShared(CPUShare, k[0]) // V
-				f.t.ReleaseShared(CPUShare, k[0]) // K gone, V remains
-				f.t.AcquireShared(CPUShare, k[1])
-				f.t.ReleaseShared(CPUShare, k[1])
-				f.t.ReleaseShared(CPUShare, k[1]) // below zero: no-op
-				f.t.ReleaseShared(Disk, k[0])     // other tier: no-op
+				f.t.acquireShared(CPUShare, k[0]) // K
+				f.t.acquireShared(CPUShare, k[0]) // V
+				f.t.releaseShared(CPUShare, k[0]) // K gone, V remains
+				f.t.acquireShared(CPUShare, k[1])
+				f.t.releaseShared(CPUShare, k[1])
+				f.t.releaseShared(CPUShare, k[1]) // below zero: no-op
+				f.t.releaseShared(Disk, k[0])     // other tier: no-op
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 16, 16)))},
@@ -263,9 +263,9 @@ func TestQueryRules(t *testing.T) {
 			name: "release below zero does not go negative",
 			setup: func(f *fixture) {
 				f.own("a", 0)
-				f.t.ReleaseShared(Disk, k[0])
-				f.t.ReleaseShared(Disk, k[0])
-				f.t.AcquireShared(Disk, k[0])
+				f.t.releaseShared(Disk, k[0])
+				f.t.releaseShared(Disk, k[0])
+				f.t.acquireShared(Disk, k[0])
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 16)))},
@@ -274,10 +274,10 @@ func TestQueryRules(t *testing.T) {
 			name: "clear device keeps the other tiers (vLLM AllBlocksCleared)",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, CPULocal, k[0])
-				f.t.Store(a, Device, k[1])
-				f.t.Store(a, Disk, k[1])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[0], Tier: CPULocal})
+				f.t.Store(a, Put{Key: k[1], Tier: Device})
+				f.t.Store(a, Put{Key: k[1], Tier: Disk})
 				f.t.ClearOwner(a, 1<<Device)
 			},
 			chain: chainOf(k...),
@@ -287,9 +287,9 @@ func TestQueryRules(t *testing.T) {
 			name: "clear all keeps the owner registered with zeros (stale)",
 			setup: func(f *fixture) {
 				a, b := f.own("a", 0), f.own("b", 0)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(a, Disk, k[1])
-				f.t.Store(b, Device, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(a, Put{Key: k[1], Tier: Disk})
+				f.t.Store(b, Put{Key: k[0], Tier: Device})
 				f.t.ClearOwner(a, AllEngineTiers)
 			},
 			chain: chainOf(k...),
@@ -302,11 +302,11 @@ func TestQueryRules(t *testing.T) {
 			name: "remove owner retracts and forgets it",
 			setup: func(f *fixture) {
 				a, b := f.own("a", 0), f.own("a", 1)
-				f.t.Store(a, Device, k[0])
-				f.t.Store(b, Device, k[0])
-				f.t.AcquireShared(CPUShare, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
+				f.t.Store(b, Put{Key: k[0], Tier: Device})
+				f.t.acquireShared(CPUShare, k[0])
 				f.t.RemoveEngineOwner(a)
-				f.t.Store(a, Device, k[1]) // late event of the removed owner
+				f.t.Store(a, Put{Key: k[1], Tier: Device}) // late event of the removed owner
 				f.t.RemoveEngineOwner(a)
 			},
 			chain: chainOf(k...),
@@ -316,7 +316,7 @@ func TestQueryRules(t *testing.T) {
 			name: "re-registering after removal starts empty",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
 				f.t.RemoveEngineOwner(a)
 				if again := f.own("a", 0); again == a {
 					panic("owner id reused")
@@ -334,12 +334,12 @@ func TestQueryRules(t *testing.T) {
 				if b.slot() != a.slot() || b == a {
 					panic("slot not reused with a new generation")
 				}
-				f.t.Store(b, Device, k[0])
-				f.t.Store(b, CPULocal, k[1])
-				f.t.Store(a, Device, k[1])
+				f.t.Store(b, Put{Key: k[0], Tier: Device})
+				f.t.Store(b, Put{Key: k[1], Tier: CPULocal})
+				f.t.Store(a, Put{Key: k[1], Tier: Device})
 				f.t.ClearOwner(a, 1<<Device)
 				f.t.ClearOwner(a, AllEngineTiers)
-				f.t.Remove(a, Device, k[0])
+				f.t.Remove(a, Put{Key: k[0], Tier: Device})
 				f.t.RemoveEngineOwner(a)
 			},
 			chain: chainOf(k...),
@@ -349,9 +349,9 @@ func TestQueryRules(t *testing.T) {
 			name: "shared tiers ignore engine tiers and vice versa",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, CPUShare, k[0])
-				f.t.AcquireShared(Device, k[0])
-				f.t.AcquireShared(CPULocal, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: CPUShare})
+				f.t.acquireShared(Device, k[0])
+				f.t.acquireShared(CPULocal, k[0])
 			},
 			chain: chainOf(k...),
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))},
@@ -360,7 +360,7 @@ func TestQueryRules(t *testing.T) {
 			name: "empty chain matches nothing",
 			setup: func(f *fixture) {
 				a := f.own("a", 0)
-				f.t.Store(a, Device, k[0])
+				f.t.Store(a, Put{Key: k[0], Tier: Device})
 			},
 			chain: chainOf(),
 			want:  []InstanceHits{inst("a", rk(0, tc(0, 0, 0, 0)))},
@@ -400,8 +400,8 @@ func TestContextSeparation(t *testing.T) {
 	a := t1.AddEngineOwner("a", 0)
 	t2.AddEngineOwner("a", 0)
 	t3.AddEngineOwner("a", 0)
-	t1.Store(a, Device, 7)
-	t1.AcquireShared(CPUShare, 8)
+	t1.Store(a, Put{Key: 7, Tier: Device})
+	t1.acquireShared(CPUShare, 8)
 	for _, tb := range []*Table{t2, t3} {
 		var res QueryResult
 		tb.Query(chainOf(7, 8), "", &res)
@@ -449,22 +449,22 @@ func TestTablesAndDrop(t *testing.T) {
 		t.Fatalf("stripes %d, want rounded up to 4", len(tb.stripes))
 	}
 	a := tb.AddEngineOwner("a", 0)
-	tb.Store(a, Device, 1)
-	tb.Store(tb.AddEngineOwner("a", 1), Device, 1) // an interned holder list
-	tb.AcquireShared(Disk, 2)
+	tb.Store(a, Put{Key: 1, Tier: Device})
+	tb.Store(tb.AddEngineOwner("a", 1), Put{Key: 1, Tier: Device}) // an interned holder list
+	tb.acquireShared(Disk, 2)
 	ix.DropTable(ctxs[0])
 	ix.DropTable(ctxs[0])
 	if ix.Table(ctxs[0]) != nil || len(ix.Tables()) != 4 {
 		t.Fatal("table not dropped")
 	}
 	// Late operations on the dropped table stay harmless.
-	tb.Store(a, Device, 3)
-	tb.Remove(a, Device, 1)
-	tb.AcquireShared(CPUShare, 4)
-	tb.ReleaseShared(Disk, 2)
+	tb.Store(a, Put{Key: 3, Tier: Device})
+	tb.Remove(a, Put{Key: 1, Tier: Device})
+	tb.acquireShared(CPUShare, 4)
+	tb.releaseShared(Disk, 2)
 	tb.ClearOwner(a, AllEngineTiers)
 	b := tb.AddEngineOwner("b", 0)
-	tb.Store(b, Device, 5)
+	tb.Store(b, Put{Key: 5, Tier: Device})
 	tb.RemoveEngineOwner(a)
 	var res QueryResult
 	tb.Query(chainOf(1, 2, 3), "", &res)
@@ -491,12 +491,12 @@ func TestStats(t *testing.T) {
 	if f.t.AddEngineOwner("a", 1) != a1 {
 		t.Fatal("AddEngineOwner is not idempotent")
 	}
-	f.t.Store(a0, Device, 1)
-	f.t.Store(a1, Device, 1)
-	f.t.Store(a1, CPULocal, 2)
-	f.t.Store(b, Disk, 3)
-	f.t.AcquireShared(Disk, 3)
-	f.t.AcquireShared(CPUShare, 4)
+	f.t.Store(a0, Put{Key: 1, Tier: Device})
+	f.t.Store(a1, Put{Key: 1, Tier: Device})
+	f.t.Store(a1, Put{Key: 2, Tier: CPULocal})
+	f.t.Store(b, Put{Key: 3, Tier: Disk})
+	f.t.acquireShared(Disk, 3)
+	f.t.acquireShared(CPUShare, 4)
 	if got := f.t.PrefixCount(); got != 4 {
 		t.Errorf("PrefixCount %d", got)
 	}
@@ -507,7 +507,7 @@ func TestStats(t *testing.T) {
 		t.Errorf("Instances %v", got)
 	}
 	f.t.RemoveEngineOwner(a1)
-	f.t.ReleaseShared(Disk, 3)
+	f.t.releaseShared(Disk, 3)
 	if got := f.t.PrefixCount(); got != 3 {
 		t.Errorf("PrefixCount after removal %d", got)
 	}
@@ -527,12 +527,12 @@ func TestManyOwnersPerBlock(t *testing.T) {
 	}
 	for _, id := range ids {
 		for key := range uint64(300) {
-			f.t.Store(id, Device, key)
+			f.t.Store(id, Put{Key: key, Tier: Device})
 			if key%3 == 0 {
-				f.t.Store(id, CPULocal, key)
+				f.t.Store(id, Put{Key: key, Tier: CPULocal})
 			}
 		}
-		f.t.AcquireShared(CPUShare, uint64(id))
+		f.t.acquireShared(CPUShare, uint64(id))
 	}
 	checkInvariants(t, f.t)
 	for i, id := range ids {
@@ -543,7 +543,7 @@ func TestManyOwnersPerBlock(t *testing.T) {
 			f.t.ClearOwner(id, 1<<Device)
 		case 2:
 			for key := uint64(0); key < 300; key += 2 {
-				f.t.Remove(id, Device, key)
+				f.t.Remove(id, Put{Key: key, Tier: Device})
 			}
 		}
 		checkInvariants(t, f.t)
@@ -563,14 +563,14 @@ func TestQueryDoesNotAllocate(t *testing.T) {
 		for r := range 2 {
 			id := f.own(string(rune('a'+i)), r)
 			for k := range uint64(64) {
-				f.t.Store(id, Device, k)
+				f.t.Store(id, Put{Key: k, Tier: Device})
 			}
 		}
 	}
 	for k := range uint64(64) {
 		keys = append(keys, k)
 	}
-	f.t.AcquireShared(CPUShare, 64)
+	f.t.acquireShared(CPUShare, 64)
 	c := chainOf(append(keys, 64)...)
 	var res QueryResult
 	f.t.Query(c, "", &res)
@@ -606,16 +606,16 @@ func TestCompaction(t *testing.T) {
 	a, b, c := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 0)
 	const n = 6000
 	for k := range uint64(n) {
-		tb.Store(a, Device, k)
+		tb.Store(a, Put{Key: k, Tier: Device})
 		if k%2 == 0 {
-			tb.Store(b, CPULocal, k)
+			tb.Store(b, Put{Key: k, Tier: CPULocal})
 		}
 		if k%3 == 0 {
-			tb.AcquireShared(CPUShare, k)
+			tb.acquireShared(CPUShare, k)
 		}
-		tb.Store(c, Device, n+k)
+		tb.Store(c, Put{Key: n + k, Tier: Device})
 		if k%7 == 0 {
-			tb.Store(c, CPULocal, n+k)
+			tb.Store(c, Put{Key: n + k, Tier: CPULocal})
 		}
 	}
 	checkInvariants(t, tb)
@@ -624,14 +624,14 @@ func TestCompaction(t *testing.T) {
 	checkInvariants(t, tb)
 	for k := range uint64(n) {
 		if k%10 != 0 {
-			tb.Remove(a, Device, k)
+			tb.Remove(a, Put{Key: k, Tier: Device})
 		}
 	}
 	checkInvariants(t, tb)
 	tb.ClearOwner(b, AllEngineTiers)
 	checkInvariants(t, tb)
 	for k := uint64(0); k < n; k += 3 {
-		tb.ReleaseShared(CPUShare, k)
+		tb.releaseShared(CPUShare, k)
 	}
 	checkInvariants(t, tb)
 	want := n/10 + (n+6)/7
@@ -672,12 +672,12 @@ func TestClearSpansManyHolds(t *testing.T) {
 	a, b, w := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("w", 0)
 	const n = 5*clearBudget + 7
 	for k := range uint64(n) {
-		tb.Store(a, Device, k)
+		tb.Store(a, Put{Key: k, Tier: Device})
 		if k%2 == 0 {
-			tb.Store(a, CPULocal, k)
+			tb.Store(a, Put{Key: k, Tier: CPULocal})
 		}
 		if k%5 == 0 {
-			tb.Store(b, Device, k)
+			tb.Store(b, Put{Key: k, Tier: Device})
 		}
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
@@ -689,9 +689,9 @@ func TestClearSpansManyHolds(t *testing.T) {
 				return
 			default:
 			}
-			tb.Store(w, Device, 1<<40+i%3000)
+			tb.Store(w, Put{Key: 1<<40 + i%3000, Tier: Device})
 			if i >= 1500 {
-				tb.Remove(w, Device, 1<<40+(i-1500)%3000)
+				tb.Remove(w, Put{Key: 1<<40 + (i-1500)%3000, Tier: Device})
 			}
 		}
 	}()
@@ -733,9 +733,9 @@ func TestBackgroundRemoval(t *testing.T) {
 	keys := make([]uint64, n)
 	for i := range keys {
 		keys[i] = benchKey(i)
-		tb.Store(a, Device, keys[i])
+		tb.Store(a, Put{Key: keys[i], Tier: Device})
 		if i%2 == 0 {
-			tb.Store(b, Device, keys[i])
+			tb.Store(b, Put{Key: keys[i], Tier: Device})
 		}
 	}
 	tb.RemoveEngineOwner(a)
@@ -753,7 +753,7 @@ func TestBackgroundRemoval(t *testing.T) {
 	if c.slot() != a.slot() || c == a {
 		t.Fatalf("slot reuse: a=%v c=%v", a, c)
 	}
-	tb.Store(c, CPULocal, keys[1])
+	tb.Store(c, Put{Key: keys[1], Tier: CPULocal})
 	tb.Query(chainOf(keys[1]), "c", &res)
 	if got := res.Instances[0].Max; got != tc(0, 16, 16, 16) {
 		t.Fatalf("c: %+v", got)
@@ -789,12 +789,12 @@ func TestReadyBatchesSpanMaxBatch(t *testing.T) {
 	for _, brk := range []int{-1, 10, maxReadyBatch + 5, 2*maxReadyBatch + 7} {
 		for i, k := range keys {
 			if i != brk {
-				tb.Store(a, Device, k)
+				tb.Store(a, Put{Key: k, Tier: Device})
 			} else {
-				tb.Remove(a, Device, k)
+				tb.Remove(a, Put{Key: k, Tier: Device})
 			}
 			if i < n/2 {
-				tb.Store(b, CPULocal, k)
+				tb.Store(b, Put{Key: k, Tier: CPULocal})
 			}
 		}
 		var want, got QueryResult
@@ -822,7 +822,7 @@ func TestBackgroundRemovalThenDrop(t *testing.T) {
 	tb := ix.EnsureTable(testCtx, hashing.Profile{})
 	a := tb.AddEngineOwner("a", 0)
 	for i := range 8 * clearBudget {
-		tb.Store(a, Device, benchKey(i))
+		tb.Store(a, Put{Key: benchKey(i), Tier: Device})
 	}
 	tb.RemoveEngineOwner(a)
 	ix.DropTable(testCtx)
@@ -833,7 +833,7 @@ func TestBackgroundRemovalThenDrop(t *testing.T) {
 	other := ContextKey{Tenant: "t2", Model: "m", BlockSize: 16}
 	tb2 := ix.EnsureTable(other, hashing.Profile{})
 	b := tb2.AddEngineOwner("b", 0)
-	tb2.Store(b, Device, 1)
+	tb2.Store(b, Put{Key: 1, Tier: Device})
 	tb2.RemoveEngineOwner(b)
 	ix.Settle()
 	if got := tb2.PrefixCount(); got != 0 {

@@ -13,11 +13,11 @@ package index
 // only ever trusted after holdsAt has compared the key under the stripe's
 // lock, so a stale or foreign hint costs one wasted line and the usual
 // probe, never a wrong answer. Verified links keep one per block
-// (hashing.Links), the one StoreLocated returned when ingest stored it.
+// (hashing.Links), the one Store returned when ingest stored it.
 
 // Locate writes to hints[i] the hint of keys[i]'s block (its slab index
 // plus one), or 0 when no block of that key is held, for a caller that did
-// not store the keys itself (StoreLocated gives the hint on the way). hints
+// not store the keys itself (Store gives the hint on the way). hints
 // must be at least as long as keys.
 func (t *Table) Locate(keys []uint64, hints []uint32) {
 	hints = hints[:len(keys)]

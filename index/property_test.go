@@ -227,12 +227,12 @@ func propertyAgainstReference(t *testing.T, prefetchAll bool) {
 			},
 			"store": func(rt *rapid.T) {
 				id, tr, k := anyID.Draw(rt, "id"), tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.Store(id, tr, k)
+				tb.Store(id, Put{Key: k, Tier: tr})
 				m.store(id, tr, k)
 			},
 			"remove": func(rt *rapid.T) {
 				id, tr, k := anyID.Draw(rt, "id"), tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.Remove(id, tr, k)
+				tb.Remove(id, Put{Key: k, Tier: tr})
 				m.remove(id, tr, k)
 			},
 			"clear": func(rt *rapid.T) {
@@ -243,12 +243,12 @@ func propertyAgainstReference(t *testing.T, prefetchAll bool) {
 			},
 			"acquire": func(rt *rapid.T) {
 				tr, k := tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.AcquireShared(tr, k)
+				tb.acquireShared(tr, k)
 				m.acquire(tr, k)
 			},
 			"release": func(rt *rapid.T) {
 				tr, k := tier.Draw(rt, "tier"), key.Draw(rt, "key")
-				tb.ReleaseShared(tr, k)
+				tb.releaseShared(tr, k)
 				m.release(tr, k)
 			},
 			"query": func(rt *rapid.T) {
@@ -324,7 +324,7 @@ func TestRandomizedAgainstReference(t *testing.T) {
 					for k, refs := range m.shared[tier] {
 						if k%8 != 0 {
 							for range refs {
-								tb.ReleaseShared(tier, k)
+								tb.releaseShared(tier, k)
 								m.release(tier, k)
 							}
 						}
@@ -333,16 +333,16 @@ func TestRandomizedAgainstReference(t *testing.T) {
 			}
 			switch n := r.IntN(1000); {
 			case n < 450:
-				tb.Store(id, tier, k)
+				tb.Store(id, Put{Key: k, Tier: tier})
 				m.store(id, tier, k)
 			case n < 700:
-				tb.Remove(id, tier, k)
+				tb.Remove(id, Put{Key: k, Tier: tier})
 				m.remove(id, tier, k)
 			case n < 780:
-				tb.AcquireShared(tier, k)
+				tb.acquireShared(tier, k)
 				m.acquire(tier, k)
 			case n < 860:
-				tb.ReleaseShared(tier, k)
+				tb.releaseShared(tier, k)
 				m.release(tier, k)
 			case n < 875:
 				mask := TierMask(r.IntN(16))
@@ -406,14 +406,14 @@ func TestWideQueryAgainstReference(t *testing.T) {
 					continue // a gap
 				}
 				tier := tiers[r.IntN(3)]
-				tb.Store(id, tier, k)
+				tb.Store(id, Put{Key: k, Tier: tier})
 				m.store(id, tier, k)
 			}
 		}
 	}
 	for k := uint64(3); k < 20; k += 1 + uint64(r.IntN(3)) {
 		tier := []Tier{CPUShare, Disk}[r.IntN(2)]
-		tb.AcquireShared(tier, k)
+		tb.acquireShared(tier, k)
 		m.acquire(tier, k)
 	}
 	var res QueryResult

@@ -451,9 +451,9 @@ func (sc *queryScratch) holdersOf(s *stripe, si int, b *block, bySlot []uint64, 
 		return m.dev, m.loc, m.dsk, m.shared
 	}
 	dev, loc, dsk, shared = hm.resolve(bySlot, lo, un, s.sets.wordsOf(id), scan)
-	// Field by field: a composite literal went through the stack and its
-	// 16-byte reload stalled on the narrow stores just made (a quarter of
-	// BenchmarkWalkMixed's time).
+	// Field by field: a composite literal goes through the stack, and its
+	// wide reload stalls on the narrow stores just made
+	// (BenchmarkWalkMixed).
 	m.id, m.epoch, m.shared = id, s.sets.epoch, shared
 	m.dev, m.loc, m.dsk = dev, loc, dsk
 	return dev, loc, dsk, shared
@@ -490,8 +490,8 @@ type holderMemoEntry struct {
 // words given (a lone holder's, or an interned list's), from the memo when
 // it has them. Only with scan does it look past the list that answered
 // last: walkKeys goes in chain order, where a block is held like the one
-// before it or like none remembered, and scanning there measured a fifth
-// slower on walks whose every block has its own holder.
+// before it or like none remembered, and scanning there only slows walks
+// whose every block has its own holder.
 func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32, scan bool) (dev, loc, dsk uint64, shared uint8) {
 	if e := &m.entries[m.last]; len(words) == e.n && slices.Equal(words, e.own[:len(words)]) {
 		return e.dev, e.loc, e.dsk, e.shared
@@ -519,8 +519,8 @@ func (m *holderMemo) resolve(bySlot []uint64, lo int, un uint, words []uint32, s
 
 // noteSmall adds one holder to walkSmall's holder sets (see note). It
 // repeats note's owner resolution on purpose: the walk is this loop, and
-// sharing the resolution through a small inlined helper made it markedly
-// slower (BENCHMARKS.md, parts: BenchmarkWalk/inst=8/ranks=2).
+// sharing the resolution through a small inlined helper slows it
+// (BENCHMARKS.md, parts: BenchmarkWalk/inst=8/ranks=2).
 func noteSmall(bySlot []uint64, lo int, n uint, p pair, dev, loc, dsk uint64, shared uint8) (uint64, uint64, uint64, uint8) {
 	id, m := p.own>>maskBits, uint64(p.own&tierBits)
 	if id == 0 {

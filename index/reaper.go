@@ -9,8 +9,8 @@ import (
 // with Options.RemovalPause set. A removed owner is unpublished at once, so
 // queries stop reporting it before any entry is touched; what is left is
 // giving its memory back, which need not compete with queries: clearing at
-// full speed takes a stripe write lock every few microseconds and slows the
-// queries running meanwhile several times on a small machine. The reaper
+// full speed takes a stripe write lock back to back and slows the queries
+// running meanwhile on a small machine. The reaper
 // clears for about reapBurst (in chunks of clearBudget, unlocking between
 // them), then sleeps for the pause, so it takes a small share of a core
 // (BENCHMARKS.md, queries while a large engine is reclaimed).

@@ -60,10 +60,6 @@ func (ix *Index) Scopes() []*Table {
 	return out
 }
 
-// IsScope reports whether the table is a producer-fed scope rather than a
-// Conductor context.
-func (t *Table) IsScope() bool { return t.scope }
-
 // ScopeKey returns the scope a producer-fed table indexes (zero for a
 // Conductor context).
 func (t *Table) ScopeKey() ScopeKey {
@@ -71,63 +67,6 @@ func (t *Table) ScopeKey() ScopeKey {
 		return ScopeKey{}
 	}
 	return ScopeKey{Tenant: t.ctx.Tenant, Model: t.ctx.Model, Scheme: t.scheme, Adapter: t.ctx.Lora}
-}
-
-// Put records that engine owner id holds key in exactly tier, replacing
-// the tiers it held key in before: producers re-report a block with its
-// current tier (last write wins), which is how a demotion from engine
-// memory to host memory arrives. It reports whether the owner did not hold
-// key before. Like Store it ignores unknown owners and shared tiers.
-func (t *Table) Put(id OwnerID, tier Tier, key uint64) (added bool) {
-	bit := engineTierBit(tier)
-	if bit == 0 {
-		return false
-	}
-	t.admit()
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
-	if s.dead || !t.registered(id) {
-		s.mu.Unlock()
-		return false
-	}
-	t.changing(s)
-	idx := s.findOrInsert(key, h)
-	b := &s.blocks[idx]
-	if k := s.findEngine(b, id); k != noPair {
-		if p := s.pairAt(b, k); p.mask() != uint8(bit) {
-			p.own = p.own&^tierBits | bit
-			s.settle(idx, b)
-		}
-		s.mu.Unlock()
-		return false
-	}
-	s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: s.ownerAppend(id, idx)})
-	s.setMask(b, b.mask()|uint8(bit))
-	t.notify(KeyAdded, id, key)
-	s.mu.Unlock()
-	return true
-}
-
-// Evict retracts key from engine owner id in every tier and reports
-// whether the owner held it.
-func (t *Table) Evict(id OwnerID, key uint64) bool {
-	s, idx := t.lockBlock(key)
-	if s == nil {
-		return false
-	}
-	b := &s.blocks[idx]
-	k := s.findEngine(b, id)
-	if k == noPair {
-		s.mu.Unlock()
-		return false
-	}
-	s.ownerRemoveAt(id, s.pairAt(b, k).aux)
-	s.removePair(b, k)
-	s.settle(idx, b)
-	t.notify(KeyEvicted, id, key)
-	s.mu.Unlock()
-	return true
 }
 
 // Has reports whether anyone holds key in any tier.

@@ -16,7 +16,7 @@ func TestScopesAreSeparateFromContexts(t *testing.T) {
 		t.Fatal("scope exists before EnsureScope")
 	}
 	s := ix.EnsureScope(k)
-	if s != ix.EnsureScope(k) || !s.IsScope() || s.ScopeKey() != k {
+	if s != ix.EnsureScope(k) || !s.scope || s.ScopeKey() != k {
 		t.Fatalf("EnsureScope gave %+v", s.ScopeKey())
 	}
 	if len(ix.Tables()) != 0 {
@@ -34,13 +34,13 @@ func TestScopesAreSeparateFromContexts(t *testing.T) {
 	if ix.Scope(k) != nil || len(ix.Scopes()) != 1 {
 		t.Fatal("DropScope kept the scope")
 	}
-	if s.Put(s.AddEngineOwner("r", 0), Device, 1) {
-		t.Fatal("a dropped scope accepted a Put")
+	if added(s.Store(s.AddEngineOwner("r", 0), Put{Key: 1, Tier: Device, Replace: true})) {
+		t.Fatal("a dropped scope accepted a replacing Store")
 	}
 }
 
 // TestPutReplacesTier checks that a re-report moves a block between tiers
-// (the demotion path), that Put and Evict report real changes only, and
+// (the demotion path), that replacing Store and Remove report real changes only, and
 // that the table stays consistent.
 func TestPutReplacesTier(t *testing.T) {
 	ix := New(Options{Stripes: 2})
@@ -48,12 +48,12 @@ func TestPutReplacesTier(t *testing.T) {
 	a, b := s.AddEngineOwner("a", 0), s.AddEngineOwner("b", 0)
 	keys := []uint64{10, 11, 12}
 	for _, k := range keys {
-		if !s.Put(a, Device, k) {
-			t.Fatalf("first Put of %d not reported as added", k)
+		if !added(s.Store(a, Put{Key: k, Tier: Device, Replace: true})) {
+			t.Fatalf("first replacing Store of %d not reported as added", k)
 		}
 	}
-	s.Put(b, Device, 10)
-	if s.Put(a, CPULocal, 11) {
+	s.Store(b, Put{Key: 10, Tier: Device, Replace: true})
+	if added(s.Store(a, Put{Key: 11, Tier: CPULocal, Replace: true})) {
 		t.Fatal("a re-report counted as an addition")
 	}
 	var res QueryResult
@@ -68,8 +68,8 @@ func TestPutReplacesTier(t *testing.T) {
 	if got := s.TierBlocks(); got != [4]int{2, 1, 0, 0} {
 		t.Fatalf("tier blocks %v", got)
 	}
-	if !s.Evict(a, 11) || s.Evict(a, 11) || s.Evict(b, 11) {
-		t.Fatal("Evict reports wrong")
+	if !s.Remove(a, Put{Key: 11, Replace: true}) || s.Remove(a, Put{Key: 11, Replace: true}) || s.Remove(b, Put{Key: 11, Replace: true}) {
+		t.Fatal("replacing Remove reports wrong")
 	}
 	if s.Has(11) || !s.Has(10) {
 		t.Fatal("Has disagrees with the evictions")
@@ -119,15 +119,15 @@ func TestWatcherSeesEveryChange(t *testing.T) {
 	ix.SetWatcher(r)
 	tb := ix.EnsureTable(ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, hashing.Profile{})
 	id := tb.AddEngineOwner("i", 0)
-	tb.Store(id, Device, 1)
-	tb.Store(id, Disk, 1) // same owner, same key: not a new key
-	tb.Remove(id, Device, 1)
-	tb.Remove(id, Disk, 1)
-	tb.AcquireShared(CPUShare, 2)
-	tb.AcquireShared(CPUShare, 2)
-	tb.ReleaseShared(CPUShare, 2)
-	tb.ReleaseShared(CPUShare, 2)
-	tb.Store(id, Device, 3)
+	tb.Store(id, Put{Key: 1, Tier: Device})
+	tb.Store(id, Put{Key: 1, Tier: Disk}) // same owner, same key: not a new key
+	tb.Remove(id, Put{Key: 1, Tier: Device})
+	tb.Remove(id, Put{Key: 1, Tier: Disk})
+	tb.acquireShared(CPUShare, 2)
+	tb.acquireShared(CPUShare, 2)
+	tb.releaseShared(CPUShare, 2)
+	tb.releaseShared(CPUShare, 2)
+	tb.Store(id, Put{Key: 3, Tier: Device})
 	tb.ClearOwner(id, AllEngineTiers)
 	tb.RemoveEngineOwner(id)
 	want := []seen{
@@ -141,7 +141,7 @@ func TestWatcherSeesEveryChange(t *testing.T) {
 	r.mu.Lock()
 	r.on = false
 	r.mu.Unlock()
-	tb.Store(tb.AddEngineOwner("j", 0), Device, 4)
+	tb.Store(tb.AddEngineOwner("j", 0), Put{Key: 4, Tier: Device})
 	if got := r.take(); len(got) != 0 {
 		t.Fatalf("a watcher not watching got %v", got)
 	}

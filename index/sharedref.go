@@ -42,15 +42,22 @@ type refKey struct {
 	bit uint32
 }
 
-// SharedRef is one reference an outside owner holds on a key's shared tier.
-// It belongs to one table: take it with Table.AcquireSharedRef, give it back
-// with Table.ReleaseSharedRef, each at most once.
+// SharedRef is one reference an outside owner holds on a key's shared tier
+// for one KV-cache group. It belongs to one table: take it with
+// Table.Acquire, give it back with Table.Release, each at most once.
+//
+// A reference of group 0 is owned and evictable as described above; those
+// cover group 0, which every dense and hybrid model has. One of another
+// group is a plain count of that group beside the key (the end of this
+// file): the stripe is charged a fixed size per key for such counts instead
+// of the reference's cost, and they are never evicted or orphaned.
 type SharedRef struct {
 	// Owner is the owner's record, for the owner to find it again when
 	// Orphans hands the reference back.
 	Owner any
 
 	tier    Tier
+	group   int
 	key     uint64
 	cost    int64
 	orphans *Orphans
@@ -61,23 +68,19 @@ type SharedRef struct {
 	gone atomic.Bool
 }
 
-// NewSharedRef makes a reference on key's shared tier for owner, whose
-// record accounts for cost bytes; orphans (may be nil) receives it if the
-// index evicts it.
-func NewSharedRef(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) *SharedRef {
-	r := &SharedRef{}
-	r.Init(owner, tier, key, cost, orphans)
-	return r
-}
-
-// Init makes r, never taken, what NewSharedRef returns, for an owner that
-// embeds its reference and saves an allocation.
-func (r *SharedRef) Init(owner any, tier Tier, key uint64, cost int64, orphans *Orphans) {
-	*r = SharedRef{Owner: owner, tier: tier, key: key, cost: max(cost, 0), orphans: orphans}
+// Init makes r a reference, not taken, on key's shared tier for KV-cache
+// group group, for owner, whose record accounts for cost bytes; orphans
+// (may be nil) receives it if the index evicts it. Owners embed their
+// reference, which saves an allocation per binding.
+func (r *SharedRef) Init(owner any, tier Tier, group int, key uint64, cost int64, orphans *Orphans) {
+	*r = SharedRef{Owner: owner, tier: tier, group: group, key: key, cost: max(cost, 0), orphans: orphans}
 }
 
 // Tier is the shared tier the reference is on.
 func (r *SharedRef) Tier() Tier { return r.tier }
+
+// Group is the KV-cache group the reference is on.
+func (r *SharedRef) Group() int { return r.group }
 
 // Key is the block key the reference is on.
 func (r *SharedRef) Key() uint64 { return r.key }
@@ -117,11 +120,17 @@ func (o *Orphans) Len() int {
 	return len(o.refs)
 }
 
-// AcquireSharedRef takes reference r on its key's shared tier, as
-// AcquireShared does, and charges r's cost to the budget while it is held.
-// It reports false, taking nothing, for a dropped table, a tier that is not
-// shared, or a reference already taken.
-func (t *Table) AcquireSharedRef(r *SharedRef) bool {
+// Acquire takes reference r on its key's shared tier (CPUShare or Disk).
+// A Mooncake binding takes one per object, so a block split into K and V
+// objects holds two references and stays visible until both are released.
+// A reference of group 0 charges its cost to the budget while it is held.
+// Acquire reports false, taking nothing, for a dropped table, a tier that
+// is not shared, a group outside [0, MaxGroups), or a reference already
+// taken.
+func (t *Table) Acquire(r *SharedRef) bool {
+	if r.group != 0 {
+		return t.acquireGroup(r)
+	}
 	bit := sharedTierBit(r.tier)
 	if bit == 0 {
 		return false
@@ -150,11 +159,15 @@ func (t *Table) AcquireSharedRef(r *SharedRef) bool {
 	return true
 }
 
-// ReleaseSharedRef gives back reference r: its cost leaves the budget and
-// the key leaves the shared tier with its last reference. A reference not
-// held (never taken, released already, or evicted) is a no-op, so it never
+// Release gives back reference r: its cost leaves the budget and the key
+// leaves the shared tier with its last reference. A reference not held
+// (never taken, released already, or evicted) is a no-op, so it never
 // takes a count another reference holds.
-func (t *Table) ReleaseSharedRef(r *SharedRef) {
+func (t *Table) Release(r *SharedRef) {
+	if r.group != 0 {
+		t.releaseGroup(r)
+		return
+	}
 	bit := sharedTierBit(r.tier)
 	if bit == 0 {
 		return
@@ -247,11 +260,11 @@ func (r *SharedRef) orphan() {
 	r.gone.Store(true)
 }
 
-// AdjustSharedRef changes what held reference r accounts for by delta
+// Adjust changes what held reference r of group 0 accounts for by delta
 // bytes (its owner's record grew or shrank) and reports whether r is held;
-// a reference not held is left alone.
-func (t *Table) AdjustSharedRef(r *SharedRef, delta int64) bool {
-	if sharedTierBit(r.tier) == 0 {
+// a reference not held, or of another group, is left alone.
+func (t *Table) Adjust(r *SharedRef, delta int64) bool {
+	if sharedTierBit(r.tier) == 0 || r.group != 0 {
 		return false
 	}
 	if delta > 0 {
@@ -267,4 +280,133 @@ func (t *Table) AdjustSharedRef(r *SharedRef, delta int64) bool {
 	r.cost += delta
 	s.charge(delta)
 	return true
+}
+
+// acquireSharedLocked adds one reference to key's shared pair of tier bit
+// in stripe s (whose write lock the caller holds and which is not dead),
+// creating the pair and telling watchers of the key when it is the first;
+// a saturated count stays saturated.
+func (t *Table) acquireSharedLocked(s *stripe, bit uint32, key, h uint64) {
+	t.changing(s)
+	idx := s.findOrInsert(key, h)
+	b := &s.blocks[idx]
+	k := s.findShared(b, bit)
+	if k != noPair {
+		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
+			p.aux++
+		}
+	} else {
+		s.addPair(b, pair{own: bit, aux: 1})
+	}
+	s.setMask(b, b.mask()|uint8(bit))
+	if k == noPair {
+		t.notify(KeyAdded, 0, key)
+	}
+}
+
+// Shared references of KV-cache groups other than 0 (docs/hybrid.md#mooncake)
+// are plain counts per key and group, which the hybrid walk reads beside
+// the block's group 0 holders.
+
+// sharedGroupBytes is the accounted cost of a key's counts of other groups
+// (the map entry and its counts, budget.go).
+const sharedGroupBytes = 8 + 8 + MaxGroups*8 + 48
+
+// sharedGroupRefs are one key's shared references per KV-cache group
+// (index 0 unused: group 0 is the block's shared pairs) and shared tier
+// (CPUShare, Disk).
+type sharedGroupRefs [MaxGroups][2]uint32
+
+// word packs the groups with references: CPUShare's in the low groupBits,
+// Disk's above; 0 for a nil r.
+func (r *sharedGroupRefs) word() uint32 {
+	if r == nil {
+		return 0
+	}
+	var w uint32
+	for g := 1; g < MaxGroups; g++ {
+		if r[g][0] != 0 {
+			w |= 1 << g
+		}
+		if r[g][1] != 0 {
+			w |= 1 << (groupBits + g)
+		}
+	}
+	return w
+}
+
+func sharedSlot(tier Tier) int {
+	switch tier {
+	case CPUShare:
+		return 0
+	case Disk:
+		return 1
+	}
+	return -1
+}
+
+// lockSharedGroup returns key's stripe, write-locked, and tier's slot in
+// a sharedGroupRefs, for a reference of group g; nil when tier or g is not
+// one a group reference can have.
+func (t *Table) lockSharedGroup(tier Tier, g int, key uint64) (*stripe, int) {
+	i := sharedSlot(tier)
+	if i < 0 || g < 0 || g >= MaxGroups {
+		return nil, 0
+	}
+	s := t.stripeFor(mix(key))
+	s.mu.Lock()
+	return s, i
+}
+
+// acquireGroup is Acquire for a reference of a KV-cache group other than
+// 0: a hybrid model's Mooncake object of that group, counted beside the
+// block.
+func (t *Table) acquireGroup(r *SharedRef) bool {
+	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
+	if s == nil {
+		return false
+	}
+	defer s.mu.Unlock()
+	if s.dead || r.held {
+		return false
+	}
+	t.changing(s)
+	t.sharedGroups.Store(true)
+	if s.sharedGroups == nil {
+		s.sharedGroups = make(map[uint64]*sharedGroupRefs)
+	}
+	c := s.sharedGroups[r.key]
+	if c == nil {
+		c = new(sharedGroupRefs)
+		s.sharedGroups[r.key] = c
+		s.charge(sharedGroupBytes)
+	}
+	if c[r.group][i] != ^uint32(0) {
+		c[r.group][i]++
+	}
+	r.held = true
+	return true
+}
+
+// releaseGroup drops the count acquireGroup took.
+func (t *Table) releaseGroup(r *SharedRef) {
+	s, i := t.lockSharedGroup(r.tier, r.group, r.key)
+	if s == nil {
+		return
+	}
+	defer s.mu.Unlock()
+	if !r.held {
+		return
+	}
+	r.held = false
+	c := s.sharedGroups[r.key]
+	if s.dead || c == nil || c[r.group][i] == 0 {
+		return
+	}
+	t.changing(s)
+	c[r.group][i]--
+	if *c == (sharedGroupRefs{}) {
+		delete(s.sharedGroups, r.key)
+		s.charge(-sharedGroupBytes)
+	}
 }

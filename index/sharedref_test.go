@@ -36,12 +36,12 @@ func TestSharedRefEvictedReleaseIsNoOp(t *testing.T) {
 	tb := ix.EnsureTable(testCtx, hashing.Profile{})
 	base := ix.MemoryBytes()
 	var orphans Orphans
-	a := NewSharedRef("a", CPUShare, 7, 500, &orphans)
-	b := NewSharedRef("b", CPUShare, 7, 300, &orphans)
-	if !tb.AcquireSharedRef(a) || !tb.AcquireSharedRef(b) {
+	a := newSharedRef("a", CPUShare, 7, 500, &orphans)
+	b := newSharedRef("b", CPUShare, 7, 300, &orphans)
+	if !tb.Acquire(a) || !tb.Acquire(b) {
 		t.Fatal("acquire refused on a live table")
 	}
-	if tb.AcquireSharedRef(a) {
+	if tb.Acquire(a) {
 		t.Fatal("a reference was taken twice")
 	}
 	if got := sharedCount(tb, CPUShare, 7); got != 2 {
@@ -64,18 +64,18 @@ func TestSharedRefEvictedReleaseIsNoOp(t *testing.T) {
 	if err := accountErr(tb); err != nil {
 		t.Fatal(err)
 	}
-	c := NewSharedRef("c", CPUShare, 7, 100, &orphans)
-	tb.AcquireSharedRef(c)
-	tb.ReleaseSharedRef(a) // evicted: must not take c's count
-	tb.ReleaseShared(CPUShare, 7)
+	c := newSharedRef("c", CPUShare, 7, 100, &orphans)
+	tb.Acquire(c)
+	tb.Release(a) // evicted: must not take c's count
+	tb.releaseShared(CPUShare, 7)
 	if got := sharedCount(tb, CPUShare, 7); got != 1 {
 		t.Fatalf("after releasing an evicted reference and an anonymous one, count = %d, want c's 1", got)
 	}
-	if tb.AcquireSharedRef(a) {
+	if tb.Acquire(a) {
 		t.Fatal("an evicted reference was taken again")
 	}
-	tb.ReleaseSharedRef(c)
-	tb.ReleaseSharedRef(c)
+	tb.Release(c)
+	tb.Release(c)
 	if tb.Has(7) {
 		t.Fatal("key 7 kept a holder after its last reference was released")
 	}
@@ -95,16 +95,16 @@ func TestSharedRefDropOrphans(t *testing.T) {
 	defer ix.Close()
 	tb := ix.EnsureTable(testCtx, hashing.Profile{})
 	var orphans Orphans
-	refs := []*SharedRef{NewSharedRef(1, Disk, 1, 10, &orphans), NewSharedRef(2, CPUShare, 2, 10, &orphans)}
+	refs := []*SharedRef{newSharedRef(1, Disk, 1, 10, &orphans), newSharedRef(2, CPUShare, 2, 10, &orphans)}
 	for _, r := range refs {
-		tb.AcquireSharedRef(r)
+		tb.Acquire(r)
 	}
 	ix.DropTable(testCtx)
 	if orphans.Len() != 2 || !refs[0].Gone() || !refs[1].Gone() {
 		t.Fatalf("after the drop %d orphans, gone %v %v; want both", orphans.Len(), refs[0].Gone(), refs[1].Gone())
 	}
-	tb.ReleaseSharedRef(refs[0])
-	if tb.AcquireSharedRef(NewSharedRef(3, Disk, 3, 10, nil)) {
+	tb.Release(refs[0])
+	if tb.Acquire(newSharedRef(3, Disk, 3, 10, nil)) {
 		t.Fatal("a dropped table took a reference")
 	}
 }

@@ -13,6 +13,25 @@ import (
 // references hold which projected keys in which tier. Keys are spread over
 // independently locked stripes so ingestion of one key never blocks queries
 // touching others.
+//
+// Layout, chosen for memory per (block, owner) (BENCHMARKS.md, index
+// memory; less when owners share blocks) and for operations that cost what
+// they touch:
+//
+//   - A Table is split into power-of-two stripes by a mix of the key; each
+//     stripe has its own RWMutex, so writers of one stripe never stall
+//     readers of another and a query holds one read lock per block.
+//   - A stripe is a slab of 24-byte blocks (key, one inline holder, overflow
+//     handle, union tier mask) with stable indices, plus a linear-probing
+//     index of uint32 slots (slab index + hash fingerprint).
+//   - A holder is 8 bytes: engine owner id and tier bits, plus the block's
+//     position in that owner's per-stripe reverse list (which makes
+//     ClearOwner and RemoveEngineOwner proportional to what the owner holds
+//     and removal O(1)); shared tiers are one holder per tier whose second
+//     word is the reference count.
+//   - Registration is an immutable snapshot swapped atomically, so the query
+//     path maps holders to reported owners without locks, and walks with one
+//     bitset per cumulative tier.
 type Table struct {
 	ctx     ContextKey
 	profile hashing.Profile
@@ -310,245 +329,6 @@ func (v *ownerView) position(id OwnerID) int {
 // stripe lock, which is what orders it against RemoveEngineOwner.
 func (t *Table) registered(id OwnerID) bool {
 	return t.view.Load().position(id) >= 0
-}
-
-func engineTierBit(tier Tier) uint32 {
-	switch tier {
-	case Device, CPULocal, Disk:
-		return 1 << tier
-	}
-	return 0
-}
-
-func sharedTierBit(tier Tier) uint32 {
-	switch tier {
-	case CPUShare, Disk:
-		return 1 << tier
-	}
-	return 0
-}
-
-// Store records that engine owner id holds key in tier (Device, CPULocal or
-// Disk; other tiers are ignored because engines cannot hold them). It is
-// idempotent, as replayed or re-asserted events require, and a no-op for an
-// unknown or removed owner.
-func (t *Table) Store(id OwnerID, tier Tier, key uint64) { t.store(id, tier, 0, key) }
-
-// StoreLocated is Store that also returns the block's hint (its slab index
-// plus one, locate.go), 0 when nothing was stored: ingest keeps it for the
-// verified links without looking the block up again.
-func (t *Table) StoreLocated(id OwnerID, tier Tier, key uint64) uint32 {
-	return t.store(id, tier, 0, key)
-}
-
-// store is Store for KV-cache group g (groups.go); group 0 of an owner that
-// never stored another group costs nothing beyond Store's own work. It
-// returns the block's hint, as StoreLocated.
-func (t *Table) store(id OwnerID, tier Tier, g uint, key uint64) uint32 {
-	bit := engineTierBit(tier)
-	if bit == 0 || g >= MaxGroups {
-		return 0
-	}
-	t.admit()
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
-	if s.dead || !t.registered(id) {
-		s.mu.Unlock()
-		return 0
-	}
-	t.changing(s)
-	idx := s.findOrInsert(key, h)
-	b := &s.blocks[idx]
-	k := s.findEngine(b, id)
-	var before uint8
-	var pos uint32
-	if k != noPair {
-		p := s.pairAt(b, k)
-		before, pos = p.mask(), p.aux
-		if p.own&bit == 0 {
-			p.own |= bit
-			s.reintern(b)
-		}
-	} else {
-		pos = s.ownerAppend(id, idx)
-		s.addPair(b, pair{own: uint32(id)<<maskBits | bit, aux: pos})
-	}
-	if g != 0 || s.groups != nil {
-		s.groupStored(id.slot(), pos, before, tier, g)
-	}
-	s.setMask(b, b.mask()|uint8(bit))
-	if k == noPair {
-		t.notify(KeyAdded, id, key)
-	}
-	s.mu.Unlock()
-	return uint32(idx + 1)
-}
-
-// lockBlock write-locks key's stripe and returns it with the block's slab
-// index, for removals (which never create a block); s is nil, and nothing
-// is locked, when the table is dropped or the key is absent.
-func (t *Table) lockBlock(key uint64) (s *stripe, idx int) {
-	h := mix(key)
-	s = t.stripeFor(h)
-	s.mu.Lock()
-	if !s.dead {
-		if idx = s.find(key, h); idx >= 0 {
-			t.changing(s)
-			return s, idx
-		}
-	}
-	s.mu.Unlock()
-	return nil, -1
-}
-
-// Remove retracts one tier of key from engine owner id; anything absent is a
-// no-op, since removals may refer to blocks the index never saw.
-func (t *Table) Remove(id OwnerID, tier Tier, key uint64) { t.remove(id, tier, 0, key) }
-
-// remove is Remove for KV-cache group g: the tier stays held while another
-// group of the owner still holds the key there.
-func (t *Table) remove(id OwnerID, tier Tier, g uint, key uint64) {
-	bit := engineTierBit(tier)
-	if bit == 0 || g >= MaxGroups {
-		return
-	}
-	s, idx := t.lockBlock(key)
-	if s == nil {
-		return
-	}
-	defer s.mu.Unlock()
-	b := &s.blocks[idx]
-	k := s.findEngine(b, id)
-	if k == noPair {
-		return
-	}
-	p := s.pairAt(b, k)
-	if p.own&bit == 0 {
-		return
-	}
-	if g != 0 || s.groups != nil {
-		if held, changed := s.groupRemoved(id.slot(), p.aux, p.mask(), tier, g); !changed || held {
-			return
-		}
-	}
-	p.own &^= bit
-	gone := p.mask() == 0
-	if gone {
-		s.ownerRemoveAt(id, p.aux)
-		s.removePair(b, k)
-	}
-	s.settle(idx, b)
-	if gone {
-		t.notify(KeyEvicted, id, key)
-	}
-}
-
-// ClearOwner retracts the given tiers of everything engine owner id holds:
-// vLLM's AllBlocksCleared clears Device, SGLang's all tiers, a stale source
-// AllEngineTiers. The owner stays registered. Cost is proportional to what
-// the owner holds, through its per-stripe reverse lists.
-func (t *Table) ClearOwner(id OwnerID, tiers TierMask) {
-	m := uint8(tiers) & engineBit
-	if m == 0 {
-		return
-	}
-	t.clearOwner(id, m, nil)
-	t.notify(OwnerCleared, id, 0)
-}
-
-// clearOwner removes tiers m from every block id holds, one stripe at a time
-// and at most clearBudget blocks per write-lock hold, so queries and other
-// writers get in between. After each hold it calls between, when set (the
-// reaper's pacing); between returning false abandons the clear.
-func (t *Table) clearOwner(id OwnerID, m uint8, between func() bool) {
-	for i := range t.stripes {
-		s := &t.stripes[i]
-		for from := -1; from != 0; {
-			s.mu.Lock()
-			if s.dead {
-				from = 0
-			} else {
-				t.changing(s)
-				from = s.clearOwner(id, m, from, clearBudget)
-			}
-			s.mu.Unlock()
-			if between != nil && !between() {
-				return
-			}
-		}
-	}
-}
-
-// AcquireShared adds one reference to key in a shared tier (CPUShare or
-// Disk). The Mooncake binding table calls it once per object binding, so a
-// block split into K and V objects holds two references and stays visible
-// until both are released.
-func (t *Table) AcquireShared(tier Tier, key uint64) {
-	bit := sharedTierBit(tier)
-	if bit == 0 {
-		return
-	}
-	t.admit()
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
-	if s.dead {
-		s.mu.Unlock()
-		return
-	}
-	t.acquireSharedLocked(s, bit, key, h)
-	s.mu.Unlock()
-}
-
-// acquireSharedLocked adds one reference to key's shared pair of tier bit
-// in stripe s (whose write lock the caller holds and which is not dead),
-// creating the pair and telling watchers of the key when it is the first;
-// a saturated count stays saturated.
-func (t *Table) acquireSharedLocked(s *stripe, bit uint32, key, h uint64) {
-	t.changing(s)
-	idx := s.findOrInsert(key, h)
-	b := &s.blocks[idx]
-	k := s.findShared(b, bit)
-	if k != noPair {
-		if p := s.pairAt(b, k); p.aux != ^uint32(0) {
-			p.aux++
-		}
-	} else {
-		s.addPair(b, pair{own: bit, aux: 1})
-	}
-	s.setMask(b, b.mask()|uint8(bit))
-	if k == noPair {
-		t.notify(KeyAdded, 0, key)
-	}
-}
-
-// ReleaseShared drops one reference taken by AcquireShared; the key leaves
-// the shared tier with its last reference and never goes below zero.
-func (t *Table) ReleaseShared(tier Tier, key uint64) {
-	bit := sharedTierBit(tier)
-	if bit == 0 {
-		return
-	}
-	s, idx := t.lockBlock(key)
-	if s == nil {
-		return
-	}
-	defer s.mu.Unlock()
-	b := &s.blocks[idx]
-	k := s.findShared(b, bit)
-	if k == noPair {
-		return
-	}
-	p := s.pairAt(b, k)
-	if p.aux <= uint32(s.refsHeld(refKey{key, bit})) {
-		return // the rest are owned references (ReleaseSharedRef)
-	}
-	if p.aux--; p.aux == 0 {
-		s.removePair(b, k)
-		s.settle(idx, b)
-		t.notify(KeyEvicted, 0, key)
-	}
 }
 
 // drop forgets everything and turns every later operation into a no-op, so

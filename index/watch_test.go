@@ -40,16 +40,16 @@ func TestKeyChangesAreToldUnderTheStripeLock(t *testing.T) {
 	scope := ix.EnsureScope(ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"})
 	a, r := ctx.AddEngineOwner("a", 0), scope.AddEngineOwner("r", 0)
 
-	ctx.Store(a, Device, 1)
-	ctx.Store(a, CPULocal, 1) // the owner already holds the key: no change told
-	ctx.Remove(a, Device, 1)
-	ctx.Remove(a, CPULocal, 1)
-	ctx.AcquireShared(CPUShare, 2)
-	ctx.AcquireShared(CPUShare, 2)
-	ctx.ReleaseShared(CPUShare, 2)
-	ctx.ReleaseShared(CPUShare, 2)
-	scope.Put(r, Device, 3)
-	scope.Evict(r, 3)
+	ctx.Store(a, Put{Key: 1, Tier: Device})
+	ctx.Store(a, Put{Key: 1, Tier: CPULocal}) // the owner already holds the key: no change told
+	ctx.Remove(a, Put{Key: 1, Tier: Device})
+	ctx.Remove(a, Put{Key: 1, Tier: CPULocal})
+	ctx.acquireShared(CPUShare, 2)
+	ctx.acquireShared(CPUShare, 2)
+	ctx.releaseShared(CPUShare, 2)
+	ctx.releaseShared(CPUShare, 2)
+	scope.Store(r, Put{Key: 3, Tier: Device, Replace: true})
+	scope.Remove(r, Put{Key: 3, Replace: true})
 
 	want := []ChangeKind{OwnerUpdated, OwnerUpdated,
 		KeyAdded, KeyEvicted, KeyAdded, KeyEvicted, KeyAdded, KeyEvicted}

@@ -276,9 +276,11 @@ func (h *harness) store(s *storeStep) error {
 			break
 		}
 		if s.Shared {
-			tbl.AcquireShared(tier, key)
+			r := new(index.SharedRef)
+			r.Init(nil, tier, 0, key, 0, nil)
+			tbl.Acquire(r)
 		} else {
-			tbl.Store(owner, tier, key)
+			tbl.Store(owner, index.Put{Key: key, Tier: tier})
 		}
 	}
 	return nil

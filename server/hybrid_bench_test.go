@@ -44,7 +44,7 @@ func hybridFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, 
 			break
 		}
 		for _, id := range owners {
-			tbl.StoreGroup(id, index.Device, 1, k)
+			tbl.Store(id, index.Put{Key: k, Tier: index.Device, Group: 1})
 		}
 	}
 	hashing.ReleaseChain(ch)

@@ -148,15 +148,15 @@ func TestHybridQueryAgainstReference(t *testing.T) {
 			j := rapid.IntRange(0, len(keys)-1).Draw(rt, "key")
 			if rapid.IntRange(0, 3).Draw(rt, "op") > 0 {
 				for k := j; k < min(len(keys), j+rapid.IntRange(1, 10).Draw(rt, "run")); k++ {
-					tbl.StoreGroup(hyb, index.Device, g, keys[k])
+					tbl.Store(hyb, index.Put{Key: keys[k], Tier: index.Device, Group: g})
 					held[[2]int{g, k}] = true
-					tbl.Store(dense, index.Device, keys[k])
+					tbl.Store(dense, index.Put{Key: keys[k], Tier: index.Device})
 					denseHeld[k] = true
 				}
 			} else {
-				tbl.RemoveGroup(hyb, index.Device, g, keys[j])
+				tbl.Remove(hyb, index.Put{Key: keys[j], Tier: index.Device, Group: g})
 				delete(held, [2]int{g, j})
-				tbl.Remove(dense, index.Device, keys[j])
+				tbl.Remove(dense, index.Put{Key: keys[j], Tier: index.Device})
 				delete(denseHeld, j)
 			}
 		}

@@ -71,7 +71,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 				break
 			}
 			for _, id := range owners {
-				tbl.Store(id, index.Device, k)
+				tbl.Store(id, index.Put{Key: k, Tier: index.Device})
 			}
 		}
 		hashing.ReleaseChain(ch)

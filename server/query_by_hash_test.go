@@ -103,13 +103,15 @@ func TestQueryByHashEqualsQuery(t *testing.T) {
 			tier := index.Tier(rapid.IntRange(0, 3).Draw(rt, "tier"))
 			if tier == index.CPUShare {
 				for _, k := range keys[:n] {
-					tbl.AcquireShared(tier, k)
+					r := new(index.SharedRef)
+					r.Init(nil, tier, 0, k, 0, nil)
+					tbl.Acquire(r)
 				}
 				continue
 			}
 			owner := tbl.AddEngineOwner(fmt.Sprintf("%s-i%d", model, rapid.IntRange(0, nInst-1).Draw(rt, "owner")), 0)
 			for _, k := range keys[:n] {
-				tbl.Store(owner, tier, k)
+				tbl.Store(owner, index.Put{Key: k, Tier: tier})
 			}
 		}
 		for range rapid.IntRange(1, 4).Draw(rt, "queries") {
@@ -147,7 +149,7 @@ func TestQueryByHashJSON(t *testing.T) {
 		t.Fatal("register refused")
 	}
 	tbl := h.ix.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
-	tbl.Store(tbl.AddEngineOwner("a", 0), index.Device, 16863443419780771464)
+	tbl.Store(tbl.AddEngineOwner("a", 0), index.Put{Key: 16863443419780771464, Tier: index.Device})
 	q, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "seq_hashes": []uint64{16863443419780771464, 12466389667045779788}})
 	st, ans, ct := h.rawPost("/query_by_hash", q, "application/json")
 	var got map[string]any

@@ -102,9 +102,9 @@ func benchChecker(key string, p *hashing.Profile) *hashcheck.Checker {
 
 type nopSink struct{}
 
-func (nopSink) Store(index.OwnerID, index.Tier, uint64)  {}
-func (nopSink) Remove(index.OwnerID, index.Tier, uint64) {}
-func (nopSink) ClearOwner(index.OwnerID, index.TierMask) {}
+func (nopSink) Store(index.OwnerID, index.Put) (uint32, bool) { return 0, true }
+func (nopSink) Remove(index.OwnerID, index.Put) bool          { return true }
+func (nopSink) ClearOwner(index.OwnerID, index.TierMask)      {}
 
 // BenchmarkDecodeVLLMBatch measures decoding and dispatch of one 16-block
 // BlockStored batch, without sockets; it must not allocate.

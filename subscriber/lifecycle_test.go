@@ -411,8 +411,10 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	prof := eventtest.ResolveProfile(t, reg)
 	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
 	other := tb.AddEngineOwner("vllm-b", 0)
-	tb.Store(other, index.Device, 2164874634404590027)
-	tb.AcquireShared(index.CPUShare, 99) // another master's object
+	tb.Store(other, index.Put{Key: 2164874634404590027, Tier: index.Device})
+	var ref index.SharedRef // another master's object
+	ref.Init(nil, index.CPUShare, 0, 99, 0, nil)
+	tb.Acquire(&ref)
 
 	pubV := newPublisher(t, ipcEndpoint(t, "v"))
 	sv, err := Start(Config{
@@ -485,9 +487,9 @@ func TestCountersSnapshot(t *testing.T) {
 // slowSink makes every store take a while, like a contended index.
 type slowSink struct{ eventtest.Recorder }
 
-func (s *slowSink) Store(id index.OwnerID, t index.Tier, k uint64) {
+func (s *slowSink) Store(id index.OwnerID, p index.Put) (uint32, bool) {
 	time.Sleep(100 * time.Microsecond)
-	s.Recorder.Store(id, t, k)
+	return s.Recorder.Store(id, p)
 }
 
 // TestStopPromptBehindBacklog: with thousands of batches queued and a slow
@@ -520,7 +522,7 @@ func TestStopPromptBehindBacklog(t *testing.T) {
 // panicSink stands in for an index bug.
 type panicSink struct{ eventtest.Recorder }
 
-func (p *panicSink) Store(index.OwnerID, index.Tier, uint64) { panic("index bug") }
+func (p *panicSink) Store(index.OwnerID, index.Put) (uint32, bool) { panic("index bug") }
 
 // TestPanicMakesStale: a panic while applying a batch retracts the source
 // instead of crashing the service.

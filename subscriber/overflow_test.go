@@ -21,15 +21,15 @@ type gateSink struct {
 	release chan struct{}
 }
 
-func (s *gateSink) Store(id index.OwnerID, t index.Tier, k uint64) {
+func (s *gateSink) Store(id index.OwnerID, p index.Put) (uint32, bool) {
 	s.once.Do(func() {
 		close(s.entered)
 		<-s.release
 	})
-	s.inner.Store(id, t, k)
+	return s.inner.Store(id, p)
 }
-func (s *gateSink) Remove(id index.OwnerID, t index.Tier, k uint64) { s.inner.Remove(id, t, k) }
-func (s *gateSink) ClearOwner(id index.OwnerID, m index.TierMask)   { s.inner.ClearOwner(id, m) }
+func (s *gateSink) Remove(id index.OwnerID, p index.Put) bool     { return s.inner.Remove(id, p) }
+func (s *gateSink) ClearOwner(id index.OwnerID, m index.TierMask) { s.inner.ClearOwner(id, m) }
 
 // TestHWMOverflowIsRecoveredAsGap: a publisher that bursts while its
 // subscriber reads nothing overflows the high-water marks, so ZMQ silently

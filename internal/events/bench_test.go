@@ -40,9 +40,9 @@ func benchStoreRemove(b *testing.B, reg string, mod func(map[string]any)) {
 
 type nopShared struct{}
 
-func (nopShared) AcquireSharedRef(*index.SharedRef) bool       { return true }
-func (nopShared) ReleaseSharedRef(*index.SharedRef)            {}
-func (nopShared) AdjustSharedRef(*index.SharedRef, int64) bool { return true }
+func (nopShared) Acquire(*index.SharedRef) bool       { return true }
+func (nopShared) Release(*index.SharedRef)            {}
+func (nopShared) Adjust(*index.SharedRef, int64) bool { return true }
 
 // BenchmarkMooncakeStoreRemoveIndexed is BenchmarkMooncakeStoreRemove
 // against a real table of a bounded index, so each binding's reference is

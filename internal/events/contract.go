@@ -124,19 +124,13 @@ func (b *batch) DPRank() (uint64, bool) { return b.env.dp, b.env.dpPresent }
 
 // EngineSink is the part of an index table an engine (vLLM/SGLang) source
 // writes to. *index.Table satisfies it; tests substitute a recorder so fixture
-// effects can be asserted exactly.
+// effects can be asserted exactly. Store's hint is where the block lies,
+// which verified links keep beside the block so that a query's walk reads
+// it without a probe (index/locate.go); a sink that cannot tell returns 0.
 type EngineSink interface {
-	Store(id index.OwnerID, tier index.Tier, key uint64)
-	Remove(id index.OwnerID, tier index.Tier, key uint64)
+	Store(id index.OwnerID, p index.Put) (hint uint32, added bool)
+	Remove(id index.OwnerID, p index.Put) bool
 	ClearOwner(id index.OwnerID, tiers index.TierMask)
-}
-
-// LocatingSink is an EngineSink that also says where it stored a block,
-// as *index.Table does: the block hint that verified links keep beside
-// the block, so that a query's walk reads it without a probe
-// (index/locate.go).
-type LocatingSink interface {
-	StoreLocated(id index.OwnerID, tier index.Tier, key uint64) uint32
 }
 
 // SharedSink is the part of an index table a Mooncake source writes to:
@@ -146,9 +140,9 @@ type LocatingSink interface {
 // binding's bytes to the index's budget and which the index may evict
 // (docs/index-memory.md#mooncake-bindings).
 type SharedSink interface {
-	AcquireSharedRef(r *index.SharedRef) bool
-	ReleaseSharedRef(r *index.SharedRef)
-	AdjustSharedRef(r *index.SharedRef, delta int64) bool
+	Acquire(r *index.SharedRef) bool
+	Release(r *index.SharedRef)
+	Adjust(r *index.SharedRef, delta int64) bool
 }
 
 // LookupFunc resolves a Mooncake event's context to the table that holds it

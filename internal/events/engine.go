@@ -147,10 +147,8 @@ type engineDecoder struct {
 	keys  []uint64
 	// hints[i] is where the sink stored the block of keys[i] (index's
 	// block hint), for a stored event while verified links are on: the
-	// links keep it beside the block (links.go). locSink is sink when it
-	// can say (*index.Table can).
-	hints   []uint32
-	locSink LocatingSink
+	// links keep it beside the block (links.go).
+	hints []uint32
 	// fields and mapEv are the event under decoding; kept here so that
 	// walking its map allocates nothing.
 	fields engineFields
@@ -195,7 +193,6 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 	if rules.typ == source.VLLM {
 		d.links = cfg.Links.Scope(&d.profile)
 	}
-	d.locSink, _ = cfg.Engine.(LocatingSink)
 	if cfg.Profile.IsStandard() {
 		// The engine's hashes only name blocks for removal; the keys are
 		// recomputed, which the hash check would only repeat.
@@ -515,17 +512,14 @@ func (d *engineDecoder) Apply() int {
 				continue
 			}
 			keys := d.keys[ev.off : ev.off+ev.n]
-			if linking && d.locSink != nil {
+			if linking {
 				hints := d.hints[ev.off : ev.off+ev.n]
 				for j, k := range keys {
-					hints[j] = d.locSink.StoreLocated(owner, ev.tier, k)
+					hints[j], _ = sink.Store(owner, index.Put{Key: k, Tier: ev.tier})
 				}
 			} else {
-				if linking {
-					clear(d.hints[ev.off : ev.off+ev.n])
-				}
 				for _, k := range keys {
-					sink.Store(owner, ev.tier, k)
+					sink.Store(owner, index.Put{Key: k, Tier: ev.tier})
 				}
 			}
 			if d.check != nil {
@@ -546,7 +540,7 @@ func (d *engineDecoder) Apply() int {
 				continue
 			}
 			for _, k := range d.keys[ev.off : ev.off+ev.n] {
-				sink.Remove(owner, ev.tier, k)
+				sink.Remove(owner, index.Put{Key: k, Tier: ev.tier})
 			}
 		case evCleared:
 			d.std.release()

@@ -5,13 +5,12 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// GroupSink is the part of an index table that takes a hybrid model's
-// KV-cache groups (docs/hybrid.md). *index.Table satisfies it. An engine
+// GroupSink is the part of an index table that keeps a hybrid model's
+// KV-cache group layout (docs/hybrid.md); the groups' blocks go through
+// EngineSink with index.Put.Group. *index.Table satisfies it. An engine
 // sink without it indexes group 0 only and rejects other groups (group),
 // as before hybrid events.
 type GroupSink interface {
-	StoreGroup(id index.OwnerID, tier index.Tier, g int, key uint64)
-	RemoveGroup(id index.OwnerID, tier index.Tier, g int, key uint64)
 	NoteGroup(id index.OwnerID, g int, spec index.GroupSpec) index.GroupNote
 }
 
@@ -124,9 +123,9 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 		}
 		for _, k := range keys {
 			if ev.kind == evStored {
-				d.sink.Store(d.owner, ev.tier, k)
+				d.sink.Store(d.owner, index.Put{Key: k, Tier: ev.tier})
 			} else {
-				d.sink.Remove(d.owner, ev.tier, k)
+				d.sink.Remove(d.owner, index.Put{Key: k, Tier: ev.tier})
 			}
 		}
 		if ev.kind == evStored {
@@ -144,7 +143,7 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 			return
 		}
 		for _, k := range keys {
-			gs.RemoveGroup(d.owner, ev.tier, g, k)
+			d.sink.Remove(d.owner, index.Put{Key: k, Tier: ev.tier, Group: g})
 		}
 		return
 	}
@@ -183,11 +182,7 @@ func (d *engineDecoder) applyGrouped(ev *engineEvent) {
 	}
 	st.stats.addGroupKind(ev.spec.Kind)
 	for _, k := range keys {
-		if g == 0 {
-			d.sink.Store(d.owner, ev.tier, k) // group 0 is the dense path
-		} else {
-			gs.StoreGroup(d.owner, ev.tier, g, k)
-		}
+		d.sink.Store(d.owner, index.Put{Key: k, Tier: ev.tier, Group: g})
 	}
 	d.checkGroup(ev)
 }

@@ -252,18 +252,17 @@ func (b *binding) accounted() int64 {
 }
 
 // bind records b under bk and takes its shared reference. A table dropped
-// since the lookup refuses it, and the binding is not kept. It is false
-// only for a KV-cache group other than 0 on a sink without groups.
-func (d *mooncakeDecoder) bind(bk bindingKey, b *binding) bool {
+// since the lookup refuses a reference of group 0, and the binding is not
+// kept. A KV-cache group other than 0 is a plain shared count of that group
+// (docs/hybrid.md#mooncake), charged to the stripe like the group words
+// (docs/index-memory.md): its binding is kept either way, as its release
+// is a no-op on a dropped table.
+func (d *mooncakeDecoder) bind(bk bindingKey, b *binding) {
 	b.key = bk
-	if b.vgroup != 0 {
-		return d.bindGroup(bk, b)
-	}
-	b.ref.Init(b, bk.tier, b.prefix, b.accounted(), &d.orphans)
-	if b.sink.AcquireSharedRef(&b.ref) {
+	b.ref.Init(b, bk.tier, b.vgroup, b.prefix, b.accounted(), &d.orphans)
+	if b.sink.Acquire(&b.ref) || b.vgroup != 0 {
 		d.bindings[bk] = b
 	}
-	return true
 }
 
 // dropOrphans forgets the bindings whose references the index evicted
@@ -664,7 +663,7 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		}
 		if _, has := b.components[component]; d.sglang && !has {
 			b.components[component] = struct{}{}
-			b.sink.AdjustSharedRef(&b.ref, int64(componentBytes+len(component)))
+			b.sink.Adjust(&b.ref, int64(componentBytes+len(component)))
 		}
 		return // idempotent re-store
 	}
@@ -673,9 +672,7 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 	if d.sglang {
 		b.components = map[string]struct{}{component: {}}
 	}
-	if !d.bind(bk, b) {
-		e.fail(EvGroup)
-	}
+	d.bind(bk, b)
 }
 
 // applyRemoved drops the object's binding in the event's tier. The
@@ -746,7 +743,7 @@ func (d *mooncakeDecoder) applyRemoved(e *mcEvent) {
 		if d.sglang {
 			delete(b.components, component)
 			if len(b.components) > 0 {
-				b.sink.AdjustSharedRef(&b.ref, -int64(componentBytes+len(component)))
+				b.sink.Adjust(&b.ref, -int64(componentBytes+len(component)))
 				continue // other parts of the block are still stored
 			}
 		}

@@ -7,16 +7,6 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 )
 
-// SharedGroupSink is the part of an index table that takes shared-tier
-// references of a hybrid model's KV-cache groups other than 0
-// (docs/hybrid.md#mooncake). *index.Table satisfies it; a shared sink
-// without it takes group 0 only, and other groups' objects are rejected
-// (group).
-type SharedGroupSink interface {
-	AcquireSharedGroup(tier index.Tier, g int, key uint64)
-	ReleaseSharedGroup(tier index.Tier, g int, key uint64)
-}
-
 // vllmObjectGroup is the KV-cache group of a vllm_v1 Mooncake object: the
 // event's group_id when it has one, else the object key's group:<n> label,
 // else 0. ok is false for a group that is not a decimal index below
@@ -68,28 +58,5 @@ func groupName(g int) string {
 	return strconv.Itoa(g)
 }
 
-// bindGroup records b, an object of KV-cache group b.vgroup other than 0,
-// with a plain shared count of that group (docs/hybrid.md#mooncake); false
-// when the sink cannot hold groups. Such a count is charged to the stripe
-// like the group words (docs/index-memory.md); the evictable references
-// (index.SharedRef) cover group 0, which every dense and hybrid model has.
-func (d *mooncakeDecoder) bindGroup(bk bindingKey, b *binding) bool {
-	gs, ok := b.sink.(SharedGroupSink)
-	if !ok {
-		return false
-	}
-	gs.AcquireSharedGroup(bk.tier, b.vgroup, b.prefix)
-	d.bindings[bk] = b
-	return true
-}
-
 // release drops the reference bind took.
-func (b *binding) release() {
-	if b.vgroup == 0 {
-		b.sink.ReleaseSharedRef(&b.ref)
-		return
-	}
-	if gs, ok := b.sink.(SharedGroupSink); ok {
-		gs.ReleaseSharedGroup(b.key.tier, b.vgroup, b.prefix)
-	}
-}
+func (b *binding) release() { b.sink.Release(&b.ref) }

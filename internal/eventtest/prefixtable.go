@@ -20,9 +20,9 @@ func PrefixTable(t testing.TB, ctx index.ContextKey, tokens []int32) *index.Inde
 		t.Fatal("prompt too short")
 	}
 	for i, k := range keys[:3] {
-		tbl.Store(a, index.Device, k)
+		tbl.Store(a, index.Put{Key: k, Tier: index.Device})
 		if i == 0 {
-			tbl.Store(b, index.Device, k)
+			tbl.Store(b, index.Put{Key: k, Tier: index.Device})
 		}
 	}
 	return ix

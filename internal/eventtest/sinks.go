@@ -48,25 +48,17 @@ func (r *Recorder) add(o Op) {
 	r.mu.Unlock()
 }
 
-// Store records an engine store.
-func (r *Recorder) Store(id index.OwnerID, t index.Tier, k uint64) {
-	r.add(Op{Kind: "store", Owner: id, Tier: t, Key: k})
+// Store records an engine store; it cannot say where a block lies, so its
+// hint is 0.
+func (r *Recorder) Store(id index.OwnerID, p index.Put) (uint32, bool) {
+	r.add(Op{Kind: "store", Owner: id, Tier: p.Tier, Key: p.Key, Group: p.Group})
+	return 0, true
 }
 
 // Remove records an engine removal.
-func (r *Recorder) Remove(id index.OwnerID, t index.Tier, k uint64) {
-	r.add(Op{Kind: "remove", Owner: id, Tier: t, Key: k})
-}
-
-// StoreGroup records an engine store of a KV-cache group (group 0 records
-// exactly as Store).
-func (r *Recorder) StoreGroup(id index.OwnerID, t index.Tier, g int, k uint64) {
-	r.add(Op{Kind: "store", Owner: id, Tier: t, Key: k, Group: g})
-}
-
-// RemoveGroup records an engine removal of a KV-cache group.
-func (r *Recorder) RemoveGroup(id index.OwnerID, t index.Tier, g int, k uint64) {
-	r.add(Op{Kind: "remove", Owner: id, Tier: t, Key: k, Group: g})
+func (r *Recorder) Remove(id index.OwnerID, p index.Put) bool {
+	r.add(Op{Kind: "remove", Owner: id, Tier: p.Tier, Key: p.Key, Group: p.Group})
+	return true
 }
 
 // NoteGroup accepts every layout but one past index.MaxGroups groups: the
@@ -83,30 +75,20 @@ func (r *Recorder) ClearOwner(id index.OwnerID, m index.TierMask) {
 	r.add(Op{Kind: "clear", Owner: id, Mask: m})
 }
 
-// AcquireSharedRef records a shared reference taken.
-func (r *Recorder) AcquireSharedRef(ref *index.SharedRef) bool {
-	r.add(Op{Kind: "acquire", Tier: ref.Tier(), Key: ref.Key()})
+// Acquire records a shared reference taken.
+func (r *Recorder) Acquire(ref *index.SharedRef) bool {
+	r.add(Op{Kind: "acquire", Tier: ref.Tier(), Key: ref.Key(), Group: ref.Group()})
 	return true
 }
 
-// ReleaseSharedRef records a shared reference dropped.
-func (r *Recorder) ReleaseSharedRef(ref *index.SharedRef) {
-	r.add(Op{Kind: "release", Tier: ref.Tier(), Key: ref.Key()})
+// Release records a shared reference dropped.
+func (r *Recorder) Release(ref *index.SharedRef) {
+	r.add(Op{Kind: "release", Tier: ref.Tier(), Key: ref.Key(), Group: ref.Group()})
 }
 
-// AdjustSharedRef accepts a change of a reference's accounted bytes; the
-// recorder keeps no budget, so it is not an operation.
-func (r *Recorder) AdjustSharedRef(*index.SharedRef, int64) bool { return true }
-
-// AcquireSharedGroup records a shared reference of a KV-cache group.
-func (r *Recorder) AcquireSharedGroup(t index.Tier, g int, k uint64) {
-	r.add(Op{Kind: "acquire", Tier: t, Key: k, Group: g})
-}
-
-// ReleaseSharedGroup records a shared reference of a KV-cache group dropped.
-func (r *Recorder) ReleaseSharedGroup(t index.Tier, g int, k uint64) {
-	r.add(Op{Kind: "release", Tier: t, Key: k, Group: g})
-}
+// Adjust accepts a change of a reference's accounted bytes; the recorder
+// keeps no budget, so it is not an operation.
+func (r *Recorder) Adjust(*index.SharedRef, int64) bool { return true }
 
 // Take returns the calls recorded so far and forgets them.
 func (r *Recorder) Take() []Op {

@@ -82,7 +82,7 @@ const LinkBytes = int(unsafe.Sizeof(LinkID{})) + 32 + 8 + 8 + 4 + 1 + 2*posSlotB
 // child[i] are one block's. A run never crosses chunks, so a walk along
 // one stays inside its arrays. keys[i] is the digest's index key (a query
 // reads it without the digest's line). hints[i] is where the index held
-// the block when ingest stored it (what index.Table.StoreLocated
+// the block when ingest stored it (what index.Table.Store
 // returned, 0 for unknown): a query hands it to the index walk, which
 // checks it before probing (index/locate.go).
 //
@@ -647,7 +647,7 @@ type LinkRun struct {
 	// Toks are the ids of the blocks' tokens (TokensID); nil when not
 	// known, and a query then looks every block up instead of following.
 	Toks []uint64
-	// Hints are the blocks' hints in the index (what Table.StoreLocated returned); nil for
+	// Hints are the blocks' hints in the index (what Table.Store returned); nil for
 	// none.
 	Hints []uint32
 	// Known is how many leading blocks may be held already (Resolve

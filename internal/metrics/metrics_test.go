@@ -119,7 +119,7 @@ func TestIndexMemorySeries(t *testing.T) {
 	tb := ix.EnsureTable(index.ContextKey{Model: "m", BlockSize: 16}, hashing.Profile{})
 	id := tb.AddEngineOwner("a", 0)
 	for k := range uint64(10000) {
-		tb.Store(id, index.Device, k+1)
+		tb.Store(id, index.Put{Key: k + 1, Tier: index.Device})
 	}
 	if after := scrape(t, m)["conductor_index_memory_bytes"][""]; after <= before {
 		t.Errorf("conductor_index_memory_bytes %v after 10,000 blocks, %v before", after, before)

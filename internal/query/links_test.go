@@ -295,9 +295,9 @@ func TestLinksAnswerAsHashing(t *testing.T) {
 			}
 			k := keys[rapid.IntRange(0, len(keys)-1).Draw(rt, "eblock")]
 			o := r.owners[rapid.IntRange(0, owners-1).Draw(rt, "eowner")]
-			tbl.Remove(o, index.Device, k)
+			tbl.Remove(o, index.Put{Key: k, Tier: index.Device})
 			if rapid.Bool().Draw(rt, "again") {
-				tbl.Store(o, index.Device, k)
+				tbl.Store(o, index.Put{Key: k, Tier: index.Device})
 			}
 		}
 		for range rapid.IntRange(1, 10).Draw(rt, "queries") {

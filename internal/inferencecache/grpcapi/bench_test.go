@@ -44,7 +44,7 @@ func benchServersWith(b testing.TB, n int, memos bool) (*server.Server, *Server,
 	for i := range 8 {
 		id := tbl.AddEngineOwner(fmt.Sprintf("inst-%d", i), 0)
 		for _, k := range keys[:len(keys)*(i+1)/8] {
-			tbl.Store(id, index.Device, k)
+			tbl.Store(id, index.Put{Key: k, Tier: index.Device})
 		}
 	}
 	var memo *hashing.Memo

@@ -34,16 +34,16 @@ func TestConductorSchemeInputs(t *testing.T) {
 		digests, keys = append(digests, d[:]), append(keys, k)
 	}
 	for i, k := range keys {
-		tbl.Store(a, index.Device, k)
+		tbl.Store(a, index.Put{Key: k, Tier: index.Device})
 		if i < 5 {
-			tbl.Store(a1, index.Device, k) // rank 1 shorter, on device
+			tbl.Store(a1, index.Put{Key: k, Tier: index.Device}) // rank 1 shorter, on device
 		}
 		if i < 4 {
-			tbl.Store(b, index.CPULocal, k)
+			tbl.Store(b, index.Put{Key: k, Tier: index.CPULocal})
 		}
 	}
-	tbl.Remove(a, index.Device, keys[5])
-	tbl.Store(a, index.Disk, keys[5]) // a's rank 0: 5 blocks on device, the 6th on disk
+	tbl.Remove(a, index.Put{Key: keys[5], Tier: index.Device})
+	tbl.Store(a, index.Put{Key: keys[5], Tier: index.Disk}) // a's rank 0: 5 blocks on device, the 6th on disk
 
 	scheme := "conductor/vllm_v1/sha256_cbor/0/16"
 	want := &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{
@@ -83,7 +83,7 @@ func TestTokenIdsPastInt32(t *testing.T) {
 		small[i] = int32(100 + 3*i)
 	}
 	for k := range chainKeys(&prof, 16, small, "", nil) {
-		tbl.Store(a, index.Device, k)
+		tbl.Store(a, index.Put{Key: k, Tier: index.Device})
 	}
 	ids := func(big map[int]uint32) []uint32 {
 		out := make([]uint32, len(small))
@@ -174,7 +174,7 @@ func TestConductorAffinityForTokenIDs(t *testing.T) {
 	prof := vllmProfile(t)
 	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
 	for i, r := range []string{"a", "b", "c"} {
-		tbl.Store(tbl.AddEngineOwner(r, 0), index.Device, uint64(i+1))
+		tbl.Store(tbl.AddEngineOwner(r, 0), index.Put{Key: uint64(i + 1), Tier: index.Device})
 	}
 	prompt := func(tail uint32) []uint32 {
 		ids := make([]uint32, 1024+48) // a 64-block system prompt, 3 blocks of its own
@@ -222,7 +222,7 @@ func TestStandardScheme(t *testing.T) {
 	a := tbl.AddEngineOwner("a", 0)
 	keys := []uint64{16863443419780771464, 12466389667045779788}
 	for _, k := range keys {
-		tbl.Store(a, index.Device, k)
+		tbl.Store(a, index.Put{Key: k, Tier: index.Device})
 	}
 	scheme := "conductor/rfc1527/xxh3_64/1337/16"
 	if got := ConductorScheme(&prof, 16); got != scheme {

@@ -57,7 +57,7 @@ func FuzzHandlers(f *testing.F) {
 		ids[i] = int32(i)
 	}
 	for k := range chainKeys(&prof, 16, ids, "", nil) {
-		tbl.Store(owner, index.Device, k)
+		tbl.Store(owner, index.Put{Key: k, Tier: index.Device})
 	}
 
 	add := func(u *pb.CacheStateUpdate, e *pb.CacheEvent, r *pb.LookupRouteRequest) {

@@ -288,7 +288,7 @@ func (w Writer) Put(tier index.Tier, key uint64, tokens int32) {
 	if w.o.id == 0 {
 		return // a refused replica (MaxReplicasPerScope)
 	}
-	if w.sc.t.Put(w.o.id, tier, key) {
+	if _, added := w.sc.t.Store(w.o.id, index.Put{Key: key, Tier: tier, Replace: true}); added {
 		w.o.entries.Add(1)
 	}
 	w.sc.setTokens(key, tokens)
@@ -324,7 +324,7 @@ func (s *Store) Evict(k ReplicaKey, adapter string, onlyAdapter bool, key uint64
 		if sk.Tenant != k.Tenant || sk.Model != k.Model || (onlyAdapter && sk.Adapter != adapter) {
 			continue
 		}
-		if o := sc.owners[k.Replica]; o != nil && sc.t.Evict(o.id, key) {
+		if o := sc.owners[k.Replica]; o != nil && sc.t.Remove(o.id, index.Put{Key: key, Replace: true}) {
 			o.entries.Add(-1)
 			n++
 		}

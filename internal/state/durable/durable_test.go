@@ -148,7 +148,7 @@ func (w *world) apply(key registry.ServiceKey, seq uint64, keys ...uint64) {
 	w.st.gate.RLock()
 	defer w.st.gate.RUnlock()
 	for _, k := range keys {
-		w.tables[key].Store(w.owners[key], index.Device, k)
+		w.tables[key].Store(w.owners[key], index.Put{Key: k, Tier: index.Device})
 	}
 	f := w.sources[key]
 	f.mu.Lock()

@@ -26,11 +26,12 @@ type planContext struct {
 	owners  map[index.Owner]*heldBlocks
 }
 
+// heldBlocks is one owner's entries, encoded as index.TableCut.Entries
+// with the owner at position 0.
 type heldBlocks struct {
-	keys   []uint64
-	tiers  []index.TierMask
-	words  []uint32 // KV-cache group words (nil while all are 0)
-	layout index.Layout
+	entries []byte
+	pairs   int
+	layout  index.Layout
 }
 
 func newPlan(snap *snapshot.Snapshot) *plan {
@@ -51,18 +52,14 @@ func newPlan(snap *snapshot.Snapshot) *plan {
 			}
 			pc.owners[o] = byPos[i]
 		}
-		// Read validated every entry already; this walk cannot fail.
-		_, _, _ = index.WalkEntries(c.Entries, len(c.Owners), func(key uint64, hs []index.EntryHolder) {
+		// Read validated every entry already; this split cannot fail.
+		split, _ := index.SplitEntries(c.Entries, len(c.Owners))
+		for i, e := range split {
+			byPos[i].entries = e
+		}
+		_, _, _ = index.WalkEntries(c.Entries, len(c.Owners), func(_ uint64, hs []index.EntryHolder) {
 			for _, h := range hs {
-				hb := byPos[h.Owner]
-				if h.Groups != 0 && hb.words == nil {
-					hb.words = make([]uint32, len(hb.keys), cap(hb.keys))
-				}
-				hb.keys = append(hb.keys, key)
-				hb.tiers = append(hb.tiers, h.Tiers)
-				if hb.words != nil {
-					hb.words = append(hb.words, h.Groups)
-				}
+				byPos[h.Owner].pairs++
 			}
 		})
 		c.Entries = nil
@@ -109,9 +106,9 @@ func (p *plan) restoreOwner(svc registry.Service, t *index.Table, id index.Owner
 		return 0
 	}
 	t.RestoreLayout(id, hb.layout)
-	t.StoreBatchGroups(id, hb.keys, hb.tiers, hb.words)
+	_ = t.Restore(hb.entries, []index.OwnerID{id}) // SplitEntries encoded them
 	delete(pc.owners, o)
-	return len(hb.keys)
+	return hb.pairs
 }
 
 // unused lists recorded sources no registration took, sorted.

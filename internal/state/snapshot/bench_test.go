@@ -30,10 +30,10 @@ func benchIndex(b *testing.B, pairs int, shared bool) (*index.Index, *index.Tabl
 	for n := 0; n < pairs; {
 		k := rng.Uint64()
 		o := rng.IntN(len(ids))
-		t.Store(ids[o], index.Device, k)
+		t.Store(ids[o], index.Put{Key: k, Tier: index.Device})
 		n++
 		if shared && n < pairs && n%3 == 0 {
-			t.Store(ids[(o+1)%len(ids)], index.CPULocal, k)
+			t.Store(ids[(o+1)%len(ids)], index.Put{Key: k, Tier: index.CPULocal})
 			n++
 		}
 	}
@@ -148,7 +148,9 @@ func BenchmarkServingDuringSnapshot(b *testing.B) {
 			for i := range keys {
 				keys[i] = rng.Uint64()
 			}
-			t.StoreBatch(id, keys, slices.Repeat([]index.TierMask{1 << index.Device}, len(keys)))
+			for _, k := range keys {
+				t.Store(id, index.Put{Key: k, Tier: index.Device})
+			}
 			d, err := statedir.Open(b.TempDir(), statedir.Options{})
 			if err != nil {
 				b.Fatal(err)
@@ -168,7 +170,7 @@ func BenchmarkServingDuringSnapshot(b *testing.B) {
 					default:
 					}
 					t0 := time.Now()
-					t.Store(id, index.Device, k*0x9e3779b97f4a7c15)
+					t.Store(id, index.Put{Key: k * 0x9e3779b97f4a7c15, Tier: index.Device})
 					writeWorst = max(writeWorst, time.Since(t0))
 					time.Sleep(20 * time.Microsecond)
 				}

@@ -31,25 +31,25 @@ func sample(t testing.TB) *Snapshot {
 	a0, a1 := ta.AddEngineOwner("a", 0), ta.AddEngineOwner("a", 1)
 	b0 := tb.AddEngineOwner("b", 0)
 	for k := uint64(0); k < 500; k++ {
-		ta.Store(a0, index.Device, k)
+		ta.Store(a0, index.Put{Key: k, Tier: index.Device})
 		if k%2 == 0 {
-			ta.Store(a1, index.CPULocal, k)
+			ta.Store(a1, index.Put{Key: k, Tier: index.CPULocal})
 		}
-		tb.Store(b0, index.Disk, k*7)
+		tb.Store(b0, index.Put{Key: k * 7, Tier: index.Disk})
 	}
 	// a1 serves a hybrid model: its layout and group words are kept
 	ta.NoteGroup(a1, 0, index.GroupSpec{Kind: index.KindSliding, BlockSize: 16, SlidingWindow: 32})
 	ta.NoteGroup(a1, 1, index.GroupSpec{Kind: index.KindFull, BlockSize: 16})
 	for k := uint64(0); k < 500; k += 4 {
-		ta.StoreGroup(a1, index.CPULocal, 1, k)
+		ta.Store(a1, index.Put{Key: k, Tier: index.CPULocal, Group: 1})
 	}
 	scope := index.ScopeKey{Tenant: "acme", Model: "m", Scheme: "vllm", Adapter: "ad"}
 	ts := ix.EnsureScope(scope)
 	r0, r1 := ts.AddEngineOwner("r0", 0), ts.AddEngineOwner("r1", 0)
 	for k := uint64(0); k < 300; k++ {
-		ts.Put(r0, index.Device, 1000+k)
+		ts.Store(r0, index.Put{Key: 1000 + k, Tier: index.Device, Replace: true})
 		if k%3 == 0 {
-			ts.Put(r1, index.CPULocal, 1000+k)
+			ts.Store(r1, index.Put{Key: 1000 + k, Tier: index.CPULocal, Replace: true})
 		}
 	}
 	s := &Snapshot{
