@@ -35,9 +35,9 @@ const DefaultMemoMiB = 64
 const DefaultTokenMemoMiB = 64
 
 // DefaultLinkMemoMiB sizes the verified links (hashing.Links) that let
-// queries skip SHA-256 for blocks ingest verified: at 115–125 B per
-// block, two generations of about 500 K blocks each, more than the 449 K
-// of a 4-instance index of 1,000 8K-token prompts.
+// queries skip SHA-256 for blocks ingest verified: two generations, each
+// large enough for a 4-instance index of 1,000 8K-token prompts
+// (hashing.LinkBytes per block; docs/index-memory.md).
 const DefaultLinkMemoMiB = 128
 
 // DefaultHashCheckEvery samples the ingest hash check at about one block in

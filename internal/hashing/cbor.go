@@ -121,8 +121,7 @@ func appendCBORExtras(b []byte, lora, salt string) []byte {
 // When h is non-nil (and freshly Reset) the bytes are also fed to it, and
 // the first 64-byte SHA-256 block is handed over as soon as it is encoded:
 // SHA-NI compression is latency-bound, so the CPU can partly overlap it with
-// encoding the remaining tokens (a small but measurable gain, ~1–2% per
-// 16-token block).
+// encoding the remaining tokens.
 func encodeCBORBlock(buf []byte, h hash.Hash, parent *[32]byte, toks []int32, extras []byte) []byte {
 	need := 3 + 32 + 9 + cborTokenMax*len(toks) + 8 + len(extras)
 	if cap(buf) < need {
