@@ -21,8 +21,8 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/bgjob"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/etcdreg"
-	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/grpcapi"
@@ -45,8 +45,10 @@ type app struct {
 	log zerolog.Logger
 	reg *registry.Registry
 	ix  *index.Index
-	srv *server.Server
-	ln  net.Listener
+	// contexts is the catalogue of registered contexts, for the gRPC door.
+	contexts *contexts.Catalogue
+	srv      *server.Server
+	ln       net.Listener
 	// memReturn runs returnMemory after a context is dropped.
 	memReturn *bgjob.Job
 	// state keeps registrations and the index across restarts.
@@ -177,6 +179,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	a.state = state
 	a.stops.push("state directory", nothingToReport(state.Release))
 	ix := index.New(index.Options{RemovalPause: removalPause, MemoryLimit: cfg.IndexMemoryBytes})
+	// The registry writes the catalogue of contexts (each one's table and
+	// hash profile); the doors' lookups read it.
+	cat := contexts.New(ix)
 	// What every source shares: the ingest counters and decoder figures
 	// the metrics export, the budget of optional connection monitors, the
 	// C receive batches and the C heap trimmer.
@@ -188,7 +193,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	backlog := linkBacklogBytes(cfg.Memory, cfg.LinkMemoBytes)
 	links := hashing.NewLinks(cfg.LinkMemoBytes - backlog)
 	links.SetBacklogLimit(int64(backlog))
-	engine := query.New(query.Options{Index: ix, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
+	engine := query.New(query.Options{Contexts: cat, Memo: hashing.NewMemo(cfg.MemoBytes), Links: links})
 	// One token memo, with the whole of its part of the budget, serves
 	// both doors (MessagePack bodies here, protobuf varints there): a
 	// prompt one door learned is a hit on the other. With the gRPC door
@@ -208,7 +213,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		checks = hashcheck.NewSet(hashcheck.Options{Logger: log, Every: cfg.HashCheckEvery})
 	}
 	reg := registry.New(registry.Options{
-		Index: ix,
+		Contexts: cat,
 		Start: sourceFactory{
 			log: log, shared: sources, checks: checks, links: links, limits: budgetedSources(cfg.Memory),
 			watch: staticKeys(cfg), state: state, stateChanged: sourceStateTeller(&door), staleMode: staleRecovery(cfg),
@@ -224,7 +229,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 			memReturn.Request()
 		},
 	})
-	a.reg, a.ix, a.memReturn = reg, ix, memReturn
+	a.reg, a.ix, a.contexts, a.memReturn = reg, ix, cat, memReturn
 	a.stops.push("index", nothingToReport(func() {
 		ix.Close() // after the registry, whose removals feed it
 		// No goroutine outlives the service: the memory return the last
@@ -308,7 +313,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		return true, "", reg.StaleCount()
 	}
 	srv := server.New(server.Options{
-		Registry: reg, Index: ix, Logger: log,
+		Registry: reg, Contexts: cat, Logger: log,
 		Observer: m, Metrics: m.Serve, AuthToken: cfg.AuthToken, Engine: engine, TokenMemo: tokenMemo,
 		Ready:       ready,
 		DebugRoutes: cfg.DebugRoutes,
@@ -342,7 +347,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 // openDoor sets up the InferenceCache gRPC door on cfg.GRPCAddr.
 func (a *app) openDoor(cfg *config.Config, prod *producer.Store, m *metrics.Metrics, engine *query.Engine, tokenMemo *tokenmemo.Memo, ready func() bool) error {
 	door, err := grpcapi.New(grpcapi.Options{
-		Index: a.ix, Producer: prod, Engine: engine, TokenMemo: tokenMemo, Logger: a.log,
+		Contexts: a.contexts, Producer: prod, Engine: engine, TokenMemo: tokenMemo, Logger: a.log,
 		AuthToken: cfg.AuthToken, Ready: ready,
 		TLSCert: cfg.GRPCTLSCert, TLSKey: cfg.GRPCTLSKey,
 		Registerer: m.Registerer(), Gatherer: m.Gatherer(),
@@ -457,13 +462,7 @@ func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.S
 		},
 		Index: subscriber.IndexConfig{
 			Context: svc.Context(), Profile: svc.Profile, Engine: b.Table, Owner: b.Owner,
-			Lookup: func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
-				t, ok := b.Lookup(ctx)
-				if !ok {
-					return nil, nil, false
-				}
-				return t, t.Profile(), true
-			},
+			Lookup: subscriber.ContextLookup(b.Lookup),
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
@@ -41,7 +42,8 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := registry.New(registry.Options{Index: ix, Start: sourceFactory{
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat, Start: sourceFactory{
 		log: zerolog.New(io.Discard), shared: subscriber.NewShared(subscriber.SharedOptions{}), checks: checks, state: memOnly,
 	}.New})
 	seed := "0"

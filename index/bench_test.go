@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 	"unsafe"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // benchKey spreads sequential ids like real projected hashes.
@@ -23,7 +21,7 @@ func benchKey(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
 // walkTable registers instances x ranks owners holding the first held(i)
 // blocks of an n-block prompt in Device.
 func walkTable(_ testing.TB, instances, ranks, n int, held func(owner int) int) (*Table, *keyChain) {
-	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	tb := New(Options{}).EnsureTable(testCtx)
 	c := &keyChain{}
 	for i := range n {
 		c.keys = append(c.keys, benchKey(i))
@@ -98,7 +96,7 @@ func BenchmarkWalkMixed(b *testing.B) {
 // ingestion path), re-asserting existing ones, and parallel inserts.
 func BenchmarkStore(b *testing.B) {
 	b.Run("new", func(b *testing.B) {
-		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		tb := New(Options{}).EnsureTable(testCtx)
 		id := tb.AddEngineOwner("a", 0)
 		i := 0
 		for b.Loop() {
@@ -107,7 +105,7 @@ func BenchmarkStore(b *testing.B) {
 		}
 	})
 	b.Run("existing", func(b *testing.B) {
-		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		tb := New(Options{}).EnsureTable(testCtx)
 		id := tb.AddEngineOwner("a", 0)
 		for i := range 1 << 16 {
 			tb.Store(id, Put{Key: benchKey(i), Tier: Device})
@@ -123,7 +121,7 @@ func BenchmarkStore(b *testing.B) {
 		// instances × 2 ranks cache the same prompt: each Store after the
 		// first grows a holder list.
 		b.Run(fmt.Sprint(owners, "-owners"), func(b *testing.B) {
-			tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+			tb := New(Options{}).EnsureTable(testCtx)
 			ids := make([]OwnerID, owners)
 			for o := range ids {
 				ids[o] = tb.AddEngineOwner(fmt.Sprint("inst-", o/2), o%2)
@@ -136,7 +134,7 @@ func BenchmarkStore(b *testing.B) {
 		})
 	}
 	b.Run("store-remove", func(b *testing.B) {
-		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		tb := New(Options{}).EnsureTable(testCtx)
 		id := tb.AddEngineOwner("a", 0)
 		i := 0
 		for b.Loop() {
@@ -146,7 +144,7 @@ func BenchmarkStore(b *testing.B) {
 		}
 	})
 	b.Run("parallel", func(b *testing.B) {
-		tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+		tb := New(Options{}).EnsureTable(testCtx)
 		var next atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
 			id := tb.AddEngineOwner(fmt.Sprint("p", next.Add(1)), 0)
@@ -182,7 +180,7 @@ func settle() (heap, rss uint64) {
 // per (block, owner).
 func measureMemory(blocks, owners int) (heap, rss float64) {
 	h0, r0 := settle()
-	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	tb := New(Options{}).EnsureTable(testCtx)
 	for o := range owners {
 		id := tb.AddEngineOwner("inst", o)
 		for i := range blocks {
@@ -279,7 +277,7 @@ func BenchmarkQueryDuringRemoval(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				ix := New(Options{RemovalPause: pause})
-				tb := ix.EnsureTable(testCtx, hashing.Profile{})
+				tb := ix.EnsureTable(testCtx)
 				ids := make([]OwnerID, owners)
 				for o := range ids {
 					ids[o] = tb.AddEngineOwner(fmt.Sprintf("inst-%02d", o), 0)
@@ -335,7 +333,7 @@ func BenchmarkQueryDuringRemoval(b *testing.B) {
 // hit gives): one read lock per stripe and lookups free to overlap.
 func BenchmarkWalkLargeTable(b *testing.B) {
 	const owners, perOwner, blocks = 16, 125_000, 512
-	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	tb := New(Options{}).EnsureTable(testCtx)
 	for o := range owners {
 		id := tb.AddEngineOwner(fmt.Sprintf("inst-%02d", o), 0)
 		for i := range perOwner {

@@ -4,8 +4,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // TestCutSeesEveryWriter: each way of changing a table's engine entries
@@ -25,7 +23,7 @@ func TestCutSeesEveryWriter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := New(Options{Stripes: 4})
-			tb := ix.EnsureTable(testCtx, hashing.Profile{})
+			tb := ix.EnsureTable(testCtx)
 			a := tb.AddEngineOwner("a", 0)
 			tb.Store(a, Put{Key: 1, Tier: Device})
 			tb.Store(a, Put{Key: 2, Tier: Disk})

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"go.uber.org/goleak"
 )
 
@@ -41,7 +40,7 @@ func checkAnswer(res *QueryResult, limit int) error {
 // the locking, and the final state proves no Store slipped past a removal.
 func TestConcurrentIngestQueryRemove(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	tb := New(Options{Stripes: 8}).EnsureTable(testCtx, hashing.Profile{})
+	tb := New(Options{Stripes: 8}).EnsureTable(testCtx)
 	const keys = 256
 	ops := 20000
 	if testing.Short() {

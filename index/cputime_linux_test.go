@@ -6,8 +6,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // threadCPU is this OS thread's CPU time: unlike a benchmark's wall clock
@@ -46,7 +44,7 @@ func BenchmarkWalkCPUTime(b *testing.B) {
 // and a shared reference to a new key.
 func BenchmarkStoreCPUTime(b *testing.B) {
 	benchStoreCPUTime(b, func() (*Table, func()) {
-		return New(Options{}).EnsureTable(testCtx, hashing.Profile{}), func() {}
+		return New(Options{}).EnsureTable(testCtx), func() {}
 	})
 }
 
@@ -57,7 +55,7 @@ func BenchmarkStoreCPUTime(b *testing.B) {
 func BenchmarkStoreBudgetCPUTime(b *testing.B) {
 	benchStoreCPUTime(b, func() (*Table, func()) {
 		ix := New(Options{MemoryLimit: 1 << 40})
-		return ix.EnsureTable(testCtx, hashing.Profile{}), ix.Close
+		return ix.EnsureTable(testCtx), ix.Close
 	})
 }
 

@@ -2,8 +2,6 @@ package index
 
 import (
 	"slices"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // A Cut is a copy of the engine owners' entries as they were at one moment,
@@ -56,9 +54,8 @@ type Owner struct {
 // TableCut is one context's (or producer-fed scope's) entries at the cut.
 type TableCut struct {
 	Context ContextKey
-	Profile hashing.Profile
-	// IsScope marks a producer-fed scope, named by Scope (Context and
-	// Profile are then unset).
+	// IsScope marks a producer-fed scope, named by Scope (Context is
+	// then unset).
 	IsScope bool
 	Scope   ScopeKey
 	// Owners are the engine owners registered at the cut, sorted by
@@ -113,7 +110,7 @@ func (c *Cut) Finish() []TableCut {
 	out := make([]TableCut, 0, len(c.tables))
 	for _, tc := range c.tables {
 		t := tc.t
-		r := TableCut{Context: t.ctx, Profile: t.profile}
+		r := TableCut{Context: t.ctx}
 		if t.scope {
 			r = TableCut{IsScope: true, Scope: t.ScopeKey()}
 		}

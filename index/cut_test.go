@@ -11,8 +11,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"pgregory.net/rapid"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // held is what a cut describes: per owner, the engine tier bits per key.
@@ -80,7 +78,7 @@ func TestCutIsTheStateAtBegin(t *testing.T) {
 	for _, stripes := range []int{1, 4, 64} {
 		t.Run(fmt.Sprint(stripes), func(t *testing.T) {
 			ix := New(Options{Stripes: stripes})
-			tb := ix.EnsureTable(testCtx, hashing.Profile{})
+			tb := ix.EnsureTable(testCtx)
 			m := newRefModel()
 			a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 1)
 			m.reg[ownerKey{"a", 0}], m.reg[ownerKey{"b", 1}] = a, b
@@ -133,12 +131,12 @@ func TestCutIsTheStateAtBegin(t *testing.T) {
 func TestCutAcrossDropAndCreate(t *testing.T) {
 	ix := New(Options{Stripes: 4})
 	other := ContextKey{Model: "other", BlockSize: 16}
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	id := tb.AddEngineOwner("a", 0)
 	tb.Store(id, Put{Key: 7, Tier: Device})
 	c := ix.BeginCut()
 	ix.DropTable(testCtx)
-	ix.EnsureTable(other, hashing.Profile{})
+	ix.EnsureTable(other)
 	cuts := c.Finish()
 	if _, ok := findCut(cuts, other); ok {
 		t.Error("a table created after the cut is in it")
@@ -157,7 +155,7 @@ func TestCutAcrossDropAndCreate(t *testing.T) {
 // by position, a zero id dropping that owner.
 func TestRestoreRoundTrip(t *testing.T) {
 	ix := New(Options{Stripes: 8})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	m := newRefModel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var ids []OwnerID
@@ -177,7 +175,7 @@ func TestRestoreRoundTrip(t *testing.T) {
 	want := modelHeld(m)
 
 	ix2 := New(Options{Stripes: 4}) // a different layout restores the same
-	tb2 := ix2.EnsureTable(testCtx, hashing.Profile{})
+	tb2 := ix2.EnsureTable(testCtx)
 	owners := make([]OwnerID, len(cut.Owners))
 	for i, o := range cut.Owners {
 		if o == (Owner{"i1", 1}) {
@@ -199,7 +197,7 @@ func TestRestoreRoundTrip(t *testing.T) {
 
 func TestWalkEntriesRejectsMalformed(t *testing.T) {
 	ix := New(Options{Stripes: 1})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
 	tb.Store(a, Put{Key: 1, Tier: Device})
 	tb.Store(b, Put{Key: 1, Tier: Disk})
@@ -235,7 +233,7 @@ func TestPropertyCutPerSource(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		const sources = 3
 		ix := New(Options{Stripes: rapid.SampledFrom([]int{1, 2, 8}).Draw(rt, "stripes")})
-		tb := ix.EnsureTable(testCtx, hashing.Profile{})
+		tb := ix.EnsureTable(testCtx)
 		type src struct {
 			id  OwnerID
 			seq int
@@ -317,7 +315,7 @@ func TestCutConcurrent(t *testing.T) {
 		keys    = 3000
 	)
 	ix := New(Options{Stripes: 16})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	var gate sync.RWMutex
 	ids := make([]OwnerID, sources)
 	seq := make([]int, sources) // under gate
@@ -408,7 +406,7 @@ func TestCutConcurrent(t *testing.T) {
 // writer to that stripe waits for it).
 func BenchmarkCutPauses(b *testing.B) {
 	ix := New(Options{})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	ids := make([]OwnerID, 16)
 	for i := range ids {
 		ids[i] = tb.AddEngineOwner(fmt.Sprint("e", i/2), i%2)
@@ -449,7 +447,7 @@ func BenchmarkCutPauses(b *testing.B) {
 func TestStoreBatchEqualsStore(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	a, b := New(Options{Stripes: 8}), New(Options{Stripes: 8})
-	ta, tb := a.EnsureTable(testCtx, hashing.Profile{}), b.EnsureTable(testCtx, hashing.Profile{})
+	ta, tb := a.EnsureTable(testCtx), b.EnsureTable(testCtx)
 	m := newRefModel()
 	var ida, idb [3]OwnerID
 	for i := range ida {

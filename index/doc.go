@@ -6,7 +6,8 @@
 // The surface, in a dozen lines:
 //
 //   - New(Options) is an Index: EnsureTable/Table/DropTable per ContextKey
-//     (Conductor contexts), EnsureScope/Scope/DropScope per ScopeKey
+//     (Conductor contexts; their hash profiles are kept beside the tables
+//     by internal/contexts), EnsureScope/Scope/DropScope per ScopeKey
 //     (producer-fed scopes); a memory budget (Options.MemoryLimit) evicts
 //     the least recently stored; SetWatcher sees changes; BeginCut cuts.
 //   - A Table registers engine owners (AddEngineOwner, RemoveEngineOwner;

@@ -2,8 +2,6 @@ package index
 
 import (
 	"testing"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // BenchmarkEvict measures eviction throughput: a table of 1 M blocks held
@@ -14,7 +12,7 @@ func BenchmarkEvict(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		ix := New(Options{MemoryLimit: 1 << 40})
-		tb := ix.EnsureTable(testCtx, hashing.Profile{})
+		tb := ix.EnsureTable(testCtx)
 		a, c := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
 		for i := range n {
 			tb.Store(a, Put{Key: benchKey(i), Tier: Device})

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"pgregory.net/rapid"
 )
 
@@ -122,7 +121,7 @@ func TestPropertyEvictionNeverOverReports(t *testing.T) {
 		// test's, at the limits it draws.
 		ix := New(Options{Stripes: stripes, MemoryLimit: 1 << 40})
 		defer ix.Close()
-		tb := ix.EnsureTable(testCtx, hashing.Profile{})
+		tb := ix.EnsureTable(testCtx)
 		m := &evictModel{refModel: newRefModel(), stamp: map[uint64]uint32{}}
 		truth := newRefModel()
 		ids := []OwnerID{0}
@@ -225,7 +224,7 @@ func TestAccountingFollowsEveryPath(t *testing.T) {
 	ix := New(Options{Stripes: 4, MemoryLimit: 1 << 40})
 	defer ix.Close()
 	base := ix.MemoryBytes()
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	sc := ix.EnsureScope(ScopeKey{Tenant: "t", Model: "m", Scheme: "s"})
 	r := rand.New(rand.NewPCG(1, 2))
 	ids := []OwnerID{tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 1)}
@@ -291,7 +290,7 @@ func TestAccountingFollowsEveryPath(t *testing.T) {
 func TestEvictedRemovalIsNoOp(t *testing.T) {
 	ix := New(Options{Stripes: 2, MemoryLimit: 1 << 40})
 	defer ix.Close()
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
 	tb.Store(a, Put{Key: 1, Tier: Device})
 	tb.acquireShared(CPUShare, 1)
@@ -330,7 +329,7 @@ func TestBudgetBelowFixedCosts(t *testing.T) {
 	defer ix.Close()
 	var tbs []*Table
 	for i := range 8 { // 8 × 64 stripes × 320 B: 160 KiB of fixed cost
-		tbs = append(tbs, ix.EnsureTable(ContextKey{Model: fmt.Sprint("m", i), BlockSize: 16}, hashing.Profile{}))
+		tbs = append(tbs, ix.EnsureTable(ContextKey{Model: fmt.Sprint("m", i), BlockSize: 16}))
 	}
 	done := make(chan struct{})
 	go func() {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/procmem"
 	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 )
@@ -34,7 +33,7 @@ func flood(tb testing.TB, perPublisher int, limit int64) floodResult {
 	rss0 := procmem.RSS()
 	ix := New(Options{MemoryLimit: limit})
 	defer ix.Close()
-	t := ix.EnsureTable(testCtx, hashing.Profile{})
+	t := ix.EnsureTable(testCtx)
 	owners := []OwnerID{t.AddEngineOwner("a", 0), t.AddEngineOwner("b", 0)}
 	var done atomic.Bool
 	var stored [2]atomic.Int64

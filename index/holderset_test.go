@@ -5,8 +5,6 @@ import (
 	"reflect"
 	"slices"
 	"testing"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // own packs an engine holder word for tests.
@@ -119,7 +117,7 @@ func (c *hookChain) Next() (uint64, int, bool) {
 // must be resolved again, not answered from the memo.
 func TestQueryAfterHolderListReuse(t *testing.T) {
 	ix := New(Options{Stripes: 2})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{Strategy: "vllm_v1"})
+	tb := ix.EnsureTable(testCtx)
 	// keysIn returns n keys from start on that live in stripe si.
 	keysIn := func(si, n int, start uint64) []uint64 {
 		var ks []uint64

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"pgregory.net/rapid"
 )
 
@@ -142,7 +141,7 @@ func TestMambaAndFullRules(t *testing.T) {
 // hybridOwner registers one owner with a declared layout in a fresh table
 // of hash block size hbs.
 func hybridTable(t testing.TB, hbs int, groups []GroupSpec) (*Table, OwnerID) {
-	tb := newTable(ContextKey{Model: "m", BlockSize: hbs}, hashing.Profile{}, 8)
+	tb := newTable(ContextKey{Model: "m", BlockSize: hbs}, 8)
 	id := tb.AddEngineOwner("a", 0)
 	tb.SetLayout(id, groups)
 	return tb, id
@@ -444,7 +443,7 @@ func TestHybridAgainstReference(t *testing.T) {
 		const hbs = 4
 		ix := New(Options{Stripes: 4})
 		ctx := ContextKey{Model: "m", BlockSize: hbs}
-		tb := ix.EnsureTable(ctx, hashing.Profile{})
+		tb := ix.EnsureTable(ctx)
 		ref := &hybridRef{layouts: map[OwnerID][]GroupSpec{}, held: map[OwnerID]map[[2]uint64]uint8{}, shared: map[[2]uint64][numTiers]int{}}
 		nOwners := rapid.IntRange(1, 3).Draw(rt, "owners")
 		var ids []OwnerID
@@ -541,7 +540,7 @@ func TestHybridAgainstReference(t *testing.T) {
 		// restored from a cut answers exactly as the original
 		cuts := ix.BeginCut().Finish()
 		ix2 := New(Options{Stripes: 8})
-		tb2 := ix2.EnsureTable(ctx, hashing.Profile{})
+		tb2 := ix2.EnsureTable(ctx)
 		var ids2 []OwnerID
 		for o, ow := range cuts[0].Owners {
 			id2 := tb2.AddEngineOwner(ow.Instance, ow.Rank)
@@ -625,7 +624,7 @@ func TestHybridAgainstReference(t *testing.T) {
 // held in Device by both groups of every owner.
 func measureHybridMemory(blocks, owners int) (heap, rss float64) {
 	h0, r0 := settle()
-	tb := New(Options{}).EnsureTable(testCtx, hashing.Profile{})
+	tb := New(Options{}).EnsureTable(testCtx)
 	for o := range owners {
 		id := tb.AddEngineOwner("inst", o)
 		tb.SetLayout(id, []GroupSpec{{Kind: KindSliding, BlockSize: 16, SlidingWindow: 128}, {Kind: KindFull, BlockSize: 16}})

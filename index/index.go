@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // Options tunes an Index.
@@ -73,12 +71,12 @@ func (ix *Index) Table(ctx ContextKey) *Table {
 	return ix.tables.get(ctx)
 }
 
-// EnsureTable returns the context's table, creating it with profile p. The
-// caller (the registry) guarantees every service of a context uses the same
-// profile, so an existing table's profile is not compared.
-func (ix *Index) EnsureTable(ctx ContextKey, p hashing.Profile) *Table {
+// EnsureTable returns the context's table, creating it empty. The table
+// knows no hash profile: whoever registered the context keeps it beside
+// the table (internal/contexts).
+func (ix *Index) EnsureTable(ctx ContextKey) *Table {
 	return ix.tables.ensure(&ix.mu, ctx, func() *Table {
-		t := newTable(ctx, p, ix.stripes)
+		t := newTable(ctx, ix.stripes)
 		t.ix = ix
 		ix.attach(t, EvictedContext)
 		if ix.reap.pause > 0 {

@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 var testCtx = ContextKey{Tenant: "default", Model: "m", BlockSize: 16}
@@ -39,7 +37,7 @@ type fixture struct {
 
 func newFixture(tb testing.TB) *fixture {
 	ix := New(Options{Stripes: 4})
-	return &fixture{ix: ix, t: ix.EnsureTable(testCtx, hashing.Profile{Strategy: "vllm_v1"}), o: map[string]OwnerID{}}
+	return &fixture{ix: ix, t: ix.EnsureTable(testCtx), o: map[string]OwnerID{}}
 }
 
 func (f *fixture) own(instance string, rank int) OwnerID {
@@ -390,11 +388,10 @@ func TestQueryRules(t *testing.T) {
 
 func TestContextSeparation(t *testing.T) {
 	ix := New(Options{})
-	p := hashing.Profile{Strategy: "sglang"}
-	t1 := ix.EnsureTable(ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, p)
-	t2 := ix.EnsureTable(ContextKey{Tenant: "default", Model: "m", BlockSize: 32}, p)
-	t3 := ix.EnsureTable(ContextKey{Tenant: "other", Model: "m", BlockSize: 16}, p)
-	if ix.EnsureTable(t1.Context(), hashing.Profile{}) != t1 {
+	t1 := ix.EnsureTable(ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	t2 := ix.EnsureTable(ContextKey{Tenant: "default", Model: "m", BlockSize: 32})
+	t3 := ix.EnsureTable(ContextKey{Tenant: "other", Model: "m", BlockSize: 16})
+	if ix.EnsureTable(t1.Context()) != t1 {
 		t.Fatal("EnsureTable did not return the existing table")
 	}
 	a := t1.AddEngineOwner("a", 0)
@@ -415,9 +412,6 @@ func TestContextSeparation(t *testing.T) {
 	if got := res.Instances[0].Max; got != tc(16, 16, 32, 32) {
 		t.Errorf("own context: %+v", got)
 	}
-	if t1.Profile().Strategy != "sglang" {
-		t.Error("profile not kept")
-	}
 }
 
 func TestTablesAndDrop(t *testing.T) {
@@ -433,7 +427,7 @@ func TestTablesAndDrop(t *testing.T) {
 		{Tenant: "a", Model: "a", BlockSize: 16},
 	}
 	for _, c := range ctxs {
-		ix.EnsureTable(c, hashing.Profile{})
+		ix.EnsureTable(c)
 	}
 	var got []ContextKey
 	for _, tb := range ix.Tables() {
@@ -472,7 +466,7 @@ func TestTablesAndDrop(t *testing.T) {
 		t.Fatalf("dropped table answers %+v", res.Instances)
 	}
 	checkInvariants(t, tb)
-	fresh := ix.EnsureTable(ctxs[0], hashing.Profile{})
+	fresh := ix.EnsureTable(ctxs[0])
 	if fresh == tb || fresh.PrefixCount() != 0 {
 		t.Fatal("EnsureTable after drop must start empty")
 	}
@@ -601,7 +595,7 @@ func TestQueryDoesNotAllocate(t *testing.T) {
 // compacted while owner lists are being walked.
 func TestCompaction(t *testing.T) {
 	ix := New(Options{Stripes: 1})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	s := &tb.stripes[0]
 	a, b, c := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("c", 0)
 	const n = 6000
@@ -668,7 +662,7 @@ func TestCompaction(t *testing.T) {
 // tier) must leave exactly the expected blocks.
 func TestClearSpansManyHolds(t *testing.T) {
 	ix := New(Options{Stripes: 1})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a, b, w := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0), tb.AddEngineOwner("w", 0)
 	const n = 5*clearBudget + 7
 	for k := range uint64(n) {
@@ -727,7 +721,7 @@ func TestBackgroundRemoval(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	ix := New(Options{Stripes: 4, RemovalPause: time.Microsecond})
 	defer ix.Close()
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
 	const n = 4 * 3 * clearBudget
 	keys := make([]uint64, n)
@@ -779,7 +773,7 @@ func TestBackgroundRemoval(t *testing.T) {
 // broken in the first, a middle and the last batch and for an unbroken one.
 func TestReadyBatchesSpanMaxBatch(t *testing.T) {
 	ix := New(Options{})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a, b := tb.AddEngineOwner("a", 0), tb.AddEngineOwner("b", 0)
 	n := 2*maxReadyBatch + 300
 	keys := make([]uint64, n)
@@ -819,7 +813,7 @@ func TestBackgroundRemovalThenDrop(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	ix := New(Options{Stripes: 4, RemovalPause: 50 * time.Millisecond})
 	defer ix.Close()
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a := tb.AddEngineOwner("a", 0)
 	for i := range 8 * clearBudget {
 		tb.Store(a, Put{Key: benchKey(i), Tier: Device})
@@ -831,7 +825,7 @@ func TestBackgroundRemovalThenDrop(t *testing.T) {
 		t.Fatalf("dropped table reports %d blocks", got)
 	}
 	other := ContextKey{Tenant: "t2", Model: "m", BlockSize: 16}
-	tb2 := ix.EnsureTable(other, hashing.Profile{})
+	tb2 := ix.EnsureTable(other)
 	b := tb2.AddEngineOwner("b", 0)
 	tb2.Store(b, Put{Key: 1, Tier: Device})
 	tb2.RemoveEngineOwner(b)

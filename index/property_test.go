@@ -9,7 +9,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"pgregory.net/rapid"
 )
 
@@ -198,7 +197,7 @@ func TestPropertyAgainstReference(t *testing.T) { propertyAgainstReference(t, fa
 func propertyAgainstReference(t *testing.T, prefetchAll bool) {
 	rapid.Check(t, func(rt *rapid.T) {
 		stripes := rapid.SampledFrom([]int{1, 2, 8}).Draw(rt, "stripes")
-		tb := New(Options{Stripes: stripes}).EnsureTable(testCtx, hashing.Profile{})
+		tb := New(Options{Stripes: stripes}).EnsureTable(testCtx)
 		if prefetchAll {
 			tb.prefetchMin = 0
 		}
@@ -305,7 +304,7 @@ func TestRandomizedAgainstReference(t *testing.T) {
 	}
 	for seed := range uint64(3) {
 		r := rand.New(rand.NewPCG(seed, 42))
-		tb := New(Options{Stripes: 1 << seed}).EnsureTable(testCtx, hashing.Profile{})
+		tb := New(Options{Stripes: 1 << seed}).EnsureTable(testCtx)
 		m := newRefModel()
 		ids := []OwnerID{0}
 		var res QueryResult
@@ -392,7 +391,7 @@ func TestRandomizedAgainstReference(t *testing.T) {
 // different blocks and tiers in every word.
 func TestWideQueryAgainstReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 5))
-	tb := New(Options{Stripes: 8}).EnsureTable(testCtx, hashing.Profile{})
+	tb := New(Options{Stripes: 8}).EnsureTable(testCtx)
 	m := newRefModel()
 	tiers := []Tier{Device, CPULocal, Disk}
 	for i := range 13 {

@@ -3,8 +3,6 @@ package index
 import (
 	"cmp"
 	"slices"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // ScopeKey names a producer-fed scope: blocks that gRPC producers reported
@@ -29,7 +27,7 @@ func (ix *Index) Scope(k ScopeKey) *Table {
 // EnsureScope returns the scope's table, creating it empty.
 func (ix *Index) EnsureScope(k ScopeKey) *Table {
 	return ix.scopes.ensure(&ix.mu, k, func() *Table {
-		t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, hashing.Profile{}, ix.stripes)
+		t := newTable(ContextKey{Tenant: k.Tenant, Model: k.Model, Lora: k.Adapter}, ix.stripes)
 		t.scope, t.scheme, t.ix = true, k.Scheme, ix
 		ix.attach(t, EvictedScope)
 		return t

@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 func TestScopesAreSeparateFromContexts(t *testing.T) {
@@ -117,7 +115,7 @@ func TestWatcherSeesEveryChange(t *testing.T) {
 	ix := New(Options{Stripes: 2})
 	r := &recorder{on: true}
 	ix.SetWatcher(r)
-	tb := ix.EnsureTable(ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, hashing.Profile{})
+	tb := ix.EnsureTable(ContextKey{Tenant: "t", Model: "m", BlockSize: 16})
 	id := tb.AddEngineOwner("i", 0)
 	tb.Store(id, Put{Key: 1, Tier: Device})
 	tb.Store(id, Put{Key: 1, Tier: Disk}) // same owner, same key: not a new key

@@ -2,8 +2,6 @@ package index
 
 import (
 	"testing"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // sharedCount is the reference count of key's holder in shared tier, 0
@@ -33,7 +31,7 @@ func sharedCount(tb *Table, tier Tier, key uint64) uint32 {
 func TestSharedRefEvictedReleaseIsNoOp(t *testing.T) {
 	ix := New(Options{Stripes: 2, MemoryLimit: 1 << 40})
 	defer ix.Close()
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	base := ix.MemoryBytes()
 	var orphans Orphans
 	a := newSharedRef("a", CPUShare, 7, 500, &orphans)
@@ -93,7 +91,7 @@ func TestSharedRefEvictedReleaseIsNoOp(t *testing.T) {
 func TestSharedRefDropOrphans(t *testing.T) {
 	ix := New(Options{Stripes: 2})
 	defer ix.Close()
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	var orphans Orphans
 	refs := []*SharedRef{newSharedRef(1, Disk, 1, 10, &orphans), newSharedRef(2, CPUShare, 2, 10, &orphans)}
 	for _, r := range refs {

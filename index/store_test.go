@@ -7,14 +7,13 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // TestStoreRemoveResults checks what Store and Remove report, step by step
 // on one owner, and that the table stays consistent after each step.
 func TestStoreRemoveResults(t *testing.T) {
 	ix := New(Options{Stripes: 2})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	a := tb.AddEngineOwner("a", 0)
 	type step struct {
 		name    string
@@ -91,7 +90,7 @@ func TestSharedRefGroups(t *testing.T) {
 	for _, g := range []int{0, 3} {
 		t.Run(fmt.Sprint("group=", g), func(t *testing.T) {
 			ix := New(Options{Stripes: 2})
-			tb := ix.EnsureTable(testCtx, hashing.Profile{})
+			tb := ix.EnsureTable(testCtx)
 			base := ix.MemoryBytes()
 			var r, other SharedRef
 			r.Init("r", CPUShare, g, 7, 100, nil)
@@ -142,7 +141,7 @@ func TestSharedRefGroups(t *testing.T) {
 // exactly its owner's blocks.
 func TestSplitEntriesRestoresPerOwner(t *testing.T) {
 	ix := New(Options{Stripes: 8})
-	tb := ix.EnsureTable(testCtx, hashing.Profile{})
+	tb := ix.EnsureTable(testCtx)
 	rng := rand.New(rand.NewPCG(3, 4))
 	var ids []OwnerID
 	for i := range 3 {
@@ -159,7 +158,7 @@ func TestSplitEntriesRestoresPerOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	whole, perOwner := New(Options{Stripes: 4}), New(Options{Stripes: 4})
-	tw, tp := whole.EnsureTable(testCtx, hashing.Profile{}), perOwner.EnsureTable(testCtx, hashing.Profile{})
+	tw, tp := whole.EnsureTable(testCtx), perOwner.EnsureTable(testCtx)
 	var wids []OwnerID
 	pairs := 0
 	for i, o := range cut.Owners {

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // Table is the index of one context: which engine owners and shared
@@ -34,7 +32,6 @@ import (
 //     bitset per cumulative tier.
 type Table struct {
 	ctx     ContextKey
-	profile hashing.Profile
 	shift   uint // 64 - log2(len(stripes)); stripe = mix(key) >> shift
 	stripes []stripe
 	// prefetchMin is the stripe size from which walkReady prefetches a
@@ -130,14 +127,13 @@ type instSpan struct {
 
 var emptyView = &ownerView{}
 
-func newTable(ctx ContextKey, p hashing.Profile, nStripes int) *Table {
+func newTable(ctx ContextKey, nStripes int) *Table {
 	bits := uint(0)
 	for 1<<bits < nStripes {
 		bits++
 	}
 	t := &Table{
 		ctx:     ctx,
-		profile: p,
 		shift:   64 - bits,
 		stripes: make([]stripe, 1<<bits),
 		ids:     make(map[ownerKey]OwnerID),
@@ -165,11 +161,6 @@ func (t *Table) stripeFor(h uint64) *stripe { return &t.stripes[t.stripeIndex(h)
 // Context returns the context the table indexes, so a caller holding only
 // the table can report it (metrics, /global_view).
 func (t *Table) Context() ContextKey { return t.ctx }
-
-// Profile returns the hash profile the context was created with; queries use
-// it to hash token ids exactly as the publishers did. Callers must not modify
-// it.
-func (t *Table) Profile() *hashing.Profile { return &t.profile }
 
 // PrefixCount returns the number of distinct keys held in any tier by
 // anyone, the prefix_count of /global_view.

@@ -4,8 +4,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 // lockCheckingWatcher records changes and, for every key change, whether
@@ -36,7 +34,7 @@ func TestKeyChangesAreToldUnderTheStripeLock(t *testing.T) {
 	ix := New(Options{Stripes: 4})
 	w := &lockCheckingWatcher{}
 	ix.SetWatcher(w)
-	ctx := ix.EnsureTable(testCtx, hashing.Profile{})
+	ctx := ix.EnsureTable(testCtx)
 	scope := ix.EnsureScope(ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"})
 	a, r := ctx.AddEngineOwner("a", 0), scope.AddEngineOwner("r", 0)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
@@ -87,12 +88,13 @@ type ConnectionReporter interface {
 }
 
 // Binding is what a source needs from the registry: its table and engine
-// owner (engines only), and a lookup from an event's context to the table
-// bound by an engine registration (Mooncake streams name contexts per event).
+// owner (engines only), and a lookup from an event's context to the
+// context (table and profile) bound by an engine registration (Mooncake
+// streams name contexts per event).
 type Binding struct {
 	Table  *index.Table
 	Owner  index.OwnerID
-	Lookup func(index.ContextKey) (*index.Table, bool)
+	Lookup func(index.ContextKey) (*contexts.Context, bool)
 }
 
 // SourceFactory starts the event source for a service.
@@ -100,7 +102,10 @@ type SourceFactory func(svc Service, b Binding) (Source, error)
 
 // Options configure a Registry.
 type Options struct {
-	Index *index.Index
+	// Contexts is the catalogue the registry writes: a context enters it
+	// (its table created) with its first service and leaves it (its table
+	// dropped) with its last.
+	Contexts *contexts.Catalogue
 	// Start starts a service's source; nil runs no sources (tests).
 	Start SourceFactory
 	// MaxServices bounds the number of registrations (default 4096).
@@ -144,8 +149,7 @@ type entry struct {
 }
 
 type contextState struct {
-	profile  hashing.Profile
-	table    *index.Table
+	*contexts.Context
 	services int
 	engines  int
 }
@@ -169,10 +173,10 @@ type Registry struct {
 	stopping map[ServiceKey]chan struct{}
 
 	// bound maps contexts that have at least one engine registration to
-	// their table. It has its own lock because sources read it from their
+	// their catalogue entry. It has its own lock because sources read it from their
 	// goroutines while mu may be held waiting for such a goroutine to stop.
 	boundMu sync.RWMutex
-	bound   map[index.ContextKey]*index.Table
+	bound   map[index.ContextKey]*contexts.Context
 
 	// recorder, when set, makes each change durable first (under mu).
 	recorder Recorder
@@ -194,12 +198,13 @@ func New(opts Options) *Registry {
 		endpoints: make(map[string]ServiceKey),
 		contexts:  make(map[index.ContextKey]*contextState),
 		stopping:  make(map[ServiceKey]chan struct{}),
-		bound:     make(map[index.ContextKey]*index.Table),
+		bound:     make(map[index.ContextKey]*contexts.Context),
 	}
 }
 
-// Lookup returns the table of a context bound by an engine registration.
-func (r *Registry) Lookup(ctx index.ContextKey) (*index.Table, bool) {
+// Lookup returns the context (table and profile) of a context bound by an
+// engine registration.
+func (r *Registry) Lookup(ctx index.ContextKey) (*contexts.Context, bool) {
 	r.boundMu.RLock()
 	t, ok := r.bound[ctx]
 	r.boundMu.RUnlock()
@@ -256,13 +261,13 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 	}
 
 	if cs == nil {
-		cs = &contextState{profile: svc.Profile, table: r.opts.Index.EnsureTable(ctxKey, svc.Profile)}
+		cs = &contextState{Context: r.opts.Contexts.Ensure(ctxKey, svc.Profile)}
 		r.contexts[ctxKey] = cs
 	}
 	e := &entry{svc: svc}
 	if svc.IsEngine() {
-		e.owner = cs.table.AddEngineOwner(svc.InstanceID, svc.DPRank)
-		cs.table.SetLayout(e.owner, svc.Groups.Specs())
+		e.owner = cs.Table.AddEngineOwner(svc.InstanceID, svc.DPRank)
+		cs.Table.SetLayout(e.owner, svc.Groups.Specs())
 	}
 	src, err := r.start(svc, e.owner)
 	if err != nil {
@@ -273,11 +278,11 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 			r.opts.Logger.Error().Err(rerr).Str("service", string(key)).Msg("could not take back the recorded registration of a service whose source failed to start")
 		}
 		if svc.IsEngine() {
-			cs.table.RemoveEngineOwner(e.owner)
+			cs.Table.RemoveEngineOwner(e.owner)
 		}
 		if cs.services == 0 {
 			delete(r.contexts, ctxKey)
-			r.opts.Index.DropTable(ctxKey)
+			r.opts.Contexts.Drop(ctxKey)
 		}
 		return false, err
 	}
@@ -287,7 +292,7 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 		cs.engines++
 		if cs.engines == 1 {
 			r.boundMu.Lock()
-			r.bound[ctxKey] = cs.table
+			r.bound[ctxKey] = cs.Context
 			r.boundMu.Unlock()
 		}
 	}
@@ -340,7 +345,7 @@ func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 		return nil, nil
 	}
 	cs := r.contexts[svc.Context()]
-	src, err := r.opts.Start(svc, Binding{Table: cs.table, Owner: owner, Lookup: r.Lookup})
+	src, err := r.opts.Start(svc, Binding{Table: cs.Table, Owner: owner, Lookup: r.Lookup})
 	if err != nil {
 		return nil, &SourceError{Key: svc.Key(), Err: err}
 	}
@@ -418,13 +423,13 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 	t1 := time.Now()
 	delete(r.endpoints, e.svc.Endpoint)
 	if e.svc.IsEngine() {
-		cs.table.RemoveEngineOwner(e.owner)
+		cs.Table.RemoveEngineOwner(e.owner)
 	}
 	t2 := time.Now()
 	cs.services--
 	if cs.services == 0 {
 		delete(r.contexts, ctxKey)
-		r.opts.Index.DropTable(ctxKey)
+		r.opts.Contexts.Drop(ctxKey)
 		if r.opts.OnContextDropped != nil {
 			r.opts.OnContextDropped(ctxKey, len(r.contexts))
 		}
@@ -509,7 +514,7 @@ func (r *Registry) Contexts() []ContextView {
 	r.mu.Lock()
 	out := make([]ContextView, 0, len(r.contexts))
 	for k, cs := range r.contexts {
-		out = append(out, ContextView{Context: k, Profile: cs.profile, PrefixCount: cs.table.PrefixCount(), Instances: cs.table.Instances()})
+		out = append(out, ContextView{Context: k, Profile: cs.Profile, PrefixCount: cs.Table.PrefixCount(), Instances: cs.Table.Instances()})
 	}
 	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b ContextView) int { return a.Context.Compare(b.Context) })

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 )
@@ -60,7 +61,7 @@ func svc(t *testing.T, instance string, rank int, endpoint string) Service {
 
 func newReg(f *factory, max int) (*Registry, *index.Index) {
 	ix := index.New(index.Options{})
-	return New(Options{Index: ix, Start: f.start, MaxServices: max}), ix
+	return New(Options{Contexts: contexts.New(ix), Start: f.start, MaxServices: max}), ix
 }
 
 func TestRegisterRules(t *testing.T) {
@@ -164,7 +165,7 @@ func TestOnContextDropped(t *testing.T) {
 	var dropped []index.ContextKey
 	var remaining []int
 	ix := index.New(index.Options{})
-	r := New(Options{Index: ix, Start: (&factory{}).start, OnContextDropped: func(k index.ContextKey, n int) {
+	r := New(Options{Contexts: contexts.New(ix), Start: (&factory{}).start, OnContextDropped: func(k index.ContextKey, n int) {
 		dropped = append(dropped, k)
 		remaining = append(remaining, n)
 	}})
@@ -235,7 +236,7 @@ func TestCloseLogsStoppedNotUnregistered(t *testing.T) {
 	var logs bytes.Buffer
 	ix := index.New(index.Options{})
 	f := &factory{}
-	r := New(Options{Index: ix, Start: f.start, Logger: zerolog.New(&logs)})
+	r := New(Options{Contexts: contexts.New(ix), Start: f.start, Logger: zerolog.New(&logs)})
 	a, b := svc(t, "a", 0, "tcp://h:1"), svc(t, "b", 0, "tcp://h:2")
 	for _, s := range []Service{a, b} {
 		if _, err := r.Register(s); err != nil {

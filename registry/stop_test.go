@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 )
 
 // slowSource's Stop blocks until release is closed, so a test can hold a
@@ -81,7 +82,7 @@ func within(t *testing.T, what string, f func()) {
 func TestReadsDoNotWaitForAStop(t *testing.T) {
 	f := &slowFactory{}
 	ix := index.New(index.Options{})
-	r := New(Options{Index: ix, Start: f.start})
+	r := New(Options{Contexts: contexts.New(ix), Start: f.start})
 	if _, err := r.Register(svc(t, "a", 0, "tcp://h:1")); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func TestReadsDoNotWaitForAStop(t *testing.T) {
 func TestSameKeyWaitsForTheStop(t *testing.T) {
 	f := &slowFactory{}
 	ix := index.New(index.Options{})
-	r := New(Options{Index: ix, Start: f.start})
+	r := New(Options{Contexts: contexts.New(ix), Start: f.start})
 	a := svc(t, "a", 0, "tcp://h:1")
 	if _, err := r.Register(a); err != nil {
 		t.Fatal(err)

@@ -133,7 +133,7 @@ func (s registrySet) byEndpoint(endpoint string) (ServiceKey, bool) {
 
 func (s registrySet) contextProfile(ctx index.ContextKey) (hashing.Profile, bool) {
 	if cs := s.r.contexts[ctx]; cs != nil {
-		return cs.profile, true
+		return cs.Profile, true
 	}
 	return hashing.Profile{}, false
 }

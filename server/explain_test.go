@@ -66,8 +66,8 @@ func promptTokens(n int) []int32 {
 
 // promptKeys are the block keys of tokens under the harness's context.
 func (h *harness) promptKeys(tokens []int32) []uint64 {
-	tbl := h.ix.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
-	return eventtest.ChainKeys(tbl.Profile(), 16, tokens)
+	c := h.cat.Get(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	return eventtest.ChainKeys(&c.Profile, 16, tokens)
 }
 
 // explained is the /debug/explain body, decoded with its own types so

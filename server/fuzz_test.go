@@ -10,6 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -31,8 +32,9 @@ func FuzzHandlers(f *testing.F) {
 	f.Add([]byte{0x80})
 
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
-	s := New(Options{Registry: reg, Index: ix})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
+	s := New(Options{Registry: reg, Contexts: cat})
 	base, _ := msgpack.Marshal(map[string]any{"endpoint": "tcp://127.0.0.1:8", "type": "vLLM", "modelname": "m", "instance_id": "base",
 		"block_size": 16, "dp_rank": 0, "hash_profile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "7", "index_projection": "low64_be"}})
 	call := func(path string, body []byte) (int, []byte) {

@@ -19,6 +19,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
@@ -76,7 +77,7 @@ type harness struct {
 	t    *testing.T
 	reg  *registry.Registry
 	memo *hashing.Memo
-	ix   *index.Index
+	cat  *contexts.Catalogue
 	addr string
 	c    *fasthttp.Client
 }
@@ -90,9 +91,10 @@ func startServer(t *testing.T, opts Options) *harness {
 func startServerMemo(t *testing.T, opts Options, memo *hashing.Memo) *harness {
 	t.Helper()
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
-	opts.Registry, opts.Index = reg, ix
-	opts.Engine = query.New(query.Options{Index: ix, Memo: memo})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
+	opts.Registry, opts.Contexts = reg, cat
+	opts.Engine = query.New(query.Options{Contexts: cat, Memo: memo})
 	srv := New(opts)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -105,7 +107,7 @@ func startServerMemo(t *testing.T, opts Options, memo *hashing.Memo) *harness {
 		<-done
 		reg.Close()
 	})
-	return &harness{t: t, reg: reg, memo: memo, ix: ix, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
+	return &harness{t: t, reg: reg, memo: memo, cat: cat, addr: ln.Addr().String(), c: &fasthttp.Client{ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}}
 }
 
 // do sends one request and returns the status and decoded body.
@@ -242,8 +244,8 @@ func (h *harness) store(s *storeStep) error {
 	if ctx.Tenant == "" {
 		ctx.Tenant = "default"
 	}
-	tbl := h.ix.Table(ctx)
-	if tbl == nil {
+	c := h.cat.Get(ctx)
+	if c == nil {
 		return fmt.Errorf("store: no table for %+v", ctx)
 	}
 	tier, ok := tierNames[s.Tier]
@@ -264,7 +266,8 @@ func (h *harness) store(s *storeStep) error {
 	}
 	ch := hashing.AcquireChain()
 	defer hashing.ReleaseChain(ch)
-	ch.Reset(tbl.Profile(), s.BlockSize, tokens, s.Lora, s.CacheSalt)
+	tbl := c.Table
+	ch.Reset(&c.Profile, s.BlockSize, tokens, s.Lora, s.CacheSalt)
 	ch.UseMemo(h.memo) // fills the memo that later queries read
 	var owner index.OwnerID
 	if !s.Shared {

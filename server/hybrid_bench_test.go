@@ -21,7 +21,8 @@ var gptOSS = []index.GroupSpec{
 func hybridFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, []byte) {
 	tb.Helper()
 	s, body := queryFixture(tb, instances, ranks, n, warm)
-	tbl := s.opts.Index.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	c := s.opts.Contexts.Get(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	tbl := c.Table
 	var q struct {
 		Tokens []int32 `msgpack:"token_ids"`
 	}
@@ -37,7 +38,7 @@ func hybridFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, 
 		}
 	}
 	ch := hashing.AcquireChain()
-	ch.Reset(tbl.Profile(), 16, q.Tokens, "", "")
+	ch.Reset(&c.Profile, 16, q.Tokens, "", "")
 	for {
 		k, _, ok := ch.Next()
 		if !ok {

@@ -8,6 +8,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -112,7 +113,8 @@ func TestHybridQueryAgainstReference(t *testing.T) {
 	keys := eventtest.ChainKeys(&prof, hbs, base)
 	rapid.Check(t, func(rt *rapid.T) {
 		ix := index.New(index.Options{Stripes: 4})
-		reg := registry.New(registry.Options{Index: ix})
+		cat := contexts.New(ix)
+		reg := registry.New(registry.Options{Contexts: cat})
 		for i, inst := range []string{"hybrid", "dense"} {
 			svc := registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 30000+i), Type: source.VLLM, ModelName: "m", TenantID: "default",
 				InstanceID: inst, BlockSize: hbs, Profile: prof}
@@ -160,7 +162,7 @@ func TestHybridQueryAgainstReference(t *testing.T) {
 				delete(denseHeld, j)
 			}
 		}
-		s := New(Options{Registry: reg, Index: ix})
+		s := New(Options{Registry: reg, Contexts: cat})
 		for range 3 {
 			n := rapid.IntRange(0, len(base)).Draw(rt, "tokens")
 			agree := rapid.IntRange(0, n).Draw(rt, "agree")

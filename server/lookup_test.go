@@ -23,9 +23,9 @@ var lookupCtx = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 4}
 // the memos on or off.
 func lookupFixture(t *testing.T, tokens []int32, memos bool) *Server {
 	t.Helper()
-	ix := eventtest.PrefixTable(t, lookupCtx, tokens)
-	qo := query.Options{Index: ix}
-	opts := Options{Index: ix}
+	cat := eventtest.PrefixTable(t, lookupCtx, tokens)
+	qo := query.Options{Contexts: cat}
+	opts := Options{Contexts: cat}
 	if memos {
 		qo.Memo, opts.TokenMemo = hashing.NewMemo(1<<20), tokenmemo.New(1<<20)
 	}

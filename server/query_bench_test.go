@@ -8,6 +8,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
@@ -33,7 +34,8 @@ func queryFixture(tb testing.TB, instances, ranks, n int, warm bool) (*Server, [
 func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (*Server, [][]byte) {
 	tb.Helper()
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
 	if err != nil {
@@ -50,7 +52,8 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 			}
 		}
 	}
-	tbl := ix.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	c := cat.Get(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	tbl := c.Table
 	var owners []index.OwnerID
 	for i := 0; i < instances; i++ {
 		for r := 0; r < ranks; r++ {
@@ -64,7 +67,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 			tokens[i] = int32((i*7919+p*104729)%150000 + 1)
 		}
 		ch := hashing.AcquireChain()
-		ch.Reset(tbl.Profile(), 16, tokens, "", "")
+		ch.Reset(&c.Profile, 16, tokens, "", "")
 		for {
 			k, _, ok := ch.Next()
 			if !ok {
@@ -81,7 +84,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 		}
 		bodies = append(bodies, body)
 	}
-	opts := Options{Registry: reg, Index: ix, Engine: query.New(query.Options{Index: ix, Memo: hashing.NewMemo(memoBytes)}), TokenMemo: tokenmemo.New(memoBytes)}
+	opts := Options{Registry: reg, Contexts: cat, Engine: query.New(query.Options{Contexts: cat, Memo: hashing.NewMemo(memoBytes)}), TokenMemo: tokenmemo.New(memoBytes)}
 	return New(opts), bodies
 }
 

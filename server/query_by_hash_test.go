@@ -70,10 +70,11 @@ func TestQueryByHashEqualsQuery(t *testing.T) {
 				}
 			}
 		}
-		tbl := h.ix.Table(index.ContextKey{Tenant: "default", Model: model, BlockSize: bs})
-		if tbl == nil {
+		c := h.cat.Get(index.ContextKey{Tenant: "default", Model: model, BlockSize: bs})
+		if c == nil {
 			rt.Fatal("no table")
 		}
+		tbl := c.Table
 		// A few base prompts; stores and queries are their prefixes, some
 		// diverging after a point, so that runs break at varied blocks.
 		bases := make([][]int32, rapid.IntRange(1, 3).Draw(rt, "bases"))
@@ -87,7 +88,7 @@ func TestQueryByHashEqualsQuery(t *testing.T) {
 		keysOf := func(toks []int32) []uint64 {
 			ch := hashing.AcquireChain()
 			defer hashing.ReleaseChain(ch)
-			ch.Reset(tbl.Profile(), bs, toks, "", "")
+			ch.Reset(&c.Profile, bs, toks, "", "")
 			ks := []uint64{}
 			for {
 				k, _, ok := ch.Next()
@@ -148,7 +149,7 @@ func TestQueryByHashJSON(t *testing.T) {
 	if st, _, _ := h.rawPost("/register", body, ""); st != 200 {
 		t.Fatal("register refused")
 	}
-	tbl := h.ix.Table(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16})
+	tbl := h.cat.Get(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}).Table
 	tbl.Store(tbl.AddEngineOwner("a", 0), index.Put{Key: 16863443419780771464, Tier: index.Device})
 	q, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "seq_hashes": []uint64{16863443419780771464, 12466389667045779788}})
 	st, ans, ct := h.rawPost("/query_by_hash", q, "application/json")

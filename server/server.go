@@ -20,6 +20,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bearer"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -28,7 +29,9 @@ import (
 // Options configure a Server. Zero values take the documented defaults.
 type Options struct {
 	Registry *registry.Registry
-	Index    *index.Index
+	// Contexts is where /query finds a context's table and hash profile
+	// (the catalogue the registry writes).
+	Contexts *contexts.Catalogue
 	Limits   codec.Limits
 	// MaxBodyBytes bounds a request body; larger bodies get 413.
 	MaxBodyBytes int
@@ -47,7 +50,7 @@ type Options struct {
 	// Metrics, when set, serves GET /metrics.
 	Metrics fasthttp.RequestHandler
 	// Engine answers /query and /debug/explain (the one engine both doors
-	// share, with its caches); nil builds one over Index without caches.
+	// share, with its caches); nil builds one over Contexts without caches.
 	Engine *query.Engine
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
 	// prefix seen before (on either door) instead of decoding them: the
@@ -119,7 +122,7 @@ func New(opts Options) *Server {
 		opts.MaxConnsPerIP = 0
 	}
 	if opts.Engine == nil {
-		opts.Engine = query.New(query.Options{Index: opts.Index, MaxTokens: opts.Limits.MaxTokens})
+		opts.Engine = query.New(query.Options{Contexts: opts.Contexts, MaxTokens: opts.Limits.MaxTokens})
 	}
 	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: opts.Engine}
 	s.fs = &fasthttp.Server{
@@ -532,15 +535,15 @@ func (s *Server) lookupBody(body []byte, res *query.Result) error {
 		return d
 	}
 	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens}
-	tbl, err := s.query.Find(&req)
+	c, err := s.query.Find(&req)
 	if err != nil {
 		return err
 	}
-	if tbl != nil {
+	if c != nil {
 		codec.RememberTokens(s.opts.TokenMemo, q)
 	}
 	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
-	s.query.LookupIn(tbl, &req, res)
+	s.query.LookupIn(c, &req, res)
 	return nil
 }
 

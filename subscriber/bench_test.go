@@ -157,7 +157,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	var sink events.EngineSink = nopSink{}
 	var owner index.OwnerID
 	if sinkName == "index" {
-		tb := index.New(index.Options{}).EnsureTable(ctx, prof)
+		tb := index.New(index.Options{}).EnsureTable(ctx)
 		owner = tb.AddEngineOwner("bench", 0)
 		sink = tb
 	}
@@ -277,7 +277,7 @@ func benchIngestLinks(b *testing.B, deferred bool) {
 	prof := eventtest.ResolveProfile(b, reg)
 	ctx := eventtest.ContextOf(reg)
 	payloads := linkBenchPayloads(b, &prof)[:b.N]
-	tb := index.New(index.Options{}).EnsureTable(ctx, prof)
+	tb := index.New(index.Options{}).EnsureTable(ctx)
 	owner := tb.AddEngineOwner("bench", 0)
 	links := hashing.NewLinks(256 << 20)
 	linkDefer := -1

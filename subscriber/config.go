@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
@@ -182,14 +183,15 @@ func (t Tuning) withDefaults() Tuning {
 	return t
 }
 
-// TableLookup adapts a registry lookup that returns index tables to the
-// LookupFunc a Mooncake source needs, so callers need not write the glue.
-func TableLookup(lookup func(index.ContextKey) (*index.Table, bool)) events.LookupFunc {
+// ContextLookup adapts a registry lookup that returns registered contexts
+// to the LookupFunc a Mooncake source needs, so callers need not write the
+// glue.
+func ContextLookup(lookup func(index.ContextKey) (*contexts.Context, bool)) events.LookupFunc {
 	return func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
-		t, ok := lookup(ctx)
-		if !ok || t == nil {
+		c, ok := lookup(ctx)
+		if !ok || c == nil {
 			return nil, nil, false
 		}
-		return t, t.Profile(), true
+		return c.Table, &c.Profile, true
 	}
 }

@@ -28,7 +28,7 @@ func vllmTable(t *testing.T, opts index.Options) (eventtest.Registration, hashin
 	prof := eventtest.ResolveProfile(t, reg)
 	ix := index.New(opts)
 	t.Cleanup(ix.Close)
-	return reg, prof, ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	return reg, prof, ix.EnsureTable(eventtest.ContextOf(reg))
 }
 
 // TestHostilePublisher: one publisher sends garbage at line rate, a batch

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
@@ -406,10 +407,10 @@ func TestStartErrors(t *testing.T) {
 // only its own device tier, a Mooncake cleared only its backend+tenant.
 func TestClearedDoesNotTouchOthers(t *testing.T) {
 	m := eventtest.LoadManifest(t)
-	ix := index.New(index.Options{})
+	cat := contexts.New(index.New(index.Options{}))
 	reg := m.Registration(t, "vllm-a")
 	prof := eventtest.ResolveProfile(t, reg)
-	tb := ix.EnsureTable(eventtest.ContextOf(reg), prof)
+	tb := cat.Ensure(eventtest.ContextOf(reg), prof).Table
 	other := tb.AddEngineOwner("vllm-b", 0)
 	tb.Store(other, index.Put{Key: 2164874634404590027, Tier: index.Device})
 	var ref index.SharedRef // another master's object
@@ -429,9 +430,9 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	pubM := newPublisher(t, ipcEndpoint(t, "m"))
 	sm, err := Start(Config{
 		Source: SourceConfig{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint},
-		Index: IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Lookup: TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
-			t := ix.Table(ctx)
-			return t, t != nil
+		Index: IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Lookup: ContextLookup(func(ctx index.ContextKey) (*contexts.Context, bool) {
+			c := cat.Get(ctx)
+			return c, c != nil
 		})},
 		Report: ReportConfig{Logger: eventtest.Logger(t)},
 	})

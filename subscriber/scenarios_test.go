@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
@@ -259,7 +260,7 @@ func assertRetracted(t *testing.T, e *env) {
 // runQueryScenario wires real index tables and subscribers for several
 // registrations and checks query answers after ingestion.
 func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
-	ix := index.New(index.Options{})
+	cat := contexts.New(index.New(index.Options{}))
 	type src struct {
 		pub     *publisher
 		sub     *Subscriber
@@ -289,12 +290,12 @@ func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 			Report: ReportConfig{Logger: eventtest.Logger(t)},
 		}
 		if reg.Type == "Mooncake" {
-			cfg.Index.Lookup = TableLookup(func(ctx index.ContextKey) (*index.Table, bool) {
-				tb := ix.Table(ctx)
-				return tb, tb != nil
+			cfg.Index.Lookup = ContextLookup(func(ctx index.ContextKey) (*contexts.Context, bool) {
+				c := cat.Get(ctx)
+				return c, c != nil
 			})
 		} else {
-			tb := ix.EnsureTable(cfg.Index.Context, prof)
+			tb := cat.Ensure(cfg.Index.Context, prof).Table
 			cfg.Index.Engine = tb
 			cfg.Index.Owner = tb.AddEngineOwner(reg.InstanceID, reg.DPRank)
 		}
@@ -322,12 +323,13 @@ func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 			waitSeq(t, src.sub, *st.Seq)
 		case st.Query != nil:
 			ctx := index.ContextKey{Tenant: "default", Model: st.Query.Model, BlockSize: st.Query.BlockSize}
-			tb := ix.Table(ctx)
-			if tb == nil {
+			c := cat.Get(ctx)
+			if c == nil {
 				t.Fatalf("step %d: no table for %+v", i, ctx)
 			}
+			tb := c.Table
 			chain := hashing.AcquireChain()
-			chain.Reset(tb.Profile(), st.Query.BlockSize, st.Query.TokenIDs, "", "")
+			chain.Reset(&c.Profile, st.Query.BlockSize, st.Query.TokenIDs, "", "")
 			var res index.QueryResult
 			tb.Query(chain, "", &res)
 			hashing.ReleaseChain(chain)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/server"
@@ -23,8 +24,9 @@ import (
 func startServer(t *testing.T, opts server.Options) string {
 	t.Helper()
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
-	opts.Registry, opts.Index = reg, ix
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
+	opts.Registry, opts.Contexts = reg, cat
 	srv := server.New(opts)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

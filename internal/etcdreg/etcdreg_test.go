@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
@@ -100,7 +101,8 @@ func newReplica(t *testing.T, endpoint string, static ...registry.Service) *repl
 	t.Helper()
 	st := &starts{started: map[registry.ServiceKey]int{}, stopped: map[registry.ServiceKey]int{}}
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix, Start: st.start})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat, Start: st.start})
 	for _, s := range static {
 		if _, err := reg.Apply(s); err != nil {
 			t.Fatal(err)
@@ -450,7 +452,8 @@ func BenchmarkRegistrationVisible(b *testing.B) {
 func newReplicaB(b *testing.B, endpoint string) *replica {
 	st := &starts{started: map[registry.ServiceKey]int{}, stopped: map[registry.ServiceKey]int{}}
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix, Start: st.start, MaxServices: 1 << 20})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat, Start: st.start, MaxServices: 1 << 20})
 	cli, err := NewClient(ClientConfig{Endpoints: []string{endpoint}})
 	if err != nil {
 		b.Fatal(err)

@@ -58,7 +58,7 @@ func BenchmarkMooncakeStoreRemoveIndexed(b *testing.B) {
 		if !ok {
 			return nil, nil, false
 		}
-		return ix.EnsureTable(ctx, *p), p, true
+		return ix.EnsureTable(ctx), p, true
 	}
 	runStoreRemove(b, d, nil)
 }

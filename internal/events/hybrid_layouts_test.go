@@ -158,7 +158,7 @@ func newLayoutHarness(t fataler, prof hashing.Profile, groups []vllmGroup, hashB
 	}
 	ix := index.New(index.Options{Stripes: 4})
 	ctx := index.ContextKey{Model: "m", BlockSize: hbs}
-	tbl := ix.EnsureTable(ctx, prof)
+	tbl := ix.EnsureTable(ctx)
 	h := &layoutHarness{t: t, tbl: tbl, owner: tbl.AddEngineOwner("hybrid", 0),
 		ref: layoutRef{hbs: hbs, groups: groups, held: make([]map[int]bool, len(groups))}}
 	for i := range h.ref.held {

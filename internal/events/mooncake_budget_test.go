@@ -35,8 +35,8 @@ func newBudgetTester(t *testing.T, limit int64) *budgetTester {
 	ix := index.New(index.Options{Stripes: 4, MemoryLimit: limit})
 	t.Cleanup(ix.Close)
 	var tb *index.Table
-	for ctx, p := range tables {
-		tb = ix.EnsureTable(ctx, *p)
+	for ctx := range tables {
+		tb = ix.EnsureTable(ctx)
 	}
 	prof := eventtest.ResolveProfile(t, reg)
 	dec, err := New(Config{Type: source.Mooncake, Profile: prof, Context: eventtest.ContextOf(reg), Owner: eventtest.Owner,

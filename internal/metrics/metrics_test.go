@@ -6,7 +6,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/registry"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -48,7 +48,8 @@ func scrape(t *testing.T, m *Metrics) map[string]map[string]float64 {
 // under test.
 func TestLabelledSeriesExportedAtZero(t *testing.T) {
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix, Logger: zerolog.Nop()})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat, Logger: zerolog.Nop()})
 	m := New(Options{Index: ix, Registry: reg, Counters: subscriber.NewCounters()})
 	got := scrape(t, m)
 	want := map[string][]string{
@@ -116,7 +117,7 @@ func TestIndexMemorySeries(t *testing.T) {
 		}
 	}
 	before := got["conductor_index_memory_bytes"][""]
-	tb := ix.EnsureTable(index.ContextKey{Model: "m", BlockSize: 16}, hashing.Profile{})
+	tb := ix.EnsureTable(index.ContextKey{Model: "m", BlockSize: 16})
 	id := tb.AddEngineOwner("a", 0)
 	for k := range uint64(10000) {
 		tb.Store(id, index.Put{Key: k + 1, Tier: index.Device})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/membudget"
@@ -56,7 +57,8 @@ func readmeMetrics(t *testing.T) []string {
 // missing there would silently not be exported).
 func TestFamiliesMatchREADME(t *testing.T) {
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
 	seed := "0"
 	svc, err := registry.NewService(registry.Registration{
 		Endpoint: "tcp://127.0.0.1:5557", Type: "vLLM", ModelName: "m", InstanceID: "i", BlockSize: 16,

@@ -27,13 +27,14 @@ func (e *Engine) Explain(req *Request) (*Explanation, error) {
 		return nil, err
 	}
 	x := &Explanation{}
-	tbl := e.opts.Index.Table(ctx)
-	if tbl == nil {
+	c := e.opts.Contexts.Get(ctx)
+	if c == nil {
 		return x, nil
 	}
+	tbl := c.Table
 	x.ContextKnown = true
 	ch := hashing.AcquireChain()
-	ch.Reset(tbl.Profile(), ctx.BlockSize, req.Tokens, ctx.Lora, req.CacheSalt)
+	ch.Reset(&c.Profile, ctx.BlockSize, req.Tokens, ctx.Lora, req.CacheSalt)
 	var keys []uint64
 	var tokens []int
 	total := 0

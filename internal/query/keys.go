@@ -47,11 +47,11 @@ func (e *Engine) LookupKeys(req *KeysRequest, res *Result) (known bool, err erro
 		return false, &Error{OutOfRange, req.Field, fmt.Sprintf("%s has %d blocks of %d tokens, the limit is %d tokens", req.Field, n, ctx.BlockSize, e.opts.MaxTokens)}
 	}
 	res.Instances = res.Instances[:0]
-	tbl := e.opts.Index.Table(ctx)
-	if tbl == nil {
+	c := e.opts.Contexts.Get(ctx)
+	if c == nil {
 		return false, nil
 	}
-	p := tbl.Profile()
+	tbl, p := c.Table, &c.Profile
 	proj := p.Projection()
 	keys := req.Values
 	for i, raw := range req.Raw {

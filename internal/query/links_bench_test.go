@@ -91,7 +91,7 @@ func coldLookups(b *testing.B, c *coldCorpus) {
 		b.Run(mode, func(b *testing.B) {
 			// The service's caches: every prompt is new to the memo
 			// (reset each round).
-			e := New(Options{Index: c.r.on.opts.Index, Memo: hashing.NewMemo(64 << 20), Links: c.r.links})
+			e := New(Options{Contexts: c.r.on.opts.Contexts, Memo: hashing.NewMemo(64 << 20), Links: c.r.links})
 			if mode == "hashing" {
 				e.opts.Links = nil
 			}

@@ -10,6 +10,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
@@ -23,8 +24,8 @@ import (
 // withDefer rebuilds r's decoders with their verification waiting in at
 // most deferBytes, on a fresh table.
 func (r *linkRig) withDefer(deferBytes int) *linkRig {
-	ix := index.New(index.Options{})
-	tbl := ix.EnsureTable(r.ctx, r.p)
+	cat := contexts.New(index.New(index.Options{}))
+	tbl := cat.Ensure(r.ctx, r.p).Table
 	n := len(r.decs)
 	r.decs = r.decs[:0]
 	for i := range n {
@@ -35,8 +36,8 @@ func (r *linkRig) withDefer(deferBytes int) *linkRig {
 		}
 		r.decs = append(r.decs, dec)
 	}
-	r.on = New(Options{Index: ix, Links: r.links, Memo: hashing.NewMemo(1 << 20)})
-	r.off = New(Options{Index: ix})
+	r.on = New(Options{Contexts: cat, Links: r.links, Memo: hashing.NewMemo(1 << 20)})
+	r.off = New(Options{Contexts: cat})
 	return r
 }
 

@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
@@ -70,8 +71,8 @@ func newRig(t failer, algo, lora string, owners, bs int, links bool) *linkRig {
 	if links {
 		r.links = hashing.NewLinks(256 << 20)
 	}
-	ix := index.New(index.Options{})
-	tbl := ix.EnsureTable(r.ctx, p)
+	cat := contexts.New(index.New(index.Options{}))
+	tbl := cat.Ensure(r.ctx, p).Table
 	for i := range owners {
 		r.owners = append(r.owners, tbl.AddEngineOwner(fmt.Sprintf("i%d", i), 0))
 		dec, err := events.New(events.Config{Type: source.VLLM, Profile: p, Context: r.ctx, Engine: tbl,
@@ -83,8 +84,8 @@ func newRig(t failer, algo, lora string, owners, bs int, links bool) *linkRig {
 	}
 	// The links with the prefix memo, as the service runs them, against
 	// hashing every block.
-	r.on = New(Options{Index: ix, Links: r.links, Memo: hashing.NewMemo(1 << 20)})
-	r.off = New(Options{Index: ix})
+	r.on = New(Options{Contexts: cat, Links: r.links, Memo: hashing.NewMemo(1 << 20)})
+	r.off = New(Options{Contexts: cat})
 	r.enc = msgpack.NewEncoder(&r.buf)
 	r.enc.UseCompactInts(true)
 	return r
@@ -230,7 +231,7 @@ func (r *linkRig) linkedHints(toks []int32, salt string) (ready []uint64, carrie
 		ready, _, carried = ch.TakeReady(n, ready, nil, carried)
 	}
 	located = make([]uint32, len(ready))
-	r.on.opts.Index.Table(r.ctx).Locate(ready, located)
+	r.on.opts.Contexts.Get(r.ctx).Table.Locate(ready, located)
 	return ready, carried, located
 }
 
@@ -286,7 +287,7 @@ func TestLinksAnswerAsHashing(t *testing.T) {
 		// The index moves on after ingest: blocks evicted, some stored
 		// again elsewhere in their slabs, so the hints the links took
 		// go stale (the links keep them; answers must not change).
-		tbl := r.on.opts.Index.Table(r.ctx)
+		tbl := r.on.opts.Contexts.Get(r.ctx).Table
 		for range rapid.IntRange(0, 12).Draw(rt, "evictions") {
 			toks := prompts[rapid.IntRange(0, len(prompts)-1).Draw(rt, "eprompt")]
 			keys, _ := r.chain(toks, rapid.SampledFrom(salts).Draw(rt, "esalt"), -1)
@@ -425,7 +426,7 @@ func TestLinkedLookupAllocations(t *testing.T) {
 		}
 		r.apply(s)
 	}
-	e := New(Options{Index: r.on.opts.Index, Links: r.links})
+	e := New(Options{Contexts: r.on.opts.Contexts, Links: r.links})
 	req := &Request{Context: r.ctx, Tokens: toks}
 	res := &Result{}
 	if _, err := e.Lookup(req, res); err != nil || len(res.Instances) != 1 || res.Instances[0].Max.Device != len(toks) {

@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
@@ -23,7 +24,9 @@ const DefaultMaxTokens = 2 << 20
 
 // Options configure an Engine.
 type Options struct {
-	Index *index.Index
+	// Contexts is where a request's context is found: its table and the
+	// profile its tokens are hashed with.
+	Contexts *contexts.Catalogue
 	// MaxTokens bounds a request's token ids (DefaultMaxTokens if 0).
 	MaxTokens int
 	// Memo, when set, lets warm lookups skip SHA-256 for blocks seen
@@ -58,7 +61,7 @@ type Engine struct {
 	ofContexts, ofAny []Cache
 }
 
-// New returns an engine over opts.Index.
+// New returns an engine over opts.Contexts.
 func New(opts Options) *Engine {
 	if opts.MaxTokens <= 0 {
 		opts.MaxTokens = DefaultMaxTokens
@@ -99,7 +102,7 @@ func (e *Engine) Attach(c Cache, alsoScopes bool) {
 // both. Their budgets would otherwise stay resident for an empty index.
 // The service calls it whenever a context or a scope goes.
 func (e *Engine) Forget() {
-	if len(e.opts.Index.Tables()) > 0 {
+	if e.opts.Contexts.Len() > 0 {
 		return
 	}
 	e.mu.Lock()
@@ -107,7 +110,7 @@ func (e *Engine) Forget() {
 	for _, c := range e.ofContexts {
 		c.Reset()
 	}
-	if len(e.opts.Index.Scopes()) > 0 {
+	if len(e.opts.Contexts.Index().Scopes()) > 0 {
 		return
 	}
 	for _, c := range e.ofAny {
@@ -159,53 +162,54 @@ type Error struct {
 func (e *Error) Error() string { return e.Field + ": " + e.Msg }
 
 // Find checks what a decoder would have (a model, a positive block size,
-// the token limit) and returns the table req's context names, an empty
+// the token limit) and returns the context req names, an empty
 // tenant being the default one; nil, with no error, when no such context
-// exists. A door finds the table once per request and answers with
+// exists. A door finds the context once per request and answers with
 // LookupIn; in between, its token memo learns only bodies that name a
-// table, so the lookup can keep the learned array without a copy. The
+// context, so the lookup can keep the learned array without a copy. The
 // error, if any, is an *Error.
-func (e *Engine) Find(req *Request) (*index.Table, error) {
+func (e *Engine) Find(req *Request) (*contexts.Context, error) {
 	ctx, err := e.check(req)
 	if err != nil {
 		return nil, err
 	}
-	return e.opts.Index.Table(ctx), nil
+	return e.opts.Contexts.Get(ctx), nil
 }
 
-// LookupIn answers req into res from tbl, the table Find returned for it
+// LookupIn answers req into res from c, the context Find returned for it
 // (nil: no owners).
-func (e *Engine) LookupIn(tbl *index.Table, req *Request, res *Result) {
+func (e *Engine) LookupIn(c *contexts.Context, req *Request, res *Result) {
 	res.Instances = res.Instances[:0]
-	if tbl == nil {
+	if c == nil {
 		return
 	}
-	e.walk(tbl, req.Tokens, req.Shared, req.Context.Lora, req.CacheSalt, req.Instance, res)
+	e.walk(c, req.Tokens, req.Shared, req.Context.Lora, req.CacheSalt, req.Instance, res)
 }
 
 // Lookup is Find and LookupIn in one call, for a door without a token
 // memo to teach in between. It reports whether req's context exists.
 func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
-	tbl, err := e.Find(req)
+	c, err := e.Find(req)
 	if err != nil {
 		return false, err
 	}
-	e.LookupIn(tbl, req, res)
-	return tbl != nil, nil
+	e.LookupIn(c, req, res)
+	return c != nil, nil
 }
 
-// walk hashes tokens lazily under the table's profile and walks the keys.
+// walk hashes tokens lazily under the context's profile and walks its
+// table.
 // shared says tokens are never modified and may be kept by the memos
 // without a copy.
-func (e *Engine) walk(tbl *index.Table, tokens []int32, shared bool, lora, salt, instance string, res *Result) {
+func (e *Engine) walk(c *contexts.Context, tokens []int32, shared bool, lora, salt, instance string, res *Result) {
 	ch := hashing.AcquireChain()
-	ch.Reset(tbl.Profile(), tbl.Context().BlockSize, tokens, lora, salt)
+	ch.Reset(&c.Profile, c.Table.Context().BlockSize, tokens, lora, salt)
 	if shared {
 		ch.KeepTokens()
 	}
 	ch.UseMemo(e.opts.Memo)
 	ch.UseLinks(e.opts.Links)
-	tbl.Query(ch, instance, res)
+	c.Table.Query(ch, instance, res)
 	hashing.ReleaseChain(ch)
 }
 

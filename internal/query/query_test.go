@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
@@ -15,14 +16,14 @@ var testCtx = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 4}
 
 // fixture is a table where owner (a, 0) holds the first 3 blocks of tokens
 // on device and (b, 1) the first block, plus an engine with the memos on.
-func fixture(t *testing.T, tokens []int32, memos bool) (*Engine, *index.Index) {
+func fixture(t *testing.T, tokens []int32, memos bool) (*Engine, *contexts.Catalogue) {
 	t.Helper()
-	ix := eventtest.PrefixTable(t, testCtx, tokens)
-	opts := Options{Index: ix}
+	cat := eventtest.PrefixTable(t, testCtx, tokens)
+	opts := Options{Contexts: cat}
 	if memos {
 		opts.Memo = hashing.NewMemo(1 << 20)
 	}
-	return New(opts), ix
+	return New(opts), cat
 }
 
 func prompt(n int) []int32 {
@@ -108,7 +109,8 @@ func TestLookupErrors(t *testing.T) {
 // context, those that also serve scopes once no scope is left either.
 func TestForget(t *testing.T) {
 	tokens := prompt(600)
-	e, ix := fixture(t, tokens, true)
+	e, cat := fixture(t, tokens, true)
+	ix := cat.Index()
 	var ofContexts, ofAny int
 	e.Attach(ResetFunc(func() { ofContexts++ }), false)
 	e.Attach(ResetFunc(func() { ofAny++ }), true)
@@ -124,7 +126,7 @@ func TestForget(t *testing.T) {
 		t.Fatal("Forget emptied caches while a context is left")
 	}
 	ix.EnsureScope(index.ScopeKey{Scheme: "s"})
-	ix.DropTable(testCtx)
+	cat.Drop(testCtx)
 	e.Forget()
 	if ofContexts != 1 || ofAny != 0 || e.Memo().Bytes() != 0 {
 		t.Fatalf("after the last context: contexts' caches reset %d times, scopes' %d, memo %d bytes", ofContexts, ofAny, e.Memo().Bytes())

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
@@ -33,7 +34,8 @@ func benchServersWith(b testing.TB, n int, memos bool) (*server.Server, *Server,
 	b.Helper()
 	prof := vllmProfile(b)
 	ix := index.New(index.Options{})
-	tbl := ix.EnsureTable(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, prof)
+	cat := contexts.New(ix)
+	tbl := cat.Ensure(index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, prof).Table
 	tokens := make([]int32, n)
 	ids := make([]uint32, n)
 	for i := range tokens {
@@ -52,10 +54,10 @@ func benchServersWith(b testing.TB, n int, memos bool) (*server.Server, *Server,
 	if memos {
 		memo, tokenMemo = hashing.NewMemo(64<<20), tokenmemo.New(64<<20)
 	}
-	engine := query.New(query.Options{Index: ix, Memo: memo})
-	hs := server.New(server.Options{Index: ix, Engine: engine, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
+	engine := query.New(query.Options{Contexts: cat, Memo: memo})
+	hs := server.New(server.Options{Contexts: cat, Engine: engine, TokenMemo: tokenMemo, Logger: zerolog.New(io.Discard)})
 	// One token memo for both doors, as the service has it.
-	gs, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), Engine: engine, TokenMemo: tokenMemo, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
+	gs, err := New(Options{Contexts: cat, Producer: producer.New(producer.Options{Index: ix}), Engine: engine, TokenMemo: tokenMemo, LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -129,7 +131,7 @@ func BenchmarkLookupVsQuery(b *testing.B) {
 func producerDoor(tb testing.TB) *Server {
 	tb.Helper()
 	ix := index.New(index.Options{})
-	s, err := New(Options{Index: ix, Producer: producer.New(producer.Options{Index: ix}), LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
+	s, err := New(Options{Contexts: contexts.New(ix), Producer: producer.New(producer.Options{Index: ix}), LookupTimeout: time.Minute, Logger: zerolog.New(io.Discard)})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 func TestConductorSchemeInputs(t *testing.T) {
 	f := newFixture(t, nil)
 	prof := vllmProfile(t)
-	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	tbl := f.cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof).Table
 	a := tbl.AddEngineOwner("a", 0)
 	a1 := tbl.AddEngineOwner("a", 1)
 	b := tbl.AddEngineOwner("b", 0)
@@ -76,7 +76,7 @@ func TestConductorSchemeInputs(t *testing.T) {
 func TestTokenIdsPastInt32(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.TokenMemo = tokenmemo.New(1 << 20); o.MinMatchedTokens = -1 })
 	prof := vllmProfile(t)
-	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	tbl := f.cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof).Table
 	a := tbl.AddEngineOwner("a", 0)
 	small := make([]int32, 640)
 	for i := range small {
@@ -134,7 +134,7 @@ func vllmProfile(tb testing.TB) hashing.Profile {
 // does for queries without a context; one for a known context fills it.
 func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
 	f := newFixture(t, func(o *Options) { o.TokenMemo = tokenmemo.New(1 << 20) })
-	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, vllmProfile(t))
+	tbl := f.cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, vllmProfile(t)).Table
 	tbl.AddEngineOwner("a", 0)
 	ids := make([]uint32, 1000)
 	for i := range ids {
@@ -168,11 +168,11 @@ func TestTokenMemoLearnsOnlyForAContext(t *testing.T) {
 func TestConductorAffinityForTokenIDs(t *testing.T) {
 	memo := hashing.NewMemo(1 << 20)
 	f := newFixture(t, func(o *Options) {
-		o.Engine = query.New(query.Options{Index: o.Index, Memo: memo})
+		o.Engine = query.New(query.Options{Contexts: o.Contexts, Memo: memo})
 		o.MinMatchedTokens = -1
 	})
 	prof := vllmProfile(t)
-	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	tbl := f.cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof).Table
 	for i, r := range []string{"a", "b", "c"} {
 		tbl.Store(tbl.AddEngineOwner(r, 0), index.Put{Key: uint64(i + 1), Tier: index.Device})
 	}
@@ -218,7 +218,7 @@ func TestStandardScheme(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tbl := f.ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	tbl := f.cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof).Table
 	a := tbl.AddEngineOwner("a", 0)
 	keys := []uint64{16863443419780771464, 12466389667045779788}
 	for _, k := range keys {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
@@ -44,13 +45,14 @@ func snapshot(ix *index.Index) indexState {
 func FuzzHandlers(f *testing.F) {
 	prof := vllmProfile(f)
 	ix := index.New(index.Options{Stripes: 4})
+	cat := contexts.New(ix)
 	prod := producer.New(producer.Options{Index: ix})
-	s, err := New(Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Engine: query.New(query.Options{Index: ix, Memo: hashing.NewMemo(1 << 20)})})
+	s, err := New(Options{Contexts: cat, Producer: prod, Logger: zerolog.New(io.Discard), Engine: query.New(query.Options{Contexts: cat, Memo: hashing.NewMemo(1 << 20)})})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Cleanup(s.Stop)
-	tbl := ix.EnsureTable(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof)
+	tbl := cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof).Table
 	owner := tbl.AddEngineOwner("i", 0)
 	ids := make([]int32, 64)
 	for i := range ids {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
@@ -26,6 +27,7 @@ import (
 type fixture struct {
 	t      *testing.T
 	ix     *index.Index
+	cat    *contexts.Catalogue
 	prod   *producer.Store
 	srv    *Server
 	reg    *prometheus.Registry
@@ -43,7 +45,8 @@ func newFixture(t *testing.T, tune func(*Options)) *fixture {
 	reg := prometheus.NewRegistry()
 	// A minute for lookups: the default 100 ms would answer TIMEOUT
 	// whenever a busy CI machine keeps the handler off the CPU that long.
-	opts := Options{Index: ix, Producer: prod, Logger: zerolog.New(io.Discard), Registerer: reg, Gatherer: reg, Now: c.Now,
+	cat := contexts.New(ix)
+	opts := Options{Contexts: cat, Producer: prod, Logger: zerolog.New(io.Discard), Registerer: reg, Gatherer: reg, Now: c.Now,
 		LookupTimeout: time.Minute}
 	if tune != nil {
 		tune(&opts)
@@ -58,7 +61,7 @@ func newFixture(t *testing.T, tune func(*Options)) *fixture {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
-	f := &fixture{t: t, ix: ix, prod: prod, srv: srv, reg: reg, clock: c, addr: ln.Addr().String()}
+	f := &fixture{t: t, ix: ix, cat: cat, prod: prod, srv: srv, reg: reg, clock: c, addr: ln.Addr().String()}
 	if opts.TLSCert == "" {
 		conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

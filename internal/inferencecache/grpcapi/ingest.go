@@ -223,7 +223,7 @@ func (s *Server) GetCacheState(_ context.Context, req *pb.GetCacheStateRequest) 
 			ClientVersion: r.ClientVersion, T2HitTokens: r.T2HitTokens, T2QueryTokens: r.T2QueryTokens})
 	}
 	tables := s.opts.Producer.ScopeTables(tenant, model)
-	for _, t := range s.opts.Index.Tables() {
+	for _, t := range s.opts.Contexts.Index().Tables() {
 		if c := t.Context(); c.Tenant != tenant || c.Model != model {
 			continue
 		}

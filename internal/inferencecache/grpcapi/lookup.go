@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
@@ -447,11 +448,12 @@ func bestRun(ih *index.InstanceHits) (int, pb.CacheTier) {
 // path exists.
 func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs conductorScheme, parsed bool, st *lookupState) (lv producer.Level, bad, short bool) {
 	tenant, model, adapter := req.GetTenantId(), req.GetModelId(), req.GetAdapterId()
-	var tbl *index.Table
-	// Tables come in no order; the affinity seed's profile is that of the
+	var match *contexts.Context
+	// Contexts come in no order; the affinity seed's profile is that of the
 	// greatest matching context, so the pick does not depend on the order.
 	var seedCtx index.ContextKey
-	for t := range s.opts.Index.All() {
+	for e := range s.opts.Contexts.All() {
+		t := e.Table
 		c := t.Context()
 		if c.Tenant != tenant || t.OwnerCount() == 0 {
 			continue
@@ -461,16 +463,16 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 			continue
 		}
 		lv = max(lv, producer.NoScheme)
-		if !parsed || !cs.matches(t.Profile(), c.BlockSize) {
+		if !parsed || !cs.matches(&e.Profile, c.BlockSize) {
 			continue
 		}
 		lv = producer.HasScheme
 		st.pop = t.AppendInstances(st.pop)
 		if st.seedProf == nil || c.Compare(seedCtx) > 0 {
-			st.seedProf, st.seedBS, seedCtx = t.Profile(), c.BlockSize, c
+			st.seedProf, st.seedBS, seedCtx = &e.Profile, c.BlockSize, c
 		}
 		if c.Lora == adapter {
-			tbl = t
+			match = e
 		}
 	}
 	if lv < producer.NoScheme {
@@ -479,8 +481,8 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 	slices.Sort(st.pop)
 	st.pop = slices.Compact(st.pop)
 	var proj hashing.Projection
-	if tbl != nil {
-		proj = tbl.Profile().Projection()
+	if match != nil {
+		proj = match.Profile.Projection()
 	} else if cs.strategy == hashing.StrategyVLLMV1 {
 		proj = hashing.Low64BE
 	} else {
@@ -532,20 +534,20 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		if parsed && len(ids) < cs.blockSize {
 			return lv, false, true
 		}
-		if tbl == nil {
+		if match == nil {
 			return lv, false, false
 		}
 		// The query engine hashes and walks exactly as /query does (same
 		// prefix memo), so both doors give one answer for one prompt.
-		if _, err := s.query.Lookup(&query.Request{Context: tbl.Context(), Tokens: st.toks}, &st.res); err != nil {
+		if _, err := s.query.Lookup(&query.Request{Context: match.Table.Context(), Tokens: st.toks}, &st.res); err != nil {
 			return lv, true, false
 		}
 	}
-	if tbl == nil {
+	if match == nil {
 		return lv, false, false
 	}
 	if chain != nil {
-		tbl.Query(chain, "", &st.res)
+		match.Table.Query(chain, "", &st.res)
 	}
 	for i := range st.res.Instances {
 		ih := &st.res.Instances[i]
@@ -605,7 +607,7 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 	lv = ps.Holds(tenant, model, scheme)
 	if lv < producer.NoScheme {
 		// A Conductor context of the tenant (and model) counts too.
-		for t := range s.opts.Index.All() {
+		for t := range s.opts.Contexts.Index().All() {
 			c := t.Context()
 			if c.Tenant != tenant || t.OwnerCount() == 0 {
 				continue

@@ -26,8 +26,8 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
-	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/bearer"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
@@ -62,11 +62,13 @@ const (
 
 // Options configure a Server. Zero values take the defaults above.
 type Options struct {
-	Index    *index.Index
+	// Contexts is the catalogue of Conductor contexts (their tables, in
+	// its index beside the producer scopes, and hash profiles).
+	Contexts *contexts.Catalogue
 	Producer *producer.Store
 	// Engine answers token_ids lookups on Conductor contexts: the one
 	// engine /query uses, with its prefix memo and answer cache, so both
-	// doors give one answer for one prompt (nil builds one over Index
+	// doors give one answer for one prompt (nil builds one over Contexts
 	// without caches).
 	Engine *query.Engine
 	// TokenMemo, when set, is the token memo both doors share, which lets
@@ -181,7 +183,7 @@ func New(opts Options) (*Server, error) {
 	s.hub = newHub(opts.MaxWatchers, opts.WatcherBuffer, opts.Now, m)
 	s.codec = newLookupCodec(opts.TokenMemo)
 	if opts.Engine == nil {
-		opts.Engine = query.New(query.Options{Index: opts.Index})
+		opts.Engine = query.New(query.Options{Contexts: opts.Contexts})
 	}
 	s.query = opts.Engine
 	gopts := []grpc.ServerOption{
@@ -214,7 +216,7 @@ func New(opts Options) (*Server, error) {
 	s.setHealth(opts.Ready())
 	s.done.Add(1)
 	go s.pollReady()
-	opts.Index.SetWatcher(s.hub)
+	opts.Contexts.Index().SetWatcher(s.hub)
 	return s, nil
 }
 
@@ -243,7 +245,7 @@ func (s *Server) Stop() {
 // returns once the server's goroutines are gone.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.stopOnce.Do(func() {
-		s.opts.Index.SetWatcher(nil)
+		s.opts.Contexts.Index().SetWatcher(nil)
 		close(s.stop)
 		s.hub.closeAll()
 		s.health.Shutdown()

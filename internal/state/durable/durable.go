@@ -370,6 +370,10 @@ func (s *State) cut() *snapshot.Snapshot {
 	snap := &snapshot.Snapshot{Created: s.opts.Now().UTC()}
 	var c *index.Cut
 	var pc *producer.Cut
+	// The index keeps no hash profiles: a context's is its registrations',
+	// read while Freeze holds them, so it is the profile of the table the
+	// cut copies.
+	profiles := map[index.ContextKey]snapshot.Profile{}
 	s.reg.Freeze(func(fs []registry.Frozen) {
 		pos := make([]streampos.Position, len(fs))
 		has := make([]bool, len(fs))
@@ -388,6 +392,9 @@ func (s *State) cut() *snapshot.Snapshot {
 		// fingerprinting thousands of them (microseconds each) under the
 		// gate would hold every source's ingest for milliseconds.
 		for i, f := range fs {
+			// Every service of a context has its profile (the registry
+			// refuses another).
+			profiles[f.Service.Context()] = profileOf(&f.Service.Profile)
 			if !has[i] {
 				continue
 			}
@@ -405,8 +412,14 @@ func (s *State) cut() *snapshot.Snapshot {
 			}
 			continue
 		}
+		prof, ok := profiles[tc.Context]
+		if !ok {
+			// No registration names the context: nothing would restore
+			// it (a restore needs a registration of the same profile).
+			continue
+		}
 		snap.Contexts = append(snap.Contexts, snapshot.Context{
-			Context: tc.Context, Profile: profileOf(&tc.Profile),
+			Context: tc.Context, Profile: prof,
 			Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs, Layouts: tc.Layouts,
 		})
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
@@ -109,7 +110,7 @@ func openWith(t testing.TB, opts Options) (*world, error) {
 	}
 	w.st = st
 	w.ix = index.New(index.Options{})
-	w.reg = registry.New(registry.Options{Index: w.ix, Start: func(svc registry.Service, b registry.Binding) (registry.Source, error) {
+	w.reg = registry.New(registry.Options{Contexts: contexts.New(w.ix), Start: func(svc registry.Service, b registry.Binding) (registry.Source, error) {
 		f := &fakeSource{}
 		if r := st.Resume(svc, b); r != nil {
 			f.resume = &r.Resume
@@ -468,7 +469,8 @@ func TestReadinessWaitsForRestoredSources(t *testing.T) {
 		t.Errorf("before Start: %v %q", ok, why)
 	}
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
 	defer reg.Close()
 	st.Start(reg, ix, nil)
 	defer st.Close()
@@ -503,7 +505,8 @@ func TestStaticRegistrationsNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
 	a, b := service(t, "a", 0, "tcp://h:1"), service(t, "b", 0, "tcp://h:2")
 	for _, s := range []registry.Service{a, b} {
 		if _, err := reg.Register(s); err != nil {
@@ -596,7 +599,8 @@ func TestSharedRegistrationsNotRecorded(t *testing.T) {
 		t.Fatalf("a damaged record stopped start-up although it is not used: %v", err)
 	}
 	ix := index.New(index.Options{})
-	reg := registry.New(registry.Options{Index: ix})
+	cat := contexts.New(ix)
+	reg := registry.New(registry.Options{Contexts: cat})
 	st.Start(reg, ix, nil)
 	if _, err := reg.Register(service(t, "a", 0, "tcp://h:1")); err != nil {
 		t.Fatal(err)

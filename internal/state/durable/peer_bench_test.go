@@ -8,6 +8,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -45,7 +46,8 @@ func BenchmarkPeerBootstrap2M(b *testing.B) {
 			b.Fatal(err)
 		}
 		ix := index.New(index.Options{})
-		reg := registry.New(registry.Options{Index: ix, Start: func(svc registry.Service, bd registry.Binding) (registry.Source, error) {
+		cat := contexts.New(ix)
+		reg := registry.New(registry.Options{Contexts: cat, Start: func(svc registry.Service, bd registry.Binding) (registry.Source, error) {
 			st.Resume(svc, bd)
 			return &fakeSource{}, nil
 		}})

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
 )
 
@@ -21,7 +20,7 @@ import (
 func benchIndex(b *testing.B, pairs int, shared bool) (*index.Index, *index.Table) {
 	b.Helper()
 	ix := index.New(index.Options{})
-	t := ix.EnsureTable(ctxA, hashing.Profile{})
+	t := ix.EnsureTable(ctxA)
 	ids := make([]index.OwnerID, 16)
 	for i := range ids {
 		ids[i] = t.AddEngineOwner(fmt.Sprint("engine-", i/2), i%2)
@@ -105,7 +104,7 @@ func BenchmarkLoad2M(b *testing.B) {
 				}
 				ix2 := index.New(index.Options{})
 				c := got.Contexts[0]
-				t2 := ix2.EnsureTable(c.Context, hashing.Profile{})
+				t2 := ix2.EnsureTable(c.Context)
 				owners := make([]index.OwnerID, len(c.Owners))
 				for i, o := range c.Owners {
 					owners[i] = t2.AddEngineOwner(o.Instance, o.Rank)
@@ -141,7 +140,7 @@ func BenchmarkServingDuringSnapshot(b *testing.B) {
 	for _, snapshots := range []bool{false, true} {
 		b.Run(fmt.Sprintf("snapshots=%v", snapshots), func(b *testing.B) {
 			ix := index.New(index.Options{})
-			t := ix.EnsureTable(ctxA, hashing.Profile{})
+			t := ix.EnsureTable(ctxA)
 			id := t.AddEngineOwner("engine", 0)
 			rng := rand.New(rand.NewPCG(9, 10))
 			keys := make([]uint64, 2_000_000)

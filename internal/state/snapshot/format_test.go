@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
 var (
@@ -26,8 +25,8 @@ var (
 func sample(t testing.TB) *Snapshot {
 	t.Helper()
 	ix := index.New(index.Options{Stripes: 4})
-	ta := ix.EnsureTable(ctxA, hashing.Profile{})
-	tb := ix.EnsureTable(ctxB, hashing.Profile{})
+	ta := ix.EnsureTable(ctxA)
+	tb := ix.EnsureTable(ctxB)
 	a0, a1 := ta.AddEngineOwner("a", 0), ta.AddEngineOwner("a", 1)
 	b0 := tb.AddEngineOwner("b", 0)
 	for k := uint64(0); k < 500; k++ {

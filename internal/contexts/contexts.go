@@ -1,0 +1,105 @@
+// Package contexts is the catalogue of registered contexts: each one's
+// index table and the hash profile its services registered with, found
+// without locks. The index keeps only which owners hold which keys; the
+// profile, which says how a prompt's tokens become those keys, belongs to
+// whoever registered the context (the registry, which writes the
+// catalogue). Queries, the gRPC lookups, Mooncake's shared-tier events and
+// snapshots read it.
+package contexts
+
+import (
+	"iter"
+	"maps"
+	"sync"
+	"sync/atomic"
+
+	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+)
+
+// Context is one registered context. Neither field changes once the
+// context is in the catalogue; callers must not modify them.
+type Context struct {
+	// Table is the context's prefix index. After Drop it is dead: writes
+	// are no-ops and queries answer empty.
+	Table *index.Table
+	// Profile is how the context's publishers hash token ids into keys.
+	Profile hashing.Profile
+}
+
+// Catalogue maps each registered context to its Context. Reading is
+// lock-free and allocation-free (an immutable map behind an atomic
+// pointer), because every query reads it; writes, rare (contexts come and
+// go with registrations), copy the map under a mutex and publish the copy.
+type Catalogue struct {
+	ix *index.Index
+	mu sync.Mutex // serialises Ensure and Drop
+	m  atomic.Pointer[map[index.ContextKey]*Context]
+}
+
+// New returns an empty catalogue whose tables live in ix.
+func New(ix *index.Index) *Catalogue { return &Catalogue{ix: ix} }
+
+// Index is the index the catalogue's tables live in.
+func (c *Catalogue) Index() *index.Index { return c.ix }
+
+func (c *Catalogue) load() map[index.ContextKey]*Context {
+	if m := c.m.Load(); m != nil {
+		return *m
+	}
+	return nil
+}
+
+// Get returns the context k names, or nil when no one registered it.
+func (c *Catalogue) Get(k index.ContextKey) *Context { return c.load()[k] }
+
+// Ensure returns k's context, creating its table with profile p when k is
+// new. The caller (the registry) guarantees every service of a context
+// uses one profile, so an existing context's profile is not compared.
+func (c *Catalogue) Ensure(k index.ContextKey, p hashing.Profile) *Context {
+	if e := c.Get(k); e != nil {
+		return e
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.load()
+	if e := old[k]; e != nil {
+		return e
+	}
+	e := &Context{Table: c.ix.EnsureTable(k), Profile: p}
+	m := make(map[index.ContextKey]*Context, len(old)+1)
+	maps.Copy(m, old)
+	m[k] = e
+	c.m.Store(&m)
+	return e
+}
+
+// Drop forgets k and drops its table. It leaves the catalogue first, so
+// no one finds the context once its table is dead; a caller still holding
+// the Context sees a table that answers empty.
+func (c *Catalogue) Drop(k index.ContextKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.load(); old[k] != nil {
+		m := maps.Clone(old)
+		delete(m, k)
+		c.m.Store(&m)
+	}
+	c.ix.DropTable(k)
+}
+
+// All yields every context of one version of the catalogue, in no
+// particular order and without allocating (a per-request scan).
+func (c *Catalogue) All() iter.Seq[*Context] {
+	m := c.load()
+	return func(yield func(*Context) bool) {
+		for _, e := range m {
+			if !yield(e) {
+				return
+			}
+		}
+	}
+}
+
+// Len is the number of registered contexts.
+func (c *Catalogue) Len() int { return len(c.load()) }
