@@ -186,15 +186,16 @@ func (e *Engine) LookupIn(c *contexts.Context, req *Request, res *Result) {
 	e.walk(c, req.Tokens, req.Shared, req.Context.Lora, req.CacheSalt, req.Instance, res)
 }
 
-// Lookup is Find and LookupIn in one call, for a door without a token
-// memo to teach in between. It reports whether req's context exists.
-func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
-	c, err := e.Find(req)
-	if err != nil {
-		return false, err
+// LookupFound answers req into res from c, a context the door found
+// itself (the gRPC door matches a hash scheme against every registered
+// context): the rules Find applies hold, and the catalogue is not read a
+// second time.
+func (e *Engine) LookupFound(c *contexts.Context, req *Request, res *Result) error {
+	if _, err := e.check(req); err != nil {
+		return err
 	}
 	e.LookupIn(c, req, res)
-	return c != nil, nil
+	return nil
 }
 
 // walk hashes tokens lazily under the context's profile and walks its

@@ -45,7 +45,7 @@ func TestLookupFilterAndUnknownContext(t *testing.T) {
 	tokens := prompt(300)
 	e, _ := fixture(t, tokens, true)
 	var res Result
-	known, err := e.Lookup(&Request{Context: testCtx, Instance: "b", Tokens: tokens}, &res)
+	known, err := lookup(e, &Request{Context: testCtx, Instance: "b", Tokens: tokens}, &res)
 	if err != nil || !known {
 		t.Fatalf("Lookup: known %v, %v", known, err)
 	}
@@ -54,7 +54,7 @@ func TestLookupFilterAndUnknownContext(t *testing.T) {
 		t.Errorf("filtered (-want +got):\n%s", diff)
 	}
 	other := index.ContextKey{Model: "other", BlockSize: 4}
-	if known, err := e.Lookup(&Request{Context: other, Tokens: tokens}, &res); err != nil || known || len(res.Instances) != 0 {
+	if known, err := lookup(e, &Request{Context: other, Tokens: tokens}, &res); err != nil || known || len(res.Instances) != 0 {
 		t.Errorf("unknown context: known %v, %v, answered %v", known, err, res.Instances)
 	}
 	for _, tc := range []struct {
@@ -88,7 +88,7 @@ func TestLookupErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for name, run := range map[string]func() error{
-				"Lookup":  func() error { var res Result; _, err := e.Lookup(&tc.req, &res); return err },
+				"Lookup":  func() error { var res Result; _, err := lookup(e, &tc.req, &res); return err },
 				"Find":    func() error { _, err := e.Find(&tc.req); return err },
 				"Explain": func() error { _, err := e.Explain(&tc.req); return err },
 			} {
@@ -115,7 +115,7 @@ func TestForget(t *testing.T) {
 	e.Attach(ResetFunc(func() { ofContexts++ }), false)
 	e.Attach(ResetFunc(func() { ofAny++ }), true)
 	var res Result
-	if _, err := e.Lookup(&Request{Context: testCtx, Tokens: tokens}, &res); err != nil {
+	if _, err := lookup(e, &Request{Context: testCtx, Tokens: tokens}, &res); err != nil {
 		t.Fatal(err)
 	}
 	if e.Memo().Bytes() == 0 {
@@ -136,4 +136,15 @@ func TestForget(t *testing.T) {
 	if ofContexts != 2 || ofAny != 1 {
 		t.Fatalf("after the last scope: contexts' caches reset %d times, scopes' %d", ofContexts, ofAny)
 	}
+}
+
+// lookup is Find and LookupIn in one call, as the HTTP door makes them; it
+// reports whether req's context exists.
+func lookup(e *Engine, req *Request, res *Result) (known bool, err error) {
+	c, err := e.Find(req)
+	if err != nil {
+		return false, err
+	}
+	e.LookupIn(c, req, res)
+	return c != nil, nil
 }

@@ -539,7 +539,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		}
 		// The query engine hashes and walks exactly as /query does (same
 		// prefix memo), so both doors give one answer for one prompt.
-		if _, err := s.query.Lookup(&query.Request{Context: match.Table.Context(), Tokens: st.toks}, &st.res); err != nil {
+		if err := s.query.LookupFound(match, &query.Request{Context: match.Table.Context(), Tokens: st.toks}, &st.res); err != nil {
 			return lv, true, false
 		}
 	}
