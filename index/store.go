@@ -52,16 +52,10 @@ func (t *Table) Store(id OwnerID, p Put) (hint uint32, added bool) {
 		return 0, false
 	}
 	g, key := uint(p.Group), p.Key
-	t.admit()
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
-	if s.dead || !t.registered(id) {
-		s.mu.Unlock()
+	s, idx := t.lockInsert(id, key)
+	if s == nil {
 		return 0, false
 	}
-	t.changing(s)
-	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	k := s.findEngine(b, id)
 	var before uint8
@@ -96,16 +90,10 @@ func (t *Table) replace(id OwnerID, tier Tier, key uint64) (hint uint32, added b
 	if bit == 0 {
 		return 0, false
 	}
-	t.admit()
-	h := mix(key)
-	s := t.stripeFor(h)
-	s.mu.Lock()
-	if s.dead || !t.registered(id) {
-		s.mu.Unlock()
+	s, idx := t.lockInsert(id, key)
+	if s == nil {
 		return 0, false
 	}
-	t.changing(s)
-	idx := s.findOrInsert(key, h)
 	b := &s.blocks[idx]
 	if k := s.findEngine(b, id); k != noPair {
 		p, g := s.pairAt(b, k), s.groupsOf(id.slot())
@@ -124,6 +112,23 @@ func (t *Table) replace(id OwnerID, tier Tier, key uint64) (hint uint32, added b
 	t.notify(KeyAdded, id, key)
 	s.mu.Unlock()
 	return uint32(idx + 1), true
+}
+
+// lockInsert write-locks key's stripe for a store by owner id and returns
+// it with the slab index of key's block, created empty if absent; s is
+// nil, and nothing is locked, when the table is dropped or id is not
+// registered.
+func (t *Table) lockInsert(id OwnerID, key uint64) (s *stripe, idx int) {
+	t.admit()
+	h := mix(key)
+	s = t.stripeFor(h)
+	s.mu.Lock()
+	if s.dead || !t.registered(id) {
+		s.mu.Unlock()
+		return nil, -1
+	}
+	t.changing(s)
+	return s, s.findOrInsert(key, h)
 }
 
 // lockBlock write-locks key's stripe and returns it with the block's slab
