@@ -51,25 +51,11 @@ func (e *e2e) postCompact(path string, body map[string]any) (int, map[string]any
 // the other door gives and those a lookup the memo misses gives. Both
 // doors' ids are counted in the one conductor_token_memo_tokens_total.
 func TestOneTokenMemoServesBothDoors(t *testing.T) {
-	e, client, _ := startAppWithDoor(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p := newPublisher(t)
-	if status, out := e.post("/register", vllmRegistration("p0", p.endpoint)); status != 200 {
-		t.Fatalf("register: %d %v", status, out)
-	}
 	// Ids past 127: three bytes each in MessagePack, two as varints, so
 	// the doors' bytes differ.
-	tokens := make([]int32, 1024)
-	ids := make([]uint32, len(tokens))
-	for i := range tokens {
-		tokens[i] = int32(7000 + 3*i)
-		ids[i] = uint32(tokens[i])
-	}
-	keys := vllmKeys(t, tokens)
-	stored := map[string]any{"type": "BlockStored", "block_hashes": keys[:40], "parent_block_hash": nil,
-		"token_ids": tokens[:16*40], "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
-	eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 640 })
+	e, client, tokens, ids := memoFixture(t, 7000, 3, 40)
 
 	memo := e.app.tokenMemo
 	query := func() int64 {
@@ -144,23 +130,9 @@ func TestOneTokenMemoServesBothDoors(t *testing.T) {
 // names) is applied after it: the same ids asked with other parameters
 // share the memo's entry, and each answer is the one the memo off gives.
 func TestTokenMemoSharesIdsNotAnswers(t *testing.T) {
-	e, client, _ := startAppWithDoor(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p := newPublisher(t)
-	if status, out := e.post("/register", vllmRegistration("p0", p.endpoint)); status != 200 {
-		t.Fatalf("register: %d %v", status, out)
-	}
-	tokens := make([]int32, 1024)
-	ids := make([]uint32, len(tokens))
-	for i := range tokens {
-		tokens[i] = int32(9000 + 5*i)
-		ids[i] = uint32(tokens[i])
-	}
-	keys := vllmKeys(t, tokens)
-	stored := map[string]any{"type": "BlockStored", "block_hashes": keys[:32], "parent_block_hash": nil,
-		"token_ids": tokens[:16*32], "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
-	eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 512 })
+	e, client, tokens, ids := memoFixture(t, 9000, 5, 32)
 
 	memo := e.app.tokenMemo
 	device := func(body map[string]any) int64 {
@@ -272,4 +244,28 @@ func mustMarshal(t *testing.T, m proto.Message) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// memoFixture starts the service with both doors and one vLLM publisher,
+// p0, and stores the first blocks (16 tokens each) of a 1024-token prompt
+// whose ids run from base by stride; it returns the prompt as /query and
+// as gRPC ids.
+func memoFixture(t *testing.T, base, stride, blocks int) (*e2e, pb.InferenceCacheClient, []int32, []uint32) {
+	t.Helper()
+	e, client, _ := startAppWithDoor(t)
+	p := newPublisher(t)
+	if status, out := e.post("/register", vllmRegistration("p0", p.endpoint)); status != 200 {
+		t.Fatalf("register: %d %v", status, out)
+	}
+	tokens := make([]int32, 1024)
+	ids := make([]uint32, len(tokens))
+	for i := range tokens {
+		tokens[i] = int32(base + stride*i)
+		ids[i] = uint32(tokens[i])
+	}
+	keys := vllmKeys(t, tokens)
+	stored := map[string]any{"type": "BlockStored", "block_hashes": keys[:blocks], "parent_block_hash": nil,
+		"token_ids": tokens[:16*blocks], "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == int64(16*blocks) })
+	return e, client, tokens, ids
 }
