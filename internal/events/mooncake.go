@@ -300,6 +300,18 @@ type mooncakeDecoder struct {
 	std  bool
 	seqs []uint64
 	one  [1]uint64 // the key an object key names, without an arena
+	// resolved are the contexts this batch's stored events named, each
+	// looked up once per batch (resolve).
+	resolved []resolvedContext
+}
+
+// resolvedContext is one context's lookup for the batch under way: its
+// table, or ok=false when no engine registration with the source's
+// profile binds it.
+type resolvedContext struct {
+	ctx  index.ContextKey
+	sink SharedSink
+	ok   bool
 }
 
 func newMooncake(cfg Config) *mooncakeDecoder {
@@ -320,6 +332,40 @@ func newMooncake(cfg Config) *mooncakeDecoder {
 func (d *mooncakeDecoder) beginBatch() {
 	d.events = d.events[:0]
 	d.seqs = d.seqs[:0]
+	d.forgetResolved()
+}
+
+// forgetResolved drops the batch's resolved contexts and their tables'
+// references.
+func (d *mooncakeDecoder) forgetResolved() {
+	clear(d.resolved)
+	d.resolved = d.resolved[:0]
+}
+
+// resolve finds the table of ctx for the batch under way: looked up in the
+// catalogue, with the profile compared, by the first event that names it
+// and remembered until the batch is applied. A batch names one context or a few
+// (the released master's events all take the registration's own), so the
+// search is a short scan. A registration that changes while the batch is
+// applied is seen at the next batch, as if the change came after this one.
+func (d *mooncakeDecoder) resolve(ctx index.ContextKey) (SharedSink, bool) {
+	for i := range d.resolved {
+		if r := &d.resolved[i]; r.ctx == ctx {
+			return r.sink, r.ok
+		}
+	}
+	var sink SharedSink
+	ok := false
+	if d.lookup != nil {
+		var prof *hashing.Profile
+		sink, prof, ok = d.lookup(ctx)
+		ok = ok && sink != nil && prof != nil && *prof == d.profile
+	}
+	if !ok {
+		sink = nil
+	}
+	d.resolved = append(d.resolved, resolvedContext{ctx: ctx, sink: sink, ok: ok})
+	return sink, ok
 }
 
 // Decode implements Decoder.
@@ -548,6 +594,9 @@ func mooncakeTier(m []byte) (index.Tier, bool) {
 // binding table.
 func (d *mooncakeDecoder) Apply() int {
 	d.dropOrphans()
+	// The tables resolved for this batch are not held past it: a context
+	// dropped meanwhile frees its table at once.
+	defer d.forgetResolved()
 	for i := range d.events {
 		e := &d.events[i]
 		if e.result != Applied {
@@ -624,12 +673,8 @@ func (d *mooncakeDecoder) applyStored(e *mcEvent) {
 		e.fail(EvContext)
 		return
 	}
-	if d.lookup == nil {
-		e.fail(EvContext)
-		return
-	}
-	sink, prof, ok := d.lookup(ctx)
-	if !ok || sink == nil || prof == nil || *prof != d.profile {
+	sink, ok := d.resolve(ctx)
+	if !ok {
 		e.fail(EvContext)
 		return
 	}
