@@ -185,7 +185,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// What every source shares: the ingest counters and decoder figures
 	// the metrics export, the budget of optional connection monitors, the
 	// C receive batches and the C heap trimmer.
-	sources := subscriber.NewShared(subscriber.SharedOptions{})
+	sources := subscriber.NewShared(subscriber.SharedOptions{ReceiveBytes: cfg.Memory.Size[membudget.Receive]})
 	// One engine answers both doors and owns their caches: the prefix
 	// memo and the verified links, and the doors' token
 	// memos attached to it, all forgotten through engine.Forget. Ingest
@@ -296,6 +296,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		membudget.Links:     func() int64 { return int64(links.Bytes()) + links.BacklogBytes() },
 		membudget.HashMemo:  func() int64 { return int64(engine.Memo().Bytes()) },
 		membudget.TokenMemo: func() int64 { return int64(tokenMemo.Bytes()) },
+		membudget.Receive:   sources.ReceiveHeld,
 	})
 	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: sources.Counters(), Events: sources.Events(), Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
@@ -469,7 +470,6 @@ func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.S
 		},
 		Verify:  subscriber.VerifyConfig{HashCheck: chk, Links: f.links, LinkDefer: f.limits.linkDefer},
 		Session: subscriber.SessionConfig{WatchConnection: f.watch[svc.Key()], StaleRecovery: f.staleMode},
-		Tuning:  subscriber.Tuning{RcvHWM: f.limits.rcvHWM},
 		// A source the snapshot knows gets its entries back before it
 		// subscribes, and resumes its stream where the snapshot left it.
 		Durable: subscriber.DurableConfig{Gate: f.state.Gate(), Restore: f.state.Resume(svc, b)},
@@ -527,7 +527,7 @@ func applyMemoryBudget(b membudget.Budget, log zerolog.Logger) {
 		ev = ev.Int64(string(p)+"_bytes", b.Size[p])
 	}
 	if b.Total > 0 {
-		debug.SetMemoryLimit(b.Total)
+		debug.SetMemoryLimit(b.GoLimit())
 	}
 	ev.Msg(b.Describe())
 }
@@ -538,15 +538,7 @@ type sourceLimits struct {
 	// linkDefer is what the subscriber may hold of events waiting for
 	// verification (subscriber.VerifyConfig.LinkDefer).
 	linkDefer int
-	// rcvHWM is its receive queue's length in messages.
-	rcvHWM int
 }
-
-// budgetedRcvHWM is a source's receive queue under a bounded budget:
-// libzmq's own default. A SUB whose queue is full stops reading its
-// connection, so a burst beyond it waits in the publisher's send queue
-// (the engine's memory, replayable) instead of this process's C heap.
-const budgetedRcvHWM = 1000
 
 // linkBacklogBytes is the part of the links' memory that every source's
 // verification backlog shares under a bounded budget b: an eighth; the
@@ -563,13 +555,14 @@ func linkBacklogBytes(b membudget.Budget, linkBytes int) int {
 
 // budgetedSources are the subscribers' limits under budget b: an eighth
 // of the links' part for each one's verification backlog, which the
-// budget counts with the links, and budgetedRcvHWM
-// (docs/index-memory.md#the-budget). Unbounded, the subscribers' defaults.
+// budget counts with the links (docs/index-memory.md#the-budget); their
+// receive paths share the receive part through subscriber.Shared.
+// Unbounded, the subscribers' defaults.
 func budgetedSources(b membudget.Budget) sourceLimits {
 	if b.Total == 0 {
 		return sourceLimits{}
 	}
-	return sourceLimits{linkDefer: int(max(b.Size[membudget.Links]/8, 1)), rcvHWM: budgetedRcvHWM}
+	return sourceLimits{linkDefer: int(max(b.Size[membudget.Links]/8, 1))}
 }
 
 // staleRecovery is --stale-recovery as the subscribers take it (config

@@ -7,8 +7,9 @@ import (
 )
 
 // TestBudgetedSources: under a bounded budget each subscriber's
-// verification backlog is an eighth of the links' part and its receive
-// queue libzmq's default; unbounded, the subscribers keep their defaults.
+// verification backlog is an eighth of the links' part (the receive path
+// is the receive part's, subscriber.Shared); unbounded, the subscribers
+// keep their defaults.
 func TestBudgetedSources(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -16,8 +17,8 @@ func TestBudgetedSources(t *testing.T) {
 		want sourceLimits
 	}{
 		{"unbounded", membudget.Split(0, 0, "", nil), sourceLimits{}},
-		{"256 MiB limit", membudget.Split(192<<20, 256<<20, "GOMEMLIMIT", nil), sourceLimits{linkDefer: 3 << 20, rcvHWM: budgetedRcvHWM}},
-		{"links overridden", membudget.Split(192<<20, 0, "--memory-mib", map[membudget.Part]int64{membudget.Links: 64 << 20}), sourceLimits{linkDefer: 8 << 20, rcvHWM: budgetedRcvHWM}},
+		{"256 MiB limit", membudget.Split(192<<20, 256<<20, "GOMEMLIMIT", nil), sourceLimits{linkDefer: 3 << 20}},
+		{"links overridden", membudget.Split(192<<20, 0, "--memory-mib", map[membudget.Part]int64{membudget.Links: 64 << 20}), sourceLimits{linkDefer: 8 << 20}},
 	} {
 		if got := budgetedSources(tc.b); got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)

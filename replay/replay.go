@@ -157,14 +157,17 @@ type Request struct {
 // many replies and REQ accepts only the first.
 type Client struct {
 	endpoint string
+	maxMsg   int
 	dealer   *zmq.Socket
 	req      [8]byte
 }
 
-// NewClient returns a client for endpoint; the socket is created lazily by
-// Fetch so an idle source holds no replay connection.
-func NewClient(endpoint string) *Client {
-	return &Client{endpoint: endpoint}
+// NewClient returns a client for endpoint whose DEALER takes messages of at
+// most maxMsg bytes (0: zmqx.MaxMessageBytes), the live socket's limit; the
+// socket is created lazily by Fetch so an idle source holds no replay
+// connection.
+func NewClient(endpoint string, maxMsg int) *Client {
+	return &Client{endpoint: endpoint, maxMsg: maxMsg}
 }
 
 // Endpoint is the replay endpoint the client talks to.
@@ -186,7 +189,7 @@ func (c *Client) open() error {
 	// Linger 0 (zmqx's default): abandoned requests must never delay Close
 	// or Stop. No receive limit: the reply stream is bounded by the
 	// publisher's buffer.
-	d, err := zmqx.NewSocket(zmq.DEALER, 0)
+	d, err := zmqx.NewSocket(zmq.DEALER, 0, c.maxMsg)
 	if err != nil {
 		return fmt.Errorf("replay DEALER: %w", err)
 	}

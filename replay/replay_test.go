@@ -167,7 +167,7 @@ func TestFetchBothGenerations(t *testing.T) {
 			r := newRouter(t)
 			data := fixtureFrames(t, gen.data)
 			seq, payload, _ := ParseReply(data)
-			c := NewClient(r.ep)
+			c := NewClient(r.ep, 0)
 			defer c.Close()
 			ch := fetchAsync(c, Request{From: seq, Deadline: time.Now().Add(5 * time.Second)})
 			id, req := r.request()
@@ -190,7 +190,7 @@ func TestFetchBothGenerations(t *testing.T) {
 // TestFetchSequencing covers the keep/ignore rules of docs/events.md#recovery.
 func TestFetchSequencing(t *testing.T) {
 	r := newRouter(t)
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	var beyond []uint64
 	ch := fetchAsync(c, Request{
@@ -231,7 +231,7 @@ func TestFetchUnrecoverable(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRouter(t)
-			c := NewClient(r.ep)
+			c := NewClient(r.ep, 0)
 			defer c.Close()
 			req := Request{From: 6, Deadline: time.Now().Add(5 * time.Second)}
 			if tc.until != 0 {
@@ -266,7 +266,7 @@ func TestFetchRetriesWithFreshDealer(t *testing.T) {
 	} {
 		t.Run(bad.name, func(t *testing.T) {
 			r := newRouter(t)
-			c := NewClient(r.ep)
+			c := NewClient(r.ep, 0)
 			defer c.Close()
 			retries := 0
 			ch := fetchAsync(c, Request{
@@ -325,7 +325,7 @@ func TestFetchRetriesWithFreshDealer(t *testing.T) {
 
 func TestFetchDeadline(t *testing.T) {
 	r := newRouter(t)
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	deadline := time.Now().Add(300 * time.Millisecond)
 	_, err := c.Fetch(Request{From: 1, Deadline: deadline, ReceiveTimeout: 100 * time.Millisecond})
@@ -339,7 +339,7 @@ func TestFetchDeadline(t *testing.T) {
 
 func TestFetchBudget(t *testing.T) {
 	r := newRouter(t)
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	b := &Budget{MaxMessages: 2}
 	ch := fetchAsync(c, Request{From: 1, Deadline: time.Now().Add(5 * time.Second), Budget: b})
@@ -359,7 +359,7 @@ func TestFetchBudget(t *testing.T) {
 
 func TestFetchBeyondConflict(t *testing.T) {
 	r := newRouter(t)
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	ch := fetchAsync(c, Request{
 		From: 1, Until: 2, HasUntil: true, Deadline: time.Now().Add(5 * time.Second),
@@ -390,7 +390,7 @@ func TestFetchWatchAbort(t *testing.T) {
 	if err := tx.Connect("inproc://replay-watch-test"); err != nil {
 		t.Fatal(err)
 	}
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	stop := errors.New("stop")
 	ch := fetchAsync(c, Request{
@@ -441,7 +441,7 @@ func TestReceiveTimeoutIgnoresWatchTraffic(t *testing.T) {
 	defer tx.Close()
 	_ = rx.Bind("inproc://replay-watch-traffic")
 	_ = tx.Connect("inproc://replay-watch-traffic")
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	retried := make(chan struct{}, 4)
 	// Traffic flows until the first retry. Were the per-reply timeout
@@ -489,7 +489,7 @@ func TestFetchResumesPastDroppedReplies(t *testing.T) {
 		gap        = 10 * perRequest
 	)
 	r := newRouter(t)
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	budget := &Budget{MaxMessages: gap + 1}
 	ch := fetchAsync(c, Request{
@@ -549,7 +549,7 @@ func TestFetchResumesPastDroppedReplies(t *testing.T) {
 // their budget is released.
 func TestFetchDeadlineGivesBackPartialRecords(t *testing.T) {
 	r := newRouter(t)
-	c := NewClient(r.ep)
+	c := NewClient(r.ep, 0)
 	defer c.Close()
 	budget := &Budget{}
 	ch := fetchAsync(c, Request{
@@ -592,7 +592,7 @@ func TestFetchAnchor(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRouter(t)
-			c := NewClient(r.ep)
+			c := NewClient(r.ep, 0)
 			defer c.Close()
 			var checked [][]byte
 			want := []byte{4}
@@ -657,7 +657,7 @@ func TestFetchFromFirst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRouter(t)
-			c := NewClient(r.ep)
+			c := NewClient(r.ep, 0)
 			defer c.Close()
 			ch := fetchAsync(c, Request{From: 0, FromFirst: true, Until: 3, HasUntil: true, Deadline: time.Now().Add(5 * time.Second)})
 			id, _ := r.request()

@@ -32,6 +32,15 @@ type recovery struct {
 	budget       replay.Budget
 	anchor       bool    // the recovery under way checks the batch at A first
 	pendingEpoch liveMsg // the message errNewEpoch stands for
+	reported     int     // the budget's bytes last added to Shared's figure
+}
+
+// report brings the process-wide figure of bytes held by recoveries
+// (conductor_memory_used_bytes{part="receive"}) up to date with this one's.
+func (r *recovery) report(sh *Shared) {
+	_, n := r.budget.Used()
+	sh.receive.held.Add(int64(n - r.reported))
+	r.reported = n
 }
 
 // liveMsg is a live batch held while a gap is being recovered.
@@ -43,8 +52,8 @@ type liveMsg struct {
 // begin starts buffering with first, copied: live payloads are views into
 // the receive batch, valid only until the next receive. It reports false
 // when first alone exceeds the budget.
-func (r *recovery) begin(first liveMsg, t Tuning) bool {
-	r.budget = replay.Budget{MaxMessages: t.MaxBufferedMessages, MaxBytes: t.MaxBufferedBytes}
+func (r *recovery) begin(first liveMsg, t Tuning, lim ReceiveLimits) bool {
+	r.budget = replay.Budget{MaxMessages: t.MaxBufferedMessages, MaxBytes: lim.BufferedBytes}
 	r.buffered = r.buffered[:0]
 	if !r.budget.Take(len(first.payload)) {
 		return false
@@ -85,8 +94,9 @@ func (r *recovery) close() {
 func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 	s.conn.reconnected = false
 	inOrder := !epoch && first.seq == s.seq.applied+1 // a check after a reconnection, not a gap
+	defer s.rec.report(s.shared)
 	s.setState(Recovering)
-	if !s.rec.begin(first, s.tuning) {
+	if !s.rec.begin(first, s.tuning, s.receiveLimits()) {
 		s.markStale(events.StaleBufferOverflow, first.seq)
 		return nil
 	}
@@ -94,6 +104,7 @@ func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 	for {
 		before, wasStarted := s.seq.applied, s.seq.started
 		recs, err := s.fetch(epoch, deadline)
+		s.rec.report(s.shared)
 		if err != nil {
 			restarted, done, err := s.replayFailed(err, epoch)
 			if done {

@@ -76,6 +76,9 @@ type session struct {
 	stopName string // inproc endpoint of stopRx; Stop connects to it
 	poller   *zmq.Poller
 
+	hwm    int // the SUB's receive high-water mark now (receiveLimits)
+	maxMsg int // its ZMQ_MAXMSGSIZE
+
 	connected atomic.Bool // a connection was reported (for other goroutines)
 	// connects counts the connections the monitor reported; reconnected
 	// says one came after the first and the next message has not been
@@ -89,11 +92,12 @@ type session struct {
 // open creates the SUB socket and the inproc pair Stop uses to wake the
 // goroutine out of a blocking poll.
 func (c *session) open(s *Subscriber) error {
-	sub, err := zmqx.NewSocket(zmq.SUB, s.tuning.RcvHWM)
+	lim := s.receiveLimits()
+	sub, err := zmqx.NewSocket(zmq.SUB, lim.HWM, lim.MaxMessageBytes)
 	if err != nil {
 		return err
 	}
-	c.sub = sub
+	c.sub, c.hwm, c.maxMsg = sub, lim.HWM, lim.MaxMessageBytes
 	if err := sub.SetSubscribe(""); err != nil {
 		return fmt.Errorf("subscribe to all topics: %w", err)
 	}
@@ -170,6 +174,25 @@ func (c *session) closeMonitor(sh *Shared) {
 	}
 	_ = c.mon.Close()
 	c.mon = nil
+}
+
+// followShare applies the source's receive high-water mark as the budget's
+// receive part is shared now (receiveshare.go): libzmq applies a changed
+// mark to the connection already made, so the sum of the queues follows
+// the number of sources.
+func (c *session) followShare(s *Subscriber) {
+	if c.sub == nil {
+		return
+	}
+	lim, bounded := s.shared.ReceiveLimits()
+	if !bounded || lim.HWM == c.hwm {
+		return
+	}
+	if err := c.sub.SetRcvhwm(lim.HWM); err != nil {
+		s.log.Debug().Err(err).Int("hwm", lim.HWM).Msg("cannot change the receive high-water mark; the previous one stays")
+		return
+	}
+	c.hwm = lim.HWM
 }
 
 // closeSub closes the SUB socket (its queued messages are the receiver's
@@ -352,7 +375,7 @@ func (s *Subscriber) healSession(now time.Time) {
 		ev.Int("resets", w.resets).Msg("the publisher's endpoint failed the ZMTP handshake and libzmq does not retry; reconnected")
 		return
 	}
-	ev.Int("max_message_bytes", zmqx.MaxMessageBytes).Int("resets", w.resets).
+	ev.Int("max_message_bytes", c.maxMsg).Int("resets", w.resets).
 		Msg("libzmq dropped the session over a message larger than the limit and does not reconnect; reconnected, the lost messages are a sequence gap")
 }
 

@@ -24,7 +24,8 @@ import (
 const MaxOptionalMonitors = 1024
 
 // Shared is what every subscriber of a process shares: the counters the
-// metrics export, the budget of optional connection monitors (what it
+// metrics export, the receive part of the memory budget, the budget of
+// optional connection monitors (what it
 // rations, libzmq's socket limit, counts every socket of the process), the
 // free list of C receive batches, and the C heap trimmer. The app creates
 // one and passes it to every Start; its methods are safe for concurrent
@@ -37,6 +38,7 @@ type Shared struct {
 	// monitors counts the monitors held under maxMonitors.
 	monitors    atomic.Int32
 	maxMonitors int32
+	receive     *receiveShare
 }
 
 // SharedOptions configure NewShared; zero fields take defaults.
@@ -46,6 +48,11 @@ type SharedOptions struct {
 	Trimmer  *zmqx.Trimmer // nil: one trimming the C heap
 	// MaxOptionalMonitors overrides MaxOptionalMonitors (tests).
 	MaxOptionalMonitors int
+	// ReceiveBytes is the memory budget's receive part, which every
+	// source's receive queue and recovery buffer share
+	// (docs/index-memory.md#the-receive-path); 0 (an unbounded budget):
+	// each source takes its Tuning's values.
+	ReceiveBytes int64
 }
 
 // NewShared returns the state the process's subscribers share.
@@ -62,7 +69,19 @@ func NewShared(o SharedOptions) *Shared {
 	if o.MaxOptionalMonitors <= 0 {
 		o.MaxOptionalMonitors = MaxOptionalMonitors
 	}
-	return &Shared{counters: o.Counters, events: o.Events, trim: o.Trimmer, maxMonitors: int32(o.MaxOptionalMonitors)}
+	return &Shared{counters: o.Counters, events: o.Events, trim: o.Trimmer, maxMonitors: int32(o.MaxOptionalMonitors),
+		receive: newReceiveShare(o.ReceiveBytes)}
+}
+
+// ReceiveHeld is what the recoveries of every source hold now, in payload
+// bytes: the part of the receive path this process can read (libzmq's
+// queues it cannot), as of each recovery's last step.
+func (sh *Shared) ReceiveHeld() int64 { return sh.receive.held.Load() }
+
+// ReceiveLimits are the bounds one of n running sources gets under the
+// receive part, and whether the part bounds them at all.
+func (sh *Shared) ReceiveLimits() (ReceiveLimits, bool) {
+	return sh.receive.limits(), sh.receive.bounded()
 }
 
 // Counters are the ingest counters every subscriber adds to.

@@ -75,9 +75,11 @@ func Start(cfg Config) (*Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.shared.receive.join()
 	if err := s.conn.open(s); err != nil {
 		s.conn.close(s)
 		s.rec.close()
+		s.shared.receive.leave()
 		return nil, fmt.Errorf("start subscriber %s: %w", cfg.Source.Key, err)
 	}
 	s.state.Store(int32(Connecting))
@@ -132,7 +134,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 			s.log.Warn().Str("replay_endpoint", src.ReplayEndpoint).Msg("the Mooncake master has no replay; replay_endpoint ignored")
 		}
 	} else if src.ReplayEndpoint != "" {
-		s.rec.replay = replay.NewClient(src.ReplayEndpoint)
+		s.rec.replay = replay.NewClient(src.ReplayEndpoint, s.receiveLimits().MaxMessageBytes)
 	}
 	return s, nil
 }
@@ -253,6 +255,7 @@ func (s *Subscriber) run() {
 			}
 		}
 		if readable && c.sub != nil {
+			c.followShare(s)
 			if err := s.drain(s.onLive); errors.Is(err, errStopped) {
 				return
 			}
@@ -301,7 +304,10 @@ func (s *Subscriber) exit() {
 	s.rx.batch.discard()
 	s.conn.close(s)
 	s.rec.close()
+	s.rec.drop()
 	s.rec.buffered = nil
+	s.rec.report(s.shared)
+	s.shared.receive.leave()
 	s.setState(Stopped)
 	s.log.Info().Msg("subscriber stopped")
 	close(s.done)

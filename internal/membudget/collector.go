@@ -4,7 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 var (
 	descBudget = prometheus.NewDesc("conductor_memory_budget_bytes",
-		"Bytes of the process's memory budget (--memory-mib) given to each part: index (accounted), links, hash_memo, token_memo, and total (the whole budget, the Go runtime's soft limit); 0 for total and index is unbounded, 0 for a cache is off.",
+		"Bytes of the process's memory budget (--memory-mib) given to each part: index (accounted), links, hash_memo, token_memo, receive (every source's receive queue and recovery buffer), and total (the whole budget); 0 for total, index and receive is unbounded, 0 for a cache is off.",
 		[]string{"part"}, nil)
 	descUsed = prometheus.NewDesc("conductor_memory_used_bytes",
 		"Bytes each part of the memory budget holds now; for total, the process's resident size.",

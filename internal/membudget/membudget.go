@@ -18,8 +18,12 @@
 //     size it has when no limit is known: the verified links (with their
 //     verification backlog) an eighth, the prefix memo and the token memo
 //     (one part for both doors) a thirty-second each.
-//  4. What the caps and shares leave is slack for the rest: requests and
-//     their bodies in flight, decoded batches, the receive queues.
+//  4. The receive path (every source's receive queue in libzmq and what
+//     a recovery buffers) shares an eighth, capped like a cache; unlike
+//     the caches it has no size when no limit is known: the subscribers
+//     then keep their own constants.
+//  5. What the caps and shares leave is slack for the rest: requests and
+//     their bodies in flight, decoded batches.
 //
 // An override (a cache's own MiB flag, --index-memory-mib) replaces that
 // part's size and leaves the others as the rule gives them.
@@ -44,11 +48,15 @@ const (
 	// TokenMemo is the one token memo both doors share
 	// (tokenmemo.New).
 	TokenMemo Part = "token_memo"
+	// Receive is every source's receive path: libzmq's receive queues
+	// (C heap) and the batches a recovery holds
+	// (subscriber.SharedOptions.ReceiveBytes). 0 is unbounded.
+	Receive Part = "receive"
 )
 
 // Parts lists the parts in the order the start-up log and the metrics
 // give them.
-var Parts = []Part{Index, Links, HashMemo, TokenMemo}
+var Parts = []Part{Index, Links, HashMemo, TokenMemo, Receive}
 
 // MiB is a mebibyte.
 const MiB = 1 << 20
@@ -70,6 +78,7 @@ var Unbounded = map[Part]int64{
 	Links:     128 * MiB,
 	HashMemo:  64 * MiB,
 	TokenMemo: 64 * MiB,
+	Receive:   64 * MiB,
 }
 
 // shares are the caches' fractions of the budget, as divisors.
@@ -77,6 +86,7 @@ var shares = map[Part]int64{
 	Links:     8,
 	HashMemo:  32,
 	TokenMemo: 32,
+	Receive:   8,
 }
 
 // Budget is the split: the total and each part's size in bytes. A zero
@@ -95,6 +105,16 @@ type Budget struct {
 	Size map[Part]int64
 	// Overridden names the parts their own flag sized.
 	Overridden map[Part]bool
+}
+
+// GoLimit is the Go runtime's soft memory limit under b: the budget less
+// the half of the receive part that libzmq's queues hold in the C heap,
+// which the runtime does not see (0: unbounded).
+func (b Budget) GoLimit() int64 {
+	if b.Total == 0 {
+		return 0
+	}
+	return b.Total - b.Size[Receive]/2
 }
 
 // Headroom is what the budget keeps below limit.
@@ -125,6 +145,7 @@ func Split(total, limit int64, source string, overrides map[Part]int64) Budget {
 		for p, n := range Unbounded {
 			b.Size[p] = n
 		}
+		b.Size[Receive] = 0
 	}
 	for p, n := range overrides {
 		b.Size[p], b.Overridden[p] = n, true
@@ -146,7 +167,7 @@ func (b Budget) Describe() string {
 	for _, p := range Parts {
 		n := b.Size[p]
 		switch {
-		case p == Index && n == 0:
+		case (p == Index || p == Receive) && n == 0:
 			fmt.Fprintf(&sb, " %s unbounded", p)
 		case p == Index:
 			fmt.Fprintf(&sb, " %s %d MiB accounted", p, n/MiB)

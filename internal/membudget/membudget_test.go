@@ -16,19 +16,19 @@ func TestSplit(t *testing.T) {
 	}{{
 		name:  "256 MiB limit: index first, caches by share",
 		total: 256*MiB - Headroom(256*MiB), // 192 MiB
-		want:  map[Part]int64{Index: 48 * MiB, Links: 24 * MiB, HashMemo: 6 * MiB, TokenMemo: 6 * MiB},
+		want:  map[Part]int64{Index: 48 * MiB, Links: 24 * MiB, HashMemo: 6 * MiB, TokenMemo: 6 * MiB, Receive: 24 * MiB},
 	}, {
 		name:  "large: the caches stop at their unbounded sizes, the index takes the rest",
 		total: 48 << 30,
-		want:  map[Part]int64{Index: 12 << 30, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB},
+		want:  map[Part]int64{Index: 12 << 30, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB, Receive: 64 * MiB},
 	}, {
 		name: "unbounded",
-		want: map[Part]int64{Index: 0, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB},
+		want: map[Part]int64{Index: 0, Links: 128 * MiB, HashMemo: 64 * MiB, TokenMemo: 64 * MiB, Receive: 0},
 	}, {
 		name:      "overrides replace their part only",
 		total:     192 * MiB,
 		overrides: map[Part]int64{Index: 100 * MiB, HashMemo: 0},
-		want:      map[Part]int64{Index: 100 * MiB, Links: 24 * MiB, HashMemo: 0, TokenMemo: 6 * MiB},
+		want:      map[Part]int64{Index: 100 * MiB, Links: 24 * MiB, HashMemo: 0, TokenMemo: 6 * MiB, Receive: 24 * MiB},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := Split(tc.total, 0, "test", tc.overrides)
@@ -47,6 +47,17 @@ func TestSplit(t *testing.T) {
 				t.Fatalf("parts take %d bytes resident of a %d budget", sum, tc.total)
 			}
 		})
+	}
+}
+
+// TestGoLimit: the runtime's soft limit leaves out the half of the
+// receive part libzmq holds in the C heap.
+func TestGoLimit(t *testing.T) {
+	if got := Split(192*MiB, 256*MiB, "test", nil).GoLimit(); got != 180*MiB {
+		t.Errorf("192 MiB budget: Go limit %d MiB, want 180", got/MiB)
+	}
+	if got := Split(0, 0, "", nil).GoLimit(); got != 0 {
+		t.Errorf("unbounded: Go limit %d, want 0", got)
 	}
 }
 

@@ -11,7 +11,9 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// MaxMessageBytes is ZMQ_MAXMSGSIZE on every event socket: libzmq drops
+// MaxMessageBytes is ZMQ_MAXMSGSIZE on every event socket when the memory
+// budget is unbounded (under a bounded one the receive path's share sets a
+// smaller limit, subscriber.ReceiveLimits): libzmq drops
 // the connection of a peer that sends a larger message (it never buffers
 // it) and, that being a protocol error, does not reconnect; the subscriber
 // sees that through its connection monitor and reconnects the endpoint
@@ -24,21 +26,26 @@ const MaxMessageBytes = 16 << 20
 // NewSocket creates a socket with the options every event socket gets:
 // linger 0 (a closing socket never waits for unsent requests, so Stop and
 // Close are prompt), IPv6 enabled (endpoints may name IPv6 hosts), messages
-// of at most MaxMessageBytes, and the given receive high-water mark in
-// messages (0 means no limit).
-func NewSocket(t zmq.Type, rcvhwm int) (*zmq.Socket, error) {
+// of at most maxMsg bytes (0: MaxMessageBytes), and the given receive
+// high-water mark in messages (0 means no limit). Together the two bound
+// what libzmq may queue for the socket: about rcvhwm+1 messages of maxMsg
+// bytes (the one being decoded when the queue filled).
+func NewSocket(t zmq.Type, rcvhwm, maxMsg int) (*zmq.Socket, error) {
 	s, err := zmq.NewSocket(t)
 	if err != nil {
 		return nil, fmt.Errorf("create %v socket: %w", t, err)
 	}
-	if err := configure(s, rcvhwm); err != nil {
+	if maxMsg <= 0 {
+		maxMsg = MaxMessageBytes
+	}
+	if err := configure(s, rcvhwm, maxMsg); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("configure %v socket: %w", t, err)
 	}
 	return s, nil
 }
 
-func configure(s *zmq.Socket, rcvhwm int) error {
+func configure(s *zmq.Socket, rcvhwm, maxMsg int) error {
 	if err := s.SetLinger(0); err != nil {
 		return fmt.Errorf("set linger: %w", err)
 	}
@@ -48,7 +55,7 @@ func configure(s *zmq.Socket, rcvhwm int) error {
 	if err := s.SetIpv6(true); err != nil {
 		return fmt.Errorf("enable IPv6: %w", err)
 	}
-	if err := s.SetMaxmsgsize(MaxMessageBytes); err != nil {
+	if err := s.SetMaxmsgsize(int64(maxMsg)); err != nil {
 		return fmt.Errorf("set maximum message size: %w", err)
 	}
 	return nil

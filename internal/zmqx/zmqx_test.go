@@ -16,12 +16,12 @@ import (
 // read from its start.
 func TestRecvMessageKeepsAtMostKeep(t *testing.T) {
 	const keep = 4
-	push, err := NewSocket(zmq.PUSH, 0)
+	push, err := NewSocket(zmq.PUSH, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer push.Close()
-	pull, err := NewSocket(zmq.PULL, 0)
+	pull, err := NewSocket(zmq.PULL, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
