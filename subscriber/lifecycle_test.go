@@ -468,12 +468,12 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 
 func TestCountersSnapshot(t *testing.T) {
 	c := NewCounters()
-	c.add(MetricRejected, source.SGLang, events.EvArrayEncoded, 3)
+	c.add(MetricRejected, source.SGLang, events.EvNotMap, 3)
 	c.add(MetricApplied, source.VLLM, events.ReasonNone, 2)
 	snap := c.Snapshot()
 	want := []Sample{
 		{Metric: "events_applied", Source: "vLLM", Value: 2},
-		{Metric: "events_rejected", Source: "SGLang", Reason: "array_encoded_event", Value: 3},
+		{Metric: "events_rejected", Source: "SGLang", Reason: "not_map", Value: 3},
 	}
 	if fmt.Sprint(snap) != fmt.Sprint(want) {
 		t.Errorf("snapshot %v", snap)
