@@ -90,3 +90,34 @@ func TestEndToEndArrayEncodedVLLM(t *testing.T) {
 		t.Errorf("per-service series left after unregistration")
 	}
 }
+
+// TestEndToEndArrayEncodedSGLang: SGLang 0.5.18 and earlier publish tagged
+// arrays (a 6-field store from before medium, a salted store with its
+// metadata map at position 7); one batch may mix them with map events.
+// Registered under the standard hash, so the engine's hashes only name
+// blocks and /query finds them by their tokens.
+func TestEndToEndArrayEncodedSGLang(t *testing.T) {
+	e := startApp(t)
+	pub := newPublisher(t)
+	if st, out := e.post("/register", stdRegistration("SGLang", "arr-s", pub.endpoint)); st != 200 {
+		t.Fatalf("register: %d %v", st, out)
+	}
+	tokens := seqTokens(7, 48)
+	eventually(t, "an array-encoded SGLang store", func() bool {
+		pub.sendArrays(0, []any{"BlockStored", []int64{-5, -6}, nil, tokens[:32], 16, nil})
+		return e.stdTier("arr-s", "device", tokens) == 32
+	})
+	// the PR #30827 layout: medium always sent, metadata after it
+	pub.sendArrays(0,
+		[]any{"BlockStored", []int64{-7}, int64(-6), tokens[32:48], 16, nil, nil, map[string]any{"cache_salt": ""}},
+		map[string]any{"type": "BlockRemoved", "block_hashes": []int64{-5}, "medium": "CPU_PINNED"})
+	eventually(t, "the store with a metadata map", func() bool { return e.stdTier("arr-s", "device", tokens) == 48 })
+	pub.sendArrays(0, []any{"BlockRemoved", []int64{-6}, nil})
+	eventually(t, "an array-encoded removal", func() bool { return e.stdTier("arr-s", "device", tokens) == 16 })
+	pub.sendArrays(0, []any{"AllBlocksCleared"})
+	eventually(t, "an array-encoded clear", func() bool { return e.stdTier("arr-s", "device", tokens) == 0 })
+	text := e.scrape()
+	if got := metricSum(text, `conductor_service_events_rejected_total{`); got != 0 {
+		t.Errorf("rejected events: %v", got)
+	}
+}
