@@ -5,7 +5,11 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/rs/zerolog"
 )
 
 // TestArrayFixtureReasons checks the reason of every rejected or ignored
@@ -45,5 +49,50 @@ func TestArrayFixtureReasons(t *testing.T) {
 	}
 	if n < 16 {
 		t.Errorf("only %d array fixtures found", n)
+	}
+}
+
+// nopEngine is an engine sink that keeps nothing.
+type nopEngine struct{}
+
+func (nopEngine) Store(index.OwnerID, index.Put) (uint32, bool) { return 0, true }
+func (nopEngine) Remove(index.OwnerID, index.Put) bool          { return true }
+func (nopEngine) ClearOwner(index.OwnerID, index.TierMask)      {}
+
+// TestDecodeArraysDoesNotAllocate: decoding and applying a batch allocates
+// nothing once the decoder's buffers have grown, in both dialects and for
+// both engines, rejected positions and metadata maps included.
+func TestDecodeArraysDoesNotAllocate(t *testing.T) {
+	if racebuild.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	m := eventtest.LoadManifest(t)
+	for _, id := range []string{
+		"vllm_stored_gpu_2blocks", "vllm_legacy_array_events", "vllm_array_layout_40984", "vllm_array_wrong_types",
+		"sglang_stored_gpu", "sglang_legacy_array_events", "sglang_array_layout_30827", "sglang_array_wrong_types",
+	} {
+		t.Run(id, func(t *testing.T) {
+			f := m.Fixture(t, id)
+			reg := m.Registration(t, f.Registration)
+			typ, _ := source.Parse(reg.Type)
+			d, err := New(Config{Type: typ, Profile: eventtest.ResolveProfile(t, reg), Context: eventtest.ContextOf(reg),
+				Owner: eventtest.Owner, Engine: nopEngine{}, Logger: zerolog.Nop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := eventtest.Payload(t, f)
+			var rep nopReporter
+			run := func() {
+				if rej := d.Decode(payload); rej != ReasonNone {
+					t.Fatal(rej)
+				}
+				applyTo(d, rep)
+				d.Forget()
+			}
+			run()
+			if n := testing.AllocsPerRun(50, run); n != 0 {
+				t.Errorf("%.1f allocations per batch", n)
+			}
+		})
 	}
 }
