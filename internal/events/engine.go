@@ -138,6 +138,9 @@ type engineEvent struct {
 type wireValues struct {
 	blockSize, group, window int64
 	hasGroup                 bool
+	// array: the event was array-encoded (positional.go), which the log
+	// says, since its positions rather than its keys were judged.
+	array bool
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
@@ -299,7 +302,7 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 		return err
 	}
 	d.wires = append(d.wires, wireValues{blockSize: f.v.ints[iBlockSize], group: f.v.ints[iGroupIdx], window: f.v.ints[iWindow],
-		hasGroup: f.nonNil&bit(fGroupIdx) != 0})
+		hasGroup: f.nonNil&bit(fGroupIdx) != 0, array: k == msgp.Array})
 	if f.reject != ReasonNone {
 		d.keys = d.keys[:off]
 		ev.result, ev.reason = Rejected, f.reject
@@ -585,6 +588,9 @@ func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
 	}
 	ev := &d.events[i]
 	w := &d.wires[i]
+	if w.array {
+		e.Str("encoding", "array")
+	}
 	if w.hasGroup && ev.reason != EvGroup {
 		e.Int64("group", w.group)
 	}
