@@ -69,7 +69,7 @@ func TestEnginesDocWireExamples(t *testing.T) {
 			}
 		})
 	}
-	for _, want := range []string{"vllm_stored_gpu_2blocks", "sglang_stored_gpu", "mooncake_released_stored_cpu_disk"} {
+	for _, want := range []string{"vllm_stored_gpu_2blocks", "sglang_stored_gpu", "mooncake_released_stored_cpu_disk", "vllm_array_layout_27577", "sglang_array_layout_30827"} {
 		if !seen[want] {
 			t.Errorf("docs/engines.md has no wire example of %s", want)
 		}

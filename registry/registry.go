@@ -461,6 +461,16 @@ type ServiceStatus struct {
 	// publisher restarts it detected and the stale states it left by
 	// itself (sources that report them; zero otherwise).
 	Restarts, StaleRecoveries uint64
+	// Events counts the source's rejected and ignored events by reason
+	// (sources that count them; nil otherwise).
+	Events EventCounter
+}
+
+// EventCounter is a source that counts its rejected and ignored events by
+// reason (the ZMQ subscriber does): fn is called for every reason, zero or
+// not, that the source reports.
+type EventCounter interface {
+	EventCounts(fn func(rejected bool, reason string, n uint64))
 }
 
 // epochReporter is a source that counts publisher restarts and stale
@@ -481,6 +491,7 @@ func (r *Registry) Services() []ServiceStatus {
 			if ep, ok := e.source.(epochReporter); ok {
 				st.Restarts, st.StaleRecoveries = ep.Restarts(), ep.StaleRecoveries()
 			}
+			st.Events, _ = e.source.(EventCounter)
 		}
 		out = append(out, st)
 	}

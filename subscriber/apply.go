@@ -26,6 +26,7 @@ type applier struct {
 	seq      uint64
 	typ      source.Type
 	counters *Counters
+	outcomes *ServiceOutcomes
 	sampled  *zerolog.Logger
 	onEvent  func(seq uint64, o events.Outcome)
 }
@@ -38,6 +39,7 @@ func (a *applier) init(s *Subscriber, dec events.Decoder, deferLinks bool) {
 	a.detail, _ = dec.(events.RejectDetailer)
 	a.gate = s.cfg.Durable.Gate
 	a.typ, a.counters, a.sampled = s.typ, s.counters, &s.sampled
+	a.outcomes = &s.outcomes
 	a.onEvent = s.cfg.test.onEvent
 }
 
@@ -116,11 +118,11 @@ func (a *applier) report(i int, res events.Result, why events.Reason) {
 		a.counters.add(MetricApplied, a.typ, events.ReasonNone, 1)
 	case events.Ignored, events.NoOp:
 		a.counters.add(MetricIgnored, a.typ, why, 1)
+		a.outcomes.add(false, why)
 	case events.Rejected:
 		a.counters.add(MetricRejected, a.typ, why, 1)
-		if why == events.EvArrayEncoded {
-			a.sampled.Warn().Uint64("seq", a.seq).Int("event", i).Msg("array-encoded event rejected: this engine release predates map-encoded KV events and is not supported")
-		} else if e := a.sampled.Warn(); e.Enabled() {
+		a.outcomes.add(true, why)
+		if e := a.sampled.Warn(); e.Enabled() {
 			e.Uint64("seq", a.seq).Int("event", i).Str("reason", why.String())
 			if a.detail != nil {
 				a.detail.RejectDetail(i, e) // the values judged, against what was expected

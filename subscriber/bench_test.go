@@ -32,7 +32,12 @@ const (
 // 0] exactly as vLLM lays it out, with every hash as a 9-byte uint64 so the
 // hashes can be patched in place; it returns the payload and the offsets of
 // the hash values.
-func vllmBatchTemplate() ([]byte, []int) {
+func vllmBatchTemplate() ([]byte, []int) { return vllmBatchTemplateOf(false) }
+
+// vllmBatchTemplateOf is vllmBatchTemplate's batch with its event as a map
+// or, arrays set, as the array a vLLM release before v0.26.0 sends (the same
+// fields in declaration order, docs/engines.md#event-layouts).
+func vllmBatchTemplateOf(arrays bool) ([]byte, []int) {
 	var b []byte
 	str := func(s string) {
 		if len(s) < 32 {
@@ -42,12 +47,21 @@ func vllmBatchTemplate() ([]byte, []int) {
 		}
 		b = append(b, s...)
 	}
+	key := func(s string) {
+		if !arrays {
+			str(s)
+		}
+	}
 	b = append(b, 0x93, 0xcb)
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(1789095808.5))
-	b = append(b, 0x91, 0x8b)
-	str("type")
+	if arrays {
+		b = append(b, 0x91, 0x9b)
+	} else {
+		b = append(b, 0x91, 0x8b)
+	}
+	key("type")
 	str("BlockStored")
-	str("block_hashes")
+	key("block_hashes")
 	b = append(b, 0xdc, 0, benchBlocks)
 	var offs []int
 	for range benchBlocks {
@@ -55,31 +69,31 @@ func vllmBatchTemplate() ([]byte, []int) {
 		offs = append(offs, len(b))
 		b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
 	}
-	str("parent_block_hash")
+	key("parent_block_hash")
 	b = append(b, 0xc0)
-	str("token_ids")
+	key("token_ids")
 	n := benchBlocks * benchBlockSize
 	b = append(b, 0xdc, byte(n>>8), byte(n))
 	for i := range n {
 		tok := 1000 + i*97
 		b = append(b, 0xcd, byte(tok>>8), byte(tok))
 	}
-	str("block_size")
+	key("block_size")
 	b = append(b, benchBlockSize)
-	str("lora_id")
+	key("lora_id")
 	b = append(b, 0xc0)
-	str("medium")
+	key("medium")
 	str("GPU")
-	str("lora_name")
+	key("lora_name")
 	b = append(b, 0xc0)
-	str("extra_keys")
+	key("extra_keys")
 	b = append(b, 0xdc, 0, benchBlocks)
 	for range benchBlocks {
 		b = append(b, 0xc0)
 	}
-	str("group_idx")
+	key("group_idx")
 	b = append(b, 0)
-	str("kv_cache_spec_kind")
+	key("kv_cache_spec_kind")
 	str("full_attention")
 	b = append(b, 0)
 	return b, offs

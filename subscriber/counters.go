@@ -136,7 +136,7 @@ var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
 	span(MetricEnvelopeRejected, events.EnvEmpty, events.EnvDPRank)
 	span(MetricBatchRejected, events.BatchDPMismatch, events.BatchDPMismatch)
 	span(MetricIgnored, events.IgnMedium, events.NoBinding)
-	span(MetricRejected, events.EvArrayEncoded, events.EvLayout)
+	span(MetricRejected, events.EvNotMap, events.EvLayout)
 	span(MetricStale, events.StaleGap, events.StaleInternal)
 	span(MetricReplays, events.ReplayRecovered, events.ReplayStopped)
 	return t
@@ -146,4 +146,52 @@ var familyReasons = func() (t [numMetrics][events.NumReasons]bool) {
 // or not, plus any other non-zero counter, in the order of Snapshot.
 func (c *Counters) All() []Sample {
 	return c.samples(true)
+}
+
+// ServiceOutcomes counts one source's rejected and ignored events by reason,
+// so an operator sees which service sends what (docs/events.md#metrics);
+// the shared Counters count the same events by source type. Safe for
+// concurrent use and on a nil receiver.
+type ServiceOutcomes struct {
+	rejected, ignored [events.NumReasons]atomic.Uint64
+}
+
+func (o *ServiceOutcomes) add(rejected bool, r events.Reason) {
+	if o == nil || r >= events.NumReasons {
+		return
+	}
+	if rejected {
+		o.rejected[r].Add(1)
+	} else {
+		o.ignored[r].Add(1)
+	}
+}
+
+// Value returns one count: rejected events, or ignored (and no-op) ones,
+// with reason r.
+func (o *ServiceOutcomes) Value(rejected bool, r events.Reason) uint64 {
+	if o == nil || r >= events.NumReasons {
+		return 0
+	}
+	if rejected {
+		return o.rejected[r].Load()
+	}
+	return o.ignored[r].Load()
+}
+
+// Each calls fn for every reason the rejected and ignored families count
+// by, zero or not (the series a metrics endpoint exports from
+// registration on), and for any other reason counted.
+func (o *ServiceOutcomes) Each(fn func(rejected bool, reason string, n uint64)) {
+	for _, rej := range [...]bool{true, false} {
+		m := MetricIgnored
+		if rej {
+			m = MetricRejected
+		}
+		for r := events.Reason(1); r < events.NumReasons; r++ {
+			if v := o.Value(rej, r); v != 0 || familyReasons[m][r] {
+				fn(rej, r.String(), v)
+			}
+		}
+	}
 }

@@ -18,7 +18,8 @@ import (
 // TestRejectedEventLogNamesTheValues: a rejected event's WARN names the
 // value the rule judged and what the registration expected, not only the
 // reason: block_size 32 against 16 registered on a dense event, a group's
-// block size that is no multiple, a group index past the limit.
+// block size that is no multiple, a group index past the limit; an
+// array-encoded event's line says so (its positions were judged).
 func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	seed := "0"
 	prof := mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256CBOR, "low64_be", &seed)
@@ -45,6 +46,7 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 		stored(map[string]any{"block_size": 32}),
 		stored(map[string]any{"block_size": 24, "group_idx": 1, "kv_cache_spec_kind": "full_attention"}),
 		stored(map[string]any{"group_idx": 12, "kv_cache_spec_kind": "full_attention"}),
+		[]any{"BlockStored", []uint64{7}, nil, make([]int32, 16), 32, nil, "GPU"},
 	}, nil})
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +78,8 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 		with("event", 1.0, "reason", "block_size", "group", 1.0, "block_size", 24.0, "registered_block_size", 16.0,
 			"rule", "a group's block_size is a positive multiple of the registered (hash) block size"),
 		with("event", 2.0, "reason", "group", "group_idx", 12.0, "max_groups", 10.0),
+		with("event", 3.0, "reason", "block_size", "encoding", "array", "block_size", 32.0, "registered_block_size", 16.0,
+			"rule", "an event without group fields has the registered block_size"),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rejection lines (-want +got):\n%s\n%s", diff, logs)

@@ -162,3 +162,9 @@ func (s *Subscriber) tryStaleRecovery(seq uint64, payload []byte) bool {
 	s.baseline(seq, payload)
 	return true
 }
+
+// EventCounts calls fn for every reason this source counts its rejected and
+// ignored events by, zero or not (ServiceOutcomes.Each), since it started.
+func (s *Subscriber) EventCounts(fn func(rejected bool, reason string, n uint64)) {
+	s.outcomes.Each(fn)
+}

@@ -172,6 +172,10 @@ var mismatchFixtures = map[string]bool{
 	"sglang_stored_salt_session_dp0": true,
 	"sglang_stored_bigram_tokens":    true,
 	"sglang_stored_partial_page":     true,
+	// the metadata map's cache_salt of array-encoded SGLang stores
+	"sglang_legacy_array_events":     true,
+	"sglang_array_layout_30827":      true,
+	"sglang_array_longer_than_known": true,
 }
 
 func checkHashMismatches(t *testing.T, f *eventtest.Fixture, e *env) {

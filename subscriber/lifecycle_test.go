@@ -468,12 +468,12 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 
 func TestCountersSnapshot(t *testing.T) {
 	c := NewCounters()
-	c.add(MetricRejected, source.SGLang, events.EvArrayEncoded, 3)
+	c.add(MetricRejected, source.SGLang, events.EvNotMap, 3)
 	c.add(MetricApplied, source.VLLM, events.ReasonNone, 2)
 	snap := c.Snapshot()
 	want := []Sample{
 		{Metric: "events_applied", Source: "vLLM", Value: 2},
-		{Metric: "events_rejected", Source: "SGLang", Reason: "array_encoded_event", Value: 3},
+		{Metric: "events_rejected", Source: "SGLang", Reason: "not_map", Value: 3},
 	}
 	if fmt.Sprint(snap) != fmt.Sprint(want) {
 		t.Errorf("snapshot %v", snap)
@@ -763,5 +763,46 @@ func TestOnStateTellsEveryChange(t *testing.T) {
 	defer mu.Unlock()
 	if clearedAt != 6 {
 		t.Fatalf("the retraction was not in place when stale was told (seen at %d)", clearedAt)
+	}
+}
+
+// TestServiceOutcomes: a source's own rejected and ignored counts, by
+// reason; Each lists every reason of both families, zero or not (the series
+// exported from registration on), plus any other reason counted, and a nil
+// set is inert.
+func TestServiceOutcomes(t *testing.T) {
+	var o ServiceOutcomes
+	o.add(true, events.EvWrongType)
+	o.add(true, events.EvWrongType)
+	o.add(false, events.IgnMedium)
+	o.add(true, events.EvStdMapFull) // outside the exported-at-zero span
+	got := map[string]uint64{}
+	o.Each(func(rejected bool, reason string, n uint64) {
+		k := "ignored/" + reason
+		if rejected {
+			k = "rejected/" + reason
+		}
+		if _, dup := got[k]; dup {
+			t.Errorf("%s listed twice", k)
+		}
+		got[k] = n
+	})
+	for k, want := range map[string]uint64{
+		"rejected/wrong_type": 2, "rejected/not_map": 0, "rejected/layout_conflict": 0, "rejected/standard_map_full": 1,
+		"ignored/medium": 1, "ignored/no_binding": 0,
+	} {
+		if n, ok := got[k]; !ok || n != want {
+			t.Errorf("%s = %d (listed %v), want %d", k, n, ok, want)
+		}
+	}
+	for _, k := range []string{"rejected/medium", "ignored/wrong_type", "rejected/gap", "ignored/none"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("%s listed", k)
+		}
+	}
+	var nilO *ServiceOutcomes
+	nilO.add(true, events.EvWrongType)
+	if nilO.Value(true, events.EvWrongType) != 0 {
+		t.Error("nil outcomes must be inert")
 	}
 }

@@ -344,6 +344,13 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 	if racebuild.Enabled {
 		t.Skip("the race detector allocates")
 	}
+	// both event dialects (docs/events.md#array-encoded-events)
+	for _, arrays := range []bool{false, true} {
+		t.Run(map[bool]string{false: "map", true: "array"}[arrays], func(t *testing.T) { liveIngestAllocs(t, arrays) })
+	}
+}
+
+func liveIngestAllocs(t *testing.T, arrays bool) {
 	m := eventtest.LoadManifest(t)
 	pub := newPublisher(t, fmt.Sprintf("inproc://recv-test-%d", inprocSeq.Add(1)))
 	e := newEnv(t, m, "vllm-a", nil, pub.endpoint, "")
@@ -362,7 +369,7 @@ func TestLiveIngestDoesNotAllocate(t *testing.T) {
 		s.conn.close(s)
 	}()
 	pub.waitSubscribed()
-	payload, offs := vllmBatchTemplate()
+	payload, offs := vllmBatchTemplateOf(arrays)
 	topic, seqb := []byte("kv"), make([]byte, 8)
 	var seq uint64
 	send := func(n int) {

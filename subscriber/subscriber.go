@@ -46,6 +46,9 @@ type Subscriber struct {
 	tuning   Tuning
 	shared   *Shared
 	counters *Counters
+	// outcomes counts this source's rejected and ignored events by
+	// reason (EventCounts), beside the shared counters by source type.
+	outcomes ServiceOutcomes
 	log      zerolog.Logger
 	sampled  zerolog.Logger // per-message warnings, rate limited
 

@@ -270,10 +270,13 @@ func fixtures() []F {
 	}
 	add(F{ID: "vllm_legacy_array_events", Source: "vLLM", Reg: "vllm-a",
 		Payload: vBatch([]any{"BlockStored", []uint64{v1}, nil, tok4, 4, nil, "GPU", nil},
-			[]any{"BlockRemoved", []uint64{v1}, "GPU"}, []any{"AllBlocksCleared"}),
-		Expect:   ok(nil, repeat("rejected: array-encoded event (map required)", 3)...),
+			[]any{"BlockRemoved", []uint64{v1}, "GPU"}, []any{"AllBlocksCleared"},
+			[]any{"BlockStored", []uint64{v1}, nil, tok4, 4, nil, "GPU"}),
+		Expect: ok(effects(store("device", vOwn, v1), remove("device", vOwn, v1),
+			m("op", "clear", "tiers", []any{"device"}, "owner", vOwn), store("device", vOwn, v1)),
+			repeat("applied", 4)...),
 		Producer: "vLLM before PR #42892 (array_like tagged events, e.g. v0.11-v0.22)", Topic: t(kvTop), Seq: 200,
-		Note: "envelope is valid, so the sequence advances with no index change; implementations should surface a diagnostic"})
+		Note: "positional events decode by the engine's field order; trailing defaulted fields may be absent"})
 
 	// vLLM envelopes that are rejected whole.
 	ev1 := vStored([]uint64{v1}, nil, tok4)
@@ -372,9 +375,13 @@ func fixtures() []F {
 		Payload: batch(vts, []any{
 			[]any{"BlockStored", s1, nil, stok4, 4, nil, "GPU"},
 			[]any{"BlockStored", s1, nil, stok4, 4, nil, "GPU", m("cache_salt", "salt-a")},
-			[]any{"BlockRemoved", s1, "GPU"}}, 0),
-		Expect:   ok(nil, repeat("rejected: array-encoded event (map required)", 3)...),
-		Producer: "SGLang before PR #37482 (incl. 0.5.18 BlockStoredWithMetadata)", Seq: 15})
+			[]any{"BlockRemoved", s1, "GPU"},
+			[]any{"BlockStored", s1, nil, stok4, 4, nil, "GPU"}}, 0),
+		Expect: ok(effects(store("device", sOwn, sU[0]), store("device", sOwn, sU[0]), remove("device", sOwn, sU[0]),
+			store("device", sOwn, sU[0])), repeat("applied", 4)...),
+		Producer: "SGLang before PR #37482 (incl. 0.5.18 BlockStoredWithMetadata)", Seq: 15,
+		Note: "positional events decode by SGLang's field order; a map at position 7 is the block's metadata (cache_salt)"})
+	positionalFixtures(add)
 	epoch := t("\x00sgl-kv-epoch=" + strings.Repeat("0f", 16))
 	add(F{ID: "sglang_epoch_topic", Source: "SGLang", Reg: "sglang-a",
 		Payload:  batch(vts, []any{sStored(s1, nil, stok4)}, 0),

@@ -116,14 +116,14 @@ func TestVLLMEventRules(t *testing.T) {
 		map[string]any{"type": "BlockRemoved", "block_hashes": []any{v1}, "medium": "GPU", "group_idx": nil},
 		map[string]any{"type": "BlockRemoved", "block_hashes": []any{v1}}, // medium required
 		map[string]any{"type": "AllBlocksCleared"},
-		[]any{"BlockStored"},
+		[]any{"BlockStored"}, // an array without the required positions
 		7,
 	}
 	x.applyBatch(1, eventtest.Encode(t, []any{float32(1.5), events, uint64(0)}))
 	want := []string{
 		"applied:none", "applied:none", "applied:none", "applied:none", "rejected:lora",
 		"applied:none", "ignored:medium", "rejected:extra_keys", "applied:none", "rejected:wrong_type",
-		"applied:none", "rejected:missing_key", "applied:none", "rejected:array_encoded_event", "rejected:not_map",
+		"applied:none", "rejected:missing_key", "applied:none", "rejected:missing_key", "rejected:not_map",
 	}
 	if diff := cmp.Diff(want, results(x, 1)); diff != "" {
 		t.Errorf("outcomes (-want +got):\n%s", diff)

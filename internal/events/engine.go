@@ -42,6 +42,9 @@ const (
 	fSlidingWindow
 	fCacheSalt
 	fSessionID
+	// fMetadata is SGLang's block-metadata map of array-encoded events
+	// (positional.go); it has no map key of its own.
+	fMetadata
 	numEngineFields
 )
 
@@ -71,6 +74,7 @@ func engineFieldSpecs() []fieldSpec {
 	f[fBlockSize] = fieldSpec{"block_size", shapeInt, iBlockSize}
 	f[fLoraID] = fieldSpec{"lora_id", shapeOptInt, iLoraID}
 	f[fMedium] = fieldSpec{"medium", shapeOptStr, sMedium}
+	f[fMetadata] = fieldSpec{"", shapeOwn, noSlot}
 	return f
 }
 
@@ -92,6 +96,12 @@ type engineRules struct {
 	// check applies the family's rules to a stored or removed event whose
 	// keys passed keys; it sets ev.result (and reason) and ev.tier.
 	check func(d *engineDecoder, ev *engineEvent, f *engineFields)
+	// positions is, per event kind, the field order of the family's
+	// array-encoded events (positional.go, docs/events.md#array-encoded-events).
+	positions [numEvKinds]layout
+	// absentMedium is the medium of an array-encoded event too short to
+	// carry one (a release before the field existed).
+	absentMedium []byte
 }
 
 // keyRule is, for one event kind, the recognized keys an event may carry
@@ -128,6 +138,9 @@ type engineEvent struct {
 type wireValues struct {
 	blockSize, group, window int64
 	hasGroup                 bool
+	// array: the event was array-encoded (positional.go), which the log
+	// says, since its positions rather than its keys were judged.
+	array bool
 }
 
 // engineDecoder decodes vLLM and SGLang batches. Its buffers are reused from
@@ -276,11 +289,20 @@ func (d *engineDecoder) readEvent(r *msgp.Reader, _ *envelope, _ int) error {
 	f := &d.fields
 	d.mapEv = engineMapEvent{d: d, f: f}
 	off := len(d.keys)
-	if err := readEventMap(r, &d.mapEv); err != nil {
+	k, err := r.Peek()
+	if err != nil {
+		return err
+	}
+	if k == msgp.Array {
+		err = d.readEventArray(r, f)
+	} else {
+		err = readEventMap(r, &d.mapEv)
+	}
+	if err != nil {
 		return err
 	}
 	d.wires = append(d.wires, wireValues{blockSize: f.v.ints[iBlockSize], group: f.v.ints[iGroupIdx], window: f.v.ints[iWindow],
-		hasGroup: f.nonNil&bit(fGroupIdx) != 0})
+		hasGroup: f.nonNil&bit(fGroupIdx) != 0, array: k == msgp.Array})
 	if f.reject != ReasonNone {
 		d.keys = d.keys[:off]
 		ev.result, ev.reason = Rejected, f.reject
@@ -332,6 +354,8 @@ func (d *engineDecoder) readValue(r *msgp.Reader, id uint8, f *engineFields) err
 		return d.readHashes(r, f)
 	case fParent:
 		return d.readParent(r, k, f)
+	case fMetadata:
+		return d.readMetadata(r, k, f)
 	case fExtraKeys:
 		if k == msgp.Nil {
 			return r.Nil()
@@ -564,6 +588,9 @@ func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
 	}
 	ev := &d.events[i]
 	w := &d.wires[i]
+	if w.array {
+		e.Str("encoding", "array")
+	}
 	if w.hasGroup && ev.reason != EvGroup {
 		e.Int64("group", w.group)
 	}

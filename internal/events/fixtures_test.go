@@ -159,6 +159,16 @@ var hashChecks = map[string][2]uint64{
 	"sglang_stored_bigram_tokens": {0, 1},
 	// the last page's tokens under a full page's hash
 	"sglang_stored_partial_page": {0, 1},
+	// array-encoded events are checked as their map twins: vLLM blocks
+	// only with extra_keys (without them the check skips), SGLang salted
+	// blocks (the metadata map's cache_salt) mismatch the unsalted hash
+	"vllm_array_layout_33304":        {1, 0},
+	"vllm_array_layout_40984":        {1, 0},
+	"sglang_legacy_array_events":     {2, 1},
+	"sglang_array_layout_6098":       {1, 0},
+	"sglang_array_layout_18205":      {3, 0},
+	"sglang_array_layout_30827":      {1, 2},
+	"sglang_array_longer_than_known": {0, 1},
 }
 
 // warnKeys are the fields a mismatch warning may carry: nothing derived

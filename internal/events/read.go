@@ -51,7 +51,8 @@ type eventMapReader interface {
 
 // readEventMap reads one element of a batch's event array with the rules every
 // event family shares (docs/events.md#event-rules): an element that is not a
-// map is rejected (array-encoded events with their own reason), non-string keys
+// map is rejected (engine decoders read array-encoded events before they get
+// here, positional.go), non-string keys
 // and repeated recognized keys reject the event, unknown keys are skipped, and
 // nothing is read after a rejection. It returns only payload-level errors (the
 // envelope is then rejected); event rejections go through fail.
@@ -61,11 +62,7 @@ func readEventMap(r *msgp.Reader, ev eventMapReader) error {
 		return err
 	}
 	if k != msgp.Map {
-		if k == msgp.Array {
-			ev.fail(EvArrayEncoded)
-		} else {
-			ev.fail(EvNotMap)
-		}
+		ev.fail(EvNotMap)
 		return r.Skip()
 	}
 	n, err := r.MapLen()

@@ -40,7 +40,6 @@ const (
 	BatchDPMismatch
 
 	// Event rejections (docs/events.md#event-rules and the sections after it).
-	EvArrayEncoded
 	EvNotMap
 	EvNonStringKey
 	EvDuplicateKey
@@ -118,7 +117,6 @@ var reasonNames = [NumReasons]string{
 	EnvTooManyEvents:    "too_many_events",
 	EnvDPRank:           "dp_rank",
 	BatchDPMismatch:     "dp_rank_mismatch",
-	EvArrayEncoded:      "array_encoded_event",
 	EvNotMap:            "not_map",
 	EvNonStringKey:      "non_string_key",
 	EvDuplicateKey:      "duplicate_key",

@@ -28,6 +28,13 @@ var sglangRules = engineRules{
 	negHashes:  true,
 	clearTiers: index.AllEngineTiers,
 	check:      checkSGLang,
+	// SGLang's array-encoded events (docs/engines.md#event-layouts): a
+	// salted BlockStored appends its metadata map after medium; an absent
+	// medium is the device, as for maps
+	positions: [numEvKinds]layout{
+		evStored:  {[]uint8{fBlockHashes, fParent, fTokenIDs, fBlockSize, fLoraID, fMedium, fMetadata}, 5},
+		evRemoved: {[]uint8{fBlockHashes, fMedium}, 1},
+	},
 }
 
 const (

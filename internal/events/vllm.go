@@ -34,6 +34,14 @@ var vllmRules = engineRules{
 	// (docs/events.md#vllm-events)
 	clearTiers: index.TierMask(1) << index.Device,
 	check:      checkVLLM,
+	// vLLM's array-encoded events (docs/engines.md#event-layouts); a
+	// release before medium existed published the GPU pool only
+	positions: [numEvKinds]layout{
+		evStored: {[]uint8{fBlockHashes, fParent, fTokenIDs, fBlockSize, fLoraID,
+			fMedium, fLoraName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow}, 5},
+		evRemoved: {[]uint8{fBlockHashes, fMedium, fGroupIdx}, 1},
+	},
+	absentMedium: []byte("GPU"),
 }
 
 const (

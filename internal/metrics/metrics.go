@@ -135,6 +135,10 @@ var (
 	descStale    = prometheus.NewDesc("conductor_stale_sources", "Services whose source is stale.", nil, nil)
 	descRestarts = prometheus.NewDesc("conductor_publisher_restarts_total",
 		"Publisher restarts detected per service (each a new epoch: the old process's entries dropped, the new stream indexed), since its source started.", []string{"service", "type"}, nil)
+	descSvcRejected = prometheus.NewDesc("conductor_service_events_rejected_total",
+		"Events rejected per service, by reason, since its source started (the same events conductor_events_rejected_total counts by source type).", []string{"service", "type", "reason"}, nil)
+	descSvcIgnored = prometheus.NewDesc("conductor_service_events_ignored_total",
+		"Events ignored or no-op per service, by reason, since its source started (the same events conductor_events_ignored_total counts by source type).", []string{"service", "type", "reason"}, nil)
 	descRecoveries = prometheus.NewDesc("conductor_stale_recoveries_total",
 		"Stale states a service's source left by itself (--stale-recovery auto), since it started.", []string{"service", "type"}, nil)
 	descMemo = prometheus.NewDesc("conductor_hash_memo_lookups_total",
@@ -199,7 +203,7 @@ func clip(s string) string {
 type stateCollector struct{ opts Options }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck, descHashSkipped, descStdMapBytes, descStdUnreachable, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
+	for _, d := range []*prometheus.Desc{descGroupKinds, descBlocks, descPrefixes, descOwners, descContexts, descIndexMemory, descIndexMemoryLimit, descIndexEvictions, descScopeBlocks, descScopePrefixes, descScopeReplicas, descServices, descState, descStale, descRestarts, descRecoveries, descSvcRejected, descSvcIgnored, descMemo, descMemoBytes, descTokenMemo, descTokenMemoBytes, descHashCheck, descHashSkipped, descStdMapBytes, descStdUnreachable, linkDescs[0], linkDescs[1], linkDescs[2], linkDescs[3], linkDescs[4]} {
 		ch <- d
 	}
 	for _, d := range descIngest {
@@ -266,6 +270,16 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descRestarts, prometheus.CounterValue, float64(s.Restarts), clip(string(s.Key())), s.Type.String())
 			ch <- prometheus.MustNewConstMetric(descRecoveries, prometheus.CounterValue, float64(s.StaleRecoveries), clip(string(s.Key())), s.Type.String())
+			if s.Events != nil {
+				svc, typ := clip(string(s.Key())), s.Type.String()
+				s.Events.EventCounts(func(rejected bool, reason string, n uint64) {
+					d := descSvcIgnored
+					if rejected {
+						d = descSvcRejected
+					}
+					ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(n), svc, typ, reason)
+				})
+			}
 		}
 		for typ, n := range byType {
 			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())

@@ -60,7 +60,7 @@ func TestLabelledSeriesExportedAtZero(t *testing.T) {
 		"conductor_envelopes_rejected_total": {"empty_payload", "invalid_msgpack", "trailing_bytes", "not_array", "length", "timestamp", "events_not_array", "too_many_events", "dp_rank"},
 		"conductor_batches_rejected_total":   {"dp_rank_mismatch"},
 		"conductor_events_ignored_total":     {"medium", "uncached_group", "unknown_kind", "no_binding"},
-		"conductor_events_rejected_total": {"array_encoded_event", "not_map", "non_string_key", "duplicate_key",
+		"conductor_events_rejected_total": {"not_map", "non_string_key", "duplicate_key",
 			"missing_key", "wrong_type", "unknown_tag", "foreign_key", "hash", "block_size", "lora", "group",
 			"attention_kind", "extra_keys", "token_range", "timestamp", "type_conflict", "dp_rank", "backend",
 			"context", "object_key", "seq_hashes", "binding_conflict", "assertion", "layout_conflict"},
