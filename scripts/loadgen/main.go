@@ -361,7 +361,7 @@ func main() {
 }
 
 // serverOptions are the build and start options of a spawned server. A
-// soak adds its memo size (for the answer cache and the verified links too) unless --soak-memo-mib is negative (see
+// soak adds its memo size (for the memos and the verified links) unless --soak-memo-mib is negative (see
 // soakConfig.memoMiB).
 func (o *options) serverOptions() serverOptions {
 	so := serverOptions{token: o.authToken, logLevel: o.serverLog, race: o.serverRace, args: o.serverArgs}
@@ -723,7 +723,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		if err != nil {
 			return rep, err
 		}
-		// The same prompts again, now answered from the answer cache.
+		// The same prompts again: their digests now come from the prefix memo.
 		wr, err := s.pairedPass(ctx, "warm pass", cold, paired, body, ids, fails, fl)
 		rep.Warm = wr
 		if wr != nil {
