@@ -25,7 +25,7 @@ import (
 // subscriber whose publisher is absent: the first 4,096 (the default cap)
 // succeed, the rest are refused without side effects, and unregistering
 // them all releases every socket, descriptor and goroutine. The socket and
-// descriptor budget (README "Limits") holds at the cap.
+// descriptor budget (docs/operations.md "Limits") holds at the cap.
 func TestCapacityAtServiceLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("capacity")

@@ -9,7 +9,7 @@ import (
 )
 
 // pythonWith returns a Python 3 that can import modules: Debian's
-// /usr/bin/python3 first (scripts/setup.sh installs python3-msgpack and
+// /usr/bin/python3 first (scripts/setup.sh --test installs python3-msgpack and
 // python3-zmq for it), then whichever python3 is on PATH.
 func pythonWith(t *testing.T, modules ...string) string {
 	t.Helper()
@@ -24,7 +24,7 @@ func pythonWith(t *testing.T, modules ...string) string {
 			return path
 		}
 	}
-	t.Fatalf("no Python 3 with %v among %v: run scripts/setup.sh (Debian's python3-msgpack and python3-zmq)", modules, tried)
+	t.Fatalf("no Python 3 with %v among %v: run scripts/setup.sh --test (Debian's python3-msgpack and python3-zmq)", modules, tried)
 	return ""
 }
 

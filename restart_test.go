@@ -187,6 +187,7 @@ func (p *proc) do(method, path string, body any) (int, any) {
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(p.base + path)
 	req.Header.SetMethod(method)
+	req.Header.Set("Accept", "application/msgpack")
 	if body != nil {
 		b, err := msgpack.Marshal(body)
 		if err != nil {

@@ -26,7 +26,7 @@ type Limits struct {
 	MaxNameBytes int
 }
 
-// DefaultLimits are the documented defaults (README "Limits").
+// DefaultLimits are the documented defaults (docs/operations.md "Limits").
 func DefaultLimits() Limits {
 	return Limits{MaxTokens: 2 << 20, MaxIdentityBytes: 1024, MaxNameBytes: 256 << 10}
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the Go code for the protobuf contracts under internal/inferencecache/proto/. protoc
-# comes from Debian's protobuf-compiler (scripts/setup.sh installs it); the
+# comes from Debian's protobuf-compiler (scripts/setup.sh --test installs it); the
 # two Go plugins are built at pinned versions, so every machine generates
 # byte-identical code, once per version into the user's cache (as
 # scripts/check-deploy.sh keeps helm), so the staleness test that runs this
@@ -18,7 +18,7 @@ PROTOC_GEN_GO_GRPC=google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 
 out="${1:-internal/inferencecache/proto}"
 if ! command -v protoc >/dev/null 2>&1; then
-	echo "genproto: protoc not found; run scripts/setup.sh" >&2
+	echo "genproto: protoc not found; run scripts/setup.sh --test" >&2
 	exit 1
 fi
 tools="${XDG_CACHE_HOME:-$HOME/.cache}/conductor-tools"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the service with its defaults (port 13333, config from
 # CONDUCTOR_CONFIG_PATH or ~/.mooncake/conductor_config.json if present).
-# Extra arguments are passed to the binary, e.g. --port 14000.
+# Extra arguments are passed to the binary, e.g. --port 14000. Installs
+# only what building and running needs (scripts/setup.sh: libzmq,
+# pkg-config, gcc); the test suite's tools come with scripts/test.sh.
 #
 # The binary is stamped with the checkout's version and commit (git
 # describe, git rev-parse), so --version and conductor_build_info say which

@@ -1,21 +1,41 @@
 #!/usr/bin/env bash
-# Installs what building this service needs beyond Go: libzmq (headers and
-# pkg-config file, for github.com/pebbe/zmq4 through cgo), protoc (Debian's
-# protobuf-compiler, which scripts/genproto.sh and the test that checks the
-# generated gRPC code is current need) and promtool (Debian's prometheus,
-# for scripts/check-deploy.sh), and Debian's python3-msgpack and python3-zmq
-# for the Python example the suite runs. Idempotent and quiet when everything
-# is already there.
+# Installs what this service needs beyond Go, from Debian's packages.
+#
+#   scripts/setup.sh          what building and running it needs: libzmq's
+#                             headers and pkg-config file, pkg-config and gcc
+#                             (github.com/pebbe/zmq4 goes through cgo).
+#   scripts/setup.sh --test   that, plus what the test suite needs: protoc
+#                             (protobuf-compiler: scripts/genproto.sh and the
+#                             test that checks the generated gRPC code is
+#                             current), promtool (Debian's prometheus, for
+#                             scripts/check-deploy.sh's alert-rule tests) and
+#                             python3-msgpack and python3-zmq (the Python
+#                             example the suite runs).
+#
+# scripts/run.sh uses the first form, scripts/test.sh the second, so running
+# the service never installs a Prometheus server. Idempotent and quiet when
+# everything is already there.
 set -euo pipefail
+
+mode=run
+case "${1:-}" in
+"") ;;
+--test) mode=test ;;
+*)
+	echo "usage: scripts/setup.sh [--test]" >&2
+	exit 2
+	;;
+esac
 
 need=()
 pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
-command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-# The Python example (examples/python), which the test suite runs.
-/usr/bin/python3 -c 'import msgpack, zmq' >/dev/null 2>&1 || need+=(python3-msgpack python3-zmq)
+if [ "$mode" = test ]; then
+	command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+	command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+	/usr/bin/python3 -c 'import msgpack, zmq' >/dev/null 2>&1 || need+=(python3-msgpack python3-zmq)
+fi
 
 if ((${#need[@]})); then
 	sudo=""

@@ -33,7 +33,7 @@ report_timings() {
 trap report_timings EXIT
 
 phase "setup"
-scripts/setup.sh
+scripts/setup.sh --test
 
 phase "vet and gofmt"
 go vet ./...

@@ -121,6 +121,9 @@ func (h *harness) do(method, path, contentType string, body []byte) (int, any, *
 	if contentType != "" {
 		req.Header.SetContentType(contentType)
 	}
+	// A MessagePack client says so: the health routes answer JSON to
+	// clients that name neither encoding.
+	req.Header.Set("Accept", "application/msgpack")
 	req.SetBody(body)
 	if err := h.c.Do(req, resp); err != nil {
 		h.t.Fatalf("%s %s: %v", method, path, err)

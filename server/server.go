@@ -1,7 +1,8 @@
 // Package server is the HTTP front door: it routes the contract's five
 // endpoints, checks method and content type, and turns handler results and
 // typed errors into MessagePack responses (JSON for the read-only
-// endpoints when the client's Accept asks for it).
+// endpoints when the client's Accept asks for it, and for the health
+// routes unless it asks for MessagePack).
 package server
 
 import (
@@ -272,8 +273,15 @@ type route struct {
 	// request's Accept prefers application/json (see wantsJSON). Every
 	// other route answers only its errors in JSON then.
 	json bool
-	h    handler
-	raw  func(s *Server, ctx *fasthttp.RequestCtx)
+	// plain: the route is for any HTTP client (probes, curl, load
+	// balancers), not only a Conductor client, so it answers JSON unless
+	// Accept names application/msgpack before application/json: a plain
+	// `curl /healthz` reads text, a MessagePack client still gets
+	// MessagePack (docs/operations.md#health). The contract does not
+	// define these routes.
+	plain bool
+	h     handler
+	raw   func(s *Server, ctx *fasthttp.RequestCtx)
 	// enabled, when set, says whether the route is served with these
 	// options; otherwise it is 404 like any unknown path.
 	enabled func(o *Options) bool
@@ -293,8 +301,8 @@ var routes = map[string]route{
 	"/query_by_hash": {method: fasthttp.MethodPost, msgpack: true, json: true, h: (*Server).lookupByHash},
 	"/services":      {method: fasthttp.MethodGet, json: true, h: (*Server).services},
 	"/global_view":   {method: fasthttp.MethodGet, json: true, h: (*Server).globalView},
-	"/healthz":       {method: fasthttp.MethodGet, json: true, h: (*Server).healthz},
-	"/readyz":        {method: fasthttp.MethodGet, json: true, h: (*Server).readyz},
+	"/healthz":       {method: fasthttp.MethodGet, json: true, plain: true, h: (*Server).healthz},
+	"/readyz":        {method: fasthttp.MethodGet, json: true, plain: true, h: (*Server).readyz},
 	"/metrics": {method: fasthttp.MethodGet, raw: func(s *Server, ctx *fasthttp.RequestCtx) { s.opts.Metrics(ctx) },
 		enabled: func(o *Options) bool { return o.Metrics != nil }},
 	snapshotPath: {method: fasthttp.MethodGet, token: true, raw: (*Server).serveSnapshot,
@@ -340,7 +348,7 @@ func (s *Server) Handle(ctx *fasthttp.RequestCtx) {
 		// Errors answer JSON on every route when asked, so a shell client
 		// can read reason and field; success bodies of the POST routes stay
 		// the contract's MessagePack whatever Accept says.
-		if (rt.json || err != nil) && wantsJSON(ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
+		if (rt.json || err != nil) && answerJSON(rt, ctx.Request.Header.Peek(fasthttp.HeaderAccept)) {
 			s.setJSON(ctx, out)
 		} else {
 			ctx.SetContentType("application/msgpack")
@@ -422,11 +430,19 @@ func isMsgpack(ct []byte) bool {
 	return false
 }
 
-// wantsJSON reports whether an Accept header asks for JSON before
-// MessagePack: the first of application/json and application/msgpack it
-// names wins (quality values are not weighed), and a header naming
-// neither, or no header, keeps MessagePack, the contract's encoding.
-func wantsJSON(accept []byte) bool {
+// acceptChoice is which of the service's two encodings an Accept header
+// names first.
+type acceptChoice uint8
+
+const (
+	acceptNeither acceptChoice = iota // no header, */*, text/plain, ...
+	acceptJSON
+	acceptMsgpack
+)
+
+// accepted returns the first of application/json and application/msgpack
+// an Accept header names (quality values are not weighed).
+func accepted(accept []byte) acceptChoice {
 	for len(accept) > 0 {
 		var item []byte
 		item, accept, _ = bytes.Cut(accept, []byte(","))
@@ -434,10 +450,28 @@ func wantsJSON(accept []byte) bool {
 		mt = bytes.TrimSpace(mt)
 		switch {
 		case bytes.EqualFold(mt, []byte("application/json")):
-			return true
+			return acceptJSON
 		case bytes.EqualFold(mt, msgpackType):
-			return false
+			return acceptMsgpack
 		}
+	}
+	return acceptNeither
+}
+
+// wantsJSON reports whether an Accept header asks for JSON before
+// MessagePack: a header naming neither, or no header, keeps MessagePack,
+// the contract's encoding.
+func wantsJSON(accept []byte) bool { return accepted(accept) == acceptJSON }
+
+// answerJSON is whether route rt answers a request with this Accept in
+// JSON: when the client prefers JSON, and on the plain routes also when it
+// names neither encoding (a probe, curl without -H).
+func answerJSON(rt route, accept []byte) bool {
+	switch accepted(accept) {
+	case acceptJSON:
+		return true
+	case acceptNeither:
+		return rt.plain
 	}
 	return false
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,4 +258,70 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestHealthRoutesByAccept: /healthz and /readyz are for any HTTP client
+// (probes, curl, load balancers), so they answer JSON unless the client
+// names MessagePack first, and a MessagePack client still gets it; the
+// contract's routes keep MessagePack for a client naming neither.
+func TestHealthRoutesByAccept(t *testing.T) {
+	var ready atomic.Bool
+	h := startServer(t, Options{Ready: func() (bool, string, int) { return ready.Load(), "catching up", 1 }})
+	cases := []struct {
+		path, accept string
+		notReady     bool
+		status       int
+		contentType  string
+		body         map[string]any
+	}{
+		{"/healthz", "", false, 200, "application/json", map[string]any{"status": "ok"}},
+		{"/healthz", "*/*", false, 200, "application/json", map[string]any{"status": "ok"}},
+		{"/healthz", "text/plain", false, 200, "application/json", map[string]any{"status": "ok"}},
+		{"/healthz", "application/json", false, 200, "application/json", map[string]any{"status": "ok"}},
+		{"/healthz", "application/msgpack", false, 200, "application/msgpack", map[string]any{"status": "ok"}},
+		{"/healthz", "application/msgpack, application/json", false, 200, "application/msgpack", map[string]any{"status": "ok"}},
+		{"/healthz", "text/html, application/json;q=0.9, */*", false, 200, "application/json", map[string]any{"status": "ok"}},
+		{"/readyz", "", false, 200, "application/json", map[string]any{"status": "ready", "stale_sources": int64(1)}},
+		{"/readyz", "*/*", false, 200, "application/json", map[string]any{"status": "ready", "stale_sources": int64(1)}},
+		{"/readyz", "application/msgpack", false, 200, "application/msgpack", map[string]any{"status": "ready", "stale_sources": int64(1)}},
+		{"/readyz", "", true, 503, "application/json", map[string]any{"error": "catching up"}},
+		{"/readyz", "*/*", true, 503, "application/json", map[string]any{"error": "catching up"}},
+		{"/readyz", "application/msgpack", true, 503, "application/msgpack", map[string]any{"error": "catching up"}},
+		// The contract's read routes keep their encoding for a plain client.
+		{"/services", "", false, 200, "application/msgpack", map[string]any{"count": int64(0), "services": []any{}}},
+		{"/services", "*/*", false, 200, "application/msgpack", map[string]any{"count": int64(0), "services": []any{}}},
+	}
+	for _, c := range cases {
+		t.Run(c.path+" "+c.accept, func(t *testing.T) {
+			ready.Store(!c.notReady)
+			req := fasthttp.AcquireRequest()
+			defer fasthttp.ReleaseRequest(req)
+			resp := &fasthttp.Response{}
+			req.SetRequestURI("http://" + h.addr + c.path)
+			req.Header.SetMethod("GET")
+			if c.accept != "" {
+				req.Header.Set("Accept", c.accept)
+			}
+			if err := h.c.Do(req, resp); err != nil {
+				t.Fatal(err)
+			}
+			if ct := string(resp.Header.ContentType()); resp.StatusCode() != c.status || ct != c.contentType {
+				t.Fatalf("%d %s, want %d %s", resp.StatusCode(), ct, c.status, c.contentType)
+			}
+			var got any
+			if c.contentType == "application/json" {
+				d := json.NewDecoder(bytes.NewReader(resp.Body()))
+				d.UseNumber()
+				if err := d.Decode(&got); err != nil {
+					t.Fatalf("not JSON: %v (%q)", err, resp.Body())
+				}
+				got = jsonNumbersToInts(got)
+			} else if err := msgpack.Unmarshal(resp.Body(), &got); err != nil {
+				t.Fatalf("not MessagePack: %v (% x)", err, resp.Body())
+			}
+			if diff := cmp.Diff(any(c.body), normalize(got)); diff != "" {
+				t.Errorf("body (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

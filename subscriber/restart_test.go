@@ -548,8 +548,9 @@ func waitUnsubscription(t *testing.T, p *publisher) {
 
 // TestStaleRecoveryDefaultHoldOff: with the default hold-off, a stream that
 // keeps publishing after an unrecoverable gap is indexed again by itself;
-// the time from the gap to the new baseline is logged (the README promises
-// that a message published 5 s after the gap is indexed).
+// the time from the gap to the new baseline is logged (docs/api.md,
+// "Choices where the contract is silent", promises that a message
+// published 5 s after the gap is indexed).
 func TestStaleRecoveryDefaultHoldOff(t *testing.T) {
 	pub := newPublisher(t, "tcp://127.0.0.1:*")
 	e := vllmEnv(t, pub.endpoint, "")

@@ -13,7 +13,7 @@ import (
 // (SessionConfig.WatchConnection, the config file's). A monitor lives as
 // long as its source, because reconnections are evidence of publisher
 // restarts (docs/events.md#restarts): without the bound, the most sources
-// the registry takes would hold more descriptors than the README's limits
+// the registry takes would hold more descriptors than docs/operations.md's limits
 // budget. A source started beyond the bound reports connected with its first
 // batch instead, sees no reconnections, and so checks every gap against its
 // replay endpoint; nor does it see a session libzmq ended for good (an

@@ -40,8 +40,8 @@ import (
 // on a table larger than the caches is what a per-block lookup would cost
 // (more than the SHA-256 it saves).
 //
-// The ids are xxh3-128 under a seed drawn at start-up, as the answer cache
-// identifies prompts: two different prefixes share an id with probability
+// The ids are xxh3-128 under a seed drawn at start-up (docs/architecture.md,
+// "Verified links"): two different prefixes share an id with probability
 // 2^-128, far below the 2^-64 of two blocks sharing the index keys
 // everything already rests on, and nobody outside the process can aim for
 // a collision without the seed.

@@ -3,10 +3,10 @@
 // units and of the whole query it came from, held within a byte budget and
 // evicted roughly oldest first.
 //
-// Three memos use it: the token memo both doors share (tokenmemo), which
+// Two memos use it: the token memo both doors share (tokenmemo), which
 // remembers decoded token arrays by their packed bytes with the
 // byte-level helpers of packed.go, and the prefix memo (hashing), which
-// remembers digest chains by their tokens; and the answer cache (query). They differ in what an entry holds and how a candidate is
+// remembers digest chains by their tokens. They differ in what an entry holds and how a candidate is
 // verified, not in how entries are filed, bounded, counted and retired,
 // which is what lives here.
 package memostore

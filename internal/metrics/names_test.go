@@ -21,22 +21,22 @@ import (
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
-// readmeMetrics returns the metric names the README's metrics paragraph
-// lists, with the conductor_ prefix it states once.
+// readmeMetrics returns the metric names the metrics paragraph of
+// docs/operations.md lists, with the conductor_ prefix it states once.
 func readmeMetrics(t *testing.T) []string {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	doc := string(raw)
 	start := strings.Index(doc, "Metrics (all prefixed `conductor_`):")
 	if start < 0 {
-		t.Fatal("README has no metrics paragraph")
+		t.Fatal("docs/operations.md has no metrics paragraph")
 	}
 	end := strings.Index(doc[start:], "plus Go runtime")
 	if end < 0 {
-		t.Fatal("README's metrics paragraph has no end")
+		t.Fatal("docs/operations.md's metrics paragraph has no end")
 	}
 	// The paragraph also puts label names and values in backticks.
 	notMetrics := map[string]bool{"conductor_": true, "hit": true, "miss": true, "source_type": true, "reason": true, "match": true, "mismatch": true, "skipped": true}
@@ -52,7 +52,7 @@ func readmeMetrics(t *testing.T) []string {
 
 // TestFamiliesMatchREADME gathers the real registry, with every source of
 // state present so that every family is collected, and compares the
-// conductor_ family names with the README's list; it also checks that the
+// conductor_ family names with docs/operations.md's list; it also checks that the
 // family table names every counter family the subscriber keeps (one
 // missing there would silently not be exported).
 func TestFamiliesMatchREADME(t *testing.T) {
@@ -98,6 +98,6 @@ func TestFamiliesMatchREADME(t *testing.T) {
 	}
 	slices.Sort(got)
 	if diff := cmp.Diff(readmeMetrics(t), got); diff != "" {
-		t.Errorf("metric families (-README +registered):\n%s", diff)
+		t.Errorf("metric families (-docs/operations.md +registered):\n%s", diff)
 	}
 }

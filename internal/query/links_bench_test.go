@@ -70,10 +70,8 @@ func newColdCorpus(b *testing.B, prompts, blocks, shared, groups int) *coldCorpu
 }
 
 // BenchmarkColdLookup is a cold 8K- or 64K-token lookup (every prompt asked once,
-// the prefix memo and the answer cache on as in the service) on that
-// index, following links or hashing, against the bare chain of the same
-// prompts; links-no-answers is links without the answer cache, whose
-// cost a cold lookup pays for the warm ones it makes cheap.
+// the prefix memo on as in the service) on that index, following links or
+// hashing, against the bare chain of the same prompts.
 func BenchmarkColdLookup(b *testing.B) {
 	for _, size := range []struct {
 		name                            string

@@ -1,8 +1,8 @@
 // Package query is the lookup engine: given a context, token ids and an
 // optional instance filter, it hashes the prompt's blocks and walks them
 // against the index, and returns per-owner tier counts. It owns the whole
-// sequence (a remembered answer at the same index version, or the pooled
-// key chain with the prefix memo, the walk and the chain's release) and
+// sequence (the pooled key chain with the prefix memo and the verified
+// links, the walk and the chain's release) and
 // the caches it uses, so the HTTP door and the gRPC door call one method
 // of one Engine instead of repeating it. It knows no wire format: each
 // door decodes its own requests (codec for /query) and hands over

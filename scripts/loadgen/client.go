@@ -70,6 +70,9 @@ func (a *api) do(method, path string, body []byte, auth bool) (int, []byte, erro
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(a.base + path)
 	req.Header.SetMethod(method)
+	// Every answer is read as MessagePack; the health routes answer JSON
+	// to a client that does not say so.
+	req.Header.Set("Accept", "application/msgpack")
 	if body != nil {
 		req.Header.SetContentType("application/msgpack")
 		req.SetBodyRaw(body)

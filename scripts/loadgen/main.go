@@ -361,7 +361,7 @@ func main() {
 }
 
 // serverOptions are the build and start options of a spawned server. A
-// soak adds its memo size (for the answer cache and the verified links too) unless --soak-memo-mib is negative (see
+// soak adds its memo size (for the memos and the verified links) unless --soak-memo-mib is negative (see
 // soakConfig.memoMiB).
 func (o *options) serverOptions() serverOptions {
 	so := serverOptions{token: o.authToken, logLevel: o.serverLog, race: o.serverRace, args: o.serverArgs}
@@ -698,7 +698,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 	if o.coldPass {
 		// What ingest left the servers to do (a garbage collection of
 		// the heap it grew) is not the cold queries' cost.
-		s.settle(ctx, fl)
+		s.waitQuiet(ctx, fl)
 		rep.HugeBeforeCold = -1
 		if pid := fl[0].pid; pid > 0 {
 			if b, err := procAnonHuge(pid); err == nil {
@@ -723,7 +723,7 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		if err != nil {
 			return rep, err
 		}
-		// The same prompts again, now answered from the answer cache.
+		// The same prompts again: their digests now come from the prefix memo.
 		wr, err := s.pairedPass(ctx, "warm pass", cold, paired, body, ids, fails, fl)
 		rep.Warm = wr
 		if wr != nil {
@@ -909,37 +909,37 @@ func parallel(pubs []*publisher, f func(p *publisher) error) error {
 // probeTimeout bounds the wait for one subscription to connect.
 const probeTimeout = 15 * time.Second
 
-// settle waits, up to settleTimeout, until the servers' CPU time has
-// grown by less than settleIdle in each of settleQuiet's windows in a
+// waitQuiet waits, up to quietTimeout, until the servers' CPU time has
+// grown by less than quietIdle in each of quietWindows windows in a
 // row: until they are done with background work before a phase that
 // charges them its CPU: snapshots, evictions and verification that
 // ingest left behind.
-func (s *session) settle(ctx context.Context, fl fleet) {
+func (s *session) waitQuiet(ctx context.Context, fl fleet) {
 	const (
-		settleWindow  = 100 * time.Millisecond
-		settleIdle    = 2 * time.Millisecond
-		settleQuiet   = 12 // windows: 1.2 s
-		settleTimeout = 15 * time.Second
+		quietWindow  = 100 * time.Millisecond
+		quietIdle    = 2 * time.Millisecond
+		quietWindows = 12 // windows: 1.2 s
+		quietTimeout = 15 * time.Second
 	)
 	start := time.Now()
 	prev := total(fl.cpus())
-	for quiet := 0; time.Since(start) < settleTimeout && prev >= 0; {
+	for quiet := 0; time.Since(start) < quietTimeout && prev >= 0; {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(settleWindow):
+		case <-time.After(quietWindow):
 		}
 		now := total(fl.cpus())
-		if quiet++; now-prev >= settleIdle {
+		if quiet++; now-prev >= quietIdle {
 			quiet = 0
 		}
-		if quiet == settleQuiet {
+		if quiet == quietWindows {
 			s.logf("servers idle after %v", time.Since(start).Round(time.Millisecond))
 			return
 		}
 		prev = now
 	}
-	s.logf("servers still busy after %v; going on", settleTimeout)
+	s.logf("servers still busy after %v; going on", quietTimeout)
 }
 
 // awaitProbe publishes p's probe block until a /query for it, restricted

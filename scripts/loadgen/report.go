@@ -135,9 +135,10 @@ type levelResult struct {
 	PerServer []replicaLevel `json:"per_server"`
 	Failures  int64          `json:"failures"`
 	// AnswerHitPct, PrefixMemoHitPct and TokenMemoHitPct are the shares
-	// of long queries, blocks and token ids the server's answer cache and
-	// memos served over the level (-1: unknown, or off); MemoBytes is what
-	// all three held at its end.
+	// of long queries, blocks and token ids the server's caches served over
+	// the level (-1: unknown, or off; the answer cache is gone, so
+	// AnswerHitPct is -1 against a current server and is kept to read older
+	// reports); MemoBytes is what they held at its end.
 	AnswerHitPct     float64 `json:"answer_hit_pct"`
 	PrefixMemoHitPct float64 `json:"prefix_memo_hit_pct"`
 	TokenMemoHitPct  float64 `json:"token_memo_hit_pct"`

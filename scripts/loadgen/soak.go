@@ -294,8 +294,8 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 	start := time.Now()
 	end := start.Add(cfg.duration)
 	// Workers stop at the hard deadline even if the coordinator is stuck;
-	// the margin covers the final quiescence and settling.
-	hardStop := end.Add(2*requestTimeout + settleTimeout)
+	// the margin covers the final quiescence and winding down.
+	hardStop := end.Add(2*requestTimeout + windDownTimeout)
 	workCtx, stopWork := context.WithDeadline(ctx, hardStop)
 	defer stopWork()
 
@@ -366,17 +366,17 @@ func (r *soakRun) soak(parent context.Context, rep *soakReport) error {
 	}
 	stopBar()
 	// Goroutines of finished requests and subscribers take a moment to
-	// exit; give them settleTimeout to come back within the slack.
-	settleStart := time.Now()
+	// exit; give them windDownTimeout to come back within the slack.
+	windDownStart := time.Now()
 	for {
 		rep.Final.Goroutines, rep.Final.FDs = r.steadyCounts(ctx)
 		if rep.Final.Goroutines >= 0 && rep.Final.Goroutines <= rep.Warmup.Goroutines+int64(cfg.goroutineSlack) ||
-			time.Since(settleStart) > settleTimeout || ctx.Err() != nil {
+			time.Since(windDownStart) > windDownTimeout || ctx.Err() != nil {
 			break
 		}
 		sleepCtx(ctx, 500*time.Millisecond)
 	}
-	rep.SettleSeconds = time.Since(settleStart).Seconds()
+	rep.WindDownSeconds = time.Since(windDownStart).Seconds()
 	rep.Final.At = time.Since(start).Seconds()
 	return context.Cause(ctx)
 }
@@ -418,8 +418,8 @@ func (r *soakRun) teardown() int {
 	}
 }
 
-// settleTimeout bounds the wait for goroutines to return to their level.
-const settleTimeout = 10 * time.Second
+// windDownTimeout bounds the wait for goroutines to return to their level.
+const windDownTimeout = 10 * time.Second
 
 func (r *soakRun) warmupDuration() time.Duration {
 	return time.Duration(float64(r.cfg.duration) * r.cfg.warmup)

@@ -177,7 +177,7 @@ func TestSoakModelMatchesEvents(t *testing.T) {
 					}
 				})
 				p.model.push(pl.versions...)
-				p.model.settle()
+				p.model.markApplied()
 				if got := owners[i].match(r, ch, pl.tokens); got != sh.blocks {
 					t.Fatalf("%s step %d: stored prompt matches %d blocks", eng, step, got)
 				}
@@ -231,7 +231,7 @@ func TestSoakExpect(t *testing.T) {
 	m := newPubModel(1)
 	m.setPhase(phaseLive)
 	m.push(st(a))
-	m.settle()
+	m.markApplied()
 
 	// Stable: exact.
 	mk := m.mark()
@@ -246,13 +246,13 @@ func TestSoakExpect(t *testing.T) {
 	}
 	// A clear then a store: the empty state in between lowers the bound
 	// to zero even for the system prompt both ends share.
-	m.settle()
+	m.markApplied()
 	mk = m.mark()
 	m.push(emptyState(1), st(a))
 	if e := m.expect(mk, &soakQuery{kind: kindSystem, keep: sys}, sys); e != (expectation{pres: mustMatch, lo: 0, hi: sys}) {
 		t.Errorf("across a clear: %+v", e)
 	}
-	m.settle()
+	m.markApplied()
 	// Unregistration overlapping the query: may vanish.
 	mk = m.mark()
 	m.setPhase(phaseLeaving)
@@ -260,7 +260,7 @@ func TestSoakExpect(t *testing.T) {
 	if e := m.expect(mk, full(a), sys); e.pres != mayVanish || e.hi != 8 {
 		t.Errorf("overlapping unregistration: %+v", e)
 	}
-	// Restarted in place: the old entries stay possible until settled.
+	// Restarted in place: the old entries stay possible until applied.
 	m.setPhase(phaseLive)
 	mk = m.mark()
 	m.setPhase(phaseReplacing)
@@ -268,7 +268,7 @@ func TestSoakExpect(t *testing.T) {
 	if e := m.expect(mk, full(a), sys); e.pres != mayVanish || e.hi != 8 {
 		t.Errorf("replacing: %+v", e)
 	}
-	m.settle()
+	m.markApplied()
 	m.setPhase(phaseLeaving)
 	m.setPhase(phaseGone)
 	// Gone for the whole query: must be absent.

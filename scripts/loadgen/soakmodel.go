@@ -163,8 +163,8 @@ const historySize = 256
 //
 // The order of writes is what makes the check sound: a version is recorded
 // and counted as sent before its message leaves the socket, and counted as
-// settled only after a query showed its effect. So a query spanning
-// [t0, t1] ran against the server somewhere between versions settled(t0)
+// applied only after a query showed its effect. So a query spanning
+// [t0, t1] ran against the server somewhere between versions applied(t0)
 // and sent(t1). A batch records a version after each of its events, and
 // each event only adds blocks or only removes them, so while the server is
 // part-way through one the blocks it holds lie between those of the two
@@ -173,7 +173,7 @@ const historySize = 256
 type pubModel struct {
 	mu       sync.RWMutex
 	versions [historySize]*heldState
-	settled  uint64
+	applied  uint64
 	sent     uint64
 	phase    phase
 	gen      uint64 // bumped at every phase change
@@ -202,10 +202,10 @@ func (m *pubModel) push(states ...*heldState) {
 	m.mu.Unlock()
 }
 
-// settle marks every sent version as applied by the server.
-func (m *pubModel) settle() {
+// markApplied marks every sent version as applied by the server.
+func (m *pubModel) markApplied() {
 	m.mu.Lock()
-	m.settled = m.sent
+	m.applied = m.sent
 	m.mu.Unlock()
 }
 
@@ -224,7 +224,7 @@ func (m *pubModel) getPhase() phase {
 
 // mark is a publisher's model as a query saw it when it was sent.
 type mark struct {
-	settled uint64
+	applied uint64
 	phase   phase
 	gen     uint64
 }
@@ -232,7 +232,7 @@ type mark struct {
 func (m *pubModel) mark() mark {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	return mark{m.settled, m.phase, m.gen}
+	return mark{m.applied, m.phase, m.gen}
 }
 
 // expectation is what one publisher's entry in an answer may be.
@@ -255,11 +255,11 @@ type expectation struct {
 func (m *pubModel) expect(start mark, q *soakQuery, sysBlocks int) expectation {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if m.sent-start.settled >= historySize {
+	if m.sent-start.applied >= historySize {
 		return expectation{pres: mayVanish, hi: q.keep, unchecked: true}
 	}
 	lo, hi := q.keep, 0
-	for v := start.settled; v <= m.sent; v++ {
+	for v := start.applied; v <= m.sent; v++ {
 		n := m.versions[v%historySize].match(q, sysBlocks)
 		lo, hi = min(lo, n), max(hi, n)
 	}

@@ -109,7 +109,7 @@ type soakPublisher struct {
 	// step is the last step started; query workers pick contents around it.
 	step atomic.Int64
 	// restart carries the churn worker's requests; pending counts requests
-	// not yet completed, so the churn worker can tell when all is settled.
+	// not yet completed, so the churn worker can tell when all is done.
 	restart chan restartMode
 	pending atomic.Int32
 
@@ -312,7 +312,7 @@ func (p *soakPublisher) op(ctx context.Context, step int) error {
 	if err := p.await(ctx, body, len(pl.tokens), fmt.Sprintf("step %d", step)); err != nil {
 		return err
 	}
-	p.model.settle()
+	p.model.markApplied()
 	return nil
 }
 
@@ -452,7 +452,7 @@ func (p *soakPublisher) restartAs(ctx context.Context, mode restartMode) error {
 	// The new process has an empty cache; nothing is in flight, since the
 	// server keeps nothing of an unregistered service.
 	p.model.push(emptyState(p.r.shape.groups))
-	p.model.settle()
+	p.model.markApplied()
 	var berr error
 	if mode == restartSamePort {
 		berr = p.rebind(ctx, old)
@@ -483,7 +483,7 @@ func (p *soakPublisher) rebind(ctx context.Context, endpoint string) error {
 
 // restartInPlace restarts the process on the same port while it stays
 // registered. Until the server notices, it keeps the old entries, so the
-// empty state of the new process is recorded as sent but settled only once
+// empty state of the new process is recorded as sent but applied only once
 // the server has counted the restart and carries the probe. It reports
 // false, with the registration intact, if the server never counted the
 // restart (the caller then unregisters): that happens if the port could not
@@ -533,7 +533,7 @@ func (p *soakPublisher) restartInPlace(ctx context.Context) (bool, error) {
 	}
 	// The new epoch started clean and carries the probe: the old entries
 	// are gone.
-	p.model.settle()
+	p.model.markApplied()
 	p.model.setPhase(phaseLive)
 	return true, nil
 }

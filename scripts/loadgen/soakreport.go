@@ -20,26 +20,26 @@ type soakLevel struct {
 // soakReport is everything a soak measured and its verdicts. Counts that
 // could not be measured are -1.
 type soakReport struct {
-	Engine         string  `json:"engine"`
-	Publishers     int     `json:"publishers"`
-	Churned        int     `json:"churned_publishers"`
-	Window         int     `json:"window_prompts"`
-	PromptTokens   int     `json:"prompt_tokens"`
-	SystemTokens   int     `json:"system_tokens"`
-	BlockSize      int     `json:"block_size"`
-	Groups         int     `json:"groups"`
-	OpIntervalMS   float64 `json:"op_interval_ms"`
-	ClearEvery     int     `json:"clear_every"`
-	QueryWorkers   int     `json:"query_workers"`
-	ChurnMS        float64 `json:"churn_interval_ms"`
-	MaxTransients  int     `json:"max_transients"`
-	MemoMiB        int     `json:"server_memo_mib"` // -1: the server's default
-	DurationS      float64 `json:"duration_s"`
-	WarmupS        float64 `json:"warmup_s"`
-	Seconds        float64 `json:"elapsed_s"`
-	SettleSeconds  float64 `json:"settle_s"`
-	RSSTolerance   float64 `json:"rss_tolerance"`
-	GoroutineSlack int     `json:"goroutine_slack"`
+	Engine          string  `json:"engine"`
+	Publishers      int     `json:"publishers"`
+	Churned         int     `json:"churned_publishers"`
+	Window          int     `json:"window_prompts"`
+	PromptTokens    int     `json:"prompt_tokens"`
+	SystemTokens    int     `json:"system_tokens"`
+	BlockSize       int     `json:"block_size"`
+	Groups          int     `json:"groups"`
+	OpIntervalMS    float64 `json:"op_interval_ms"`
+	ClearEvery      int     `json:"clear_every"`
+	QueryWorkers    int     `json:"query_workers"`
+	ChurnMS         float64 `json:"churn_interval_ms"`
+	MaxTransients   int     `json:"max_transients"`
+	MemoMiB         int     `json:"server_memo_mib"` // -1: the server's default
+	DurationS       float64 `json:"duration_s"`
+	WarmupS         float64 `json:"warmup_s"`
+	Seconds         float64 `json:"elapsed_s"`
+	WindDownSeconds float64 `json:"wind_down_s"`
+	RSSTolerance    float64 `json:"rss_tolerance"`
+	GoroutineSlack  int     `json:"goroutine_slack"`
 
 	Ops           int `json:"steps"`
 	BlocksStored  int `json:"blocks_stored"`
@@ -210,7 +210,7 @@ func (rep *soakReport) evaluate() []verdict {
 	gw, gf := rep.Warmup.Goroutines, rep.Final.Goroutines
 	add(fmt.Sprintf("goroutines within %d of their post-warm-up level", rep.GoroutineSlack),
 		gw > 0 && gf > 0 && gf <= gw+int64(rep.GoroutineSlack),
-		"%d → %d (%+d) after %.1f s of settling", gw, gf, gf-gw, rep.SettleSeconds)
+		"%d → %d (%+d) after %.1f s of winding down", gw, gf, gf-gw, rep.WindDownSeconds)
 
 	fw, ff := rep.Warmup.FDs, rep.Final.FDs
 	add(fmt.Sprintf("open fds within %d of their post-warm-up level", rep.GoroutineSlack),

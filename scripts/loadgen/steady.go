@@ -8,8 +8,8 @@ package main
 // continuously rather than in bursts with quiet time between. The new prompts share no block with the corpus
 // (their tokens lie above its vocabulary), so every pool answer stays what
 // the corpus alone gives and is still checked exactly, but every store
-// changes the context, which is what a cache keyed by the context's
-// version (the answer cache) meets in production. Their hashing and
+// changes the context, as continuous ingest does in production (what
+// showed the former answer cache useless, docs/architecture.md). Their hashing and
 // encoding run here, paced, on the load generator's CPU.
 
 import (

@@ -250,7 +250,7 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 // BenchmarkLookupColdAffinity: a Conductor token_ids lookup of a prompt
 // nobody holds (so it is answered with an affinity hint), new every time:
 // a 6K-token system prompt shared by every call, then a 2K-token tail of
-// its own. Memos as the service has them, no answer cache.
+// its own. Memos as the service has them.
 func BenchmarkLookupColdAffinity(b *testing.B) {
 	const n, shared = 8192, 6144
 	_, gs, _, _ := benchServersWith(b, n, true)

@@ -67,7 +67,7 @@ type Options struct {
 	Contexts *contexts.Catalogue
 	Producer *producer.Store
 	// Engine answers token_ids lookups on Conductor contexts: the one
-	// engine /query uses, with its prefix memo and answer cache, so both
+	// engine /query uses, with its prefix memo and verified links, so both
 	// doors give one answer for one prompt (nil builds one over Contexts
 	// without caches).
 	Engine *query.Engine

@@ -20,7 +20,7 @@ var protocVersionLine = regexp.MustCompile(`(?m)^//( -)?\s+protoc\s+v[0-9.]+$`)
 // temporary directory with the pinned plugins and compares it with the
 // committed files, so an edited .proto without regenerated code (or a
 // hand-edited generated file) fails the suite. Without protoc it is skipped
-// on developer machines, never in CI (CI=true), where setup.sh installs it.
+// on developer machines, never in CI (CI=true), where setup.sh --test installs it.
 func TestGeneratedCodeIsCurrent(t *testing.T) {
 	if testing.Short() && os.Getenv("CI") != "true" {
 		t.Skip("regeneration builds the protoc plugins; skipped in -short")
@@ -29,7 +29,7 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("protoc is required in CI to check the generated code: %v", err)
 		}
-		t.Skip("protoc is not installed (scripts/setup.sh installs it)")
+		t.Skip("protoc is not installed (scripts/setup.sh --test installs it)")
 	}
 	root, err := filepath.Abs("../../../../..")
 	if err != nil {
