@@ -16,8 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/rs/zerolog"
 
+	"github.com/mooncake-conductor-go/conductor/internal/apicmd"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
@@ -90,7 +93,7 @@ func TestCommandLine(t *testing.T) {
 	run := commandRunner(t, bin)
 	for _, h := range []string{"--help", "-h"} {
 		code, out, _ := run("", h)
-		if code != 0 || !strings.Contains(out, "-hash-memo-mib int") || !strings.Contains(out, "(default 64)") {
+		if code != 0 || !strings.Contains(out, "-hash-memo-mib int") || !strings.Contains(out, "(default 64)") || !strings.Contains(out, "\nVerbs:\n") {
 			t.Errorf("%s: exit %d, stdout %q", h, code, out)
 		}
 	}
@@ -102,12 +105,22 @@ func TestCommandLine(t *testing.T) {
 	if code, _, errOut := run("", "--no-such-flag"); code == 0 || !strings.Contains(errOut, "--help") {
 		t.Errorf("unknown flag: exit %d, stderr %q", code, errOut)
 	}
-	// A mistyped subcommand is a usage error (2), as the subcommands'
-	// own are, and names the real ones.
-	for _, word := range []string{"regster", "serve"} {
-		if code, out, errOut := run("", word); code != 2 || out != "" || !strings.Contains(errOut, `unknown subcommand "`+word+`"`) || !strings.Contains(errOut, "register") {
+	// A mistyped verb is a usage error (2), as the verbs' own are, and
+	// names the real ones.
+	for _, word := range []string{"regster", "serv"} {
+		if code, out, errOut := run("", word); code != 2 || out != "" || !strings.Contains(errOut, `unknown verb "`+word+`"`) || !strings.Contains(errOut, "register") {
 			t.Errorf("%s: exit %d, stdout %q, stderr %q", word, code, out, errOut)
 		}
+	}
+	// serve is the default verb, named or not; help lists every verb and
+	// gives each one's usage.
+	for _, args := range [][]string{{"serve", "--help"}, {"help"}, {"help", "serve"}} {
+		if code, out, _ := run("", args...); code != 0 || !strings.Contains(out, "  query-by-hash  ") || !strings.Contains(out, "-hash-memo-mib int") {
+			t.Errorf("%q: exit %d, stdout %q", args, code, out)
+		}
+	}
+	if code, out, _ := run("", "help", "query-by-hash"); code != 0 || !strings.HasPrefix(out, "Usage: conductor query-by-hash ") {
+		t.Errorf("help query-by-hash: exit %d, stdout %q", code, out)
 	}
 	code, out, _ = run("[1,2,3,4]", "hash", "--strategy", "sglang", "--block-size", "4")
 	if code != 0 || !strings.Contains(out, "key 14958615928728313947 (0xcf97adeedb59e05b)  event -3488128144981237669") {
@@ -222,5 +235,66 @@ func TestHashCheckOff(t *testing.T) {
 	}
 	if metricValue(text, `conductor_services{type="vLLM"}`) != 1 {
 		t.Errorf("the service is not registered:\n%s", text)
+	}
+}
+
+// TestVerbs: the usage text lists every verb once, with one line each
+// (serve, hash, every API verb, help); help answers for each on stdout;
+// serve, named or not, leaves the flags to the service; anything else is
+// a usage error naming the verbs. Every verb is documented in docs/api.md.
+func TestVerbs(t *testing.T) {
+	want := append([]string{"serve", "hash"}, apicmd.Names()...)
+	want = append(want, "help")
+	if d := cmp.Diff(want, verbNames()); d != "" {
+		t.Fatalf("verbs (-want +got):\n%s", d)
+	}
+	u := usage()
+	doc, err := os.ReadFile(filepath.Join("docs", "api.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	getenv := func(string) string { return "" }
+	for _, v := range verbs() {
+		line := regexp.MustCompile(`(?m)^  `+regexp.QuoteMeta(v.name)+` +(\S.*)$`).FindAllStringSubmatch(u, -1)
+		if len(line) != 1 || line[0][1] != v.summary || v.summary == "" || strings.Contains(v.summary, "\n") {
+			t.Errorf("%s: usage lines %q, want one with %q", v.name, line, v.summary)
+		}
+		if !strings.Contains(string(doc), "`"+v.name+"`") && !strings.Contains(string(doc), "`conductor "+v.name) {
+			t.Errorf("docs/api.md does not name the verb %s", v.name)
+		}
+		var out, errOut bytes.Buffer
+		_, code, done := runVerb([]string{"help", v.name}, getenv, strings.NewReader(""), &out, &errOut)
+		prefix := "Usage: conductor " + v.name + " "
+		if v.name == "serve" || v.name == "help" {
+			prefix = "Usage: conductor [serve] [flags]"
+		}
+		if !done || code != 0 || !strings.HasPrefix(out.String(), prefix) || errOut.Len() != 0 {
+			t.Errorf("help %s: done %v, exit %d, stdout %q, stderr %q", v.name, done, code, out.String(), errOut.String())
+		}
+	}
+	for _, tc := range []struct {
+		args      []string
+		serveArgs []string
+		code      int
+		done      bool
+		stdout    string // a prefix
+		stderr    string // a part
+	}{
+		{args: nil, serveArgs: nil},
+		{args: []string{"--port", "1"}, serveArgs: []string{"--port", "1"}},
+		{args: []string{"serve"}, serveArgs: []string{}},
+		{args: []string{"serve", "--port", "1"}, serveArgs: []string{"--port", "1"}},
+		{args: []string{"help"}, done: true, stdout: "Usage: conductor [serve] [flags]"},
+		{args: []string{"help", "nope"}, code: 2, done: true, stderr: `unknown verb "nope" (verbs: serve, hash, `},
+		{args: []string{"help", "query", "hash"}, code: 2, done: true, stderr: "one verb at most"},
+		{args: []string{"srve", "--port", "1"}, code: 2, done: true, stderr: `unknown verb "srve" (verbs: serve, hash, `},
+		{args: []string{"query", "--help"}, done: true},
+	} {
+		var out, errOut bytes.Buffer
+		serveArgs, code, done := runVerb(tc.args, getenv, strings.NewReader(""), &out, &errOut)
+		if !cmp.Equal(serveArgs, tc.serveArgs, cmpopts.EquateEmpty()) || code != tc.code || done != tc.done ||
+			!strings.HasPrefix(out.String(), tc.stdout) || !strings.Contains(errOut.String(), tc.stderr) {
+			t.Errorf("%q: serve args %q, exit %d, done %v, stdout %.60q, stderr %q", tc.args, serveArgs, code, done, out.String(), errOut.String())
+		}
 	}
 }

@@ -11,35 +11,24 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
-	"github.com/mooncake-conductor-go/conductor/internal/apicmd"
 	"github.com/mooncake-conductor-go/conductor/internal/buildinfo"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcmd"
 	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "hash" {
-		os.Exit(hashcmd.Run(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	// Every verb but serve runs and exits here (verbs.go).
+	args, code, done := runVerb(os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	if done {
+		os.Exit(code)
 	}
-	if len(os.Args) > 1 && apicmd.Is(os.Args[1]) {
-		os.Exit(apicmd.Run(os.Args[1], os.Args[2:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
-	}
-	if len(os.Args) > 1 && os.Args[1] != "" && !strings.HasPrefix(os.Args[1], "-") {
-		// A word where the service takes only flags is a mistyped
-		// subcommand: a usage error, exit 2, as the subcommands' own are.
-		fmt.Fprintf(os.Stderr, "conductor: unknown subcommand %q (subcommands: hash, %s; see conductor --help)\n",
-			os.Args[1], strings.Join(apicmd.Names(), ", "))
-		os.Exit(2)
-	}
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(args); err != nil {
 		fmt.Fprintln(os.Stderr, "conductor:", err)
 		os.Exit(1)
 	}
@@ -49,7 +38,7 @@ func run(args []string) error {
 	cfg, err := config.Load(args, os.Getenv)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Print(config.Usage())
+		fmt.Print(usage())
 		return nil
 	case err != nil:
 		return fmt.Errorf("%w (see conductor --help)", err)

@@ -195,8 +195,8 @@ func appendProfile(b []byte, p *hashing.Profile) []byte {
 }
 
 // AppendServices writes the /services body with the contract's PascalCase
-// names. withSource adds each source's State, PublisherRestarts and
-// StaleRecoveries, for the JSON form people read; the MessagePack body
+// names. withSource adds each source's State, StateDetail,
+// PublisherRestarts and StaleRecoveries, for the JSON form people read; the MessagePack body
 // keeps the contract's fields only.
 func AppendServices(b []byte, svcs []registry.ServiceStatus, withSource bool) []byte {
 	b = appendMapLen(b, 2)
@@ -205,7 +205,7 @@ func AppendServices(b []byte, svcs []registry.ServiceStatus, withSource bool) []
 	for i := range svcs {
 		s := &svcs[i].Service
 		if withSource {
-			b = appendMapLen(b, 14)
+			b = appendMapLen(b, 15)
 		} else {
 			b = appendMapLen(b, 11)
 		}
@@ -227,6 +227,7 @@ func AppendServices(b []byte, svcs []registry.ServiceStatus, withSource bool) []
 		b = appendProfile(appendStr(b, "HashProfile"), &s.Profile)
 		if withSource {
 			b = appendStr(appendStr(b, "State"), svcs[i].State)
+			b = appendStr(appendStr(b, "StateDetail"), svcs[i].StateDetail)
 			b = appendInt(appendStr(b, "PublisherRestarts"), int64(svcs[i].Restarts))
 			b = appendInt(appendStr(b, "StaleRecoveries"), int64(svcs[i].StaleRecoveries))
 		}

@@ -50,6 +50,10 @@ func FuzzDecodeRequests(f *testing.F) {
 	}
 	hb, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "seq_hashes": []any{uint64(1), []byte{1, 2, 3, 4, 5, 6, 7, 8}}})
 	f.Add(hb)
+	hbs, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "block_hashes": []any{uint64(1)}})
+	f.Add(hbs)
+	f.Add([]byte(` {"model": "m", "block_size": 16, "token_ids": [1]}`))
+	f.Add([]byte("[1]"))
 	f.Add([]byte{0xc1})
 	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0x91, 0x91, 0x91, 0x91, 0xc0})
@@ -75,6 +79,18 @@ func FuzzDecodeRequests(f *testing.F) {
 			t.Fatal("token limit not enforced")
 		}
 		checkOnePass(t, body, e, &q)
+		if LooksLikeJSON(body) {
+			// JSON is never a request: it is refused, and the hint keeps
+			// the reason and stays a contract envelope.
+			if e == nil {
+				t.Fatal("a body that looks like JSON decoded as a request")
+			}
+			h := JSONHint(e, true, "query")
+			checkErr(t, h)
+			if h.Reason != e.Reason || h.Field != e.Field || h.Index != e.Index {
+				t.Fatalf("the hint changed the error's reason or field: %v -> %v", e, h)
+			}
+		}
 		// The token memo, shared across inputs so that it learns from the
 		// corpus, changes nothing a caller can see.
 		var mq QueryRequest

@@ -14,8 +14,8 @@ type HashQueryRequest struct {
 	InstanceID string
 	CacheSalt  string
 	BlockSize  int
-	// Field is the name the list came under: seq_hashes, or the earlier
-	// drafts' block_hash.
+	// Field is the name the list came under: seq_hashes, the earlier
+	// drafts' block_hash, or block_hashes (Dynamo's standalone indexer).
 	Field string
 	// Values holds the integer entries (0 where an entry is binary);
 	// Raw, nil when no entry is binary, holds entry i's binary (a view
@@ -28,12 +28,33 @@ type HashQueryRequest struct {
 const (
 	hqSeqHashes = ctxMembers + iota
 	hqBlockHash
+	hqBlockHashes
 	hqLoraID
 )
 
+// hashListNames are the names the hash list is accepted under, each with
+// its fieldSet bit: the contract's seq_hashes, the earlier drafts'
+// block_hash, and block_hashes, the member name of Dynamo's standalone
+// indexer (docs/api.md#post-query_by_hash). At most one may be given.
+var hashListNames = [...]struct {
+	name string
+	bit  int
+}{{"seq_hashes", hqSeqHashes}, {"block_hash", hqBlockHash}, {"block_hashes", hqBlockHashes}}
+
+// hashListBit is the fieldSet bit of list name k, or -1 when k is not
+// one of hashListNames.
+func hashListBit(k []byte) int {
+	for _, n := range hashListNames {
+		if string(k) == n.name {
+			return n.bit
+		}
+	}
+	return -1
+}
+
 // DecodeHashQuery decodes a /query_by_hash body under its schema: /query's
-// members with seq_hashes (or block_hash, never both) in place of
-// token_ids. The list counts against MaxTokens in blocks: entries ×
+// members with seq_hashes (or block_hash, or block_hashes; one of them)
+// in place of token_ids. The list counts against MaxTokens in blocks: entries ×
 // block_size may not exceed it.
 func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 	*q = HashQueryRequest{Values: q.Values[:0]}
@@ -68,16 +89,15 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 				_, e = c.intField("lora_id", 0, maxInt32)
 				hasLoraID = true
 			}
-		case "seq_hashes", "block_hash":
-			bit, other := hqSeqHashes, hqBlockHash
-			if string(k) == "block_hash" {
-				bit, other = hqBlockHash, hqSeqHashes
-			}
-			if seen.has(other) {
-				return Errorf(InvalidValue, string(k), "give seq_hashes or block_hash, not both")
+		case "seq_hashes", "block_hash", "block_hashes":
+			bit := hashListBit(k)
+			if q.Field != "" && q.Field != string(k) {
+				// The same name twice is mark's "appears more than
+				// once"; two names is this, naming the second one given.
+				return Errorf(InvalidValue, string(k), "%s and %s name the same list; give only one of seq_hashes, block_hash and block_hashes", q.Field, string(k))
 			}
 			if e = seen.mark(bit, string(k)); e == nil {
-				q.Field = string(k)
+				q.Field = hashListNames[bit-hqSeqHashes].name
 				e = decodeHashList(&c, q.Field, lim, q)
 			}
 		default:
@@ -92,7 +112,7 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 		return Errorf(Missing, "model", "model is required")
 	case !seen.has(ctxBlockSize):
 		return Errorf(Missing, "block_size", "block_size is required")
-	case !seen.has(hqSeqHashes) && !seen.has(hqBlockHash):
+	case q.Field == "":
 		return Errorf(Missing, "seq_hashes", "seq_hashes is required")
 	case q.Model == "":
 		return Errorf(InvalidValue, "model", "model must not be empty")

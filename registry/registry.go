@@ -74,7 +74,7 @@ type Source interface {
 	Stop()
 	Stale() bool
 	// State names the source's condition for listings and metrics
-	// ("connecting", "live", "recovering", "stale", ...).
+	// ("connecting", "live", "recovering", "disconnected", "stale", ...).
 	State() string
 }
 
@@ -457,6 +457,10 @@ type ServiceStatus struct {
 	Stale bool
 	// State is the source's state name ("none" when no source runs).
 	State string
+	// StateDetail says why the source is in its state when the name
+	// alone does not (why it is disconnected: the connection lost, or
+	// the endpoint not a ZMQ publisher); empty otherwise.
+	StateDetail string
 	// Restarts and StaleRecoveries count, since the source started, the
 	// publisher restarts it detected and the stale states it left by
 	// itself (sources that report them; zero otherwise).
@@ -480,6 +484,12 @@ type epochReporter interface {
 	StaleRecoveries() uint64
 }
 
+// detailReporter is a source that explains its state (the ZMQ
+// subscriber, when disconnected).
+type detailReporter interface {
+	StateDetail() string
+}
+
 // Services lists registrations ordered by service key.
 func (r *Registry) Services() []ServiceStatus {
 	r.mu.Lock()
@@ -488,6 +498,9 @@ func (r *Registry) Services() []ServiceStatus {
 		st := ServiceStatus{Service: e.svc, State: "none"}
 		if e.source != nil {
 			st.Stale, st.State = e.source.Stale(), e.source.State()
+			if dr, ok := e.source.(detailReporter); ok {
+				st.StateDetail = dr.StateDetail()
+			}
 			if ep, ok := e.source.(epochReporter); ok {
 				st.Restarts, st.StaleRecoveries = ep.Restarts(), ep.StaleRecoveries()
 			}

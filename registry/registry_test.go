@@ -270,3 +270,40 @@ func TestCloseLogsStoppedNotUnregistered(t *testing.T) {
 		}
 	}
 }
+
+// detailSource is a source that explains its state, as the ZMQ
+// subscriber does when disconnected.
+type detailSource struct {
+	fakeSource
+	detail string
+}
+
+func (d *detailSource) State() string       { return "disconnected" }
+func (d *detailSource) StateDetail() string { return d.detail }
+
+// TestServicesCarryStateDetail: a source's StateDetail reaches the
+// listing; a source without one lists none.
+func TestServicesCarryStateDetail(t *testing.T) {
+	const why = "not a ZMQ publisher: the peer at the endpoint broke the ZMTP handshake (protocol error)"
+	ix := index.New(index.Options{})
+	r := New(Options{Contexts: contexts.New(ix), Start: func(s Service, _ Binding) (Source, error) {
+		if s.InstanceID == "d" {
+			return &detailSource{detail: why}, nil
+		}
+		return &fakeSource{}, nil
+	}})
+	defer r.Close()
+	for _, id := range []string{"d", "plain"} {
+		if _, err := r.Register(svc(t, id, 0, "tcp://h:"+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string][2]string{}
+	for _, s := range r.Services() {
+		got[s.InstanceID] = [2]string{s.State, s.StateDetail}
+	}
+	want := map[string][2]string{"d": {"disconnected", why}, "plain": {"live", ""}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/internal/apicmd"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -61,5 +62,51 @@ func TestErrorBody(t *testing.T) {
 				t.Errorf("body (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestJSONBodyHint: every route that reads MessagePack answers a JSON
+// request with the reason the body gets anyway and a message naming its
+// command-line subcommand; a body that is neither keeps today's message.
+func TestJSONBodyHint(t *testing.T) {
+	h := startServer(t, Options{DebugRoutes: true})
+	const js = "\n {\"model\": \"m\", \"block_size\": 16}"
+	n := 0
+	for path, rt := range routes {
+		if !rt.msgpack {
+			continue
+		}
+		n++
+		if !apicmd.Is(rt.cli) {
+			t.Errorf("%s: cli %q is not a subcommand", path, rt.cli)
+		}
+		tail := fmt.Sprintf("; JSON is read only by the command line (conductor %s < request.json)", rt.cli)
+		for _, tc := range []struct {
+			ct, body string
+			want     map[string]any
+		}{
+			{"application/json", js, map[string]any{"reason": "unsupported_content_type",
+				"error": "Content-Type must contain application/msgpack: the API reads MessagePack only" + tail}},
+			{"application/json; charset=utf-8", "", map[string]any{"reason": "unsupported_content_type",
+				"error": "Content-Type must contain application/msgpack: the API reads MessagePack only" + tail}},
+			{"text/plain", "[1]", map[string]any{"reason": "unsupported_content_type",
+				"error": "Content-Type must contain application/msgpack: the API reads MessagePack only" + tail}},
+			{"application/msgpack", js, map[string]any{"reason": "invalid_msgpack",
+				"error": "body looks like JSON, not MessagePack: the API reads MessagePack only" + tail}},
+			{"text/plain", "model=m", map[string]any{"reason": "unsupported_content_type",
+				"error": "Content-Type must contain application/msgpack"}},
+			{"application/msgpack", "", map[string]any{"reason": "invalid_msgpack", "error": "empty body"}},
+		} {
+			st, got, _ := h.do("POST", path, tc.ct, []byte(tc.body))
+			if st != 400 {
+				t.Errorf("%s %q %q: status %d", path, tc.ct, tc.body, st)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("%s %q %q (-want +got):\n%s", path, tc.ct, tc.body, d)
+			}
+		}
+	}
+	if n != 5 {
+		t.Errorf("%d MessagePack routes, want 5 (register, unregister, query, query_by_hash, debug/explain)", n)
 	}
 }

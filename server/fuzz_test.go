@@ -30,6 +30,9 @@ func FuzzHandlers(f *testing.F) {
 	hq, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "seq_hashes": []any{uint64(1), []byte{1, 2}}})
 	f.Add(hq)
 	f.Add([]byte{0x80})
+	bh, _ := msgpack.Marshal(map[string]any{"model": "m", "block_size": 16, "block_hashes": []any{uint64(1)}})
+	f.Add(bh)
+	f.Add([]byte(`{"model": "m", "block_size": 16, "block_hashes": [1]}`))
 
 	ix := index.New(index.Options{})
 	cat := contexts.New(ix)

@@ -35,7 +35,8 @@ import (
 //	{"$float": 1.5}              a float64 (JSON numbers are integers)
 //	{"$concat": [a, b, …]}       the elements of arrays a, b, … in one array
 //
-// "body_hex" sends raw bytes instead, and "store" steps put blocks straight
+// "body_hex" sends raw bytes instead, "body_text" a text as it is (a JSON
+// body, which the API refuses), and "store" steps put blocks straight
 // into the index (keys computed by the hashing package from tokens), so query
 // answers can be asserted without a publisher.
 type goldenCase struct {
@@ -50,6 +51,7 @@ type goldenStep struct {
 	ContentType *string         `json:"content_type"`
 	Body        json.RawMessage `json:"body"`
 	BodyHex     string          `json:"body_hex"`
+	BodyText    string          `json:"body_text"`
 	Status      int             `json:"status"`
 	Response    json.RawMessage `json:"response"`
 	Store       *storeStep      `json:"store"`
@@ -328,6 +330,8 @@ func TestGoldenAPI(t *testing.T) {
 					}
 					var body []byte
 					switch {
+					case st.BodyText != "":
+						body = []byte(st.BodyText)
 					case st.BodyHex != "":
 						if body, err = hex.DecodeString(st.BodyHex); err != nil {
 							t.Fatalf("step %d: body_hex: %v", i, err)

@@ -264,8 +264,11 @@ func errorBody(out []byte, err error) (status int, body []byte) {
 // table's, the same for every route.
 type route struct {
 	method string
-	// msgpack: the request body must be MessagePack.
+	// msgpack: the request body must be MessagePack. cli is then the
+	// subcommand that sends the route's requests from JSON, named in the
+	// answer to a JSON body (jsonHint).
 	msgpack bool
+	cli     string
 	// token: the bearer token is required when one is configured (the
 	// routes that change registrations or hand out the index).
 	token bool
@@ -293,12 +296,12 @@ type route struct {
 // stay exactly as they are whatever a client sends, and so that a proxy
 // can keep operators' routes apart by path.
 var routes = map[string]route{
-	"/register":   {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).register},
-	"/unregister": {method: fasthttp.MethodPost, msgpack: true, token: true, h: (*Server).unregister},
-	"/query":      {method: fasthttp.MethodPost, msgpack: true, h: (*Server).lookup},
+	"/register":   {method: fasthttp.MethodPost, msgpack: true, cli: "register", token: true, h: (*Server).register},
+	"/unregister": {method: fasthttp.MethodPost, msgpack: true, cli: "unregister", token: true, h: (*Server).unregister},
+	"/query":      {method: fasthttp.MethodPost, msgpack: true, cli: "query", h: (*Server).lookup},
 	// /query_by_hash answers JSON on Accept too: a router that already
 	// hashes prompts is often a script (docs/api.md#post-query_by_hash).
-	"/query_by_hash": {method: fasthttp.MethodPost, msgpack: true, json: true, h: (*Server).lookupByHash},
+	"/query_by_hash": {method: fasthttp.MethodPost, msgpack: true, cli: "query-by-hash", json: true, h: (*Server).lookupByHash},
 	"/services":      {method: fasthttp.MethodGet, json: true, h: (*Server).services},
 	"/global_view":   {method: fasthttp.MethodGet, json: true, h: (*Server).globalView},
 	"/healthz":       {method: fasthttp.MethodGet, json: true, plain: true, h: (*Server).healthz},
@@ -307,7 +310,7 @@ var routes = map[string]route{
 		enabled: func(o *Options) bool { return o.Metrics != nil }},
 	snapshotPath: {method: fasthttp.MethodGet, token: true, raw: (*Server).serveSnapshot,
 		enabled: func(o *Options) bool { return o.Snapshot != nil }},
-	"/debug/explain": {method: fasthttp.MethodPost, msgpack: true, json: true, h: (*Server).explain,
+	"/debug/explain": {method: fasthttp.MethodPost, msgpack: true, cli: "explain", json: true, h: (*Server).explain,
 		enabled: func(o *Options) bool { return o.DebugRoutes }},
 }
 
@@ -395,14 +398,38 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, rt route, known bool, out []
 		}
 	}
 	if rt.msgpack && !isMsgpack(ctx.Request.Header.ContentType()) {
-		return nil, false, codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack")
+		return nil, false, jsonHint(ctx, rt, codec.Errorf(codec.UnsupportedContentType, "", "Content-Type must contain application/msgpack"))
 	}
 	if rt.raw != nil {
 		rt.raw(s, ctx)
 		return out, true, nil
 	}
 	res, err = rt.h(s, ctx, out)
+	if err != nil && rt.msgpack {
+		err = jsonHint(ctx, rt, err)
+	}
 	return res, false, err
+}
+
+// jsonHint is the one place a MessagePack route's refusal of a JSON
+// request (a JSON Content-Type, or a body whose first byte opens a JSON
+// object or array) says that JSON is the command line's: the reason stays
+// what the body got, the message says what to do (codec.JSONHint).
+func jsonHint(ctx *fasthttp.RequestCtx, rt route, err error) error {
+	var ve *codec.Error
+	if !errors.As(err, &ve) || (ve.Reason != codec.UnsupportedContentType && ve.Reason != codec.InvalidMsgpack) {
+		return err
+	}
+	isJSON := codec.LooksLikeJSON(ctx.PostBody()) || isJSONType(ctx.Request.Header.ContentType())
+	return codec.JSONHint(ve, isJSON, rt.cli)
+}
+
+// isJSONType reports whether a Content-Type names JSON (application/json,
+// or a +json type).
+func isJSONType(ct []byte) bool {
+	mt, _, _ := bytes.Cut(ct, []byte(";"))
+	mt = bytes.ToLower(bytes.TrimSpace(mt))
+	return bytes.Equal(mt, []byte("application/json")) || bytes.HasSuffix(mt, []byte("+json"))
 }
 
 // checkToken is the rule of every route that needs the bearer token: nil

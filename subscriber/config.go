@@ -142,6 +142,7 @@ type Tuning struct {
 	MaxBufferedBytes     int           // their payload bytes (replay.DefaultMaxBytes)
 	StaleHoldOff         time.Duration // stale, messages ignored before the next is a baseline (DefaultStaleHoldOff)
 	ConnectWarnAfter     time.Duration // still connecting after this long: one WARN (DefaultConnectWarnAfter)
+	HandshakeWarnAfter   time.Duration // a TCP peer without a ZMTP handshake after this long is not a ZMQ publisher (DefaultHandshakeWarnAfter)
 }
 
 // DefaultConnectWarnAfter is how long a source may stay connecting (its
@@ -179,6 +180,9 @@ func (t Tuning) withDefaults() Tuning {
 	}
 	if t.ConnectWarnAfter <= 0 {
 		t.ConnectWarnAfter = DefaultConnectWarnAfter
+	}
+	if t.HandshakeWarnAfter <= 0 {
+		t.HandshakeWarnAfter = DefaultHandshakeWarnAfter
 	}
 	return t
 }

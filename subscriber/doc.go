@@ -17,7 +17,8 @@
 //
 // Layout: a Subscriber composes one type per concern, each owning its
 // state: session (session.go: sockets, connection monitor, reconnections,
-// healing a lost session), receiver (receive.go, recv_cgo.go), sequence
+// healing a lost session; link.go: the publisher connection as the state
+// shows it, disconnected or not a ZMQ publisher), receiver (receive.go, recv_cgo.go), sequence
 // (sequence.go, epoch.go: the state machine, stale states, publisher
 // restarts), recovery (recover.go: replay and what is buffered meanwhile),
 // applier (apply.go: the decoder, index writes, the gate) and resumption

@@ -49,6 +49,7 @@ type sessionWatch struct {
 
 // monitorEvents are the connection events the monitor reports.
 const monitorEvents = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED |
+	zmq.EVENT_HANDSHAKE_SUCCEEDED |
 	zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
 // stopEndpointSeq numbers the inproc endpoints of the stop pairs and
@@ -87,6 +88,7 @@ type session struct {
 	reconnected bool
 	watch       sessionWatch // sessions libzmq lost for good
 	connWatch   connectWatch // a first connection that does not come
+	link        link         // the publisher connection as the state shows it (link.go)
 }
 
 // open creates the SUB socket and the inproc pair Stop uses to wake the
@@ -207,6 +209,7 @@ func (c *session) closeSub(sh *Shared) {
 	}
 	_ = c.sub.Close()
 	c.sub = nil
+	c.link.tcpAt = time.Time{} // no handshake can complete any more
 }
 
 // close closes every socket of the session; idempotent.
@@ -244,8 +247,10 @@ func (c *session) signalStop(s *Subscriber) {
 	}
 }
 
-// onMonitor reads connection events: the first connection marks the
-// source connected, a later one is a reconnection.
+// onMonitor reads connection events: the first connection (its ZMTP
+// handshake done: a TCP peer that is not ZMQ is no connection) marks the
+// source connected, a later one is a reconnection; the link follows every
+// event for the state (link.go).
 func (s *Subscriber) onMonitor() {
 	c := &s.conn
 	for {
@@ -253,7 +258,8 @@ func (s *Subscriber) onMonitor() {
 		if err != nil {
 			return
 		}
-		if ev != zmq.EVENT_CONNECTED {
+		s.onLinkEvent(ev, time.Now())
+		if ev != zmq.EVENT_HANDSHAKE_SUCCEEDED {
 			c.watch.onEvent(ev)
 			continue
 		}
@@ -368,7 +374,9 @@ func (s *Subscriber) healSession(now time.Time) {
 		s.counters.add(MetricDropped, s.typ, events.DropOversize, 1)
 	}
 	ev := s.log.Debug()
-	if w.resets == 1 {
+	if w.resets == 1 && !handshake {
+		// A failed handshake was already named by the link's WARN
+		// (not a ZMQ publisher).
 		ev = s.log.Warn()
 	}
 	if handshake {

@@ -180,8 +180,19 @@ func (s *Subscriber) Stop() {
 // State reports the subscriber's condition. A source whose connection is up
 // but that has not delivered a batch yet is Connected, so the state agrees
 // with Connected and with readiness.
+//
+// A source that would be connecting, connected, live or recovering is
+// Disconnected while its monitor knows the publisher connection gone, or
+// the peer at the endpoint not a ZMQ publisher (link.go; StateDetail says
+// which); its entries stay until the usual rules drop them.
 func (s *Subscriber) State() State {
 	st := State(s.state.Load())
+	switch st {
+	case Connecting, Connected, Live, Recovering:
+		if l := s.conn.link.load(); l == linkDown || l == linkNotZMQ {
+			return Disconnected
+		}
+	}
 	if st == Connecting && s.conn.connected.Load() {
 		return Connected
 	}
@@ -270,6 +281,7 @@ func (s *Subscriber) run() {
 		now := time.Now()
 		s.healSession(now)
 		s.warnIfStillConnecting(now)
+		s.checkHandshake(now)
 	}
 }
 
@@ -281,6 +293,9 @@ func (s *Subscriber) pollTimeout() (time.Duration, bool) {
 		timeout = max(min(timeout, time.Until(at)), time.Millisecond)
 	}
 	if at := s.conn.connWatch.wakeAt(!s.knowsConnecting()); !at.IsZero() {
+		timeout = max(min(timeout, time.Until(at)), time.Millisecond)
+	}
+	if at := s.conn.link.handshakeDeadline(s.tuning.HandshakeWarnAfter); !at.IsZero() {
 		timeout = max(min(timeout, time.Until(at)), time.Millisecond)
 	}
 	switch {

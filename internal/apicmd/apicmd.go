@@ -107,6 +107,10 @@ func Names() []string {
 	return names
 }
 
+// Summary is subcommand name's one-line description, for the main usage
+// text; empty for a name that is not one.
+func Summary(name string) string { return commands[name].summary }
+
 // Is reports whether name is one of this package's subcommands.
 func Is(name string) bool {
 	_, ok := commands[name]

@@ -244,8 +244,8 @@ func TestJSONToMsgpack(t *testing.T) {
 }
 
 // `conductor services` prints the JSON form of /services, which adds each
-// source's State, PublisherRestarts and StaleRecoveries to the contract's
-// fields.
+// source's State, StateDetail, PublisherRestarts and StaleRecoveries to the
+// contract's fields.
 func TestServicesShowsSourceState(t *testing.T) {
 	base := startServer(t, server.Options{})
 	env := map[string]string{"CONDUCTOR_SERVER": base}
@@ -261,7 +261,7 @@ func TestServicesShowsSourceState(t *testing.T) {
 		t.Fatalf("services: %v", svcs)
 	}
 	svc := svcs[0].(map[string]any)
-	for _, f := range []string{"State", "PublisherRestarts", "StaleRecoveries", "InstanceID", "HashProfile"} {
+	for _, f := range []string{"State", "StateDetail", "PublisherRestarts", "StaleRecoveries", "InstanceID", "HashProfile"} {
 		if _, ok := svc[f]; !ok {
 			t.Errorf("service has no %s: %v", f, svc)
 		}

@@ -241,13 +241,12 @@ func defaultConfigPath() string {
 	return filepath.Join(home, ".mooncake", "conductor_config.json")
 }
 
-// Usage is the --help text: a synopsis, then every flag with its default.
+// Usage is the service's part of the --help text: where settings come
+// from, then every flag with its default. The synopsis and the list of
+// verbs before it are the command line's (package main, verbs.go).
 func Usage() string {
 	var b strings.Builder
-	b.WriteString("Usage: conductor [flags]\n       conductor hash --help   (hash a prompt's token ids as an engine does)\n" +
-		"       conductor register|unregister|query|services|global-view|explain --help\n" +
-		"                               (call a running conductor with JSON, docs/api.md)\n\n" +
-		"Precedence: flags, then environment, then the config file.\n\nFlags:\n")
+	b.WriteString("Precedence: flags, then environment, then the config file.\n\nFlags of serve:\n")
 	f := newFlags()
 	f.fs.SetOutput(&b)
 	f.fs.PrintDefaults()

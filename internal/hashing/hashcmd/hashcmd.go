@@ -59,6 +59,10 @@ type options struct {
 	json      bool
 }
 
+// Summary is the subcommand's one-line description, for the main usage
+// text.
+const Summary = "hashes a prompt's token ids as an engine does and prints each block's index key and published hash"
+
 // Run executes the subcommand with args (after "hash") and returns the
 // process exit code. Token ids come from stdin unless --file names a file.
 func Run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
