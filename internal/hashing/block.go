@@ -56,7 +56,7 @@ func (h *BlockHasher) Digest(p *Profile, parent *[32]byte, words []int32, lora, 
 // salt), each later one on the block before it: Digest for a run of
 // blocks, encoding the extras once. A non-vLLM profile appends nothing.
 func (h *BlockHasher) Digests(p *Profile, blockSize int, parent *[32]byte, tokens []int32, lora, salt string, out [][32]byte) [][32]byte {
-	if p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) || blockSize <= 0 {
+	if p == nil || !p.kind.vllm() || blockSize <= 0 {
 		return out
 	}
 	c := &h.c
