@@ -274,6 +274,16 @@ func (p *Profile) RootDigestHex() string {
 	return hex.EncodeToString(p.DigestBytes(&p.RootDigest))
 }
 
+// AlgorithmDigestLen is the size of a full block digest under a hash
+// profile's algorithm: 16 for vLLM's xxhash and xxhash_cbor (XXH3-128), 32
+// for the SHA-256 ones (and any other text).
+func AlgorithmDigestLen(algorithm string) int {
+	if algorithm == AlgorithmXXHash || algorithm == AlgorithmXXHashCBOR {
+		return xxhDigestLen
+	}
+	return 32
+}
+
 // DigestLen is the size of p's block digests as engines publish them in
 // full (vLLM's bin form): 16 for xxhash and xxhash_cbor, else 32.
 func (p *Profile) DigestLen() int { return p.kind.digestLen() }
