@@ -89,8 +89,9 @@ func (p *Profile) Key(d *[32]byte) uint64 {
 }
 
 // Digest returns the full digest of the block Next last returned, the
-// value an engine publishes in full (vLLM's bin form) and the parent of the
-// next block. It is the zero array before the first Next.
+// value an engine publishes in full (vLLM's bin form: Profile.DigestBytes
+// of it, as an XXH3-128 digest fills only the last 16 bytes) and the
+// parent of the next block. It is the zero array before the first Next.
 func (c *Chain) Digest() [32]byte {
 	switch {
 	case c.block == 0:
