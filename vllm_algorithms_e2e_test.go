@@ -11,7 +11,8 @@ import (
 // root (docs/hashing.md#vllm-algorithms) are registered over the HTTP API,
 // publish over real ZMQ sockets (integers, or raw digests of their
 // algorithm's size), and their blocks are found by /query; /services and
-// /global_view report each root in hex of its size. An xxhash engine
+// /global_view report each root in hex of its size, and /query_by_hash
+// finds the blocks by the hashes the engines published. An xxhash engine
 // without PYTHONHASHSEED cannot be registered, and the answer says why.
 func TestVLLMAlgorithmsEndToEnd(t *testing.T) {
 	e := startApp(t)
@@ -71,6 +72,13 @@ func TestVLLMAlgorithmsEndToEnd(t *testing.T) {
 			v, _ := msgpackInt(in["device"])
 			return v == 48
 		})
+		// The engine's own hashes, as it published them, find the same
+		// blocks through /query_by_hash.
+		status, out := e.post("/query_by_hash", map[string]any{"model": c.model, "block_size": 16, "seq_hashes": hashes, "instance_id": c.instance})
+		in, _ := out["instances"].(map[string]any)[c.instance].(map[string]any)
+		if v, _ := msgpackInt(in["device"]); status != 200 || v != 48 {
+			t.Errorf("%s: query_by_hash: %d %v", c.alg, status, out)
+		}
 	}
 	roots := map[string]string{}
 	for _, s := range e.get("/services")["services"].([]any) {
