@@ -125,7 +125,8 @@ func Resolve(s Spec) (Profile, error) {
 		if seed == SeedVLLMNoneHash && k.xxh() {
 			// vLLM draws a random root per process for a
 			// non-cryptographic hash when PYTHONHASHSEED is unset
-			// (docs/hashing.md#root-digest): nothing can reproduce it.
+			// (docs/hashing.md#engines-without-pythonhashseed): nothing can
+			// reproduce it.
 			return Profile{}, &ProfileError{Member: "python_hash_seed",
 				Msg: `"vllm-none-hash" is not a root of algorithm ` + s.Algorithm + `: vLLM started without PYTHONHASHSEED draws a random root per process for xxhash and xxhash_cbor, which no registration can reproduce; set PYTHONHASHSEED (the same value) on the engines and register that text as python_hash_seed`}
 		}
