@@ -48,6 +48,16 @@ func TestNewServiceRules(t *testing.T) {
 		{"bad seed", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = str("-1") }, &registry.RuleError{Field: "python_hash_seed"}},
 		{"seed too large", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = str("4294967296") }, &registry.RuleError{Field: "python_hash_seed"}},
 		{"seed missing for vllm", func(r *registry.Registration) { r.HashProfile.PythonHashSeed = nil }, &registry.RuleError{Field: "python_hash_seed", Missing: true}},
+		{"vLLM defaults", func(r *registry.Registration) {
+			r.HashProfile.Algorithm, r.HashProfile.PythonHashSeed = "sha256", str("vllm-none-hash")
+		}, nil},
+		{"xxhash", func(r *registry.Registration) { r.HashProfile.Algorithm = "xxhash" }, nil},
+		{"xxhash_cbor random", func(r *registry.Registration) {
+			r.HashProfile.Algorithm, r.HashProfile.PythonHashSeed = "xxhash_cbor", str("random")
+		}, nil},
+		{"xxhash without PYTHONHASHSEED", func(r *registry.Registration) {
+			r.HashProfile.Algorithm, r.HashProfile.PythonHashSeed = "xxhash", str("vllm-none-hash")
+		}, &registry.RuleError{Field: "python_hash_seed"}},
 		{"vLLM with sglang profile", func(r *registry.Registration) {
 			r.HashProfile = hashing.Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"}
 		}, &registry.RuleError{Field: "strategy"}},

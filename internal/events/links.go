@@ -66,12 +66,12 @@ func (d *engineDecoder) linkParent(sp span, salt string) (id hashing.LinkID, dg 
 		return id, dg, false, ok
 	case msgp.Bin:
 		b, err := r.Str()
-		if err != nil || len(b) != 32 {
+		if err != nil || len(b) != d.profile.DigestLen() {
 			return id, dg, false, false
 		}
 		key, _ := hashing.KeyFromBytes(d.proj, b)
 		id, dg, ok = d.links.ByKey(key)
-		return id, dg, false, ok && bytes.Equal(dg[:], b)
+		return id, dg, false, ok && bytes.Equal(d.profile.DigestBytes(&dg), b)
 	}
 	return id, dg, false, false
 }
@@ -175,10 +175,10 @@ func (d *engineDecoder) linkStored(ev *engineEvent) {
 }
 
 // published says whether digest dg is what the engine published: the whole
-// digest when it sent bytes, else its key.
+// digest (32 bytes, or 16 for xxhash) when it sent bytes, else its key.
 func (d *engineDecoder) published(dg *[32]byte, key uint64, pub []byte) bool {
 	if pub != nil {
-		return bytes.Equal(dg[:], pub)
+		return bytes.Equal(d.profile.DigestBytes(dg), pub)
 	}
 	return binary.BigEndian.Uint64(dg[24:]) == key
 }

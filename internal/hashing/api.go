@@ -14,7 +14,7 @@ type Spec struct {
 	Seed *string
 }
 
-// Projection says which 8 bytes of a 32-byte digest become the index key.
+// Projection says which 8 bytes of a digest become the index key.
 type Projection uint8
 
 const (
@@ -36,7 +36,9 @@ type Profile struct {
 	// PythonHashSeed is the accepted text ("0" for SGLang strategies).
 	PythonHashSeed string
 	// RootDigest is the chain root (vLLM) or the all-zero display sentinel
-	// (SGLang); it is reported in read responses.
+	// (SGLang); it is reported in read responses. An XXH3-128 root (16
+	// bytes) fills its last 16 bytes, the first 16 being zero
+	// (DigestBytes).
 	RootDigest [32]byte
 	// Seed is rfc1527's accepted seed text ("" for the other strategies).
 	Seed string

@@ -56,7 +56,7 @@ func (h *BlockHasher) Digest(p *Profile, parent *[32]byte, words []int32, lora, 
 // salt), each later one on the block before it: Digest for a run of
 // blocks, encoding the extras once. A non-vLLM profile appends nothing.
 func (h *BlockHasher) Digests(p *Profile, blockSize int, parent *[32]byte, tokens []int32, lora, salt string, out [][32]byte) [][32]byte {
-	if p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) || blockSize <= 0 {
+	if p == nil || !p.kind.vllm() || blockSize <= 0 {
 		return out
 	}
 	c := &h.c
@@ -89,8 +89,9 @@ func (p *Profile) Key(d *[32]byte) uint64 {
 }
 
 // Digest returns the full digest of the block Next last returned, the
-// value an engine publishes in full (vLLM's bin form) and the parent of the
-// next block. It is the zero array before the first Next.
+// value an engine publishes in full (vLLM's bin form: Profile.DigestBytes
+// of it, as an XXH3-128 digest fills only the last 16 bytes) and the
+// parent of the next block. It is the zero array before the first Next.
 func (c *Chain) Digest() [32]byte {
 	switch {
 	case c.block == 0:

@@ -115,21 +115,28 @@ func appendCBORExtras(b []byte, lora, salt string) []byte {
 //
 //	83 58 20 <parent> head(4, len(toks)) <tokens> <extras>
 //
-// into buf[:0] and returns it; extras is the block's appendCBORExtras
-// output, which a Chain computes once per query.
+// (83 50 <parent> for a 16-byte XXH3-128 parent) into buf[:0] and returns
+// it; extras is the block's appendCBORExtras output, which a Chain
+// computes once per query.
 //
 // When h is non-nil (and freshly Reset) the bytes are also fed to it, and
 // the first 64-byte SHA-256 block is handed over as soon as it is encoded:
 // SHA-NI compression is latency-bound, so the CPU can partly overlap it with
 // encoding the remaining tokens.
-func encodeCBORBlock(buf []byte, h hash.Hash, parent *[32]byte, toks []int32, extras []byte) []byte {
-	need := 3 + 32 + 9 + cborTokenMax*len(toks) + 8 + len(extras)
+func encodeCBORBlock(buf []byte, h hash.Hash, parent []byte, toks []int32, extras []byte) []byte {
+	need := 3 + len(parent) + 9 + cborTokenMax*len(toks) + 8 + len(extras)
 	if cap(buf) < need {
 		buf = make([]byte, 0, need+need/4)
 	}
-	b := buf[:3+32]
-	b[0], b[1], b[2] = cborMajorArray|3, cborMajorBytes|24, 32
-	*(*[32]byte)(b[3:]) = *parent
+	var b []byte
+	if len(parent) == 32 {
+		b = buf[:3+32]
+		b[0], b[1], b[2] = cborMajorArray|3, cborMajorBytes|24, 32
+		*(*[32]byte)(b[3:]) = [32]byte(parent)
+	} else {
+		b = appendCBORHead(append(buf[:0], cborMajorArray|3), cborMajorBytes, uint64(len(parent)))
+		b = append(b, parent...)
+	}
 	if len(toks) < 24 {
 		b = append(b, cborMajorArray|byte(len(toks)))
 	} else {

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"hash"
 	"sync"
+
+	"github.com/zeebo/xxh3"
 )
 
 // sglangSaltPrefix is "sglang-cache-salt-v1" and a zero byte; SHA-256 of it
@@ -20,7 +22,7 @@ const maxPooledBuf = 256 << 10
 // Next is called for it: a prefix walk stops within a block of the first
 // miss, and the blocks after it would be wasted SHA-256 work. Values are
 // exactly those of the eager definition in docs/hashing.md, chained on full
-// 32-byte digests.
+// digests (32 bytes, or 16 for XXH3-128, kept right-aligned).
 //
 // A Chain owns one SHA-256 state and one encode buffer that are reused for
 // every block and, through AcquireChain/ReleaseChain, across queries, so
@@ -159,7 +161,7 @@ func (c *Chain) Reset(p *Profile, blockSize int, tokens []int32, lora, salt stri
 	c.root = p.RootDigest
 	n := len(tokens)
 	switch c.kind {
-	case kindVLLMCBOR, kindVLLMPickle:
+	case kindVLLMCBOR, kindVLLMPickle, kindVLLMXXHCBOR, kindVLLMXXHPickle:
 		// Only full blocks are hashed; the partial tail never matches.
 		c.limit = n - n%blockSize
 		c.parent = p.RootDigest
@@ -200,7 +202,7 @@ func (c *Chain) UseMemo(m *Memo) {
 // the cost changes.
 func (c *Chain) UseLinks(l *Links) {
 	c.endLinks()
-	if l != nil && (c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle) {
+	if l != nil && c.kind.vllm() {
 		c.links, c.linksOn = l, true
 	}
 }
@@ -289,7 +291,7 @@ func (c *Chain) Next() (key uint64, covered int, ok bool) {
 	if end-start > c.bs {
 		end = start + c.bs
 	}
-	if c.h == nil && c.kind != kindRFC1527 {
+	if c.h == nil && c.kind != kindRFC1527 && !c.kind.xxh() {
 		c.h = sha256.New() // a zero Chain that did not come from the pool
 	}
 	if c.kind == kindNone {
@@ -408,8 +410,8 @@ func (c *Chain) TakeReady(n int, keys []uint64, covs []int, hints []uint32) ([]u
 // key is a block digest's 64-bit index key: vLLM projects its low 64 bits
 // (low64_be), SGLang its first 64 (first64_be).
 func (c *Chain) key(d *[32]byte) uint64 {
-	if c.kind == kindVLLMCBOR || c.kind == kindVLLMPickle {
-		return binary.BigEndian.Uint64(d[24:])
+	if c.kind.vllm() {
+		return binary.BigEndian.Uint64(d[24:]) // right-aligned: any digest size
 	}
 	return binary.BigEndian.Uint64(d[:8])
 }
@@ -451,22 +453,26 @@ func (c *Chain) Ready() int {
 
 // hashBlock encodes block [start, end) and sets c.parent to its digest.
 func (c *Chain) hashBlock(start, end int) {
-	if c.kind != kindRFC1527 {
+	if c.kind != kindRFC1527 && !c.kind.xxh() {
 		c.h.Reset()
 	}
 	switch c.kind {
 	case kindVLLMCBOR:
 		// Streams the first SHA-256 block while encoding the rest.
-		c.buf = encodeCBORBlock(c.buf, c.h, &c.parent, c.tokens[start:end], c.tail())
+		c.buf = encodeCBORBlock(c.buf, c.h, c.parent[:], c.tokens[start:end], c.tail())
 	case kindVLLMPickle:
-		fast := false
-		if tail := c.tail(); !c.bigNames {
-			c.buf, fast = encodePickleBlockFast(c.buf, &c.parent, c.tokens[start:end], tail)
-		}
-		if !fast {
-			c.buf = encodePickleBlockGeneral(c.buf, &c.parent, c.tokens[start:end], c.lora, c.vllmSalt())
-		}
+		c.encodePickle(start, end)
 		c.h.Write(c.buf)
+	case kindVLLMXXHCBOR, kindVLLMXXHPickle:
+		// The same values, their parent the 16-byte digest, hashed with
+		// XXH3-128 in one call (docs/hashing.md#vllm-algorithms).
+		if c.kind == kindVLLMXXHCBOR {
+			c.buf = encodeCBORBlock(c.buf, nil, c.parent[32-xxhDigestLen:], c.tokens[start:end], c.tail())
+		} else {
+			c.encodePickle(start, end)
+		}
+		putXXH(&c.parent, xxh3.Hash128(c.buf))
+		return
 	case kindSGLang, kindSGLangBigram:
 		c.buf = c.encodeSGLangPage(start, end)
 		c.h.Write(c.buf)
@@ -481,6 +487,19 @@ func (c *Chain) hashBlock(start, end int) {
 		return
 	}
 	c.h.Sum(c.parent[:0])
+}
+
+// encodePickle encodes vLLM block [start, end) as CPython's pickle into
+// c.buf, in one frame when it fits (encodePickleBlockFast).
+func (c *Chain) encodePickle(start, end int) {
+	parent := c.parent[32-c.kind.digestLen():]
+	fast := false
+	if tail := c.tail(); !c.bigNames {
+		c.buf, fast = encodePickleBlockFast(c.buf, parent, c.tokens[start:end], tail)
+	}
+	if !fast {
+		c.buf = encodePickleBlockGeneral(c.buf, parent, c.tokens[start:end], c.lora, c.vllmSalt())
+	}
 }
 
 // tail returns the encoded end of the next vLLM block (see Chain.tails).
@@ -502,7 +521,7 @@ func (c *Chain) buildTails() {
 	t := c.tails[:0]
 	c.tail0 = 0
 	switch {
-	case c.kind == kindVLLMCBOR:
+	case c.kind.cbor():
 		t = appendCBORExtras(t, c.lora, c.salt)
 		c.tail0 = len(t)
 		t = appendCBORExtras(t, c.lora, "")

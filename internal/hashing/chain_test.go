@@ -14,6 +14,8 @@ func allProfiles(t testing.TB, seed string) map[string]Profile {
 	return map[string]Profile{
 		"sha256_cbor":   mustResolve(t, "vllm_v1", "sha256_cbor", "low64_be", &seed),
 		"sha256":        mustResolve(t, "vllm_v1", "sha256", "low64_be", &seed),
+		"xxhash_cbor":   mustResolve(t, "vllm_v1", "xxhash_cbor", "low64_be", &seed),
+		"xxhash":        mustResolve(t, "vllm_v1", "xxhash", "low64_be", &seed),
 		"sglang":        mustResolve(t, "sglang", "sha256_raw", "first64_be", nil),
 		"sglang_bigram": mustResolve(t, "sglang_bigram", "sha256_raw", "first64_be", nil),
 	}
@@ -52,6 +54,9 @@ func TestSpecWorkedExamples(t *testing.T) {
 		{"sglang_bigram", 4, []int32{10, 20, 30, 40}, "", "", []uint64{15710792592378487421}, []int{3}},
 		{"sglang", 4, []int32{11, 12, 13, 14, 21, 22, 23, 24, 31, 32, 33, 34, 41, 42, 43, 44}, "", "",
 			[]uint64{0xf67c5ff154ee4961, 0xe1c873d83402d824, 0x71749b3c9f3e04bf, 0x921bc52e4f7533bb}, []int{4, 4, 4, 4}},
+		{"xxhash_cbor", 16, seq(1, 32), "", "", []uint64{882618318818381833, 12890060145260523405}, []int{16, 16}},
+		{"xxhash", 16, seq(1, 32), "", "", []uint64{11844795890135418255, 14253768906014549686}, []int{16, 16}},
+		{"xxhash_cbor", 16, seq(1, 32), "adapter-A", "tenant-salt", []uint64{9109333782270447144, 17312180953328720644}, []int{16, 16}},
 	}
 	for i, tt := range tests {
 		t.Run(strconv.Itoa(i)+"/"+tt.profile, func(t *testing.T) {
@@ -196,7 +201,7 @@ func TestChainLazyPrefix(t *testing.T) {
 // salt) share block 0 and differ from block 1 on (vLLM issue #44701); the salt
 // changes every later block.
 func TestVLLMExtraKeys(t *testing.T) {
-	for _, alg := range []string{"sha256", "sha256_cbor"} {
+	for _, alg := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
 		p := allProfiles(t, "0")[alg]
 		toks := seq(1, 12)
 		a := runChain(&p, 4, toks, "", "x")
@@ -344,17 +349,31 @@ func FuzzChainMatchesReference(f *testing.F) {
 	f.Add(uint8(3), uint32(0), uint16(0), uint16(4), []byte("\x0a\x00\x00\x00\x14\x00\x00\x00"), uint16(11), "", "", uint8(0), uint8(0))
 	f.Add(uint8(6), uint32(0), uint16(0), uint16(5), []byte("\x0a\x00\x00\x80"), uint16(20), "x", "y", uint8(0), uint8(0))
 	f.Add(uint8(5), uint32(0), uint16(0), uint16(64), []byte{}, uint16(0), "", "", uint8(0), uint8(0))
+	f.Add(uint8(8), uint32(0), uint16(0), uint16(16), []byte("\x01\x00\x00\x00"), uint16(48), "adapter-A", "tenant-salt", uint8(0), uint8(0))
+	f.Add(uint8(9), uint32(42), uint16(0), uint16(4), []byte("\xff\xff\xff\xff\x00\x01\x00\x00"), uint16(12), "a", "a", uint8(0), uint8(0))
+	f.Add(uint8(13), uint32(0), uint16(0), uint16(13100), []byte("\xff\xff\xff\x7f"), uint16(13100), "", "", uint8(0), uint8(0))
+	f.Add(uint8(16), uint32(0), uint16(0), uint16(16), []byte("\x01\x00\x00\x00"), uint16(32), "", "", uint8(0), uint8(0))
+	f.Add(uint8(17), uint32(0), uint16(0), uint16(16), []byte("\x01\x00\x00\x00"), uint16(32), "L", "s", uint8(1), uint8(0))
 	f.Fuzz(func(t *testing.T, sel uint8, seedNum uint32, seedZeros uint16, bs uint16, tokData []byte, total uint16, lora, salt string, loraBig, saltBig uint8) {
-		// Mode bit 2 selects the literal "random" seed.
+		// Mode bit 2 selects the literal "random" seed, bit 3 the XXH3-128
+		// algorithms for vLLM, bit 4 the seed of an engine without
+		// PYTHONHASHSEED (SHA-256 only).
 		seed := strconv.FormatUint(uint64(seedNum), 10)
-		if sel&4 != 0 {
+		switch {
+		case sel&4 != 0:
 			seed = "random"
-		} else if seedZeros > 0 {
+		case sel&16 != 0 && sel&8 == 0:
+			seed = SeedVLLMNoneHash
+		case seedZeros > 0:
 			seed = strings.Repeat("0", int(seedZeros)%70000) + seed
 		}
+		cborAlg, pickleAlg := "sha256_cbor", "sha256"
+		if sel&8 != 0 {
+			cborAlg, pickleAlg = "xxhash_cbor", "xxhash"
+		}
 		specs := []Spec{
-			{"vllm_v1", "sha256_cbor", "low64_be", &seed, nil},
-			{"vllm_v1", "sha256", "low64_be", &seed, nil},
+			{"vllm_v1", cborAlg, "low64_be", &seed, nil},
+			{"vllm_v1", pickleAlg, "low64_be", &seed, nil},
 			{"sglang", "sha256_raw", "first64_be", nil, nil},
 			{"sglang_bigram", "sha256_raw", "first64_be", nil, nil},
 		}
@@ -362,7 +381,7 @@ func FuzzChainMatchesReference(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.kind == kindVLLMCBOR || p.kind == kindVLLMPickle {
+		if p.kind.vllm() {
 			if want := refRoot(p.Algorithm, seed); p.RootDigest != want {
 				t.Fatalf("root for seed of %d bytes: %x, reference %x", len(seed), p.RootDigest, want)
 			}
@@ -387,22 +406,23 @@ func FuzzChainMatchesReference(f *testing.F) {
 		got := runChain(&p, block, toks, lora, salt)
 		compareRef(t, refChain(p, block, toks, lora, salt), got)
 
-		if p.kind != kindVLLMPickle {
+		if p.kind != kindVLLMPickle && p.kind != kindVLLMXXHPickle {
 			return
 		}
 		// Fast path vs general framer, block by block.
 		parent := p.RootDigest
+		n := p.DigestLen()
 		for i := 0; block > 0 && (i+1)*block <= len(toks); i++ {
 			s := salt
 			if i > 0 {
 				s = ""
 			}
 			part := toks[i*block : (i+1)*block]
-			general := encodePickleBlockGeneral(nil, &parent, part, lora, s)
+			general := encodePickleBlockGeneral(nil, parent[32-n:], part, lora, s)
 			var fast []byte
 			ok := false
 			if len(lora) < frameTarget && len(s) < frameTarget {
-				fast, ok = encodePickleBlockFast(nil, &parent, part, appendPickleTail(nil, lora, s))
+				fast, ok = encodePickleBlockFast(nil, parent[32-n:], part, appendPickleTail(nil, lora, s))
 			}
 			if ok && !bytes.Equal(fast, general) {
 				t.Fatalf("block %d: fast path differs from general framer", i)

@@ -142,7 +142,7 @@ func (l *Links) Stats() (hits, misses, recorded uint64) {
 // SGLang engines publish no extras to verify a page against, and the last
 // page of an SGLang prompt may be partial.
 func (l *Links) Scope(p *Profile) LinkScope {
-	if l == nil || p == nil || (p.kind != kindVLLMCBOR && p.kind != kindVLLMPickle) {
+	if l == nil || p == nil || !p.kind.vllm() {
 		return LinkScope{}
 	}
 	return LinkScope{l: l, kind: p.kind, root: p.RootDigest}

@@ -61,7 +61,7 @@ func TestLinksServeChains(t *testing.T) {
 	for i := range toks {
 		toks[i] = int32(i*7919 + 3)
 	}
-	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256} {
+	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256, AlgorithmXXHashCBOR, AlgorithmXXHash} {
 		for _, lora := range []string{"", "adapter"} {
 			for _, salt := range []string{"", "tenant-salt"} {
 				for _, memo := range []bool{false, true} {
@@ -318,7 +318,7 @@ func TestBlockHasherDigests(t *testing.T) {
 	for i := range toks {
 		toks[i] = int32(i*13 + 1)
 	}
-	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256} {
+	for _, algo := range []string{AlgorithmSHA256CBOR, AlgorithmSHA256, AlgorithmXXHashCBOR, AlgorithmXXHash} {
 		p := testProfile(t, algo)
 		_, digs := referenceChain(p, 4, toks, "l", "s")
 		var h BlockHasher

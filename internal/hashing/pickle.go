@@ -137,18 +137,22 @@ func appendPickleTail(b []byte, lora, salt string) []byte {
 // case no boundary check can fire. It reports false (and leaves garbage in
 // the returned buffer) for a longer content; the caller then uses
 // encodePickleBlockGeneral.
-func encodePickleBlockFast(buf []byte, parent *[32]byte, toks []int32, tail []byte) ([]byte, bool) {
-	if len(toks) > frameTarget/2 || len(tail) > frameTarget {
+func encodePickleBlockFast(buf []byte, parent []byte, toks []int32, tail []byte) ([]byte, bool) {
+	if len(toks) > frameTarget/2 || len(tail) > frameTarget || len(parent) > 0xff {
 		return buf, false
 	}
-	need := 2 + frameHeader + 35 + 1 + pickleTokenMax*len(toks) + 8 + 2 + len(tail)
+	need := 2 + frameHeader + 3 + len(parent) + 1 + pickleTokenMax*len(toks) + 8 + 2 + len(tail)
 	if cap(buf) < need {
 		buf = make([]byte, 0, need+need/4)
 	}
-	b := buf[:2+frameHeader+2+32]
+	b := buf[:2+frameHeader+2+len(parent)]
 	b[0], b[1], b[2] = opProto, 5, opFrame
-	b[11], b[12] = opShortBinBytes, 32
-	*(*[32]byte)(b[13:]) = *parent
+	b[11], b[12] = opShortBinBytes, byte(len(parent))
+	if len(parent) == 32 {
+		*(*[32]byte)(b[13:]) = [32]byte(parent)
+	} else {
+		copy(b[13:], parent)
+	}
 	n := len(toks)
 	switch {
 	case n >= 4:
@@ -174,12 +178,12 @@ func encodePickleBlockFast(buf []byte, parent *[32]byte, toks []int32, tail []by
 // encodePickleBlockGeneral encodes a block value with the general framer.
 // The order of boundary checks mirrors CPython's save(): one at the start of
 // every object, ints and None included (docs/hashing.md#pickle-frames).
-func encodePickleBlockGeneral(buf []byte, parent *[32]byte, toks []int32, lora, salt string) []byte {
+func encodePickleBlockGeneral(buf []byte, parent []byte, toks []int32, lora, salt string) []byte {
 	var p pickler
 	p.begin(buf)
 	p.boundary() // outer 3-tuple
 	p.boundary() // parent bytes
-	p.bytes(parent[:])
+	p.bytes(parent)
 	p.op1(opMemoize)
 	p.boundary() // token tuple
 	n := len(toks)
@@ -310,7 +314,7 @@ func (p *pickler) str(s string) {
 }
 
 // bytes writes a bytes object; payloads of 64 KiB or more go outside any
-// frame. Only the 32-byte parent is ever written here.
+// frame. Only the parent digest (32 or 16 bytes) is ever written here.
 func (p *pickler) bytes(d []byte) {
 	var hdr []byte
 	switch n := len(d); {

@@ -17,7 +17,12 @@ func TestResolveRejects(t *testing.T) {
 		{"unknown strategy", Spec{"vllm", "sha256", "low64_be", strp("0"), nil}, "strategy"},
 		{"empty strategy", Spec{"", "sha256", "low64_be", strp("0"), nil}, "strategy"},
 		{"strategy case", Spec{"VLLM_V1", "sha256", "low64_be", strp("0"), nil}, "strategy"},
-		{"vllm xxhash", Spec{"vllm_v1", "xxhash", "low64_be", strp("0"), nil}, "algorithm"},
+		{"vllm xxh3_64", Spec{"vllm_v1", "xxh3_64", "low64_be", strp("0"), nil}, "algorithm"},
+		{"vllm xxhash case", Spec{"vllm_v1", "XXHASH", "low64_be", strp("0"), nil}, "algorithm"},
+		{"vllm xxhash first64", Spec{"vllm_v1", "xxhash", "first64_be", strp("0"), nil}, "index_projection"},
+		{"vllm xxhash seed missing", Spec{"vllm_v1", "xxhash_cbor", "low64_be", nil, nil}, "python_hash_seed"},
+		{"vllm xxhash unset seed", Spec{"vllm_v1", "xxhash", "low64_be", strp("vllm-none-hash"), nil}, "python_hash_seed"},
+		{"vllm xxhash_cbor unset seed", Spec{"vllm_v1", "xxhash_cbor", "low64_be", strp("vllm-none-hash"), nil}, "python_hash_seed"},
 		{"vllm sha256_raw", Spec{"vllm_v1", "sha256_raw", "low64_be", strp("0"), nil}, "algorithm"},
 		{"vllm algorithm case", Spec{"vllm_v1", "SHA256", "low64_be", strp("0"), nil}, "algorithm"},
 		{"vllm first64", Spec{"vllm_v1", "sha256", "first64_be", strp("0"), nil}, "index_projection"},
@@ -31,7 +36,8 @@ func TestResolveRejects(t *testing.T) {
 		{"vllm seed overflow", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("4294967296"), nil}, "python_hash_seed"},
 		{"vllm seed huge", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("99999999999999999999999"), nil}, "python_hash_seed"},
 		{"vllm seed Random", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("Random"), nil}, "python_hash_seed"},
-		{"vllm seed unset text", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("vllm-none-hash"), nil}, "python_hash_seed"},
+		{"vllm seed unset text case", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("VLLM-none-hash"), nil}, "python_hash_seed"},
+		{"vllm seed unset text space", Spec{"vllm_v1", "sha256", "low64_be", strp("vllm-none-hash "), nil}, "python_hash_seed"},
 		{"vllm seed hex", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("0x10"), nil}, "python_hash_seed"},
 		{"vllm seed non-ascii digit", Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("４２"), nil}, "python_hash_seed"},
 		{"sglang sha256", Spec{"sglang", "sha256", "first64_be", nil, nil}, "algorithm"},
@@ -56,6 +62,23 @@ func TestResolveRejects(t *testing.T) {
 				t.Errorf("profile on error = %+v, want zero", p)
 			}
 		})
+	}
+}
+
+// An engine without PYTHONHASHSEED under xxhash has a random root per
+// process: the refusal says so and says what to do instead.
+func TestResolveXXHashUnsetSeedExplains(t *testing.T) {
+	for _, alg := range []string{"xxhash", "xxhash_cbor"} {
+		_, err := Resolve(Spec{"vllm_v1", alg, "low64_be", strp("vllm-none-hash"), nil})
+		var pe *ProfileError
+		if !errors.As(err, &pe) || pe.Member != "python_hash_seed" {
+			t.Fatalf("%s: err = %v, want a python_hash_seed ProfileError", alg, err)
+		}
+		for _, want := range []string{"random root per process", "set PYTHONHASHSEED", alg} {
+			if !strings.Contains(pe.Msg, want) {
+				t.Errorf("%s: message %q does not say %q", alg, pe.Msg, want)
+			}
+		}
 	}
 }
 
@@ -85,6 +108,16 @@ func TestResolveAccepts(t *testing.T) {
 		{Spec{"vllm_v1", "sha256", "low64_be", strp("random"), nil}, "random",
 			"fa1326fc0ad784c54e10f808051a77f999f7b675b12fba49cbef92b3e1a09cb7", Low64BE, kindVLLMPickle},
 		{Spec{"vllm_v1", "sha256", "low64_be", strp("00000000000000000004294967295"), nil}, "00000000000000000004294967295", "", Low64BE, kindVLLMPickle},
+		// docs/hashing.md#root-digest: every vLLM algorithm and the root
+		// of an engine without PYTHONHASHSEED (engine-dialects.md §1).
+		{Spec{"vllm_v1", "sha256", "low64_be", strp("vllm-none-hash"), nil}, "vllm-none-hash",
+			"066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198", Low64BE, kindVLLMPickle},
+		{Spec{"vllm_v1", "sha256_cbor", "low64_be", strp("vllm-none-hash"), nil}, "vllm-none-hash",
+			"9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0", Low64BE, kindVLLMCBOR},
+		{Spec{"vllm_v1", "xxhash", "low64_be", strp("0"), nil}, "0", "6fb31cc38bba6066183f7f2104b9c051", Low64BE, kindVLLMXXHPickle},
+		{Spec{"vllm_v1", "xxhash_cbor", "low64_be", strp("0"), nil}, "0", "1ebe36576dcb573f26b99533a20aaeca", Low64BE, kindVLLMXXHCBOR},
+		{Spec{"vllm_v1", "xxhash", "low64_be", strp("random"), nil}, "random", "c65c9b784048f08f9df9ee060f014076", Low64BE, kindVLLMXXHPickle},
+		{Spec{"vllm_v1", "xxhash_cbor", "low64_be", strp("42"), nil}, "42", "a9d2e63407fce1a26c9dc9d7fa2d7caf", Low64BE, kindVLLMXXHCBOR},
 		{Spec{"sglang", "sha256_raw", "first64_be", nil, nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLang},
 		{Spec{"sglang", "sha256_raw", "first64_be", strp("not even a number"), nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLang},
 		{Spec{"sglang_bigram", "sha256_raw", "first64_be", strp("42"), nil}, "0", strings.Repeat("0", 64), First64BE, kindSGLangBigram},
@@ -144,14 +177,14 @@ func TestResolveProfileEquality(t *testing.T) {
 }
 
 // FuzzResolveSeed checks seed validation against strconv-free reasoning:
-// accepted iff "random" or all ASCII digits with value ≤ 2^32−1, and the
+// accepted iff "random", "vllm-none-hash" or all ASCII digits with value ≤ 2^32−1, and the
 // text is echoed unchanged.
 func FuzzResolveSeed(f *testing.F) {
-	for _, s := range []string{"0", "00", "random", "", "+1", "-0", "4294967295", "4294967296", "0004294967295", " 1", "1e3", "٣"} {
+	for _, s := range []string{"0", "00", "random", "", "+1", "-0", "4294967295", "4294967296", "0004294967295", " 1", "1e3", "٣", "vllm-none-hash"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, seed string) {
-		want := seed == "random"
+		want := seed == "random" || seed == "vllm-none-hash"
 		if !want && seed != "" {
 			digits := strings.TrimLeft(seed, "0123456789") == ""
 			sig := strings.TrimLeft(seed, "0")

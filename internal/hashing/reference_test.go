@@ -10,6 +10,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"unicode/utf8"
+
+	"github.com/zeebo/xxh3"
 )
 
 type pyObj interface{}
@@ -202,16 +204,40 @@ type refBlock struct {
 	covered int
 }
 
-// refRoot is vLLM's NONE_HASH for algorithm alg ("sha256" or "sha256_cbor").
+// refRoot is vLLM's NONE_HASH for algorithm alg, right-aligned in 32
+// bytes as the chain keeps it.
 func refRoot(alg, seed string) [32]byte {
-	return sha256.Sum256(refEncode(alg, newPyStr(seed)))
+	return refDigest(alg, refEncode(alg, newPyStr(seed)))
 }
 
 func refEncode(alg string, v pyObj) []byte {
-	if alg == "sha256_cbor" {
+	if alg == "sha256_cbor" || alg == "xxhash_cbor" {
 		return refCBOR(v)
 	}
 	return refPickle(v)
+}
+
+// refDigestLen is the size of alg's digests.
+func refDigestLen(alg string) int {
+	if alg == "xxhash" || alg == "xxhash_cbor" {
+		return 16
+	}
+	return 32
+}
+
+// refDigest hashes in with alg's function: SHA-256, or XXH3-128 written
+// big-endian (python's xxh3_128_digest) into the last 16 bytes.
+func refDigest(alg string, in []byte) [32]byte {
+	if refDigestLen(alg) == 32 {
+		return sha256.Sum256(in)
+	}
+	var d [32]byte
+	u := xxh3.Hash128(in)
+	for i := range 8 {
+		d[16+i] = byte(u.Hi >> (56 - 8*i))
+		d[24+i] = byte(u.Lo >> (56 - 8*i))
+	}
+	return d
 }
 
 // refVLLM computes every block of a vLLM query eagerly.
@@ -241,10 +267,11 @@ func refVLLM(alg string, root [32]byte, bs int, toks []int32, lora, salt string)
 		if len(extras) > 0 {
 			extra = &pyTuple{items: extras}
 		}
-		pb := make([]byte, 32)
-		copy(pb, parent[:])
+		n := refDigestLen(alg)
+		pb := make([]byte, n)
+		copy(pb, parent[32-n:])
 		in := refEncode(alg, &pyTuple{items: []pyObj{&pyBytes{pb}, tt, extra}})
-		d := sha256.Sum256(in)
+		d := refDigest(alg, in)
 		out = append(out, refBlock{in, d, binary.BigEndian.Uint64(d[24:]), bs})
 		parent = d
 	}

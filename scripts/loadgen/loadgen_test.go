@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 )
 
@@ -587,5 +588,26 @@ func TestSteadyIngestShort(t *testing.T) {
 	// peak is compared with a read taken earlier within 1 MiB.
 	if p := rep.PeakRSS; p.AfterIngest <= 0 || p.End < p.AfterIngest || p.End < rep.RSS.AfterLoad-1<<20 {
 		t.Fatalf("peak RSS %+v against RSS %+v", p, rep.RSS)
+	}
+}
+
+// TestEngineProfiles: every publisher kind registers a profile the server
+// accepts, and the vLLM kinds name the algorithm and root they hash with.
+func TestEngineProfiles(t *testing.T) {
+	for _, c := range []struct {
+		eng       engine
+		alg, seed string
+	}{
+		{engineVLLM, "sha256_cbor", "0"},
+		{engineVLLMDefaults, "sha256", "vllm-none-hash"},
+		{engineVLLMXXHash, "xxhash", "0"},
+	} {
+		if _, err := hashing.Resolve(c.eng.hashSpec()); err != nil {
+			t.Fatalf("%s: %v", c.eng, err)
+		}
+		hp := c.eng.registration("tcp://127.0.0.1:1", "m", "i", 16)["hash_profile"].(map[string]any)
+		if hp["algorithm"] != c.alg || hp["python_hash_seed"] != c.seed {
+			t.Errorf("%s registers %v, want %s/%s", c.eng, hp, c.alg, c.seed)
+		}
 	}
 }

@@ -192,7 +192,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.serverReplicas, "server-replicas", 1, "with --spawn: start this many servers (each its own process, port and state directory), register every publisher on each, check each one's answers to the whole pool, and send the timed queries to them in turn (--replicas is something else: publishers storing each prompt)")
 	targets := fs.String("targets", "", "comma-separated base URLs of servers already running (loopback only), instead of --base-url: every publisher is registered on each, and the timed queries go to them in turn")
 	pids := fs.String("server-pids", "", "with --targets: the servers' process ids, comma-separated in the same order, for per-server CPU figures (RSS is the first one's)")
-	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor), sglang (sha256_raw) or vllm-rfc1527 (vLLM events under the standard hash, xxh3_64)")
+	eng := fs.String("engine", "vllm", "publisher kind: vllm (sha256_cbor), vllm-sha256 (vLLM's defaults: sha256, PYTHONHASHSEED unset), vllm-xxhash (xxhash, PYTHONHASHSEED=0), sglang (sha256_raw) or vllm-rfc1527 (vLLM events under the standard hash, xxh3_64)")
 	fs.StringVar(&o.model, "model", "", "model name of the context (default: loadgen-<random>, so runs never collide)")
 	fs.IntVar(&o.corpus.Publishers, "publishers", 8, "fake engine publishers")
 	fs.IntVar(&o.corpus.Blocks, "blocks", 200000, "blocks all publishers publish together (approximate, rounded up to whole prompts)")
@@ -237,10 +237,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	switch engine(*eng) {
-	case engineVLLM, engineSGLang, engineVLLMStd:
+	case engineVLLM, engineVLLMDefaults, engineVLLMXXHash, engineSGLang, engineVLLMStd:
 		o.engine = engine(*eng)
 	default:
-		return nil, fmt.Errorf("--engine %q: want vllm, sglang or vllm-rfc1527", *eng)
+		return nil, fmt.Errorf("--engine %q: want vllm, vllm-sha256, vllm-xxhash, sglang or vllm-rfc1527", *eng)
 	}
 	switch *tokEnc {
 	case "array":

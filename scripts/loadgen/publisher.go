@@ -23,6 +23,13 @@ const (
 	// (rfc1527): the server recomputes its keys from token ids, and
 	// queries hash with XXH3 instead of SHA-256.
 	engineVLLMStd engine = "vllm-rfc1527"
+	// engineVLLMDefaults is a vLLM publisher at vLLM's defaults: sha256
+	// (pickle) and PYTHONHASHSEED unset, registered with the root
+	// "vllm-none-hash" (docs/hashing.md#vllm-algorithms).
+	engineVLLMDefaults engine = "vllm-sha256"
+	// engineVLLMXXHash is a vLLM publisher under --prefix-caching-hash-algo
+	// xxhash with PYTHONHASHSEED=0.
+	engineVLLMXXHash engine = "vllm-xxhash"
 )
 
 // hashSpec is the profile the publishers hash with; the same members go into
@@ -34,8 +41,14 @@ func (e engine) hashSpec() hashing.Spec {
 	if e == engineVLLMStd {
 		return hashing.Spec{Strategy: "rfc1527", Algorithm: "xxh3_64"}
 	}
-	seed := "0"
-	return hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed}
+	seed, alg := "0", "sha256_cbor"
+	switch e {
+	case engineVLLMDefaults:
+		seed, alg = hashing.SeedVLLMNoneHash, hashing.AlgorithmSHA256
+	case engineVLLMXXHash:
+		alg = hashing.AlgorithmXXHash
+	}
+	return hashing.Spec{Strategy: "vllm_v1", Algorithm: alg, IndexProjection: "low64_be", PythonHashSeed: &seed}
 }
 
 // registration is the /register body for one publisher.

@@ -19,15 +19,17 @@
 // # What an event allows
 //
 // The published hash and the index key relate through the profile's
-// index_projection: vLLM publishes the low 64 bits of the 32-byte digest
-// as an unsigned integer (low64_be) or, with
-// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, the whole digest as bytes; SGLang
+// index_projection: vLLM publishes the low 64 bits of the digest (32
+// bytes, or 16 under xxhash and xxhash_cbor) as an unsigned integer
+// (low64_be) or, with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, the whole
+// digest as bytes; SGLang
 // publishes the first 64 bits as a signed integer (first64_be). A block is
 // hashed from its parent's full digest, never from the 64-bit key, so:
 //
 //   - a block whose parent is nil starts a chain: it is hashed from the
 //     profile's root (vLLM) or the salt seed (SGLang);
-//   - a parent published as a 32-byte digest is used as it is;
+//   - a parent published as a full digest of the registered algorithm's
+//     size is used as it is;
 //   - a parent published as an integer is usable only if this checker
 //     verified that block earlier and still remembers its digest;
 //   - within one event, a block's parent is the block before it, whose

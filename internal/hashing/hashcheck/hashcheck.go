@@ -122,7 +122,7 @@ var skipHelp = [NumSkipReasons]string{
 	"BlockStored carries no token_ids: send each stored block's token ids",
 	"BlockStored carries no extra_keys: send one entry per block (nil when the block has no extra keys), as vLLM releases with extra_keys do",
 	"the blocks' extra keys hold multimodal or embedding keys a query cannot carry",
-	"parent_block_hash is an integer of a block this check never verified: chains are checkable from their first block (parent nil), or with full 32-byte digests (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)",
+	"parent_block_hash is an integer of a block this check never verified (or a digest of another algorithm's size): chains are checkable from their first block (parent nil), or with full digests (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)",
 	"token_ids do not make blocks of the registered block_size: check block_size against the engine's",
 	"the registered profile cannot hash these token ids (SGLang and a negative id)",
 	"token_ids, block_hashes or extra_keys did not decode as the engine family's format",
@@ -150,7 +150,8 @@ func SkipReasons() []SkipReason {
 type Parent struct {
 	state  parentState
 	key    uint64
-	digest [32]byte
+	digest [32]byte // right-aligned, as hashing keeps digests
+	size   uint8    // the published digest's length (parentDigest)
 }
 
 type parentState uint8
@@ -166,13 +167,15 @@ const (
 func Root() Parent { return Parent{state: parentRoot} }
 
 // FromDigest is a parent published as its full digest (vLLM's bytes
-// form). Anything but 32 bytes (an xxhash digest, say) is unknown.
+// form): 32 bytes (SHA-256) or 16 (XXH3-128). Any other length is
+// unknown, and so is a digest whose size is not the registered
+// algorithm's (Check skips the block as parent_not_pinned).
 func FromDigest(b []byte) Parent {
-	if len(b) != 32 {
+	if len(b) != 32 && len(b) != 16 {
 		return Parent{}
 	}
-	p := Parent{state: parentDigest}
-	copy(p.digest[:], b)
+	p := Parent{state: parentDigest, size: uint8(len(b))}
+	copy(p.digest[32-len(b):], b)
 	return p
 }
 
@@ -276,7 +279,7 @@ func (c *Checker) Check(parent Parent, words []int32, ex Extras, pub Published) 
 // check is Check without counting a skip, whose reason it returns.
 func (c *Checker) check(parent Parent, words []int32, ex Extras, pub Published) (Result, SkipReason, Parent) {
 	next := FromKey(pub.Key)
-	if len(pub.Digest) == 32 {
+	if len(pub.Digest) == c.profile.DigestLen() {
 		next = FromDigest(pub.Digest)
 	}
 	var pd *[32]byte
@@ -291,6 +294,11 @@ func (c *Checker) check(parent Parent, words []int32, ex Extras, pub Published) 
 	switch parent.state {
 	case parentRoot:
 	case parentDigest:
+		if int(parent.size) != c.profile.DigestLen() {
+			// A digest of another algorithm's size: the registered
+			// one cannot hash from it.
+			return Skipped, SkipParentNotPinned, next
+		}
 		pd = &parent.digest
 	case parentKey:
 		d, ok, mismatched := c.recall(parent.key)
@@ -322,7 +330,7 @@ func (c *Checker) check(parent Parent, words []int32, ex Extras, pub Published) 
 	if c.matches1(&d, pub) {
 		c.matches.Add(1)
 		c.remember(pub.Key, &d)
-		return Match, 0, Parent{state: parentDigest, digest: d}
+		return Match, 0, Parent{state: parentDigest, digest: d, size: uint8(c.profile.DigestLen())}
 	}
 	c.mismatches.Add(1)
 	if !c.warned.Swap(true) {
@@ -360,7 +368,7 @@ func (c *Checker) Skip(why SkipReason, blocks int) {
 // matches1 compares a recomputed digest with what the engine published.
 func (c *Checker) matches1(d *[32]byte, pub Published) bool {
 	if pub.Digest != nil {
-		return bytes.Equal(d[:], pub.Digest)
+		return bytes.Equal(c.profile.DigestBytes(d), pub.Digest)
 	}
 	return c.profile.Key(d) == pub.Key
 }

@@ -37,8 +37,22 @@ func causes(strategy string, start bool) string {
 	return "strategy (sglang or sglang_bigram for speculative decoding); page size differs from block_size"
 }
 
-// reproduce tries single changes to the profile and reports the first that
-// yields the published hash, or "". It runs once per service.
+// vllmAlgorithms are vLLM's --prefix-caching-hash-algo values, in the
+// order the check tries them (docs/hashing.md#vllm-algorithms).
+var vllmAlgorithms = []string{hashing.AlgorithmSHA256, hashing.AlgorithmSHA256CBOR, hashing.AlgorithmXXHash, hashing.AlgorithmXXHashCBOR}
+
+// vllmSeeds are the roots the check tries for a chain's first block: the
+// explicit seeds people most often set, and the root of an engine started
+// without PYTHONHASHSEED.
+var vllmSeeds = []string{"0", hashing.SeedRandom, hashing.SeedVLLMNoneHash}
+
+// reproduce tries changes to the profile and reports the first that
+// yields the published hash, or "": single changes first (another
+// algorithm, no LoRA name, another root, no salt), then, for a chain's
+// first block, another algorithm with another root together, since a
+// registration written for an explicit seed and one algorithm often meets
+// engines at vLLM's defaults (sha256, PYTHONHASHSEED unset). It runs once
+// per service.
 func (c *Checker) reproduce(parent *[32]byte, words []int32, ex Extras, pub Published) string {
 	type alt struct {
 		name       string
@@ -54,18 +68,22 @@ func (c *Checker) reproduce(parent *[32]byte, words []int32, ex Extras, pub Publ
 	}
 	var alts []alt
 	if c.profile.Strategy == hashing.StrategyVLLMV1 {
-		other := hashing.AlgorithmSHA256
-		if c.profile.Algorithm == hashing.AlgorithmSHA256 {
-			other = hashing.AlgorithmSHA256CBOR
+		var others []string
+		for _, a := range vllmAlgorithms {
+			if a != c.profile.Algorithm {
+				others = append(others, a)
+			}
 		}
-		s := base
-		s.Algorithm = other
-		alts = append(alts, alt{"algorithm " + other, s, c.lora, salt})
+		for _, a := range others {
+			s := base
+			s.Algorithm = a
+			alts = append(alts, alt{"algorithm " + a, s, c.lora, salt})
+		}
 		if c.lora != "" {
 			alts = append(alts, alt{"no LoRA name", base, "", salt})
 		}
 		if parent == nil {
-			for _, sd := range []string{"0", hashing.SeedRandom} {
+			for _, sd := range vllmSeeds {
 				if sd != seed {
 					s := base
 					s.PythonHashSeed = &sd
@@ -73,19 +91,44 @@ func (c *Checker) reproduce(parent *[32]byte, words []int32, ex Extras, pub Publ
 				}
 			}
 		}
-	}
-	if parent == nil && salt != "" {
+		if parent == nil && salt != "" {
+			alts = append(alts, alt{"no cache salt", base, c.lora, ""})
+		}
+		if parent == nil {
+			for _, a := range others {
+				for _, sd := range vllmSeeds {
+					if sd != seed {
+						s := base
+						s.Algorithm, s.PythonHashSeed = a, &sd
+						alts = append(alts, alt{"algorithm " + a + ", python_hash_seed " + sd, s, c.lora, salt})
+					}
+				}
+			}
+		}
+	} else if parent == nil && salt != "" {
 		alts = append(alts, alt{"no cache salt", base, c.lora, ""})
 	}
 	for _, a := range alts {
 		p, err := hashing.Resolve(a.spec)
 		if err != nil {
-			continue
+			continue // e.g. xxhash with "vllm-none-hash", which has no root
+		}
+		if parent != nil && p.DigestLen() != c.profile.DigestLen() {
+			continue // the parent is a digest of the registered algorithm
 		}
 		d, ok := c.h.Digest(&p, parent, words, a.lora, a.salt)
-		if ok && c.matches1(&d, pub) {
+		if ok && matchesUnder(&p, &d, pub) {
 			return a.name
 		}
 	}
 	return ""
+}
+
+// matchesUnder compares digest d, computed under p, with what the engine
+// published: its whole digest when it sent bytes, else its key.
+func matchesUnder(p *hashing.Profile, d *[32]byte, pub Published) bool {
+	if pub.Digest != nil {
+		return string(p.DigestBytes(d)) == string(pub.Digest)
+	}
+	return p.Key(d) == pub.Key
 }

@@ -44,8 +44,9 @@ type Block struct {
 	// Event is the integer the engine puts in block_hashes: vLLM's
 	// unsigned low 64 bits, SGLang's signed int64.
 	Event string `json:"event"`
-	// Digest is the block's full SHA-256, which vLLM publishes as bytes
-	// when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
+	// Digest is the block's full digest in hex (SHA-256, 64 characters;
+	// XXH3-128 under xxhash and xxhash_cbor, 32), which vLLM publishes as
+	// bytes when VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
 	Digest string `json:"digest"`
 }
 
@@ -115,9 +116,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fl := flag.NewFlagSet("conductor hash", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	fl.StringVar(&o.spec.Strategy, "strategy", "", "hash strategy: vllm_v1, sglang, sglang_bigram or rfc1527 (required)")
-	fl.StringVar(&o.spec.Algorithm, "algorithm", "", "vllm_v1: sha256 or sha256_cbor (required); SGLang: sha256_raw (the default)")
+	fl.StringVar(&o.spec.Algorithm, "algorithm", "", "vllm_v1: the engine's --prefix-caching-hash-algo, sha256 (vLLM's default), sha256_cbor, xxhash or xxhash_cbor (required); SGLang: sha256_raw (the default)")
 	fl.StringVar(&o.spec.IndexProjection, "index-projection", "", "low64_be (vllm_v1) or first64_be (SGLang); default: the strategy's")
-	fl.StringVar(&seed, "seed", "", "the engine's PYTHONHASHSEED, \"random\" or decimal (required for vllm_v1, ignored by SGLang); rfc1527: the XXH3 seed (default 1337)")
+	fl.StringVar(&seed, "seed", "", "vllm_v1 (required): the engine's PYTHONHASHSEED, \"random\" or decimal, or \"vllm-none-hash\" for an engine without PYTHONHASHSEED (sha256 and sha256_cbor); ignored by SGLang; rfc1527: the XXH3 seed (default 1337)")
 	fl.IntVar(&o.blockSize, "block-size", 0, "the registered block_size (required)")
 	fl.StringVar(&o.lora, "lora-name", "", "LoRA adapter name (vllm_v1 hashes it into every block; SGLang ignores it)")
 	fl.StringVar(&o.salt, "cache-salt", "", "the request's cache_salt (enters a chain's first block)")
@@ -255,7 +256,7 @@ func Hash(p *hashing.Profile, blockSize int, toks []int32, lora, salt string) ([
 		if sglang {
 			event = strconv.FormatInt(int64(key), 10)
 		}
-		digest := hex.EncodeToString(d[:])
+		digest := hex.EncodeToString(p.DigestBytes(&d))
 		if p.IsStandard() {
 			digest = digest[:16] // the 64-bit hash is the whole value
 		}

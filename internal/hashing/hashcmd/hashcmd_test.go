@@ -17,10 +17,20 @@ import (
 )
 
 // TestGoldenVectors runs the subcommand, as an integrator would, on every
-// public vector and compares each printed block with the expected key,
-// event integer and digest.
+// public vector and every vector of vLLM's four algorithms and roots
+// (hashvectors.AlgorithmsFile) and compares each printed block with the
+// expected key, event integer and digest.
 func TestGoldenVectors(t *testing.T) {
-	v := hashvectors.LoadPublic(t)
+	for _, file := range []string{hashvectors.PublicFile, hashvectors.AlgorithmsFile} {
+		t.Run(file, func(t *testing.T) {
+			var v hashvectors.Public
+			hashvectors.Load(t, file, &v)
+			runVectors(t, &v)
+		})
+	}
+}
+
+func runVectors(t *testing.T, v *hashvectors.Public) {
 	checked := 0
 	for _, tc := range v.Cases {
 		t.Run(tc.ID, func(t *testing.T) {
@@ -116,6 +126,35 @@ func TestSGLangEventIsSigned(t *testing.T) {
 	}
 }
 
+// TestVLLMDefaults: an engine at vLLM's defaults (sha256, PYTHONHASHSEED
+// unset) is hashed with --seed vllm-none-hash; an xxhash digest prints in
+// its 32 hex digits.
+func TestVLLMDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		key    string
+		digest string
+	}{
+		{[]string{"--algorithm", "sha256", "--seed", "vllm-none-hash"}, "1403909460543360175",
+			"7b255da405e1d722823892e4fef187b4d8ac78215d7f0dd2137bb037547f4caf"},
+		{[]string{"--algorithm", "xxhash", "--seed", "0"}, "11844795890135418255", "6ba7d7fc1608e5f0a4612b1b0c87458f"},
+	} {
+		var out, errOut bytes.Buffer
+		args := append([]string{"--strategy", "vllm_v1", "--block-size", "16", "--json"}, tc.args...)
+		code := Run(args, strings.NewReader("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]"), &out, &errOut)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", tc.args, code, errOut.String())
+		}
+		var b Block
+		if err := json.Unmarshal(out.Bytes(), &b); err != nil {
+			t.Fatal(err)
+		}
+		if b.Key != tc.key || b.Event != tc.key || b.Digest != tc.digest {
+			t.Errorf("%v: key %s event %s digest %s; want %s, %s", tc.args, b.Key, b.Event, b.Digest, tc.key, tc.digest)
+		}
+	}
+}
+
 func TestFileInput(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "toks.json")
 	if err := os.WriteFile(p, []byte("[1,2,3,4]\n"), 0o600); err != nil {
@@ -145,6 +184,8 @@ func TestUsageErrors(t *testing.T) {
 		{"vllm without algorithm", []string{"--strategy", "vllm_v1", "--seed", "0", "--block-size", "4"}, "[]", "--algorithm: unsupported algorithm"},
 		{"vllm without seed", []string{"--strategy", "vllm_v1", "--algorithm", "sha256", "--block-size", "4"}, "[]", "--seed: required"},
 		{"bad seed", []string{"--strategy", "vllm_v1", "--algorithm", "sha256", "--seed", "-1", "--block-size", "4"}, "[]", "--seed: invalid seed"},
+		{"xxhash unset seed", []string{"--strategy", "vllm_v1", "--algorithm", "xxhash", "--seed", "vllm-none-hash", "--block-size", "4"}, "[]", "--seed: \"vllm-none-hash\" is not a root of algorithm xxhash: vLLM started without PYTHONHASHSEED draws a random root per process"},
+		{"xxhash_cbor unset seed", []string{"--strategy", "vllm_v1", "--algorithm", "xxhash_cbor", "--seed", "vllm-none-hash", "--block-size", "4"}, "[]", "set PYTHONHASHSEED"},
 		{"bad projection", []string{"--strategy", "sglang", "--index-projection", "low64_be", "--block-size", "4"}, "[]", "--index-projection"},
 		{"no block size", []string{"--strategy", "sglang"}, "[]", "--block-size must be"},
 		{"negative block size", []string{"--strategy", "sglang", "--block-size", "-4"}, "[]", "--block-size must be"},

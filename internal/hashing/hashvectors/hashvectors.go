@@ -17,6 +17,11 @@ import (
 // PublicFile is the public vector file's name under Dir.
 const PublicFile = "hash_vectors_public.json"
 
+// AlgorithmsFile holds every vLLM algorithm (sha256, sha256_cbor, xxhash,
+// xxhash_cbor) and root, in Public's format, as CPython's pickle, cbor2
+// and the xxhash module compute them; scripts/hashvectors/gen.py writes it.
+const AlgorithmsFile = "vllm_algorithms.json"
+
 // Dir is testdata/hashing at the module root, found by walking up from
 // the working directory (a package directory under go test) to go.mod.
 func Dir(t testing.TB) string {

@@ -234,3 +234,64 @@ func TestStandardScheme(t *testing.T) {
 	req.HashScheme = "conductor/rfc1527/xxh3_64/0/16"
 	check(t, "other seed", f.lookup(req), &pb.LookupRouteResponse{ReasonCode: UnknownHashScheme})
 }
+
+// TestConductorSchemeVLLMAlgorithms: contexts registered under each vLLM
+// algorithm and root (engine-dialects.md §1) are named by
+// conductor/vllm_v1/<algorithm>/<seed>/<block size> and answer token ids,
+// 8-byte keys and full digests of their algorithm's size (16 bytes for
+// xxhash and xxhash_cbor), and no digest of the other size.
+func TestConductorSchemeVLLMAlgorithms(t *testing.T) {
+	for _, c := range []struct{ alg, seed, scheme string }{
+		{"sha256", "vllm-none-hash", "conductor/vllm_v1/sha256/vllm-none-hash/16"},
+		{"sha256_cbor", "vllm-none-hash", "conductor/vllm_v1/sha256_cbor/vllm-none-hash/16"},
+		{"xxhash", "0", "conductor/vllm_v1/xxhash/0/16"},
+		{"xxhash_cbor", "42", "conductor/vllm_v1/xxhash_cbor/42/16"},
+	} {
+		t.Run(c.alg, func(t *testing.T) {
+			f := newFixture(t, func(o *Options) { o.MinMatchedTokens = -1 })
+			seed := c.seed
+			prof, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: c.alg, IndexProjection: "low64_be", PythonHashSeed: &seed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ConductorScheme(&prof, 16); got != c.scheme {
+				t.Fatalf("ConductorScheme = %q, want %q", got, c.scheme)
+			}
+			tbl := f.cat.Ensure(index.ContextKey{Tenant: "t", Model: "m", BlockSize: 16}, prof).Table
+			a := tbl.AddEngineOwner("a", 0)
+			toks := make([]int32, 64)
+			ids := make([]uint32, len(toks))
+			for i := range toks {
+				toks[i] = int32(7 + 5*i)
+				ids[i] = uint32(toks[i])
+			}
+			ch := hashing.AcquireChain()
+			ch.Reset(&prof, 16, toks, "", "")
+			byDigest := &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: c.scheme}
+			wrong := &pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: c.scheme}
+			for {
+				k, _, ok := ch.Next()
+				if !ok {
+					break
+				}
+				tbl.Store(a, index.Put{Key: k, Tier: index.Device})
+				d := ch.Digest()
+				raw := append([]byte(nil), prof.DigestBytes(&d)...)
+				if len(raw) != prof.DigestLen() {
+					t.Fatalf("digest of %d bytes", len(raw))
+				}
+				byDigest.BlockHashes = append(byDigest.BlockHashes, raw)
+				byDigest.BlockTokenCounts = append(byDigest.BlockTokenCounts, 16)
+				other := make([]byte, 48-len(raw)) // the other algorithms' size
+				copy(other[len(other)-8:], raw[len(raw)-8:])
+				wrong.BlockHashes = append(wrong.BlockHashes, other)
+				wrong.BlockTokenCounts = append(wrong.BlockTokenCounts, 16)
+			}
+			hashing.ReleaseChain(ch)
+			want := &pb.LookupRouteResponse{ReasonCode: PrefixMatch, ReplicaScores: []*pb.ReplicaScore{score("a", 64, 64, 1, t1)}}
+			check(t, "token ids", f.lookup(&pb.LookupRouteRequest{TenantId: "t", ModelId: "m", HashScheme: c.scheme, TokenIds: ids}), want)
+			check(t, "full digests", f.lookup(byDigest), want)
+			check(t, "digests of the other size", f.lookup(wrong), &pb.LookupRouteResponse{ReasonCode: NoHint})
+		})
+	}
+}

@@ -488,11 +488,14 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 	} else {
 		proj = hashing.First64BE
 	}
+	// A full digest is the scheme's algorithm's: 32 bytes, or 16 for
+	// vLLM's xxhash and xxhash_cbor (docs/grpc.md#hash-schemes).
+	digestLen := hashing.AlgorithmDigestLen(cs.algorithm)
 	keyOf := func(b []byte) (uint64, bool) {
 		switch len(b) {
 		case 8:
 			return binary.BigEndian.Uint64(b), true
-		case 32:
+		case digestLen:
 			k, err := hashing.KeyFromBytes(proj, b)
 			return k, err == nil
 		}
