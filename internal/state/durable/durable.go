@@ -220,12 +220,12 @@ func (s *State) Recorded() []registry.Service { return s.recorded }
 func (s *State) Gate() *sync.RWMutex { return &s.gate }
 
 // Resume restores what the snapshot holds for svc before its source
-// starts: its engine entries into its table under its new owner id, and
+// starts: an engine's entries into its table under its new owner id, and
 // the handle through which the source resumes its stream and says how it
 // settled (readiness waits for the sources catching up). It returns nil
 // for a source the snapshot does not know, which then starts fresh. Each
 // source is restored once.
-func (s *State) Resume(svc registry.Service, b registry.Binding) *streampos.Restore {
+func (s *State) Resume(svc registry.Service, table *index.Table, owner index.OwnerID) *streampos.Restore {
 	s.planMu.Lock()
 	defer s.planMu.Unlock()
 	if s.plan == nil {
@@ -237,8 +237,8 @@ func (s *State) Resume(svc registry.Service, b registry.Binding) *streampos.Rest
 	}
 	r := streampos.NewRestore(streampos.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest},
 		s.stats.outcome)
-	if svc.IsEngine() && !src.Stale && b.Table != nil {
-		n := s.plan.restoreOwner(svc, b.Table, b.Owner)
+	if svc.IsEngine() && !src.Stale && table != nil {
+		n := s.plan.restoreOwner(svc, table, owner)
 		s.stats.restoredPairs.Add(int64(n))
 	}
 	s.stats.restored.Add(1)
