@@ -23,6 +23,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
+	"github.com/mooncake-conductor-go/conductor/internal/registration"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
@@ -289,12 +290,12 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 	}
 	fromFile := make(map[string]bool, len(static))
 	for i := range static {
-		fromFile[string(regstore.RegisterBody(&static[i]))] = true
+		fromFile[string(registration.Encode(&static[i]))] = true
 	}
 	record := func(all []registry.Service) error {
 		dynamic := make([]registry.Service, 0, len(all))
 		for i := range all {
-			if !fromFile[string(regstore.RegisterBody(&all[i]))] {
+			if !fromFile[string(registration.Encode(&all[i]))] {
 				dynamic = append(dynamic, all[i])
 			}
 		}
@@ -496,7 +497,7 @@ func (s *State) AttachProducer(p *producer.Store) {
 }
 
 // fingerprint identifies a registration's configuration.
-func fingerprint(svc *registry.Service) uint64 { return xxhash.Sum64(regstore.RegisterBody(svc)) }
+func fingerprint(svc *registry.Service) uint64 { return xxhash.Sum64(registration.Encode(svc)) }
 
 func profileOf(p *hashing.Profile) snapshot.Profile {
 	return snapshot.Profile{Strategy: p.Strategy, Algorithm: p.Algorithm, IndexProjection: p.IndexProjection, PythonHashSeed: p.PythonHashSeed, Seed: p.Seed}
