@@ -186,10 +186,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// the metrics export, the budget of optional connection monitors, the
 	// C receive batches and the C heap trimmer.
 	sources := subscriber.NewShared(subscriber.SharedOptions{})
-	// One engine answers both doors and owns their caches: the prefix
-	// memo and the verified links, and the doors' token
-	// memos attached to it, all forgotten through engine.Forget. Ingest
-	// fills the links.
+	// One engine answers both doors and owns the caches of its lookups:
+	// the prefix memo and the verified links, forgotten through
+	// engine.Forget. Ingest fills the links.
 	backlog := linkBacklogBytes(cfg.Memory, cfg.LinkMemoBytes)
 	links := hashing.NewLinks(cfg.LinkMemoBytes - backlog)
 	links.SetBacklogLimit(int64(backlog))
@@ -198,10 +197,19 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// both doors (MessagePack bodies here, protobuf varints there): a
 	// prompt one door learned is a hit on the other. With the gRPC door
 	// on, producer-scope lookups use it too, so it goes only once no
-	// scope is left either.
+	// scope is left either. The doors consult it; the app, not the
+	// engine, forgets it.
 	tokenMemo := tokenmemo.New(cfg.TokenMemoBytes)
-	engine.Attach(tokenMemo, cfg.GRPCAddr != "")
 	a.tokenMemo = tokenMemo
+	// forget empties the caches once nothing is left for them to answer
+	// about: the engine's with the last context, the token memo then too,
+	// unless the gRPC door is on and a producer scope is left.
+	forget := func() {
+		engine.Forget()
+		if cat.Len() == 0 && (cfg.GRPCAddr == "" || len(ix.Scopes()) == 0) {
+			tokenMemo.Reset()
+		}
+	}
 	memReturn := bgjob.New(returnMemory, nil)
 	// door is set once the gRPC door is open, for the sources' state
 	// changes its watchers hear of; sources may change state from their
@@ -224,7 +232,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// Nothing left to query: remembered chains, links
 				// and token arrays would only keep their budgets
 				// resident.
-				engine.Forget()
+				forget()
 			}
 			memReturn.Request()
 		},
@@ -259,7 +267,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// The last producer-fed scope went (cleared or
 				// expired): with no context left either, the
 				// token memo only keeps its budget resident.
-				engine.Forget()
+				forget()
 				memReturn.Request()
 			}})
 		state.AttachProducer(prod)

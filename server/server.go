@@ -54,8 +54,8 @@ type Options struct {
 	Engine *query.Engine
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
 	// prefix seen before (on either door) instead of decoding them: the
-	// token memo both doors share. Its owner forgets it (the service
-	// attaches it to the Engine).
+	// token memo both doors share. Its owner forgets it (the service,
+	// once nothing is left to look up; the engine knows nothing of it).
 	TokenMemo *tokenmemo.Memo
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
