@@ -38,6 +38,7 @@ func DefaultLimits() Limits {
 	return Limits{MaxIdentityBytes: 1024, MaxNameBytes: 256 << 10}
 }
 
+// The members of a /register body, as FieldSet bits.
 const (
 	regEndpoint = iota
 	regReplayEndpoint
