@@ -114,24 +114,25 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Field + ": " + e.Msg }
 
-// Find checks what a decoder would have (a model, a positive block size,
-// the token limit) and returns the context req names, an empty
-// tenant being the default one; nil, with no error, when no such context
-// exists. A door finds the context once per request and answers with
-// LookupIn; in between, its token memo learns only bodies that name a
-// context, so the lookup can keep the learned array without a copy. The
-// error, if any, is an *Error.
-func (e *Engine) Find(req *Request) (*contexts.Context, error) {
+// Lookup answers req into res, the one call a door makes per request: it
+// checks what a decoder would have (a model, a positive block size, the
+// token limit), finds the context req names (an empty tenant being the
+// default one) and, when it exists, hashes the prompt's blocks and walks
+// its table. known says whether the context exists (a door's token memo
+// learns only bodies that name one); a context nobody registered answers
+// no owners. The error, if any, is an *Error, and res is then untouched.
+func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
 	ctx, err := e.check(req)
 	if err != nil {
-		return nil, err
+		return false, err
 	}
-	return e.opts.Contexts.Get(ctx), nil
+	c := e.opts.Contexts.Get(ctx)
+	e.lookupIn(c, req, res)
+	return c != nil, nil
 }
 
-// LookupIn answers req into res from c, the context Find returned for it
-// (nil: no owners).
-func (e *Engine) LookupIn(c *contexts.Context, req *Request, res *Result) {
+// lookupIn answers req into res from c (nil: no owners).
+func (e *Engine) lookupIn(c *contexts.Context, req *Request, res *Result) {
 	res.Instances = res.Instances[:0]
 	if c == nil {
 		return
@@ -141,13 +142,13 @@ func (e *Engine) LookupIn(c *contexts.Context, req *Request, res *Result) {
 
 // LookupFound answers req into res from c, a context the door found
 // itself (the gRPC door matches a hash scheme against every registered
-// context): the rules Find applies hold, and the catalogue is not read a
-// second time.
+// context): the rules Lookup applies hold, and the catalogue is not read
+// a second time.
 func (e *Engine) LookupFound(c *contexts.Context, req *Request, res *Result) error {
 	if _, err := e.check(req); err != nil {
 		return err
 	}
-	e.LookupIn(c, req, res)
+	e.lookupIn(c, req, res)
 	return nil
 }
 
