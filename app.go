@@ -186,10 +186,9 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// the metrics export, the budget of optional connection monitors, the
 	// C receive batches and the C heap trimmer.
 	sources := subscriber.NewShared(subscriber.SharedOptions{ReceiveBytes: cfg.Memory.Size[membudget.Receive]})
-	// One engine answers both doors and owns their caches: the prefix
-	// memo and the verified links, and the doors' token
-	// memos attached to it, all forgotten through engine.Forget. Ingest
-	// fills the links.
+	// One engine answers both doors and owns the caches of its lookups:
+	// the prefix memo and the verified links, forgotten through
+	// engine.Forget. Ingest fills the links.
 	backlog := linkBacklogBytes(cfg.Memory, cfg.LinkMemoBytes)
 	links := hashing.NewLinks(cfg.LinkMemoBytes - backlog)
 	links.SetBacklogLimit(int64(backlog))
@@ -198,10 +197,19 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// both doors (MessagePack bodies here, protobuf varints there): a
 	// prompt one door learned is a hit on the other. With the gRPC door
 	// on, producer-scope lookups use it too, so it goes only once no
-	// scope is left either.
+	// scope is left either. The doors consult it; the app, not the
+	// engine, forgets it.
 	tokenMemo := tokenmemo.New(cfg.TokenMemoBytes)
-	engine.Attach(tokenMemo, cfg.GRPCAddr != "")
 	a.tokenMemo = tokenMemo
+	// forget empties the caches once nothing is left for them to answer
+	// about: the engine's with the last context, the token memo then too,
+	// unless the gRPC door is on and a producer scope is left.
+	forget := func() {
+		engine.Forget()
+		if cat.Len() == 0 && (cfg.GRPCAddr == "" || len(ix.Scopes()) == 0) {
+			tokenMemo.Reset()
+		}
+	}
 	memReturn := bgjob.New(returnMemory, nil)
 	// door is set once the gRPC door is open, for the sources' state
 	// changes its watchers hear of; sources may change state from their
@@ -215,7 +223,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	reg := registry.New(registry.Options{
 		Contexts: cat,
 		Start: sourceFactory{
-			log: log, shared: sources, checks: checks, links: links, limits: budgetedSources(cfg.Memory),
+			log: log, contexts: cat, shared: sources, checks: checks, links: links, limits: budgetedSources(cfg.Memory),
 			watch: staticKeys(cfg), state: state, stateChanged: sourceStateTeller(&door), staleMode: staleRecovery(cfg),
 		}.New,
 		Logger: log,
@@ -224,7 +232,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// Nothing left to query: remembered chains, links
 				// and token arrays would only keep their budgets
 				// resident.
-				engine.Forget()
+				forget()
 			}
 			memReturn.Request()
 		},
@@ -259,7 +267,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 				// The last producer-fed scope went (cleared or
 				// expired): with no context left either, the
 				// token memo only keeps its budget resident.
-				engine.Forget()
+				forget()
 				memReturn.Request()
 			}})
 		state.AttachProducer(prod)
@@ -298,7 +306,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 		membudget.TokenMemo: func() int64 { return int64(tokenMemo.Bytes()) },
 		membudget.Receive:   sources.ReceiveHeld,
 	})
-	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Counters: sources.Counters(), Events: sources.Events(), Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
+	m := metrics.New(metrics.Options{Index: ix, Registry: reg, Ingest: ingestSeries(sources.Counters()), SourceStates: sourceStates(), Events: sources.Events(), Memo: engine.Memo(), Links: links, TokenMemo: tokenMemo, Build: &build, HashChecks: checks,
 		Extra: append([]prometheus.Collector{state.Collector(), budget}, sh.Collectors()...)})
 	static := make([]registry.ServiceKey, len(fromFile))
 	for i, svc := range fromFile {
@@ -436,11 +444,15 @@ func (a *app) close() error {
 // the subscriber of one registration. Each engine service also gets a hash
 // checker, whose counts live as long as its source.
 type sourceFactory struct {
-	log    zerolog.Logger
-	shared *subscriber.Shared
-	checks *hashcheck.Set // nil: the hash check is off
-	links  *hashing.Links
-	limits sourceLimits
+	log zerolog.Logger
+	// contexts holds each service's table (its context is in it by the
+	// time the registry starts the source) and the contexts Mooncake
+	// streams may bind to.
+	contexts *contexts.Catalogue
+	shared   *subscriber.Shared
+	checks   *hashcheck.Set // nil: the hash check is off
+	links    *hashing.Links
+	limits   sourceLimits
 	// watch are the registrations readiness waits for (the config file's).
 	watch map[registry.ServiceKey]bool
 	// state restores sources from the snapshot and holds the gate.
@@ -450,9 +462,11 @@ type sourceFactory struct {
 	staleMode    subscriber.StaleRecovery
 }
 
-// New starts the source of svc, bound to its table (b).
-func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.Source, error) {
+// New starts the source of svc, bound to its context's table, as owner
+// there for an engine.
+func (f sourceFactory) New(svc registry.Service, owner index.OwnerID) (registry.Source, error) {
 	key := string(svc.Key())
+	table := f.contexts.Get(svc.Context()).Table
 	var chk *hashcheck.Checker
 	if svc.IsEngine() && f.checks != nil {
 		chk = f.checks.Add(key, &svc.Profile, svc.BlockSize, svc.LoraName)
@@ -462,8 +476,8 @@ func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.S
 			Key: key, Type: svc.Type, Endpoint: svc.Endpoint, ReplayEndpoint: svc.ReplayEndpoint, DPRank: svc.DPRank,
 		},
 		Index: subscriber.IndexConfig{
-			Context: svc.Context(), Profile: svc.Profile, Engine: b.Table, Owner: b.Owner,
-			Lookup: subscriber.ContextLookup(b.Lookup),
+			Context: svc.Context(), Profile: svc.Profile, Engine: table, Owner: owner,
+			Lookup: subscriber.ContextLookup(f.contexts.WithEngines),
 			// The registry removes the owner after Stop, and the index
 			// then reclaims its entries in the background.
 			OwnerRemovedAfterStop: true,
@@ -472,7 +486,7 @@ func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.S
 		Session: subscriber.SessionConfig{WatchConnection: f.watch[svc.Key()], StaleRecovery: f.staleMode},
 		// A source the snapshot knows gets its entries back before it
 		// subscribes, and resumes its stream where the snapshot left it.
-		Durable: subscriber.DurableConfig{Gate: f.state.Gate(), Restore: f.state.Resume(svc, b)},
+		Durable: subscriber.DurableConfig{Gate: f.state.Gate(), Restore: f.state.Resume(svc, table, owner)},
 		Report:  subscriber.ReportConfig{Logger: f.log}, // the subscriber adds the service key itself
 		Shared:  f.shared,
 	}
@@ -485,6 +499,27 @@ func (f sourceFactory) New(svc registry.Service, b registry.Binding) (registry.S
 		return nil, err
 	}
 	return source{Subscriber: sub, stopped: func() { f.checks.Remove(chk) }}, nil
+}
+
+// ingestSeries hands the subscribers' ingestion counters to the metrics in
+// the metrics' own terms (docs/architecture.md: metrics knows nothing of
+// the subscriber): every series the counters export, zero or not.
+func ingestSeries(c *subscriber.Counters) func(yield func(family, sourceType, reason string, value uint64)) {
+	return func(yield func(family, sourceType, reason string, value uint64)) {
+		for _, s := range c.All() {
+			yield(s.Metric, s.Source, s.Reason, s.Value)
+		}
+	}
+}
+
+// sourceStates names every state a subscriber can be in, for the metrics
+// to export each from start-up.
+func sourceStates() []string {
+	var out []string
+	for _, st := range subscriber.States() {
+		out = append(out, st.String())
+	}
+	return out
 }
 
 // sourceStateTeller tells the gRPC door, once it is open, that a source

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"path/filepath"
@@ -59,6 +60,40 @@ func TestLayering(t *testing.T) {
 			withTests: true, minFiles: 10,
 			forbidden: func(p string) bool { return strings.Contains(p, "/internal/state/") },
 		},
+		{
+			// The registration record's schema (internal/registration) and
+			// the strict field reading under it (internal/reqfields) sit
+			// below both the HTTP codec and the state that stores records:
+			// neither they nor the state reads records through the codec.
+			name:      "state reads its records without the HTTP codec",
+			dirs:      []string{"internal/state/regstore", "internal/state/durable", "internal/state/snapshot", "internal/state/statedir", "internal/registration", "internal/reqfields"},
+			withTests: true, minFiles: 10,
+			forbidden: func(p string) bool {
+				return strings.HasSuffix(p, "/conductor/codec") || strings.HasSuffix(p, "/conductor/server")
+			},
+		},
+		{
+			// The subscribers hand their counters and states to the metrics
+			// as plain values the metrics own (Options.Ingest,
+			// SourceStates); the app adapts them.
+			name: "metrics know no subscriber", dirs: []string{"internal/metrics"},
+			withTests: true, minFiles: 4,
+			forbidden: func(p string) bool { return strings.HasSuffix(p, "/conductor/subscriber") },
+		},
+		{
+			// The registry decides registrations; the doors, the sources,
+			// the state and the metrics sit above it.
+			name: "registry calls nothing above it", dirs: []string{"registry"},
+			withTests: true, minFiles: 8,
+			forbidden: func(p string) bool {
+				for _, up := range []string{"/conductor/codec", "/conductor/server", "/conductor/subscriber", "/internal/state/", "/internal/metrics", "/internal/etcdreg", "/internal/inferencecache/"} {
+					if strings.HasSuffix(p, up) || strings.Contains(p, up) {
+						return true
+					}
+				}
+				return false
+			},
+		},
 	} {
 		t.Run(rule.name, func(t *testing.T) {
 			files := 0
@@ -88,4 +123,85 @@ func TestLayering(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRegistryAPIInItsOwnTerms: the registry hands a source factory only
+// what it decides (the service and its engine owner); a source's table,
+// and the contexts a Mooncake stream may bind to, are the catalogue's
+// (docs/architecture.md). No exported declaration of registry/ may name
+// the machinery it used to pass through: a context's catalogue entry or
+// an index table.
+func TestRegistryAPIInItsOwnTerms(t *testing.T) {
+	forbidden := map[string]bool{"contexts.Context": true, "index.Table": true}
+	paths, err := filepath.Glob(filepath.Join("registry", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	decls := 0
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check := func(what string, n ast.Node) {
+			decls++
+			ast.Inspect(n, func(n ast.Node) bool {
+				if sel, ok := n.(*ast.SelectorExpr); ok {
+					if x, ok := sel.X.(*ast.Ident); ok && forbidden[x.Name+"."+sel.Sel.Name] {
+						t.Errorf("%s: %s names %s.%s", path, what, x.Name, sel.Sel.Name)
+					}
+				}
+				return true
+			})
+		}
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Name.IsExported() && (d.Recv == nil || exportedRecv(d.Recv)) {
+					check(d.Name.Name, d.Type)
+				}
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					ts, ok := sp.(*ast.TypeSpec)
+					if !ok || !ts.Name.IsExported() {
+						continue
+					}
+					if st, ok := ts.Type.(*ast.StructType); ok {
+						// Unexported fields are the registry's own.
+						for _, fld := range st.Fields.List {
+							for _, n := range fld.Names {
+								if n.IsExported() {
+									check(ts.Name.Name+"."+n.Name, fld.Type)
+								}
+							}
+							if len(fld.Names) == 0 {
+								check(ts.Name.Name+" (embedded)", fld.Type)
+							}
+						}
+						continue
+					}
+					check(ts.Name.Name, ts.Type)
+				}
+			}
+		}
+	}
+	if decls < 20 {
+		t.Fatalf("checked %d exported declarations; the test looks in the wrong place", decls)
+	}
+}
+
+// exportedRecv reports whether a method's receiver type is exported.
+func exportedRecv(recv *ast.FieldList) bool {
+	if recv == nil || len(recv.List) == 0 {
+		return false
+	}
+	t := recv.List[0].Type
+	if s, ok := t.(*ast.StarExpr); ok {
+		t = s.X
+	}
+	id, ok := t.(*ast.Ident)
+	return ok && id.IsExported()
 }

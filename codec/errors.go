@@ -1,56 +1,43 @@
 // Package codec turns MessagePack request bodies into typed requests under
 // strict schemas, and typed responses back into MessagePack, so that the
-// HTTP layer never touches wire bytes itself.
+// HTTP layer never touches wire bytes itself. The strict reading of a
+// request map and its errors are internal/reqfields'; the /register body's
+// schema is internal/registration's, which the state store reads its
+// records with too (docs/architecture.md).
 package codec
 
-import "fmt"
+import "github.com/mooncake-conductor-go/conductor/internal/reqfields"
 
 // Reason is the closed set of machine-readable causes the contract allows in
 // a 400 body; routers switch on it, so no other value may ever be sent.
-type Reason string
+type Reason = reqfields.Reason
 
 // The contract's reasons, in its order.
 const (
-	UnsupportedContentType Reason = "unsupported_content_type"
-	InvalidMsgpack         Reason = "invalid_msgpack"
-	UnknownField           Reason = "unknown_field"
-	Missing                Reason = "missing"
-	InvalidType            Reason = "invalid_type"
-	InvalidValue           Reason = "invalid_value"
-	OutOfRange             Reason = "out_of_range"
-	Unsupported            Reason = "unsupported"
-	InvalidRegistration    Reason = "invalid_registration"
+	UnsupportedContentType = reqfields.UnsupportedContentType
+	InvalidMsgpack         = reqfields.InvalidMsgpack
+	UnknownField           = reqfields.UnknownField
+	Missing                = reqfields.Missing
+	InvalidType            = reqfields.InvalidType
+	InvalidValue           = reqfields.InvalidValue
+	OutOfRange             = reqfields.OutOfRange
+	Unsupported            = reqfields.Unsupported
+	InvalidRegistration    = reqfields.InvalidRegistration
 )
 
 // NoIndex marks an Error that does not concern one array element.
-const NoIndex = -1
+const NoIndex = reqfields.NoIndex
 
 // Error is a validation failure, rendered as the contract's 400 body
-// {error, reason, field?, index?}. Field names the offending member (a
-// member of hash_profile by its own name, "algorithm"); Index names the
-// offending element of an array field, or is NoIndex.
-type Error struct {
-	Reason Reason
-	Field  string
-	Index  int
-	Msg    string
-}
-
-func (e *Error) Error() string {
-	switch {
-	case e.Field != "" && e.Index != NoIndex:
-		return fmt.Sprintf("%s: %s[%d]: %s", e.Reason, e.Field, e.Index, e.Msg)
-	case e.Field != "":
-		return fmt.Sprintf("%s: %s: %s", e.Reason, e.Field, e.Msg)
-	}
-	return fmt.Sprintf("%s: %s", e.Reason, e.Msg)
-}
+// {error, reason, field?, index?}.
+type Error = reqfields.Error
 
 // Errorf builds an Error about one field (field may be empty).
 func Errorf(reason Reason, field string, format string, args ...any) *Error {
-	return &Error{Reason: reason, Field: field, Index: NoIndex, Msg: fmt.Sprintf(format, args...)}
+	return reqfields.Errorf(reason, field, format, args...)
 }
 
+// elemErrorf builds an Error about element index of an array field.
 func elemErrorf(reason Reason, field string, index int, format string, args ...any) *Error {
-	return &Error{Reason: reason, Field: field, Index: index, Msg: fmt.Sprintf(format, args...)}
+	return reqfields.ElemErrorf(reason, field, index, format, args...)
 }

@@ -3,11 +3,10 @@ package codec
 import (
 	"encoding/binary"
 	"math"
-	"strings"
 	"unsafe"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/registration"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -28,254 +27,18 @@ type Limits struct {
 
 // DefaultLimits are the documented defaults (docs/operations.md "Limits").
 func DefaultLimits() Limits {
-	return Limits{MaxTokens: 2 << 20, MaxIdentityBytes: 1024, MaxNameBytes: 256 << 10}
+	reg := registration.DefaultLimits()
+	return Limits{MaxTokens: 2 << 20, MaxIdentityBytes: reg.MaxIdentityBytes, MaxNameBytes: reg.MaxNameBytes}
 }
 
 // DefaultTenant is what an empty or omitted tenant_id means.
 const DefaultTenant = registry.DefaultTenant
 
-// DecodeRegister's result is a registry.Registration: the registry owns the
-// rules a registration must then pass (registry.NewService), and the config
-// file's registrations reach them without going through MessagePack.
-
-const (
-	regEndpoint = iota
-	regReplayEndpoint
-	regType
-	regModelName
-	regLoraName
-	regTenantID
-	regInstanceID
-	regBlockSize
-	regDPRank
-	regHashProfile
-	regCacheGroup
-	regKVCacheGroups
-)
-
-// DecodeRegister decodes a /register body under its schema: field names,
-// types, presence and size limits. The registration rules (the type's
-// name, endpoints, the hash profile's resolution) are the registry's, in
-// registry.NewService.
+// DecodeRegister decodes a /register body under the registration record's
+// schema (internal/registration), with the HTTP door's limits. The
+// registration rules are the registry's, in registry.NewService.
 func DecodeRegister(body []byte, lim Limits) (registry.Registration, *Error) {
-	var r registry.Registration
-	c, n, e := open(body)
-	if e != nil {
-		return r, e
-	}
-	var seen fieldSet
-	for i := 0; i < n; i++ {
-		k, e := c.key("")
-		if e != nil {
-			return r, e
-		}
-		switch string(k) {
-		case "endpoint":
-			if e = seen.mark(regEndpoint, "endpoint"); e == nil {
-				r.Endpoint, e = c.str("endpoint", lim.MaxIdentityBytes)
-			}
-		case "replay_endpoint":
-			if e = seen.mark(regReplayEndpoint, "replay_endpoint"); e == nil {
-				r.ReplayEndpoint, e = c.str("replay_endpoint", lim.MaxIdentityBytes)
-			}
-		case "type":
-			if e = seen.mark(regType, "type"); e == nil {
-				r.Type, e = c.str("type", lim.MaxIdentityBytes)
-			}
-		case "modelname":
-			if e = seen.mark(regModelName, "modelname"); e == nil {
-				r.ModelName, e = c.str("modelname", lim.MaxIdentityBytes)
-			}
-		case "lora_name":
-			if e = seen.mark(regLoraName, "lora_name"); e == nil {
-				r.LoraName, e = c.str("lora_name", lim.MaxNameBytes)
-			}
-		case "tenant_id":
-			if e = seen.mark(regTenantID, "tenant_id"); e == nil {
-				r.TenantID, e = c.str("tenant_id", lim.MaxIdentityBytes)
-			}
-		case "instance_id":
-			if e = seen.mark(regInstanceID, "instance_id"); e == nil {
-				r.InstanceID, e = c.str("instance_id", lim.MaxIdentityBytes)
-			}
-		case "block_size":
-			if e = seen.mark(regBlockSize, "block_size"); e == nil {
-				r.BlockSize, e = blockSize(&c)
-			}
-		case "dp_rank":
-			if e = seen.mark(regDPRank, "dp_rank"); e == nil {
-				var v int64
-				v, e = c.intField("dp_rank", 0, maxInt32)
-				r.DPRank = int(v)
-			}
-		case "hash_profile":
-			if e = seen.mark(regHashProfile, "hash_profile"); e == nil {
-				r.HashProfile, e = decodeSpec(&c, lim)
-			}
-		case "cache_group":
-			if e = seen.mark(regCacheGroup, "cache_group"); e == nil {
-				r.CacheGroup, e = cacheGroup(&c)
-			}
-		case "kv_cache_groups":
-			if e = seen.mark(regKVCacheGroups, "kv_cache_groups"); e == nil {
-				r.KVCacheGroups, e = decodeGroups(&c, lim)
-			}
-		default:
-			return r, Errorf(UnknownField, string(k), "unknown field %q", string(k))
-		}
-		if e != nil {
-			return r, e
-		}
-	}
-	for _, req := range []struct {
-		bit   int
-		field string
-	}{
-		{regEndpoint, "endpoint"}, {regType, "type"}, {regModelName, "modelname"},
-		{regInstanceID, "instance_id"}, {regBlockSize, "block_size"}, {regDPRank, "dp_rank"},
-		{regHashProfile, "hash_profile"},
-	} {
-		if !seen.has(req.bit) {
-			return r, Errorf(Missing, req.field, "%s is required", req.field)
-		}
-	}
-	return r, nil
-}
-
-func blockSize(c *cursor) (int, *Error) {
-	if k := c.Kind(); k != msgp.Int {
-		return 0, Errorf(InvalidType, "block_size", "block_size must be an integer, got %s", k)
-	}
-	v, ok := msgp.Int64Range(c.int())
-	if ok && v <= 0 {
-		// The contract's own example answers invalid_value here.
-		return 0, Errorf(InvalidValue, "block_size", "block_size must be positive")
-	}
-	if !ok || v > maxInt32 {
-		return 0, Errorf(OutOfRange, "block_size", "block_size must be at most %d", maxInt32)
-	}
-	return int(v), nil
-}
-
-func cacheGroup(c *cursor) (*int, *Error) {
-	switch k := c.Kind(); k {
-	case msgp.Nil:
-		return nil, c.nilValue()
-	case msgp.Int:
-		v, neg := c.int()
-		if neg || v != 0 {
-			return nil, Errorf(Unsupported, "cache_group", "only cache_group 0 is supported")
-		}
-		zero := 0
-		return &zero, nil
-	default:
-		return nil, Errorf(InvalidType, "cache_group", "cache_group must be an integer or nil, got %s", k)
-	}
-}
-
-const (
-	hpStrategy = iota
-	hpAlgorithm
-	hpProjection
-	hpSeed
-	hpStdSeed
-)
-
-// decodeSpec decodes hash_profile. An error about one of its members
-// names the member itself in Field ("strategy", "root_digest"), as
-// upstream Conductor does, while the message keeps the dotted path for a
-// reader; an error about hash_profile as a whole names "hash_profile".
-func decodeSpec(c *cursor, lim Limits) (hashing.Spec, *Error) {
-	s, e := decodeSpecMembers(c, lim)
-	if e != nil && strings.HasPrefix(e.Field, "hash_profile.") {
-		e.Field = e.Field[len("hash_profile."):]
-	}
-	return s, e
-}
-
-func decodeSpecMembers(c *cursor, lim Limits) (hashing.Spec, *Error) {
-	var s hashing.Spec
-	if k := c.Kind(); k != msgp.Map {
-		return s, Errorf(InvalidType, "hash_profile", "hash_profile must be a map, got %s", k)
-	}
-	n, err := c.MapLen()
-	if err != nil {
-		return s, errUnchecked
-	}
-	var seen fieldSet
-	for i := 0; i < n; i++ {
-		k, e := c.key("hash_profile")
-		if e != nil {
-			return s, e
-		}
-		switch string(k) {
-		case "strategy":
-			if e = seen.mark(hpStrategy, "hash_profile.strategy"); e == nil {
-				s.Strategy, e = c.str("hash_profile.strategy", lim.MaxIdentityBytes)
-			}
-		case "algorithm":
-			if e = seen.mark(hpAlgorithm, "hash_profile.algorithm"); e == nil {
-				s.Algorithm, e = c.str("hash_profile.algorithm", lim.MaxIdentityBytes)
-			}
-		case "index_projection":
-			if e = seen.mark(hpProjection, "hash_profile.index_projection"); e == nil {
-				s.IndexProjection, e = c.str("hash_profile.index_projection", lim.MaxIdentityBytes)
-			}
-		case "python_hash_seed":
-			if e = seen.mark(hpSeed, "hash_profile.python_hash_seed"); e == nil {
-				if c.Kind() == msgp.Nil {
-					e = c.nilValue()
-					break
-				}
-				var seed string
-				seed, e = c.str("hash_profile.python_hash_seed", lim.MaxIdentityBytes)
-				s.PythonHashSeed = &seed
-			}
-		case "seed":
-			// rfc1527's seed (docs/hashing.md#standard-hash-rfc1527): a
-			// member of that strategy only, checked once the strategy
-			// is known.
-			if e = seen.mark(hpStdSeed, "hash_profile.seed"); e == nil {
-				var seed string
-				seed, e = c.str("hash_profile.seed", lim.MaxIdentityBytes)
-				s.Seed = &seed
-			}
-		default:
-			f := "hash_profile." + string(k)
-			return s, Errorf(UnknownField, f, "unknown field %q", f)
-		}
-		if e != nil {
-			return s, e
-		}
-	}
-	if seen.has(hpStrategy) && s.Strategy == hashing.StrategyRFC1527 {
-		// The standard hash has no projection and no Python seed: as
-		// for any strategy, a member it does not take is unknown.
-		for _, m := range []struct {
-			bit   int
-			field string
-		}{{hpProjection, "index_projection"}, {hpSeed, "python_hash_seed"}} {
-			if seen.has(m.bit) {
-				return s, Errorf(UnknownField, "hash_profile."+m.field, "unknown field %q for strategy rfc1527", "hash_profile."+m.field)
-			}
-		}
-		if !seen.has(hpAlgorithm) {
-			return s, Errorf(Missing, "hash_profile.algorithm", "hash_profile.algorithm is required")
-		}
-		return s, nil
-	}
-	if seen.has(hpStdSeed) {
-		return s, Errorf(UnknownField, "hash_profile.seed", "unknown field %q (only strategy rfc1527 takes a seed)", "hash_profile.seed")
-	}
-	for _, req := range []struct {
-		bit   int
-		field string
-	}{{hpStrategy, "strategy"}, {hpAlgorithm, "algorithm"}, {hpProjection, "index_projection"}} {
-		if !seen.has(req.bit) {
-			return s, Errorf(Missing, "hash_profile."+req.field, "hash_profile.%s is required", req.field)
-		}
-	}
-	return s, nil
+	return registration.Decode(body, registration.Limits{MaxIdentityBytes: lim.MaxIdentityBytes, MaxNameBytes: lim.MaxNameBytes})
 }
 
 // UnregisterRequest is a validated /unregister body.
@@ -471,7 +234,7 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 			return e
 		}
 	}
-	if c.checked && c.Remaining() != 0 {
+	if c.Checked && c.Remaining() != 0 {
 		return errUnchecked // trailing bytes
 	}
 	switch {
@@ -497,7 +260,7 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
 // long array's remembered prefix is copied and only the rest is decoded.
 func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 	const field = "token_ids"
-	if c.checked {
+	if c.Checked {
 		if k, n, _, err := c.PeekHeader(); err != nil || k == msgp.Array && n > uint64(c.Remaining()) {
 			return errUnchecked
 		} else if k != msgp.Array {

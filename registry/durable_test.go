@@ -90,7 +90,7 @@ func TestUnrecordedChangeIsNotApplied(t *testing.T) {
 	if ix.Table(b.Context()) != nil {
 		t.Error("the unrecorded registration's context exists")
 	}
-	if _, ok := r.Lookup(a.Context()); !ok {
+	if _, ok := r.opts.Contexts.WithEngines(a.Context()); !ok {
 		t.Error("the kept registration's context is unbound")
 	}
 }

@@ -87,18 +87,13 @@ type ConnectionReporter interface {
 	Connected() bool
 }
 
-// Binding is what a source needs from the registry: its table and engine
-// owner (engines only), and a lookup from an event's context to the
-// context (table and profile) bound by an engine registration (Mooncake
-// streams name contexts per event).
-type Binding struct {
-	Table  *index.Table
-	Owner  index.OwnerID
-	Lookup func(index.ContextKey) (*contexts.Context, bool)
-}
-
-// SourceFactory starts the event source for a service.
-type SourceFactory func(svc Service, b Binding) (Source, error)
+// SourceFactory starts the event source for a service whose context is
+// in the catalogue (Options.Contexts) by then. owner is the service's
+// engine owner in the context's table (engines only; zero otherwise): the
+// one thing about a source the registry decides. Which contexts have
+// engine registrations, what Mooncake streams bind to, the registry
+// records in the catalogue (contexts.Catalogue.WithEngines).
+type SourceFactory func(svc Service, owner index.OwnerID) (Source, error)
 
 // Options configure a Registry.
 type Options struct {
@@ -172,12 +167,6 @@ type Registry struct {
 	// a channel closed when the stop is over and its effects are applied.
 	stopping map[ServiceKey]chan struct{}
 
-	// bound maps contexts that have at least one engine registration to
-	// their catalogue entry. It has its own lock because sources read it from their
-	// goroutines while mu may be held waiting for such a goroutine to stop.
-	boundMu sync.RWMutex
-	bound   map[index.ContextKey]*contexts.Context
-
 	// recorder, when set, makes each change durable first (under mu).
 	recorder Recorder
 	// store, when set, owns Register and Unregister (see SetStore).
@@ -198,17 +187,7 @@ func New(opts Options) *Registry {
 		endpoints: make(map[string]ServiceKey),
 		contexts:  make(map[index.ContextKey]*contextState),
 		stopping:  make(map[ServiceKey]chan struct{}),
-		bound:     make(map[index.ContextKey]*contexts.Context),
 	}
-}
-
-// Lookup returns the context (table and profile) of a context bound by an
-// engine registration.
-func (r *Registry) Lookup(ctx index.ContextKey) (*contexts.Context, bool) {
-	r.boundMu.RLock()
-	t, ok := r.bound[ctx]
-	r.boundMu.RUnlock()
-	return t, ok
 }
 
 // Register adds svc, or confirms an identical registration. An identical
@@ -291,9 +270,7 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 	if svc.IsEngine() {
 		cs.engines++
 		if cs.engines == 1 {
-			r.boundMu.Lock()
-			r.bound[ctxKey] = cs.Context
-			r.boundMu.Unlock()
+			r.opts.Contexts.SetEngines(ctxKey, true)
 		}
 	}
 	r.services[key] = e
@@ -344,8 +321,7 @@ func (r *Registry) start(svc Service, owner index.OwnerID) (Source, error) {
 	if r.opts.Start == nil {
 		return nil, nil
 	}
-	cs := r.contexts[svc.Context()]
-	src, err := r.opts.Start(svc, Binding{Table: cs.Table, Owner: owner, Lookup: r.Lookup})
+	src, err := r.opts.Start(svc, owner)
 	if err != nil {
 		return nil, &SourceError{Key: svc.Key(), Err: err}
 	}
@@ -411,9 +387,7 @@ func (r *Registry) remove(key ServiceKey, e *entry) (stop, clear time.Duration) 
 	if e.svc.IsEngine() {
 		cs.engines--
 		if cs.engines == 0 {
-			r.boundMu.Lock()
-			delete(r.bound, ctxKey)
-			r.boundMu.Unlock()
+			r.opts.Contexts.SetEngines(ctxKey, false)
 		}
 	}
 	t0 := time.Now()

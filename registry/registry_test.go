@@ -37,7 +37,7 @@ type factory struct {
 	fail    error
 }
 
-func (f *factory) start(Service, Binding) (Source, error) {
+func (f *factory) start(Service, index.OwnerID) (Source, error) {
 	if f.fail != nil {
 		return nil, f.fail
 	}
@@ -110,7 +110,7 @@ func TestRegisterRules(t *testing.T) {
 		t.Errorf("%d services", got)
 	}
 	ctx := a.Context()
-	if _, ok := r.Lookup(ctx); !ok {
+	if _, ok := r.opts.Contexts.WithEngines(ctx); !ok {
 		t.Error("context not bound after engine registration")
 	}
 	for _, k := range []ServiceKey{"a|default|0", "b|default|0", "c|default|0"} {
@@ -129,7 +129,7 @@ func TestRegisterRules(t *testing.T) {
 	if ix.Table(ctx) != nil {
 		t.Error("table survives its last service")
 	}
-	if _, ok := r.Lookup(ctx); ok {
+	if _, ok := r.opts.Contexts.WithEngines(ctx); ok {
 		t.Error("context still bound")
 	}
 	// The forgotten context accepts another profile now.
@@ -211,7 +211,7 @@ func TestMooncakeDoesNotBindContext(t *testing.T) {
 	if _, err := r.Register(m); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := r.Lookup(m.Context()); ok {
+	if _, ok := r.opts.Contexts.WithEngines(m.Context()); ok {
 		t.Error("a Mooncake registration alone must not bind its context for events")
 	}
 	cv := r.Contexts()
@@ -221,7 +221,7 @@ func TestMooncakeDoesNotBindContext(t *testing.T) {
 	if _, err := r.Register(svc(t, "e", 0, "tcp://h:10")); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := r.Lookup(m.Context()); !ok {
+	if _, ok := r.opts.Contexts.WithEngines(m.Context()); !ok {
 		t.Error("engine registration must bind the context")
 	}
 	r.Close()
@@ -286,7 +286,7 @@ func (d *detailSource) StateDetail() string { return d.detail }
 func TestServicesCarryStateDetail(t *testing.T) {
 	const why = "not a ZMQ publisher: the peer at the endpoint broke the ZMTP handshake (protocol error)"
 	ix := index.New(index.Options{})
-	r := New(Options{Contexts: contexts.New(ix), Start: func(s Service, _ Binding) (Source, error) {
+	r := New(Options{Contexts: contexts.New(ix), Start: func(s Service, _ index.OwnerID) (Source, error) {
 		if s.InstanceID == "d" {
 			return &detailSource{detail: why}, nil
 		}

@@ -46,7 +46,7 @@ type slowFactory struct {
 	started []*slowSource
 }
 
-func (f *slowFactory) start(Service, Binding) (Source, error) {
+func (f *slowFactory) start(Service, index.OwnerID) (Source, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := newSlowSource()

@@ -68,12 +68,9 @@ func TestLookupAndBodyAgree(t *testing.T) {
 		raw := rawBody(t, map[string]any{"model": "m", "block_size": 4, "token_ids": tokens})
 		for round := range 2 {
 			var res query.Result
-			req := &query.Request{Context: index.ContextKey{Model: "m", BlockSize: 4}, Tokens: tokens}
-			c, err := s.query.Find(req)
-			if err != nil {
+			if _, err := s.query.Lookup(&query.Request{Context: index.ContextKey{Model: "m", BlockSize: 4}, Tokens: tokens}, &res); err != nil {
 				t.Fatal(err)
 			}
-			s.query.LookupIn(c, req, &res)
 			if diff := cmp.Diff(want, res.Instances, cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("memos=%v round %d: Lookup (-want +got):\n%s", memos, round, diff)
 			}

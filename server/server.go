@@ -55,8 +55,8 @@ type Options struct {
 	Engine *query.Engine
 	// TokenMemo, when set, lets warm queries copy the token ids of a body
 	// prefix seen before (on either door) instead of decoding them: the
-	// token memo both doors share. Its owner forgets it (the service
-	// attaches it to the Engine).
+	// token memo both doors share. Its owner forgets it (the service,
+	// once nothing is left to look up; the engine knows nothing of it).
 	TokenMemo *tokenmemo.Memo
 	// AuthToken, when non-empty, is the bearer token /register and
 	// /unregister require. Off by default so the drop-in stays compatible.
@@ -585,26 +585,22 @@ func (s *Server) lookup(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 var bodyPool = sync.Pool{New: func() any { return new(codec.QueryRequest) }}
 
 // lookupBody decodes a /query body (through the token memo) and answers it
-// into res. A body whose token array was decoded and whose context exists
-// teaches the token memo that array, before the lookup, so the prefix memo
-// may keep the remembered array; a query for a context nobody registered
-// leaves both memos as they were.
+// into res with one engine call. A body whose token array was decoded and
+// whose context exists then teaches the token memo that array; a query for
+// a context nobody registered leaves both memos as they were.
 func (s *Server) lookupBody(body []byte, res *query.Result) error {
 	q := bodyPool.Get().(*codec.QueryRequest)
 	defer bodyPool.Put(q)
 	if d := codec.DecodeQueryMemo(s.opts.TokenMemo, body, s.opts.Limits, q); d != nil {
 		return d
 	}
-	req := query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens}
-	c, err := s.query.Find(&req)
+	known, err := s.query.Lookup(&query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens, Shared: q.TokensShared()}, res)
 	if err != nil {
 		return err
 	}
-	if c != nil {
+	if known {
 		codec.RememberTokens(s.opts.TokenMemo, q)
 	}
-	req.Tokens, req.Shared = q.Tokens, q.TokensShared()
-	s.query.LookupIn(c, &req, res)
 	return nil
 }
 

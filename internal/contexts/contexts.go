@@ -35,6 +35,13 @@ type Catalogue struct {
 	ix *index.Index
 	mu sync.Mutex // serialises Ensure and Drop
 	m  atomic.Pointer[map[index.ContextKey]*Context]
+
+	// engines holds the contexts with at least one engine registration
+	// (SetEngines): Mooncake streams name a context per event and bind
+	// only to those. Sources read it from their goroutines, rarely (once
+	// per new binding), so a lock is enough.
+	enginesMu sync.RWMutex
+	engines   map[index.ContextKey]*Context
 }
 
 // New returns an empty catalogue whose tables live in ix.
@@ -72,6 +79,33 @@ func (c *Catalogue) Ensure(k index.ContextKey, p hashing.Profile) *Context {
 	m[k] = e
 	c.m.Store(&m)
 	return e
+}
+
+// SetEngines records whether k's context has an engine registration (the
+// registry calls it as its first engine comes and its last goes); k must
+// be in the catalogue when has is true.
+func (c *Catalogue) SetEngines(k index.ContextKey, has bool) {
+	c.enginesMu.Lock()
+	defer c.enginesMu.Unlock()
+	if !has {
+		delete(c.engines, k)
+		return
+	}
+	if e := c.Get(k); e != nil {
+		if c.engines == nil {
+			c.engines = make(map[index.ContextKey]*Context)
+		}
+		c.engines[k] = e
+	}
+}
+
+// WithEngines returns k's context if it has an engine registration: what
+// a Mooncake stream's event may bind to (docs/events.md).
+func (c *Catalogue) WithEngines(k index.ContextKey) (*Context, bool) {
+	c.enginesMu.RLock()
+	defer c.enginesMu.RUnlock()
+	e, ok := c.engines[k]
+	return e, ok
 }
 
 // Drop forgets k and drops its table. It leaves the catalogue first, so

@@ -69,6 +69,32 @@ func TestEnsureGetDrop(t *testing.T) {
 
 // TestGetAllocatesNothing: queries read the catalogue on every request.
 // The race detector's instrumentation makes the iterator escape, so only
+// TestWithEngines: a context is bound for Mooncake streams only while
+// SetEngines says an engine registered it; another context, or one never
+// in the catalogue, is not.
+func TestWithEngines(t *testing.T) {
+	cat := contexts.New(index.New(index.Options{}))
+	a := cat.Ensure(ctxA, eventtest.VLLMProfile(t))
+	cat.Ensure(ctxB, eventtest.VLLMProfile(t))
+	if _, ok := cat.WithEngines(ctxA); ok {
+		t.Fatal("a context without engines is bound")
+	}
+	cat.SetEngines(ctxA, true)
+	cat.SetEngines(index.ContextKey{Model: "never"}, true)
+	if got, ok := cat.WithEngines(ctxA); !ok || got != a {
+		t.Fatalf("WithEngines(A) = %p, %v; want %p", got, ok, a)
+	}
+	for _, k := range []index.ContextKey{ctxB, {Model: "never"}} {
+		if _, ok := cat.WithEngines(k); ok {
+			t.Errorf("%+v is bound", k)
+		}
+	}
+	cat.SetEngines(ctxA, false)
+	if _, ok := cat.WithEngines(ctxA); ok {
+		t.Error("A is still bound once its engines went")
+	}
+}
+
 // the plain build counts.
 func TestGetAllocatesNothing(t *testing.T) {
 	if racebuild.Enabled {

@@ -28,7 +28,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
+	"github.com/mooncake-conductor-go/conductor/internal/registration"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -150,7 +150,7 @@ func (s *Store) Register(svc registry.Service) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
 	defer cancel()
 	key := svc.Key()
-	body := string(regstore.RegisterBody(&svc))
+	body := string(registration.Encode(&svc))
 	for {
 		resp, err := s.cli.Get(ctx, s.prefix, clientv3.WithPrefix())
 		if err != nil {
@@ -236,7 +236,7 @@ func (s *Store) Unregister(key registry.ServiceKey) error {
 func (s *Store) decodeSet(kvs []*mvccpb.KeyValue, key registry.ServiceKey) (set []registry.Service, modRev int64) {
 	seen := make(map[registry.ServiceKey]bool, len(kvs))
 	for _, kv := range kvs {
-		svc, err := regstore.DecodeBody(kv.Value)
+		svc, err := registration.DecodeService(kv.Value)
 		if err != nil {
 			s.log.Warn().Str("key", string(kv.Key)).Err(err).Msg("etcd holds a registration this release cannot read; ignored")
 			continue
@@ -365,7 +365,7 @@ func (s *Store) put(key registry.ServiceKey, body string, rev int64) {
 	if had && old == body {
 		return
 	}
-	svc, err := regstore.DecodeBody([]byte(body))
+	svc, err := registration.DecodeService([]byte(body))
 	if err == nil && svc.Key() != key {
 		err = fmt.Errorf("record under key %s is for service %s", key, svc.Key())
 	}
@@ -443,6 +443,6 @@ func (s *Store) relist(ctx context.Context) error {
 // isEngineBody reports whether a record is an engine's; an unreadable one
 // counts as an engine, and put reports it.
 func isEngineBody(b []byte) bool {
-	svc, err := regstore.DecodeBody(b)
+	svc, err := registration.DecodeService(b)
 	return err != nil || svc.IsEngine()
 }

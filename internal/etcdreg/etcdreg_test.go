@@ -54,7 +54,7 @@ func (s src) Stop() {
 func (src) Stale() bool   { return false }
 func (src) State() string { return "live" }
 
-func (s *starts) start(svc registry.Service, _ registry.Binding) (registry.Source, error) {
+func (s *starts) start(svc registry.Service, _ index.OwnerID) (registry.Source, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failing[svc.Key()] > 0 {

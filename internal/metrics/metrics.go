@@ -4,6 +4,8 @@
 package metrics
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -21,14 +23,21 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
-	"github.com/mooncake-conductor-go/conductor/subscriber"
 )
 
 // Options name what is exported; any may be nil.
 type Options struct {
 	Index    *index.Index
 	Registry *registry.Registry
-	Counters *subscriber.Counters
+	// Ingest, when set, reports the ingestion counters at scrape time:
+	// it calls yield once per series, with its counter family (a key of
+	// IngestFamilies), source type, reason ("" for none) and value. The
+	// subscribers keep the counters; the app hands them over in these
+	// terms, so this package knows nothing of the subscriber.
+	Ingest func(yield func(family, sourceType, reason string, value uint64))
+	// SourceStates names every state a service's source can be in, in
+	// order: conductor_subscriber_state exports each from start-up.
+	SourceStates []string
 	// Events, when set, is exported as the decoders' figures
 	// (conductor_events_group_kind_total, conductor_standard_hash_*).
 	Events *events.Stats
@@ -169,7 +178,8 @@ var tierNames = [...]string{"device", "cpu_local", "cpu_share", "disk"}
 // scopeTierNames are the producer tiers, as InferenceCache names them.
 var scopeTierNames = [...]string{"T1", "T2", "T3"}
 
-// ingestFamilies maps subscriber counter families to exported names.
+// ingestFamilies maps ingestion counter families (Options.Ingest) to
+// exported names.
 var ingestFamilies = map[string]string{
 	"messages_received":  "conductor_messages_received_total",
 	"messages_dropped":   "conductor_messages_dropped_total",
@@ -258,12 +268,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			// Every state, 1 for the current one, so that a transition
 			// shows as a change of value rather than a series appearing.
 			known := false
-			for _, st := range subscriber.States() {
+			for _, st := range c.opts.SourceStates {
 				v := 0.0
-				if st.String() == s.State {
+				if st == s.State {
 					v, known = 1, true
 				}
-				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, clip(string(s.Key())), s.Type.String(), st.String())
+				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, v, clip(string(s.Key())), s.Type.String(), st)
 			}
 			if !known && s.State != "" {
 				ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, 1, clip(string(s.Key())), s.Type.String(), s.State)
@@ -309,13 +319,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descGroupKinds, prometheus.CounterValue, float64(n), kind.String())
 		}
 	}
-	for _, s := range c.opts.Counters.All() {
-		d, ok := descIngest[s.Metric]
-		if !ok {
-			continue
-		}
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(s.Value), s.Source, s.Reason)
+	if c.opts.Ingest != nil {
+		c.opts.Ingest(func(family, sourceType, reason string, value uint64) {
+			if d, ok := descIngest[family]; ok {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(value), sourceType, reason)
+			}
+		})
 	}
+}
+
+// IngestFamilies lists the ingestion counter families exported (the
+// families Options.Ingest may report), sorted.
+func IngestFamilies() []string {
+	return slices.Sorted(maps.Keys(ingestFamilies))
 }
 
 // memo is what both memos report: lookups by result and the memory held.

@@ -120,7 +120,7 @@ func coldLookups(b *testing.B, c *coldCorpus) {
 				if i%len(c.prompts) == 0 {
 					e.opts.Memo.Reset()
 				}
-				if _, err := lookup(e, &Request{Context: c.r.ctx, Tokens: toks}, res); err != nil {
+				if _, err := e.Lookup(&Request{Context: c.r.ctx, Tokens: toks}, res); err != nil {
 					b.Fatal(err)
 				}
 				if len(res.Instances) == 0 {

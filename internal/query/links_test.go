@@ -187,7 +187,7 @@ func (r *linkRig) chain(toks []int32, salt string, mm int) ([]uint64, [][32]byte
 
 func (r *linkRig) lookup(e *Engine, toks []int32, salt, instance string) *Result {
 	res := &Result{}
-	if _, err := lookup(e, &Request{Context: r.ctx, Instance: instance, CacheSalt: salt, Tokens: toks}, res); err != nil {
+	if _, err := e.Lookup(&Request{Context: r.ctx, Instance: instance, CacheSalt: salt, Tokens: toks}, res); err != nil {
 		r.t.Fatal(err)
 	}
 	return res
@@ -429,12 +429,12 @@ func TestLinkedLookupAllocations(t *testing.T) {
 	e := New(Options{Contexts: r.on.opts.Contexts, Links: r.links})
 	req := &Request{Context: r.ctx, Tokens: toks}
 	res := &Result{}
-	if _, err := lookup(e, req, res); err != nil || len(res.Instances) != 1 || res.Instances[0].Max.Device != len(toks) {
+	if _, err := e.Lookup(req, res); err != nil || len(res.Instances) != 1 || res.Instances[0].Max.Device != len(toks) {
 		t.Fatalf("lookup: %v %+v", err, res.Instances)
 	}
 	h0, _, _ := r.links.Stats()
 	allocs := testing.AllocsPerRun(50, func() {
-		if _, err := lookup(e, req, res); err != nil {
+		if _, err := e.Lookup(req, res); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -2,16 +2,14 @@
 // optional instance filter, it hashes the prompt's blocks and walks them
 // against the index, and returns per-owner tier counts. It owns the whole
 // sequence (the pooled key chain with the prefix memo and the verified
-// links, the walk and the chain's release) and
-// the caches it uses, so the HTTP door and the gRPC door call one method
-// of one Engine instead of repeating it. It knows no wire format: each
-// door decodes its own requests (codec for /query) and hands over
-// decoded ones.
+// links, the walk and the chain's release) and the caches it uses, so the
+// HTTP door and the gRPC door call one Engine instead of repeating it. It
+// knows no wire format and keeps nothing for a door: each door decodes
+// its own requests (codec for /query) and hands over decoded ones.
 package query
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
@@ -38,27 +36,13 @@ type Options struct {
 	Links *hashing.Links
 }
 
-// Cache is what a door keeps beside the engine for the engine's lookups
-// (a token memo): Reset forgets what it remembers.
-type Cache interface{ Reset() }
-
-// ResetFunc is a Cache forgotten by calling the function.
-type ResetFunc func()
-
-// Reset calls f.
-func (f ResetFunc) Reset() { f() }
-
 // Engine answers lookups for both doors and owns the caches that serve
-// them: the prefix memo, the verified links, and the caches the doors attach
-// (Attach). Forget is the one way they are forgotten. It holds no
-// per-request state and is safe for concurrent use.
+// them: the prefix memo and the verified links. Forget is the one way they
+// are forgotten. What a door keeps beside it (the token memo) is the
+// door's, and its owner's to forget. It holds no per-request state and is
+// safe for concurrent use.
 type Engine struct {
 	opts Options
-
-	mu sync.Mutex
-	// ofContexts are forgotten with the last context, ofAny once no
-	// producer scope is left either (they serve scope lookups too).
-	ofContexts, ofAny []Cache
 }
 
 // New returns an engine over opts.Contexts.
@@ -66,14 +50,7 @@ func New(opts Options) *Engine {
 	if opts.MaxTokens <= 0 {
 		opts.MaxTokens = DefaultMaxTokens
 	}
-	e := &Engine{opts: opts}
-	if opts.Memo != nil {
-		e.ofContexts = append(e.ofContexts, opts.Memo)
-	}
-	if opts.Links != nil {
-		e.ofContexts = append(e.ofContexts, opts.Links)
-	}
-	return e
+	return &Engine{opts: opts}
 }
 
 // Memo is the engine's prefix memo (nil when off), for its metrics.
@@ -83,39 +60,15 @@ func (e *Engine) Memo() *hashing.Memo { return e.opts.Memo }
 // and for ingest, which fills them.
 func (e *Engine) Links() *hashing.Links { return e.opts.Links }
 
-// Attach hands the engine a door's cache to forget with its own: with the
-// last context, or, when alsoScopes (the cache serves producer-scope
-// lookups too), once no scope is left either.
-func (e *Engine) Attach(c Cache, alsoScopes bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if alsoScopes {
-		e.ofAny = append(e.ofAny, c)
-	} else {
-		e.ofContexts = append(e.ofContexts, c)
-	}
-}
-
-// Forget drops what the caches remember once nothing is left for them to
-// answer about: with no context in the index, the memos and answers of
-// context lookups; with no producer scope either, the caches that serve
-// both. Their budgets would otherwise stay resident for an empty index.
-// The service calls it whenever a context or a scope goes.
+// Forget drops what the caches remember once no context is left for them
+// to answer about: their budgets would otherwise stay resident for an
+// empty index. The service calls it whenever a context goes.
 func (e *Engine) Forget() {
 	if e.opts.Contexts.Len() > 0 {
 		return
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, c := range e.ofContexts {
-		c.Reset()
-	}
-	if len(e.opts.Contexts.Index().Scopes()) > 0 {
-		return
-	}
-	for _, c := range e.ofAny {
-		c.Reset()
-	}
+	e.opts.Memo.Reset()
+	e.opts.Links.Reset()
 }
 
 // Request is one lookup with its token ids already decoded.
@@ -161,24 +114,25 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Field + ": " + e.Msg }
 
-// Find checks what a decoder would have (a model, a positive block size,
-// the token limit) and returns the context req names, an empty
-// tenant being the default one; nil, with no error, when no such context
-// exists. A door finds the context once per request and answers with
-// LookupIn; in between, its token memo learns only bodies that name a
-// context, so the lookup can keep the learned array without a copy. The
-// error, if any, is an *Error.
-func (e *Engine) Find(req *Request) (*contexts.Context, error) {
+// Lookup answers req into res, the one call a door makes per request: it
+// checks what a decoder would have (a model, a positive block size, the
+// token limit), finds the context req names (an empty tenant being the
+// default one) and, when it exists, hashes the prompt's blocks and walks
+// its table. known says whether the context exists (a door's token memo
+// learns only bodies that name one); a context nobody registered answers
+// no owners. The error, if any, is an *Error, and res is then untouched.
+func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
 	ctx, err := e.check(req)
 	if err != nil {
-		return nil, err
+		return false, err
 	}
-	return e.opts.Contexts.Get(ctx), nil
+	c := e.opts.Contexts.Get(ctx)
+	e.lookupIn(c, req, res)
+	return c != nil, nil
 }
 
-// LookupIn answers req into res from c, the context Find returned for it
-// (nil: no owners).
-func (e *Engine) LookupIn(c *contexts.Context, req *Request, res *Result) {
+// lookupIn answers req into res from c (nil: no owners).
+func (e *Engine) lookupIn(c *contexts.Context, req *Request, res *Result) {
 	res.Instances = res.Instances[:0]
 	if c == nil {
 		return
@@ -188,13 +142,13 @@ func (e *Engine) LookupIn(c *contexts.Context, req *Request, res *Result) {
 
 // LookupFound answers req into res from c, a context the door found
 // itself (the gRPC door matches a hash scheme against every registered
-// context): the rules Find applies hold, and the catalogue is not read a
-// second time.
+// context): the rules Lookup applies hold, and the catalogue is not read
+// a second time.
 func (e *Engine) LookupFound(c *contexts.Context, req *Request, res *Result) error {
 	if _, err := e.check(req); err != nil {
 		return err
 	}
-	e.LookupIn(c, req, res)
+	e.lookupIn(c, req, res)
 	return nil
 }
 

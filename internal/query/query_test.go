@@ -39,13 +39,13 @@ func counts(dev int) index.TierCounts {
 }
 
 // TestLookupFilterAndUnknownContext: an instance filter narrows the answer;
-// a context nobody registered answers no owners, and Find says which (the
-// default tenant standing for an empty one).
+// a context nobody registered answers no owners, and Lookup says which
+// (the default tenant standing for an empty one).
 func TestLookupFilterAndUnknownContext(t *testing.T) {
 	tokens := prompt(300)
 	e, _ := fixture(t, tokens, true)
 	var res Result
-	known, err := lookup(e, &Request{Context: testCtx, Instance: "b", Tokens: tokens}, &res)
+	known, err := e.Lookup(&Request{Context: testCtx, Instance: "b", Tokens: tokens}, &res)
 	if err != nil || !known {
 		t.Fatalf("Lookup: known %v, %v", known, err)
 	}
@@ -54,16 +54,15 @@ func TestLookupFilterAndUnknownContext(t *testing.T) {
 		t.Errorf("filtered (-want +got):\n%s", diff)
 	}
 	other := index.ContextKey{Model: "other", BlockSize: 4}
-	if known, err := lookup(e, &Request{Context: other, Tokens: tokens}, &res); err != nil || known || len(res.Instances) != 0 {
+	if known, err := e.Lookup(&Request{Context: other, Tokens: tokens}, &res); err != nil || known || len(res.Instances) != 0 {
 		t.Errorf("unknown context: known %v, %v, answered %v", known, err, res.Instances)
 	}
 	for _, tc := range []struct {
 		ctx  index.ContextKey
 		want bool
 	}{{other, false}, {index.ContextKey{Model: "m", BlockSize: 4}, true}, {index.ContextKey{Tenant: index.DefaultTenant, Model: "m", BlockSize: 4}, true}} {
-		tbl, err := e.Find(&Request{Context: tc.ctx, Tokens: tokens})
-		if err != nil || (tbl != nil) != tc.want {
-			t.Errorf("Find(%+v) = %v, %v; want a table %v", tc.ctx, tbl, err, tc.want)
+		if known, err := e.Lookup(&Request{Context: tc.ctx, Tokens: tokens}, &res); err != nil || known != tc.want || (len(res.Instances) == 2) != tc.want {
+			t.Errorf("Lookup(%+v) = %v, %v, answered %v; want known and both owners %v", tc.ctx, known, err, res.Instances, tc.want)
 		}
 	}
 }
@@ -88,9 +87,9 @@ func TestLookupErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for name, run := range map[string]func() error{
-				"Lookup":  func() error { var res Result; _, err := lookup(e, &tc.req, &res); return err },
-				"Find":    func() error { _, err := e.Find(&tc.req); return err },
-				"Explain": func() error { _, err := e.Explain(&tc.req); return err },
+				"Lookup":      func() error { var res Result; _, err := e.Lookup(&tc.req, &res); return err },
+				"LookupFound": func() error { var res Result; return e.LookupFound(nil, &tc.req, &res) },
+				"Explain":     func() error { _, err := e.Explain(&tc.req); return err },
 			} {
 				var qe *Error
 				if err := run(); !errors.As(err, &qe) {
@@ -104,47 +103,25 @@ func TestLookupErrors(t *testing.T) {
 	}
 }
 
-// TestForget: Forget empties the engine's caches and the attached ones
-// only once nothing is left for them: contexts' caches with the last
-// context, those that also serve scopes once no scope is left either.
+// TestForget: Forget empties the engine's caches only once no context is
+// left for them to answer about.
 func TestForget(t *testing.T) {
 	tokens := prompt(600)
 	e, cat := fixture(t, tokens, true)
-	ix := cat.Index()
-	var ofContexts, ofAny int
-	e.Attach(ResetFunc(func() { ofContexts++ }), false)
-	e.Attach(ResetFunc(func() { ofAny++ }), true)
 	var res Result
-	if _, err := lookup(e, &Request{Context: testCtx, Tokens: tokens}, &res); err != nil {
+	if _, err := e.Lookup(&Request{Context: testCtx, Tokens: tokens}, &res); err != nil {
 		t.Fatal(err)
 	}
 	if e.Memo().Bytes() == 0 {
 		t.Fatal("the lookup left nothing in the prefix memo")
 	}
 	e.Forget()
-	if ofContexts != 0 || ofAny != 0 || e.Memo().Bytes() == 0 {
-		t.Fatal("Forget emptied caches while a context is left")
+	if e.Memo().Bytes() == 0 {
+		t.Fatal("Forget emptied the prefix memo while a context is left")
 	}
-	ix.EnsureScope(index.ScopeKey{Scheme: "s"})
 	cat.Drop(testCtx)
 	e.Forget()
-	if ofContexts != 1 || ofAny != 0 || e.Memo().Bytes() != 0 {
-		t.Fatalf("after the last context: contexts' caches reset %d times, scopes' %d, memo %d bytes", ofContexts, ofAny, e.Memo().Bytes())
+	if n := e.Memo().Bytes(); n != 0 {
+		t.Fatalf("after the last context the prefix memo holds %d bytes", n)
 	}
-	ix.DropScope(index.ScopeKey{Scheme: "s"})
-	e.Forget()
-	if ofContexts != 2 || ofAny != 1 {
-		t.Fatalf("after the last scope: contexts' caches reset %d times, scopes' %d", ofContexts, ofAny)
-	}
-}
-
-// lookup is Find and LookupIn in one call, as the HTTP door makes them; it
-// reports whether req's context exists.
-func lookup(e *Engine, req *Request, res *Result) (known bool, err error) {
-	c, err := e.Find(req)
-	if err != nil {
-		return false, err
-	}
-	e.LookupIn(c, req, res)
-	return c != nil, nil
 }

@@ -74,8 +74,8 @@ type Options struct {
 	// TokenMemo, when set, is the token memo both doors share, which lets
 	// a lookup repeating a token_ids prefix seen before on either door
 	// copy those ids instead of decoding them. Its owner forgets it (the
-	// service attaches it to the engine, to go once neither a context nor
-	// a scope is left: scope lookups use it too).
+	// service, once neither a context nor a scope is left: scope lookups
+	// use it too; the engine knows nothing of it).
 	TokenMemo *tokenmemo.Memo
 	Logger    zerolog.Logger
 	// AuthToken, when set, is the bearer token ReportCacheState and

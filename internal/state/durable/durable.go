@@ -23,6 +23,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
+	"github.com/mooncake-conductor-go/conductor/internal/registration"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
@@ -220,12 +221,12 @@ func (s *State) Recorded() []registry.Service { return s.recorded }
 func (s *State) Gate() *sync.RWMutex { return &s.gate }
 
 // Resume restores what the snapshot holds for svc before its source
-// starts: its engine entries into its table under its new owner id, and
+// starts: an engine's entries into its table under its new owner id, and
 // the handle through which the source resumes its stream and says how it
 // settled (readiness waits for the sources catching up). It returns nil
 // for a source the snapshot does not know, which then starts fresh. Each
 // source is restored once.
-func (s *State) Resume(svc registry.Service, b registry.Binding) *streampos.Restore {
+func (s *State) Resume(svc registry.Service, table *index.Table, owner index.OwnerID) *streampos.Restore {
 	s.planMu.Lock()
 	defer s.planMu.Unlock()
 	if s.plan == nil {
@@ -237,8 +238,8 @@ func (s *State) Resume(svc registry.Service, b registry.Binding) *streampos.Rest
 	}
 	r := streampos.NewRestore(streampos.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest},
 		s.stats.outcome)
-	if svc.IsEngine() && !src.Stale && b.Table != nil {
-		n := s.plan.restoreOwner(svc, b.Table, b.Owner)
+	if svc.IsEngine() && !src.Stale && table != nil {
+		n := s.plan.restoreOwner(svc, table, owner)
 		s.stats.restoredPairs.Add(int64(n))
 	}
 	s.stats.restored.Add(1)
@@ -289,12 +290,12 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 	}
 	fromFile := make(map[string]bool, len(static))
 	for i := range static {
-		fromFile[string(regstore.RegisterBody(&static[i]))] = true
+		fromFile[string(registration.Encode(&static[i]))] = true
 	}
 	record := func(all []registry.Service) error {
 		dynamic := make([]registry.Service, 0, len(all))
 		for i := range all {
-			if !fromFile[string(regstore.RegisterBody(&all[i]))] {
+			if !fromFile[string(registration.Encode(&all[i]))] {
 				dynamic = append(dynamic, all[i])
 			}
 		}
@@ -496,7 +497,7 @@ func (s *State) AttachProducer(p *producer.Store) {
 }
 
 // fingerprint identifies a registration's configuration.
-func fingerprint(svc *registry.Service) uint64 { return xxhash.Sum64(regstore.RegisterBody(svc)) }
+func fingerprint(svc *registry.Service) uint64 { return xxhash.Sum64(registration.Encode(svc)) }
 
 func profileOf(p *hashing.Profile) snapshot.Profile {
 	return snapshot.Profile{Strategy: p.Strategy, Algorithm: p.Algorithm, IndexProjection: p.IndexProjection, PythonHashSeed: p.PythonHashSeed, Seed: p.Seed}

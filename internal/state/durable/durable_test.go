@@ -110,12 +110,14 @@ func openWith(t testing.TB, opts Options) (*world, error) {
 	}
 	w.st = st
 	w.ix = index.New(index.Options{})
-	w.reg = registry.New(registry.Options{Contexts: contexts.New(w.ix), Start: func(svc registry.Service, b registry.Binding) (registry.Source, error) {
+	cat := contexts.New(w.ix)
+	w.reg = registry.New(registry.Options{Contexts: cat, Start: func(svc registry.Service, owner index.OwnerID) (registry.Source, error) {
 		f := &fakeSource{}
-		if r := st.Resume(svc, b); r != nil {
+		table := cat.Get(svc.Context()).Table
+		if r := st.Resume(svc, table, owner); r != nil {
 			f.resume = &r.Resume
 		}
-		w.sources[svc.Key()], w.owners[svc.Key()], w.tables[svc.Key()] = f, b.Owner, b.Table
+		w.sources[svc.Key()], w.owners[svc.Key()], w.tables[svc.Key()] = f, owner, table
 		return f, nil
 	}})
 	for _, svc := range st.Recorded() {

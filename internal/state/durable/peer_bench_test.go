@@ -47,8 +47,8 @@ func BenchmarkPeerBootstrap2M(b *testing.B) {
 		}
 		ix := index.New(index.Options{})
 		cat := contexts.New(ix)
-		reg := registry.New(registry.Options{Contexts: cat, Start: func(svc registry.Service, bd registry.Binding) (registry.Source, error) {
-			st.Resume(svc, bd)
+		reg := registry.New(registry.Options{Contexts: cat, Start: func(svc registry.Service, owner index.OwnerID) (registry.Source, error) {
+			st.Resume(svc, cat.Get(svc.Context()).Table, owner)
 			return &fakeSource{}, nil
 		}})
 		for _, s := range svcs {

@@ -9,8 +9,10 @@
 // cheaper to get right than a log, and there is nothing to compact.
 //
 // Each registration is kept as the MessagePack body of the /register request
-// that would recreate it, and read back through the same decoder /register
-// uses, so a record can never hold a registration the API would refuse.
+// that would recreate it (internal/registration.Encode), and read back
+// through the same schema and rules /register uses
+// (registration.DecodeService), so a record can never hold a registration
+// the API would refuse.
 package regstore
 
 import (
@@ -24,9 +26,8 @@ import (
 	"sort"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
+	"github.com/mooncake-conductor-go/conductor/internal/registration"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -115,7 +116,7 @@ func Encode(svcs []registry.Service) []byte {
 	b = binary.LittleEndian.AppendUint32(b, Version)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(sorted)))
 	for i := range sorted {
-		body := RegisterBody(&sorted[i])
+		body := registration.Encode(&sorted[i])
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(body)))
 		b = append(b, body...)
 	}
@@ -149,7 +150,7 @@ func Decode(data []byte) (svcs []registry.Service, reason string) {
 		if l > len(body)-p {
 			return nil, fmt.Sprintf("record %d of %d is cut short", i, n)
 		}
-		svc, err := DecodeBody(body[p : p+l])
+		svc, err := registration.DecodeService(body[p : p+l])
 		if err != nil {
 			return nil, fmt.Sprintf("record %d of %d is not a valid registration: %v", i, n, err)
 		}
@@ -160,67 +161,4 @@ func Decode(data []byte) (svcs []registry.Service, reason string) {
 		return nil, fmt.Sprintf("%d bytes after the last record", len(body)-p)
 	}
 	return svcs, ""
-}
-
-// DecodeBody reads one registration back from its /register body, through
-// the decoder and the rules /register uses.
-func DecodeBody(b []byte) (registry.Service, error) {
-	reg, e := codec.DecodeRegister(b, codec.DefaultLimits())
-	if e != nil {
-		return registry.Service{}, e
-	}
-	return registry.NewService(reg)
-}
-
-// RegisterBody is the /register request that recreates svc.
-func RegisterBody(svc *registry.Service) []byte {
-	m := map[string]any{
-		"endpoint":    svc.Endpoint,
-		"type":        svc.Type.String(),
-		"modelname":   svc.ModelName,
-		"tenant_id":   svc.TenantID,
-		"instance_id": svc.InstanceID,
-		"block_size":  svc.BlockSize,
-		"dp_rank":     svc.DPRank,
-		"hash_profile": map[string]any{
-			"strategy":         svc.Profile.Strategy,
-			"algorithm":        svc.Profile.Algorithm,
-			"index_projection": svc.Profile.IndexProjection,
-			"python_hash_seed": svc.Profile.PythonHashSeed,
-		},
-	}
-	if svc.Profile.IsStandard() {
-		m["hash_profile"] = map[string]any{"strategy": svc.Profile.Strategy, "algorithm": svc.Profile.Algorithm, "seed": svc.Profile.Seed}
-	}
-	if svc.ReplayEndpoint != "" {
-		m["replay_endpoint"] = svc.ReplayEndpoint
-	}
-	if svc.LoraName != "" {
-		m["lora_name"] = svc.LoraName
-	}
-	if svc.CacheGroup != nil {
-		m["cache_group"] = *svc.CacheGroup
-	}
-	if svc.Groups.N > 0 {
-		var gs []any
-		for _, d := range svc.Groups.Decls() {
-			g := map[string]any{"kind": d.Kind, "block_size": d.BlockSize}
-			if d.SlidingWindow != 0 {
-				g["sliding_window"] = d.SlidingWindow
-			}
-			if d.ChunkSize != 0 {
-				g["chunk_size"] = d.ChunkSize
-			}
-			gs = append(gs, g)
-		}
-		m["kv_cache_groups"] = gs
-	}
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.SetSortMapKeys(true)
-	if err := enc.Encode(m); err != nil {
-		// Strings, ints and maps of them always encode.
-		panic(fmt.Sprintf("regstore: encode registration: %v", err))
-	}
-	return buf.Bytes()
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/registration"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -27,9 +27,9 @@ func service(t testing.TB, req map[string]any) registry.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, e := codec.DecodeRegister(body, codec.DefaultLimits())
+	reg, e := registration.Decode(body, registration.DefaultLimits())
 	if e != nil {
-		t.Fatalf("DecodeRegister: %v", e)
+		t.Fatalf("Decode: %v", e)
 	}
 	svc, err := registry.NewService(reg)
 	if err != nil {
