@@ -228,6 +228,11 @@ func (s *Subscriber) run() {
 	if c.mon != nil {
 		c.poller.Add(c.mon, zmq.POLLIN)
 	}
+	if s.resume.confirm {
+		if err := s.confirmResume(); errors.Is(err, errStopped) {
+			return
+		}
+	}
 	for !s.stopping.Load() {
 		timeout, verify := s.pollTimeout()
 		polled, err := c.poller.Poll(timeout)
