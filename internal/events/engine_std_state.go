@@ -26,8 +26,9 @@ type StandardMap interface {
 	// applied meanwhile.
 	ExportStdMap() (entries []StdEntry, ok bool)
 	// ImportStdMap re-creates the map before the first batch; false when
-	// the decoder does not key by the standard hash, or the entries are
-	// more than its bound (nothing is imported then).
+	// the entries are more than its bound, or when there are entries and
+	// the decoder does not key by the standard hash (nothing is imported
+	// then).
 	ImportStdMap([]StdEntry) bool
 }
 
@@ -47,7 +48,10 @@ func (d *engineDecoder) ExportStdMap() ([]StdEntry, bool) {
 // ImportStdMap implements StandardMap.
 func (d *engineDecoder) ImportStdMap(es []StdEntry) bool {
 	s := &d.std
-	if !s.on || len(es) > s.max {
+	if !s.on {
+		return len(es) == 0
+	}
+	if len(es) > s.max {
 		return false
 	}
 	for _, e := range es {
