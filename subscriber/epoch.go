@@ -94,7 +94,7 @@ func (s *Subscriber) resetStream() {
 	s.apply.retracted = false
 	s.seq.reset()
 	s.conn.reconnected = false
-	s.resume.atRestored = false
+	s.resume.atRestored, s.resume.confirm = false, false
 	s.apply.leave()
 }
 

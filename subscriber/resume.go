@@ -120,8 +120,16 @@ func (s *Subscriber) startResume() {
 		s.settleResume(streampos.Cold)
 		return
 	}
-	switch {
-	case r.Confirmed:
+	if s.rec.replay != nil && q.hasDigest {
+		// Confirmed (or not) by the replay endpoint as soon as the SUB
+		// is connected, without waiting for a live message: an idle
+		// engine publishes none (docs/state.md#what-survives-a-restart).
+		// A position from a peer is asked about too: what was published
+		// between the peer's cut and this subscription is fetched, and a
+		// restart meanwhile shows.
+		s.resume.confirm = true
+	}
+	if r.Confirmed {
 		// A live peer following the same stream applied up to Seq:
 		// nothing to confirm, and the source answers like the peer
 		// from the start. A later restart shows by the usual rules,
@@ -130,16 +138,12 @@ func (s *Subscriber) startResume() {
 		s.resume.peerFirst = true
 		s.log.Info().Uint64("restored_seq", r.Seq).Msg("restored position taken as confirmed: it comes from a live peer that follows the same stream")
 		s.settleResume(streampos.Peer)
-	case s.rec.replay != nil && q.hasDigest:
-		// Confirmed (or not) by the replay endpoint as soon as the
-		// source runs, without waiting for a live message: an idle
-		// engine publishes none (docs/state.md#what-survives-a-restart).
-		s.resume.confirm = true
 	}
 }
 
-// confirmResume runs first thing on the goroutine of a restored source
-// with a replay endpoint and a digest: it asks the endpoint for the
+// confirmResume runs on the goroutine of a restored source with a replay
+// endpoint and a digest, once its SUB is connected and before any live
+// message was handled: it asks the endpoint for the
 // restored sequence A and everything after it, buffering live messages
 // meanwhile. The record at A is checked against the digest: the same
 // batch confirms the process, and the records after it are applied; another

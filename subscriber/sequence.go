@@ -81,6 +81,9 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	}
 	payload := frames[2]
 	q := &s.seq
+	// A live message came first: the checks below take the place of the
+	// confirmation at subscription.
+	s.resume.confirm = false
 	// After a reconnection (or, for a restored source, the conductor's own
 	// downtime) the next message is checked against what was applied
 	// before it is taken as a continuation (docs/events.md#restarts).
