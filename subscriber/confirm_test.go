@@ -141,19 +141,26 @@ func TestConfirmOrdersLiveMessages(t *testing.T) {
 	}
 }
 
-// A position a live peer vouched for settles at once, before any message;
-// the first live message is checked like one after a reconnection, so a
-// publisher that restarted since the peer's cut is a new epoch.
+// A position a live peer vouched for settles at once, before any message.
+// With a replay endpoint it is still asked once subscribed, so a publisher
+// that restarted since the peer's cut is a new epoch; one that restarts
+// later is one by the usual rules.
 func TestPeerConfirmedPosition(t *testing.T) {
 	const restored = 10
 	old := storedBatch([]uint64{restored}, 4, 0)
 	for _, tc := range []struct {
-		name      string
-		restarted bool
-	}{{"same process", false}, {"restarted since the cut", true}} {
+		name     string
+		atA      []byte // the replay endpoint's record at A
+		first    uint64 // the first live sequence
+		restarts uint64
+	}{
+		{"same process", old, restored + 1, 0},
+		{"restarted since the cut", storedBatch([]uint64{310}, 4, 0), restored + 1, 1},
+		{"restarted later", old, 0, 1},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := startReplayService(t)
-			rs.put(restored, old)
+			rs.put(restored, tc.atA)
 			pub := newPublisher(t, "tcp://127.0.0.1:*")
 			re := newResumeEnv(t, pub.endpoint, rs.endpoint, &streampos.Resume{Seq: restored, Digest: digestOf(old), HasDigest: true, Confirmed: true})
 			s := mustStart(t, re.cfg)
@@ -168,19 +175,20 @@ func TestPeerConfirmedPosition(t *testing.T) {
 				t.Errorf("position %+v", got)
 			}
 			pub.waitSubscribed()
-			next := storedBatch([]uint64{11}, 4, 0)
-			if tc.restarted {
-				rs.put(restored, storedBatch([]uint64{310}, 4, 0)) // another batch at A
-			}
-			rs.put(11, next)
-			pub.send(11, next)
-			waitSeq(t, s, 11)
-			if got := s.Restarts(); got != map[bool]uint64{false: 0, true: 1}[tc.restarted] {
-				t.Errorf("restarts %d", got)
+			eventtest.WaitFor(t, "the replay endpoint asked", 5*time.Second, func() bool { return rs.requestCount() > 0 && s.State() == Live })
+			next := storedBatch([]uint64{tc.first + 100}, 4, 0)
+			rs.put(tc.first, next)
+			pub.send(tc.first, next)
+			waitSeq(t, s, tc.first)
+			if got := s.Restarts(); got != tc.restarts {
+				t.Errorf("restarts %d, want %d", got, tc.restarts)
 			}
 			cleared := slices.ContainsFunc(re.engine.Snapshot(), func(o eventtest.Op) bool { return o.Kind == "clear" })
-			if cleared != tc.restarted {
+			if cleared != (tc.restarts > 0) {
 				t.Errorf("entries cleared %v", cleared)
+			}
+			if diff := cmp.Diff([]streampos.Outcome{streampos.Peer}, re.outcome()); diff != "" {
+				t.Errorf("outcome after the first message (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -153,7 +153,12 @@ func (s *Subscriber) startResume() {
 // as lagging then. It returns errStopped if Stop interrupted it.
 func (s *Subscriber) confirmResume() error {
 	s.resume.confirm, s.resume.confirming = false, true
-	defer func() { s.resume.confirming = false }()
+	defer func() {
+		s.resume.confirming = false
+		// Checked (or started over): the first live message of a
+		// peer's position needs no check of its own any more.
+		s.resume.peerFirst = false
+	}()
 	s.log.Debug().Uint64("restored_seq", s.seq.applied).Msg("asking the replay endpoint for the restored position's batch")
 	s.rec.anchor = true
 	s.setState(Recovering)
