@@ -171,7 +171,9 @@ func TestPeerConfirmedPosition(t *testing.T) {
 			if diff := cmp.Diff([]streampos.Outcome{streampos.Peer}, re.outcome()); diff != "" {
 				t.Errorf("outcome (-want +got):\n%s", diff)
 			}
-			if got := position(s, re.cfg.Durable.Gate); got.CatchingUp || got.Seq != restored || !got.HasSeq {
+			// (The confirmation may already have started the stream
+			// over when the publisher restarted.)
+			if got := position(s, re.cfg.Durable.Gate); tc.name != "restarted since the cut" && (got.CatchingUp || got.Seq != restored || !got.HasSeq) {
 				t.Errorf("position %+v", got)
 			}
 			pub.waitSubscribed()
