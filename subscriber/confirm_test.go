@@ -195,3 +195,32 @@ func TestPeerConfirmedPosition(t *testing.T) {
 		})
 	}
 }
+
+// A peer's position stands when the replay endpoint does not answer: the
+// entries stay, and the stream goes on in order.
+func TestPeerConfirmedPositionSilentReplay(t *testing.T) {
+	const restored = 10
+	old := storedBatch([]uint64{restored}, 4, 0)
+	rs := startReplayService(t)
+	rs.mu.Lock()
+	rs.hold = make(chan struct{})
+	rs.mu.Unlock()
+	pub := newPublisher(t, "tcp://127.0.0.1:*")
+	re := newResumeEnv(t, pub.endpoint, rs.endpoint, &streampos.Resume{Seq: restored, Digest: digestOf(old), HasDigest: true, Confirmed: true})
+	re.cfg.Tuning.ReplayReceiveTimeout, re.cfg.Tuning.ReplayTotalTimeout = 100*time.Millisecond, 300*time.Millisecond
+	s := mustStart(t, re.cfg)
+	defer s.Stop()
+	pub.waitSubscribed()
+	eventtest.WaitFor(t, "the confirmation given up", 5*time.Second, func() bool { return rs.requestCount() > 0 && s.State() == Live })
+	pub.send(restored+1, storedBatch([]uint64{11}, 4, 0))
+	waitSeq(t, s, restored+1)
+	if ops := re.engine.Snapshot(); slices.ContainsFunc(ops, func(o eventtest.Op) bool { return o.Kind == "clear" }) {
+		t.Errorf("the peer's entries were dropped: %v", ops)
+	}
+	if diff := cmp.Diff([]uint64{restored + 1}, re.appliedOrder()); diff != "" {
+		t.Errorf("applied (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]streampos.Outcome{streampos.Peer}, re.outcome()); diff != "" {
+		t.Errorf("outcome (-want +got):\n%s", diff)
+	}
+}

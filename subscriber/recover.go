@@ -206,6 +206,21 @@ func (s *Subscriber) replayFailed(err error, epoch bool) (restarted, done bool, 
 		s.counters.add(MetricReplays, s.typ, events.ReplayDeadline, 1)
 		s.lagFromBuffered(err)
 		return false, true, nil
+	case errors.Is(err, replay.ErrDeadline) && s.resume.confirming && !s.resume.catchingUp && s.seq.started:
+		// A peer's position, already confirmed: a replay endpoint that
+		// does not answer disproves nothing. What arrived live meanwhile
+		// applies if it follows on; a hole in it cannot be filled.
+		s.counters.add(MetricReplays, s.typ, events.ReplayDeadline, 1)
+		s.log.Warn().Err(err).Uint64("last_applied", s.seq.applied).Msg("the replay endpoint did not answer; the position taken from the peer stands")
+		if done, err := s.applyRecovered(nil); done {
+			return false, true, err
+		}
+		if len(s.rec.buffered) > 0 {
+			s.coldFromBuffered(events.StaleDeadline)
+			return false, true, nil
+		}
+		s.setState(Live)
+		return false, true, nil
 	case epoch:
 		// The new process's earlier batches cannot be had; its stream
 		// is indexed from the first one received.
