@@ -201,3 +201,30 @@ func profileV(t *testing.T) hashing.Profile {
 	}
 	return p
 }
+
+// BenchmarkStdMapExport: copying a full engine-hash map for a snapshot,
+// which a cut does under the gate (ingest of every source waits for it).
+func BenchmarkStdMapExport(b *testing.B) {
+	p, err := hashing.Resolve(hashing.Spec{Strategy: "rfc1527", Algorithm: "xxh3_64"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dec, err := New(Config{Type: source.VLLM, Profile: p, Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := dec.(*engineDecoder)
+	es := make([]StdEntry, DefaultStdMapEntries)
+	for i := range es {
+		es[i] = StdEntry{Key: uint64(i) * 0x9e3779b97f4a7c15, H: uint64(i) + 1, Reachable: true}
+	}
+	if !d.ImportStdMap(es) {
+		b.Fatal("import refused")
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if out, _ := d.ExportStdMap(); len(out) != len(es) {
+			b.Fatal(len(out))
+		}
+	}
+}
