@@ -50,6 +50,14 @@ var ErrDeadline = errors.New("replay deadline exceeded")
 // be phantoms if applied as a continuation (docs/events.md#restarts).
 var ErrAnotherProcess = errors.New("replay endpoint holds another process's record at the last applied sequence")
 
+// ErrBehind means an anchored request without an upper bound (Until) found
+// nothing at or after the anchor: the publisher's newest record is older
+// than the caller's last applied sequence. The process that published that
+// sequence would still hold it, or newer records if its window moved on, so
+// the replay endpoint belongs to another process that has not yet got as
+// far (docs/state.md#what-survives-a-restart). It wraps ErrUnrecoverable.
+var ErrBehind = fmt.Errorf("%w: the replay endpoint holds nothing at or after the last applied sequence", ErrUnrecoverable)
+
 // ErrBudget means the replayed records would exceed the caller's buffer
 // limits. It wraps ErrUnrecoverable: a range that does not fit never will.
 var ErrBudget = fmt.Errorf("%w: buffer limit exceeded", ErrUnrecoverable)
@@ -113,7 +121,9 @@ type Request struct {
 	// From is the first sequence wanted (last applied + 1).
 	From uint64
 	// Until, when HasUntil, is the lowest sequence the caller already holds
-	// from the live stream; replies at or after it are not kept.
+	// from the live stream; replies at or after it are not kept. Without
+	// it every reply up to the end marker is kept (a caller that holds no
+	// live message yet, such as a restored source confirming its position).
 	Until    uint64
 	HasUntil bool
 	// Deadline bounds the whole recovery, across retries; zero means
@@ -371,6 +381,9 @@ func (c *Client) attempt(req *Request, recvTimeout time.Duration, records []Reco
 			if seq == EndMarker {
 				if len(payload) != 0 {
 					return records, retryable{errors.New("replay end marker with a non-empty payload")}
+				}
+				if !*anchored && !req.HasUntil {
+					return records, fmt.Errorf("%w (seq %d)", ErrBehind, req.From-1)
 				}
 				// A stream started over with nothing buffered before
 				// Until starts at Until.

@@ -575,19 +575,26 @@ func TestFetchDeadlineGivesBackPartialRecords(t *testing.T) {
 // TestFetchAnchor: with an anchor the request starts one sequence earlier;
 // the record there is checked before anything is kept. A different record
 // means another process; a missing one (the window moved on) proves
-// nothing and the replay goes on as without an anchor.
+// nothing and the replay goes on as without an anchor. Without an upper
+// bound (open) every later record is kept, and nothing at or after the
+// anchor is ErrBehind: the endpoint's process has not got that far.
 func TestFetchAnchor(t *testing.T) {
 	cases := []struct {
 		name    string
+		open    bool
 		replies []uint64 // sequences replied, each with payload {seq}
 		wantErr error
 		wantRec []uint64
 	}{
-		{"same process", []uint64{4, 5, 6, 7}, nil, []uint64{5, 6, 7}},
-		{"another process", []uint64{4, 5, 6, 7}, ErrAnotherProcess, nil},
-		{"anchor gone, range held", []uint64{5, 6, 7}, nil, []uint64{5, 6, 7}},
-		{"anchor gone, range gone", []uint64{6, 7}, ErrUnrecoverable, nil},
-		{"nothing buffered", nil, ErrUnrecoverable, nil},
+		{"same process", false, []uint64{4, 5, 6, 7}, nil, []uint64{5, 6, 7}},
+		{"another process", false, []uint64{4, 5, 6, 7}, ErrAnotherProcess, nil},
+		{"anchor gone, range held", false, []uint64{5, 6, 7}, nil, []uint64{5, 6, 7}},
+		{"anchor gone, range gone", false, []uint64{6, 7}, ErrUnrecoverable, nil},
+		{"nothing buffered", false, nil, ErrUnrecoverable, nil},
+		{"open, same process", true, []uint64{4, 5, 6, 7, 8, 9}, nil, []uint64{5, 6, 7, 8, 9}},
+		{"open, anchor only", true, []uint64{4}, nil, nil},
+		{"open, anchor gone", true, []uint64{6, 7}, ErrUnrecoverable, nil},
+		{"open, nothing at or after the anchor", true, nil, ErrBehind, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -600,7 +607,7 @@ func TestFetchAnchor(t *testing.T) {
 				want = []byte{44}
 			}
 			ch := fetchAsync(c, Request{
-				From: 5, Until: 8, HasUntil: true, Deadline: time.Now().Add(5 * time.Second),
+				From: 5, Until: 8, HasUntil: !tc.open, Deadline: time.Now().Add(5 * time.Second),
 				Anchor: func(p []byte) bool { checked = append(checked, bytes.Clone(p)); return bytes.Equal(p, want) },
 			})
 			id, req := r.request()
@@ -616,7 +623,7 @@ func TestFetchAnchor(t *testing.T) {
 				if !errors.Is(res.err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", res.err, tc.wantErr)
 				}
-				if tc.wantErr == ErrUnrecoverable && errors.Is(res.err, ErrAnotherProcess) {
+				if tc.wantErr == ErrUnrecoverable && (errors.Is(res.err, ErrAnotherProcess) || errors.Is(res.err, ErrBehind)) {
 					t.Fatalf("err = %v: a missing anchor is no evidence of another process", res.err)
 				}
 				return

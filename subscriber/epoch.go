@@ -62,6 +62,10 @@ const (
 	// EvidenceReplayMismatch: the replay endpoint's record at the last
 	// applied sequence is not the batch that was applied.
 	EvidenceReplayMismatch Evidence = "replay_mismatch"
+	// EvidenceReplayBehind: asked by a restored source for its last
+	// applied sequence, the replay endpoint holds nothing at or after it
+	// (its newest record is older).
+	EvidenceReplayBehind Evidence = "replay_behind"
 )
 
 // digestOf fingerprints an applied payload, so a replay endpoint's record
@@ -90,6 +94,7 @@ func (s *Subscriber) resetStream() {
 	s.apply.retracted = false
 	s.seq.reset()
 	s.conn.reconnected = false
+	s.resume.atRestored, s.resume.confirm = false, false
 	s.apply.leave()
 }
 

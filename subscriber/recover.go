@@ -63,6 +63,13 @@ func (r *recovery) begin(first liveMsg, t Tuning, lim ReceiveLimits) bool {
 	return true
 }
 
+// beginEmpty starts a recovery that holds no live message yet (a restored
+// source confirming its position).
+func (r *recovery) beginEmpty(t Tuning) {
+	r.budget = replay.Budget{MaxMessages: t.MaxBufferedMessages, MaxBytes: t.MaxBufferedBytes}
+	r.buffered = r.buffered[:0]
+}
+
 // drop forgets the messages held for a recovery.
 func (r *recovery) drop() {
 	clear(r.buffered)
@@ -100,10 +107,18 @@ func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 		s.markStale(events.StaleBufferOverflow, first.seq)
 		return nil
 	}
-	deadline := time.Now().Add(s.tuning.ReplayTotalTimeout)
+	return s.replayRounds(epoch, inOrder, time.Now().Add(s.tuning.ReplayTotalTimeout))
+}
+
+// replayRounds fetches and applies until nothing buffered is left behind
+// a hole, the recovery fails, or deadline passes. inOrder says nothing is
+// known to be missing (a check of the batch at A): the source then settles
+// as in order unless a replayed record had to be applied.
+func (s *Subscriber) replayRounds(epoch, inOrder bool, deadline time.Time) error {
+	defer s.rec.report(s.shared)
 	for {
 		before, wasStarted := s.seq.applied, s.seq.started
-		recs, err := s.fetch(epoch, deadline)
+		recs, bounded, err := s.fetch(epoch, deadline)
 		s.rec.report(s.shared)
 		if err != nil {
 			restarted, done, err := s.replayFailed(err, epoch)
@@ -118,6 +133,9 @@ func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 		// The batch at A was checked (or the stream started over): a
 		// further round of this recovery continues the same stream.
 		epoch, s.rec.anchor = false, false
+		if len(recs) > 0 {
+			inOrder = false
+		}
 		if done, err := s.applyRecovered(recs); done {
 			return err
 		}
@@ -126,7 +144,10 @@ func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 			return nil
 		}
 		inOrder = false
-		if s.seq.applied == before && s.seq.started == wasStarted {
+		// A round asked without an upper bound (no live message was
+		// held yet) could not have filled a hole behind one received
+		// since; only a bounded round that advanced nothing is final.
+		if bounded && s.seq.applied == before && s.seq.started == wasStarted {
 			s.counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
 			s.log.Warn().Uint64("last_applied", s.seq.applied).Uint64("next_buffered", s.rec.buffered[0].seq).Msg("replay advanced nothing; gap remains")
 			s.markStale(events.StaleReplay, 0)
@@ -139,14 +160,12 @@ func (s *Subscriber) recover(first liveMsg, epoch bool) error {
 // fetch asks the replay endpoint for what lies between A and the first
 // buffered message (or, for a new epoch, for the new stream from its
 // start), consuming the live stream meanwhile.
-func (s *Subscriber) fetch(epoch bool, deadline time.Time) ([]replay.Record, error) {
+func (s *Subscriber) fetch(epoch bool, deadline time.Time) ([]replay.Record, bool, error) {
 	if err := s.bufferQueued(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	req := replay.Request{
 		From:           s.seq.applied + 1,
-		Until:          s.rec.buffered[0].seq,
-		HasUntil:       true,
 		Deadline:       deadline,
 		ReceiveTimeout: s.tuning.ReplayReceiveTimeout,
 		Budget:         &s.rec.budget,
@@ -158,13 +177,17 @@ func (s *Subscriber) fetch(epoch bool, deadline time.Time) ([]replay.Record, err
 			s.sampled.Warn().Err(err).Msg("replay attempt failed; retrying")
 		},
 	}
+	if len(s.rec.buffered) > 0 {
+		req.Until, req.HasUntil = s.rec.buffered[0].seq, true
+	}
 	switch {
 	case epoch:
 		req.From, req.FromFirst = 0, true
 	case s.seq.hasDigest && s.rec.anchor:
 		req.Anchor = s.matchesDigest
 	}
-	return s.rec.replay.Fetch(req)
+	recs, err := s.rec.replay.Fetch(req)
+	return recs, req.HasUntil, err
 }
 
 // replayFailed handles a fetch that ended with err. done says the recovery
@@ -184,15 +207,32 @@ func (s *Subscriber) replayFailed(err error, epoch bool) (restarted, done bool, 
 		s.rec.drop()
 		return false, true, s.newEpoch(EvidenceRegression, m.seq, m.payload)
 	case errors.Is(err, replay.ErrAnotherProcess):
-		// What was buffered came from the new process: keep it, and
-		// fetch what it published before.
-		s.countRestart(EvidenceReplayMismatch, s.rec.buffered[0].seq)
-		s.apply.enter()
-		s.resetStream()
-		s.settleResume(streampos.Restarted)
-		s.apply.leave()
-		s.seq.high = s.rec.buffered[len(s.rec.buffered)-1].seq
+		s.restartFromReplay(EvidenceReplayMismatch)
 		return true, false, nil
+	case errors.Is(err, replay.ErrBehind) && s.resume.confirming:
+		// The process that published A would hold A or later records:
+		// this one has not got that far.
+		s.restartFromReplay(EvidenceReplayBehind)
+		return true, false, nil
+	case errors.Is(err, replay.ErrDeadline) && s.resume.catchingUp && s.catchUpOver():
+		s.counters.add(MetricReplays, s.typ, events.ReplayDeadline, 1)
+		s.lagFromBuffered(err)
+		return false, true, nil
+	case errors.Is(err, replay.ErrDeadline) && s.resume.confirming && !s.resume.catchingUp && s.seq.started:
+		// A peer's position, already confirmed: a replay endpoint that
+		// does not answer disproves nothing. What arrived live meanwhile
+		// applies if it follows on; a hole in it cannot be filled.
+		s.counters.add(MetricReplays, s.typ, events.ReplayDeadline, 1)
+		s.log.Warn().Err(err).Uint64("last_applied", s.seq.applied).Msg("the replay endpoint did not answer; the position taken from the peer stands")
+		if done, err := s.applyRecovered(nil); done {
+			return false, true, err
+		}
+		if len(s.rec.buffered) > 0 {
+			s.coldFromBuffered(events.StaleDeadline)
+			return false, true, nil
+		}
+		s.setState(Live)
+		return false, true, nil
 	case epoch:
 		// The new process's earlier batches cannot be had; its stream
 		// is indexed from the first one received.
@@ -212,6 +252,26 @@ func (s *Subscriber) replayFailed(err error, epoch bool) (restarted, done bool, 
 		s.markStale(events.StaleReplay, 0)
 	}
 	return false, true, nil
+}
+
+// restartFromReplay starts the stream over after the replay endpoint
+// showed another process (ev): what was buffered came from the new process
+// and is kept, and the caller fetches what it published before.
+func (s *Subscriber) restartFromReplay(ev Evidence) {
+	at := s.seq.applied
+	if len(s.rec.buffered) > 0 {
+		at = s.rec.buffered[0].seq
+	}
+	s.countRestart(ev, at)
+	s.apply.enter()
+	s.resetStream()
+	s.settleResume(streampos.Restarted)
+	s.apply.leave()
+	if n := len(s.rec.buffered); n > 0 {
+		s.seq.high = s.rec.buffered[n-1].seq
+	} else {
+		s.seq.liveNone = true
+	}
 }
 
 // applyRecovered applies the replayed records, then the buffered messages
@@ -240,6 +300,16 @@ func (s *Subscriber) applyRecovered(recs []replay.Record) (done bool, err error)
 		if !q.started || m.seq == q.applied+1 {
 			q.started = true
 			s.applyBatch(m.seq, m.payload)
+			continue
+		}
+		// A live message a replay without an upper bound also
+		// returned: the two copies must agree (docs/events.md#recovery).
+		if len(recs) > 0 && m.seq >= recs[0].Seq && m.seq-recs[0].Seq < uint64(len(recs)) &&
+			!bytes.Equal(recs[m.seq-recs[0].Seq].Payload, m.payload) {
+			s.counters.add(MetricReplays, s.typ, events.ReplayUnrecoverable, 1)
+			s.log.Warn().Uint64("seq", m.seq).Msg("replayed batch differs from the live message")
+			s.markStale(events.StaleReplay, m.seq)
+			return true, nil
 		}
 	}
 	if s.State() == Stale {
@@ -254,10 +324,20 @@ func (s *Subscriber) applyRecovered(recs []replay.Record) (done bool, err error)
 // recovered ends a recovery that applied everything buffered.
 func (s *Subscriber) recovered(inOrder bool) {
 	outcome := streampos.Replay
-	if inOrder {
+	switch {
+	case s.resume.confirming && s.resume.catchingUp:
+		s.log.Info().Uint64("last_applied", s.seq.applied).Bool("caught_up_through_replay", !inOrder).
+			Msg("restored position confirmed by the publisher's replay endpoint: same process")
+		if !inOrder {
+			s.counters.add(MetricReplays, s.typ, events.ReplayRecovered, 1)
+			outcome = streampos.Replay
+		} else {
+			outcome = streampos.InOrder
+		}
+	case inOrder:
 		s.log.Debug().Uint64("last_applied", s.seq.applied).Msg("the replay endpoint still holds the last applied batch: same publisher")
 		outcome = streampos.InOrder
-	} else {
+	default:
 		s.counters.add(MetricReplays, s.typ, events.ReplayRecovered, 1)
 		s.log.Info().Uint64("last_applied", s.seq.applied).Msg("gap recovered")
 	}
@@ -316,7 +396,9 @@ func (s *Subscriber) bufferLive(frames [][]byte) error {
 		return nil
 	}
 	q, r := &s.seq, &s.rec
-	if seq <= q.high {
+	noLive := q.liveNone
+	q.liveNone = false
+	if seq <= q.high && !noLive {
 		// A new publisher process; handled once the replay is
 		// abandoned.
 		r.pendingEpoch = liveMsg{seq: seq, payload: bytes.Clone(frames[2])}

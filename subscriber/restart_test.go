@@ -478,11 +478,15 @@ func TestRestartWhileConductorDown(t *testing.T) {
 			eventtest.WaitFor(t, "resumed", 5*time.Second, s.Resumed)
 			ops := re.engine.Snapshot()
 			if !tc.restarted {
-				want := streampos.Replay
-				if tc.missed == 0 {
-					want = streampos.InOrder
+				// Nothing missed settles in order, unless the replay
+				// endpoint answered the confirmation after the live
+				// batches were published: they then came through it
+				// first (and live as duplicates).
+				want := []streampos.Outcome{streampos.Replay}
+				if got := re.outcome(); tc.missed == 0 && cmp.Equal(got, []streampos.Outcome{streampos.InOrder}) {
+					want = got
 				}
-				if diff := cmp.Diff([]streampos.Outcome{want}, re.outcome()); diff != "" {
+				if diff := cmp.Diff(want, re.outcome()); diff != "" {
 					t.Errorf("outcome (-want +got):\n%s", diff)
 				}
 				if s.Restarts() != 0 || slices.ContainsFunc(ops, func(o eventtest.Op) bool { return o.Kind == "clear" }) {

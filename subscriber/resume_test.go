@@ -68,7 +68,7 @@ func TestResumeInOrder(t *testing.T) {
 	if s.Resumed() {
 		t.Error("resumed before any message")
 	}
-	if got := position(s, re.cfg.Durable.Gate); !cmp.Equal(got, streampos.Position{Seq: 10, HasSeq: true}) {
+	if got := position(s, re.cfg.Durable.Gate); !cmp.Equal(got, streampos.Position{Seq: 10, HasSeq: true, CatchingUp: true}) {
 		t.Errorf("position before any message %+v", got)
 	}
 	pub.waitSubscribed()
@@ -206,7 +206,7 @@ func TestResumeMooncakeBindings(t *testing.T) {
 	}
 	pos := position(s, gate)
 	slices.SortFunc(pos.Bindings, func(a, b events.Binding) int { return int(a.Prefix) - int(b.Prefix) })
-	if diff := cmp.Diff(streampos.Position{Seq: 4, HasSeq: true, Bindings: bindings[:2]}, pos); diff != "" {
+	if diff := cmp.Diff(streampos.Position{Seq: 4, HasSeq: true, Bindings: bindings[:2], CatchingUp: true}, pos); diff != "" {
 		t.Errorf("position (-want +got):\n%s", diff)
 	}
 	pub.waitSubscribed()

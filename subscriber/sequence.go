@@ -21,6 +21,11 @@ type sequence struct {
 	// filled or after a reconnection (epoch.go).
 	digest    uint64
 	hasDigest bool
+	// liveNone says L is none although A is set: the stream restarted
+	// from a replay endpoint's buffer before any live message arrived,
+	// so the first live number at or below A is a duplicate of a
+	// replayed record, not a regression.
+	liveNone bool
 	// staleAt and staleWhy are when and why the source went stale, for
 	// StaleRecoveryAuto.
 	staleAt  time.Time
@@ -62,6 +67,7 @@ func (q *sequence) published() (uint64, bool) {
 func (q *sequence) reset() {
 	q.started, q.applied, q.high = false, 0, 0
 	q.hasDigest, q.digest = false, 0
+	q.liveNone = false
 	q.hasSeq.Store(false)
 	q.lastSeq.Store(0)
 }
@@ -75,10 +81,18 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	}
 	payload := frames[2]
 	q := &s.seq
+	// A live message came first: the checks below take the place of the
+	// confirmation at subscription.
+	s.resume.confirm = false
 	// After a reconnection (or, for a restored source, the conductor's own
 	// downtime) the next message is checked against what was applied
 	// before it is taken as a continuation (docs/events.md#restarts).
-	check := s.conn.reconnected || (s.resume.catchingUp && q.hasDigest)
+	check := s.conn.reconnected || (s.resume.catchingUp && q.hasDigest) || s.resume.peerFirst
+	if s.resume.peerFirst {
+		defer s.firstAfterPeer()
+	}
+	noLive := q.liveNone
+	q.liveNone = false
 	// Only a publisher that restarted can hold another batch at A, and a
 	// restart breaks the connection: a source whose monitor reports
 	// reconnections anchors its gaps only after one, as the spec's replay
@@ -93,6 +107,10 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 		}
 	case !q.started:
 		s.baseline(seq, payload)
+	case noLive && seq <= q.applied:
+		// already applied from the restarted publisher's buffer
+		s.counters.add(MetricDropped, s.typ, events.DropDuplicate, 1)
+		q.high = seq
 	case seq <= q.high:
 		// The live stream went backwards: a new publisher process
 		// (docs/events.md#regression).
@@ -112,9 +130,10 @@ func (s *Subscriber) onLive(frames [][]byte) error {
 	case !withReplay:
 		s.counters.add(MetricGaps, s.typ, events.ReasonNone, 1)
 		switch {
-		case s.resume.catchingUp:
-			// The conductor's own downtime lost these; nothing says
-			// the publisher restarted.
+		case s.resume.catchingUp || s.resume.peerFirst:
+			// The conductor's own downtime (or, for a replica
+			// bootstrapped from a peer, the time since the peer's
+			// cut) lost these; nothing says the publisher restarted.
 			s.resumeCold(events.StaleGap)
 			s.baseline(seq, payload)
 		case s.conn.reconnected:
@@ -150,7 +169,7 @@ func (s *Subscriber) markStale(why events.Reason, seq uint64) {
 	if s.State() == Stale {
 		return
 	}
-	if s.resume.catchingUp && resumable(why) {
+	if (s.resume.catchingUp || s.resume.peerFirst) && resumable(why) {
 		s.coldFromBuffered(why)
 		return
 	}

@@ -245,6 +245,15 @@ func (s *Subscriber) run() {
 		c.poller.Add(c.mon, zmq.POLLIN)
 	}
 	for !s.stopping.Load() {
+		// Once the SUB is connected (its subscription on its way to the
+		// publisher), so that what the publisher sends after the replay
+		// endpoint answered arrives live.
+		if s.resume.confirm && (c.mon == nil || c.connected.Load()) {
+			if err := s.confirmResume(); errors.Is(err, errStopped) {
+				return
+			}
+			continue
+		}
 		timeout, verify := s.pollTimeout()
 		polled, err := c.poller.Poll(timeout)
 		if err != nil {

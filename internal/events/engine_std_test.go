@@ -147,3 +147,84 @@ func TestStandardSGLang(t *testing.T) {
 	}
 	d.Retract()
 }
+
+// TestStandardMapAcrossRestart: the engine-hash map exported from one
+// decoder and imported into a fresh one (a restart restoring the snapshot)
+// keeps the restored blocks removable and their children keyable, and its
+// bytes accounted; a decoder not under the standard hash exports nothing
+// and refuses entries; past the bound nothing is imported.
+func TestStandardMapAcrossRestart(t *testing.T) {
+	d, _ := stdDecoder(t, source.VLLM)
+	stdBatch(t, d, vStoredEv([]uint64{11, 12}, nil, 1, 32, []any{nil, nil}), vStoredEv([]uint64{21}, nil, 1, 16, nil))
+	es, ok := d.ExportStdMap()
+	if !ok || len(es) != 3 {
+		t.Fatalf("exported %v %v", es, ok)
+	}
+	d2, rec := stdDecoder(t, source.VLLM)
+	if !d2.ImportStdMap(es) {
+		t.Fatal("import refused")
+	}
+	if got := d2.std.stats.StandardMapBytes(); got != 3*stdEntryBytes {
+		t.Errorf("accounted %d bytes after the import", got)
+	}
+	got := stdBatch(t, d2,
+		vStoredEv([]uint64{13}, uint64(12), 33, 16, []any{nil}),
+		map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{11, 21}, "medium": "GPU"},
+	)
+	if diff := cmp.Diff([]stdOutcome{{Applied, ReasonNone}, {Applied, ReasonNone}}, got); diff != "" {
+		t.Errorf("outcomes (-want +got):\n%s", diff)
+	}
+	// 13 keyed from its restored parent; 11 removed by its engine hash;
+	// 21 was unreachable, so nothing of it is in the index to remove.
+	if diff := cmp.Diff([]eventtest.Op{store(stdH[2]), remove(stdH[0])}, rec.Take()); diff != "" {
+		t.Errorf("sink calls (-want +got):\n%s", diff)
+	}
+	d3, _ := stdDecoder(t, source.VLLM)
+	d3.std.max = 2
+	if d3.ImportStdMap(es) || len(d3.std.m) != 0 {
+		t.Error("imported past the bound")
+	}
+	plain, _ := New(Config{Type: source.VLLM, Profile: profileV(t), Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
+	m := plain.(StandardMap)
+	if _, ok := m.ExportStdMap(); ok || m.ImportStdMap(es) || !m.ImportStdMap(nil) {
+		t.Error("a decoder not under the standard hash takes or gives a map")
+	}
+	d.Retract()
+	d2.Retract()
+}
+
+func profileV(t *testing.T) hashing.Profile {
+	seed := "0"
+	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// BenchmarkStdMapExport: copying a full engine-hash map for a snapshot,
+// which a cut does under the gate (ingest of every source waits for it).
+func BenchmarkStdMapExport(b *testing.B) {
+	p, err := hashing.Resolve(hashing.Spec{Strategy: "rfc1527", Algorithm: "xxh3_64"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dec, err := New(Config{Type: source.VLLM, Profile: p, Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	d := dec.(*engineDecoder)
+	es := make([]StdEntry, DefaultStdMapEntries)
+	for i := range es {
+		es[i] = StdEntry{Key: uint64(i) * 0x9e3779b97f4a7c15, H: uint64(i) + 1, Reachable: true}
+	}
+	if !d.ImportStdMap(es) {
+		b.Fatal("import refused")
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if out, _ := d.ExportStdMap(); len(out) != len(es) {
+			b.Fatal(len(out))
+		}
+	}
+}

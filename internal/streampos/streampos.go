@@ -7,6 +7,7 @@ package streampos
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 )
@@ -26,6 +27,14 @@ type Resume struct {
 	// is a new epoch rather than a continuation (docs/events.md#restarts).
 	Digest    uint64
 	HasDigest bool
+	// Confirmed says a live peer that follows the same stream vouched for
+	// the position (a replica bootstrapped from a peer's snapshot): the
+	// source settles at once as Peer instead of catching up
+	// (docs/replicas.md#warm-start-from-a-peer).
+	Confirmed bool
+	// StdMap, for an engine registered with the standard hash, is its
+	// engine-hash → standard-hash map as of Seq (its removals need it).
+	StdMap []events.StdEntry
 }
 
 // Position is a source's place in its stream for a snapshot.
@@ -37,6 +46,14 @@ type Position struct {
 	// Digest fingerprints the batch applied at Seq (sources with replay).
 	Digest    uint64
 	HasDigest bool
+	// CatchingUp says the position is a restored one not confirmed yet:
+	// a peer bootstrapping from this snapshot must not take it as
+	// confirmed.
+	CatchingUp bool
+	// StdMap is a standard-hash engine's engine-hash → standard-hash map
+	// (HasStdMap), as of Seq.
+	StdMap    []events.StdEntry
+	HasStdMap bool
 }
 
 // Outcome is how a restored source settled, reported once per source.
@@ -55,6 +72,11 @@ const (
 	// Restarted: the publisher restarted while the conductor was down;
 	// the restored entries were dropped and its new stream indexed.
 	Restarted Outcome = "restarted"
+	// Peer: the position came from a live peer's snapshot and was taken
+	// as confirmed (the peer follows the same stream); the source answers
+	// like the peer from the start, and later epochs follow the usual
+	// rules.
+	Peer Outcome = "peer"
 	// Lagging: nothing confirmed the restored entries by the catch-up
 	// deadline: they were dropped, and the stream applies from the next
 	// message received, as for a new registration
@@ -70,9 +92,14 @@ const (
 // on its own goroutine. Its methods are safe for concurrent use.
 type Restore struct {
 	Resume
-	count   func(Outcome) // the durable state's tally; nil counts nothing
-	phase   atomic.Int32
-	expired atomic.Bool
+	// Deadline, when set, is when the catch-up timeout ends for this
+	// source: a confirmation the source is still waiting for then (its
+	// replay endpoint silent) gives up and the source settles as Lagging.
+	// The durable state sets it before handing the handle over.
+	Deadline time.Time
+	count    func(Outcome) // the durable state's tally; nil counts nothing
+	phase    atomic.Int32
+	expired  atomic.Bool
 }
 
 const (

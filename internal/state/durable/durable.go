@@ -236,8 +236,13 @@ func (s *State) Resume(svc registry.Service, table *index.Table, owner index.Own
 	if !ok {
 		return nil
 	}
-	r := streampos.NewRestore(streampos.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest},
+	r := streampos.NewRestore(streampos.Resume{Seq: src.Seq, Stale: src.Stale, Bindings: bindingsFromFile(src.Bindings), Digest: src.Digest, HasDigest: src.HasDigest,
+		StdMap: stdMapFromFile(src.StdMap), Confirmed: s.plan.fromPeer && s.plan.version >= 3 && !src.CatchingUp && !src.Stale},
 		s.stats.outcome)
+	// The source's own bound on waiting for a confirmation: the catch-up
+	// timeout, counted from here (Start's readiness deadline comes a
+	// little later, so the source has settled by then).
+	r.Deadline = s.opts.Now().Add(s.opts.CatchUpTimeout)
 	if svc.IsEngine() && !src.Stale && table != nil {
 		n := s.plan.restoreOwner(svc, table, owner)
 		s.stats.restoredPairs.Add(int64(n))
@@ -259,6 +264,10 @@ func (s *State) Start(reg *registry.Registry, ix *index.Index, static []registry
 	s.planMu.Lock()
 	if s.plan != nil {
 		for _, key := range s.plan.unused() {
+			if why, ok := s.plan.refused[key]; ok {
+				s.log.Info().Str("service", key).Str("reason", why).Msg("snapshot holds this registered source but it cannot resume from it; its entries are not restored and it starts fresh")
+				continue
+			}
 			s.log.Info().Str("service", key).Msg("snapshot holds a source that is no longer registered; its entries are not restored")
 		}
 		s.stats.mu.Lock()
@@ -402,7 +411,8 @@ func (s *State) cut() *snapshot.Snapshot {
 			snap.Sources = append(snap.Sources, snapshot.Source{
 				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
 				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: bindingsToFile(pos[i].Bindings),
-				Digest: pos[i].Digest, HasDigest: pos[i].HasDigest,
+				Digest: pos[i].Digest, HasDigest: pos[i].HasDigest, CatchingUp: pos[i].CatchingUp,
+				StdMap: stdMapToFile(pos[i].StdMap), HasStdMap: pos[i].HasStdMap,
 			})
 		}
 	})
@@ -607,6 +617,32 @@ func bindingsFromFile(bs []snapshot.Binding) []events.Binding {
 	out := make([]events.Binding, len(bs))
 	for i, b := range bs {
 		out[i] = events.Binding(b)
+	}
+	return out
+}
+
+// stdMapToFile copies a standard-hash engine's map into the snapshot
+// file's records (the same fields: the conversion fails to compile when the
+// two differ).
+func stdMapToFile(es []events.StdEntry) []snapshot.StdEntry {
+	if es == nil {
+		return nil
+	}
+	out := make([]snapshot.StdEntry, len(es))
+	for i, e := range es {
+		out[i] = snapshot.StdEntry(e)
+	}
+	return out
+}
+
+// stdMapFromFile is stdMapToFile's inverse, for a restored source.
+func stdMapFromFile(es []snapshot.StdEntry) []events.StdEntry {
+	if es == nil {
+		return nil
+	}
+	out := make([]events.StdEntry, len(es))
+	for i, e := range es {
+		out[i] = events.StdEntry(e)
 	}
 	return out
 }

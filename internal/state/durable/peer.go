@@ -38,6 +38,7 @@ func (s *State) bootstrap() bool {
 			continue
 		}
 		s.plan = newPlan(snap)
+		s.plan.fromPeer = true
 		s.stats.restoreStart = t0
 		s.log.Info().Str("peer", peer).Time("created", snap.Created).Int64("bytes", n).Int("sources", len(snap.Sources)).
 			Int("contexts", len(snap.Contexts)).Dur("took", time.Since(t0)).Msg("index snapshot loaded from peer")

@@ -94,7 +94,8 @@ func TestBootstrapFromPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for key, want := range map[registry.ServiceKey]*streampos.Resume{a.Key(): {Seq: 5}, b.Key(): {Seq: 9}} {
+	// A live peer vouches for its positions: they are taken as confirmed.
+	for key, want := range map[registry.ServiceKey]*streampos.Resume{a.Key(): {Seq: 5, Confirmed: true}, b.Key(): {Seq: 9, Confirmed: true}} {
 		if diff := cmp.Diff(want, w.sources[key].resume); diff != "" {
 			t.Errorf("%s resume (-want +got):\n%s", key, diff)
 		}
@@ -160,4 +161,45 @@ func origins(t *testing.T, st *State) map[string]float64 {
 		out[o] = value(t, st, "conductor_restore_origin", o)
 	}
 	return out
+}
+
+// TestPeerPositionStillCatchingUpNotConfirmed: a position the peer itself
+// restored and has not confirmed yet is not vouched for: the replica
+// bootstrapping from it confirms it itself, like one read from its own
+// state directory.
+func TestPeerPositionStillCatchingUpNotConfirmed(t *testing.T) {
+	peer := mustOpen(t, "")
+	a, b := service(t, "a", 0, "tcp://h:1"), service(t, "b", 1, "tcp://h:2")
+	for _, s := range []registry.Service{a, b} {
+		if _, err := peer.reg.Register(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peer.apply(a.Key(), 5, 1)
+	peer.apply(b.Key(), 9, 3)
+	f := peer.sources[b.Key()]
+	f.mu.Lock()
+	f.pos.CatchingUp = true
+	f.mu.Unlock()
+	good := peerServer(t, peer, "tok")
+	// The replica's record registers both services, as etcd's shared
+	// set does.
+	dir := t.TempDir()
+	old := mustOpen(t, dir)
+	for _, s := range []registry.Service{a, b} {
+		if _, err := old.reg.Register(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.close()
+
+	w, err := openWith(t, Options{Path: dir, PeerToken: "tok", Peers: []string{good.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[registry.ServiceKey]*streampos.Resume{a.Key(): {Seq: 5, Confirmed: true}, b.Key(): {Seq: 9}} {
+		if diff := cmp.Diff(want, w.sources[key].resume); diff != "" {
+			t.Errorf("%s resume (-want +got):\n%s", key, diff)
+		}
+	}
 }

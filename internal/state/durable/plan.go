@@ -4,6 +4,7 @@ import (
 	"sort"
 
 	"github.com/mooncake-conductor-go/conductor/index"
+	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -11,8 +12,15 @@ import (
 // plan is a loaded snapshot waiting to be handed to the services that are
 // registered at start-up.
 type plan struct {
-	sources  map[string]*snapshot.Source
-	used     map[string]bool
+	sources map[string]*snapshot.Source
+	used    map[string]bool
+	// refused says why a registered source could not resume from its
+	// record, for the log.
+	refused map[string]string
+	// version is the file's format; fromPeer says a live peer sent it,
+	// whose confirmed positions a source takes as confirmed.
+	version  uint32
+	fromPeer bool
 	contexts map[index.ContextKey]*planContext
 	// scopes and replicas are the producer-fed side, for AttachProducer.
 	scopes   []snapshot.Scope
@@ -35,8 +43,8 @@ type heldBlocks struct {
 }
 
 func newPlan(snap *snapshot.Snapshot) *plan {
-	p := &plan{sources: map[string]*snapshot.Source{}, used: map[string]bool{}, contexts: map[index.ContextKey]*planContext{},
-		scopes: snap.Scopes, replicas: snap.Replicas}
+	p := &plan{sources: map[string]*snapshot.Source{}, used: map[string]bool{}, refused: map[string]string{},
+		contexts: map[index.ContextKey]*planContext{}, scopes: snap.Scopes, replicas: snap.Replicas, version: snap.Version}
 	for i := range snap.Sources {
 		src := &snap.Sources[i]
 		p.sources[src.Key] = src
@@ -70,23 +78,36 @@ func newPlan(snap *snapshot.Snapshot) *plan {
 
 // take returns svc's recorded position, once, when the snapshot has one it
 // can resume from: the same registration (key and configuration), a
-// position or a stale state, and for engines a context recorded under the
-// same hash profile.
+// position or a stale state, for engines a context recorded under the
+// same hash profile, and for standard-hash engines their engine-hash map.
+// A registered source it refuses is named in refused with the reason.
 func (p *plan) take(svc registry.Service) (*snapshot.Source, bool) {
 	key := string(svc.Key())
 	src, ok := p.sources[key]
-	if !ok || p.used[key] || src.Type != svc.Type.String() || src.Registration != fingerprint(&svc) || (!src.HasSeq && !src.Stale) {
+	if !ok || p.used[key] || (!src.HasSeq && !src.Stale) {
 		return nil, false
+	}
+	refuse := func(why string) (*snapshot.Source, bool) {
+		p.refused[key] = why
+		return nil, false
+	}
+	if src.Type != svc.Type.String() || src.Registration != fingerprint(&svc) {
+		return refuse("registered again with other settings since the snapshot")
 	}
 	if svc.IsEngine() {
 		if pc, ok := p.contexts[svc.Context()]; ok && pc.profile != profileOf(&svc.Profile) {
-			return nil, false
+			return refuse("its context was recorded under another hash profile")
 		}
-		if svc.Profile.IsStandard() {
-			// The engine-hash → standard-hash map a removal needs is not
-			// in the snapshot: restored blocks could never be removed,
-			// so such a source starts cold (docs/state.md).
-			return nil, false
+		if svc.Profile.IsStandard() && !src.Stale {
+			// Restored blocks are keyed by the standard hash; a
+			// removal names the engine's hash, so without the map
+			// they could never be removed (docs/state.md).
+			switch {
+			case !src.HasStdMap:
+				return refuse("a standard-hash engine whose engine-hash map the snapshot lacks (written before format version 3)")
+			case len(src.StdMap) > events.DefaultStdMapEntries:
+				return refuse("its engine-hash map is larger than a source's bound")
+			}
 		}
 	}
 	p.used[key] = true
@@ -111,7 +132,8 @@ func (p *plan) restoreOwner(svc registry.Service, t *index.Table, id index.Owner
 	return hb.pairs
 }
 
-// unused lists recorded sources no registration took, sorted.
+// unused lists recorded sources no registration took (refused ones
+// included), sorted.
 func (p *plan) unused() []string {
 	var out []string
 	for k, src := range p.sources {

@@ -30,6 +30,7 @@ type stats struct {
 	replayed      atomic.Int64
 	cold          atomic.Int64
 	restarted     atomic.Int64
+	peer          atomic.Int64 // taken as confirmed from a live peer's snapshot
 	lagging       atomic.Int64 // not settled at the catch-up timeout: restored entries dropped
 }
 
@@ -64,6 +65,8 @@ func (st *stats) outcome(o streampos.Outcome) {
 		st.restarted.Add(1)
 	case streampos.Lagging:
 		st.lagging.Add(1)
+	case streampos.Peer:
+		st.peer.Add(1)
 	}
 }
 
@@ -89,7 +92,7 @@ var (
 	descOrigin = prometheus.NewDesc("conductor_restore_origin",
 		"Where the index was restored from at start: 1 for the origin used (peer: a replica's GET /snapshot; state_dir: this replica's own snapshot; none: an empty index), 0 for the others.", []string{"origin"}, nil)
 	descRestored = prometheus.NewDesc("conductor_restore_sources",
-		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, restarted (the publisher restarted meanwhile: restored entries dropped, new stream indexed), lagging (not confirmed by the catch-up timeout: restored entries dropped).", []string{"outcome"}, nil)
+		"Sources restored from the snapshot at start, and how they settled: restored, in_order, replay, cold, restarted (the publisher restarted meanwhile: restored entries dropped, new stream indexed), peer (a live peer's position, taken as confirmed), lagging (not confirmed by the catch-up timeout: restored entries dropped).", []string{"outcome"}, nil)
 )
 
 // Collector exports the figures.
@@ -129,7 +132,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, o := range []struct {
 		name string
 		v    *atomic.Int64
-	}{{"restored", &st.restored}, {"in_order", &st.inOrder}, {"replay", &st.replayed}, {"cold", &st.cold}, {"restarted", &st.restarted}, {"lagging", &st.lagging}} {
+	}{{"restored", &st.restored}, {"in_order", &st.inOrder}, {"replay", &st.replayed}, {"cold", &st.cold}, {"restarted", &st.restarted}, {"peer", &st.peer}, {"lagging", &st.lagging}} {
 		ch <- prometheus.MustNewConstMetric(descRestored, prometheus.GaugeValue, float64(o.v.Load()), o.name)
 	}
 }

@@ -13,9 +13,11 @@ package snapshot
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -31,9 +33,13 @@ const FileName = "index.snapshot"
 // MinVersion to Version and refuses later ones by name, so an older release
 // started on a newer release's directory says so instead of guessing.
 // Version 2 added the producer-fed scopes (kinds 3 and 4); a version 1 file
-// is read as one without them.
+// is read as one without them. Version 3 added, in the sources section, a
+// standard-hash engine's engine-hash map (std_map, has_std_map) and whether
+// a position was still catching up (catching_up); a version 1 or 2 file is
+// read as one whose standard-hash engines have no map (they start cold) and
+// whose positions a peer cannot vouch for.
 const (
-	Version    = 2
+	Version    = 3
 	MinVersion = 1
 )
 
@@ -54,6 +60,8 @@ const (
 
 // Snapshot is the decoded content of one file.
 type Snapshot struct {
+	// Version is the format the file was written in (Read sets it).
+	Version uint32
 	// Created is when the cut was taken.
 	Created  time.Time
 	Sources  []Source
@@ -133,6 +141,79 @@ type Source struct {
 	// Bindings are a Mooncake source's object bindings; each holds one
 	// shared reference on its block.
 	Bindings []Binding `msgpack:"bindings,omitempty"`
+	// CatchingUp (since version 3) says the position was restored and not
+	// confirmed yet at the cut: a replica bootstrapping from this file
+	// must confirm it itself rather than take it from the peer.
+	CatchingUp bool `msgpack:"catching_up,omitempty"`
+	// StdMap, when HasStdMap (since version 3), is a standard-hash
+	// engine's engine-hash → standard-hash map as of Seq. On file it is
+	// the bin std_map of fixed records (stdRecordLen bytes each), sorted
+	// by group, tier and key.
+	StdMap    []StdEntry `msgpack:"-"`
+	StdMapBin []byte     `msgpack:"std_map,omitempty"`
+	HasStdMap bool       `msgpack:"has_std_map,omitempty"`
+}
+
+// StdEntry is one entry of a standard-hash engine's engine-hash map.
+type StdEntry struct {
+	Group     int32
+	Tier      uint8
+	Key       uint64
+	H         uint64 // 0 when not Reachable
+	Reachable bool
+}
+
+// stdRecordLen is one std_map record: group (i32), tier (u8), flags (u8,
+// bit 0 reachable), key (u64), standard hash (u64), little endian.
+const stdRecordLen = 22
+
+// encodeStdMap sorts a copy of es and encodes it as std_map records.
+func encodeStdMap(es []StdEntry) []byte {
+	sorted := slices.Clone(es)
+	slices.SortFunc(sorted, compareStd)
+	out := make([]byte, 0, len(sorted)*stdRecordLen)
+	for _, e := range sorted {
+		out = binary.LittleEndian.AppendUint32(out, uint32(e.Group))
+		flags := byte(0)
+		if e.Reachable {
+			flags = 1
+		}
+		out = append(out, e.Tier, flags)
+		out = binary.LittleEndian.AppendUint64(out, e.Key)
+		out = binary.LittleEndian.AppendUint64(out, e.H)
+	}
+	return out
+}
+
+func compareStd(a, b StdEntry) int {
+	return cmp.Or(cmp.Compare(a.Group, b.Group), cmp.Compare(a.Tier, b.Tier), cmp.Compare(a.Key, b.Key))
+}
+
+// decodeStdMap reads std_map records, refusing a malformed one: a length
+// that is not whole records, a tier no engine holds, unknown flags, a hash
+// on an unreachable block, or records out of order or repeated.
+func decodeStdMap(b []byte) ([]StdEntry, error) {
+	if len(b)%stdRecordLen != 0 {
+		return nil, fmt.Errorf("std_map of %d bytes is not whole records", len(b))
+	}
+	out := make([]StdEntry, 0, len(b)/stdRecordLen)
+	for p := 0; p < len(b); p += stdRecordLen {
+		r := b[p : p+stdRecordLen]
+		e := StdEntry{Group: int32(binary.LittleEndian.Uint32(r)), Tier: r[4], Reachable: r[5] == 1,
+			Key: binary.LittleEndian.Uint64(r[6:]), H: binary.LittleEndian.Uint64(r[14:])}
+		switch {
+		case index.Tier(e.Tier) != index.Device && index.Tier(e.Tier) != index.CPULocal && index.Tier(e.Tier) != index.Disk:
+			return nil, fmt.Errorf("std_map record %d: tier %d", p/stdRecordLen, e.Tier)
+		case r[5] > 1:
+			return nil, fmt.Errorf("std_map record %d: flags %#x", p/stdRecordLen, r[5])
+		case !e.Reachable && e.H != 0:
+			return nil, fmt.Errorf("std_map record %d: a standard hash on an unreachable block", p/stdRecordLen)
+		case len(out) > 0 && compareStd(out[len(out)-1], e) >= 0:
+			return nil, fmt.Errorf("std_map record %d out of order or repeated", p/stdRecordLen)
+		}
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // Binding is one object (or SGLang logical page) a Mooncake master
@@ -252,7 +333,13 @@ func Write(w io.Writer, s *Snapshot) error {
 	if _, err := bw.Write(hdr); err != nil {
 		return err
 	}
-	src, err := marshal(s.Sources)
+	sources := slices.Clone(s.Sources)
+	for i := range sources {
+		if sources[i].HasStdMap {
+			sources[i].StdMapBin = encodeStdMap(sources[i].StdMap)
+		}
+	}
+	src, err := marshal(sources)
 	if err != nil {
 		return fmt.Errorf("encode sources: %w", err)
 	}
@@ -378,7 +465,7 @@ func Read(data []byte) (*Snapshot, error) {
 		return nil, bad("format version %d is older than this release reads (%d to %d)", v, MinVersion, Version)
 	}
 	nsec := binary.LittleEndian.Uint32(data[12:])
-	s := &Snapshot{Created: time.Unix(0, int64(binary.LittleEndian.Uint64(data[16:]))).UTC()}
+	s := &Snapshot{Version: v, Created: time.Unix(0, int64(binary.LittleEndian.Uint64(data[16:]))).UTC()}
 	p := headerLen
 	sawSources, sawProducers := false, false
 	for i := uint32(0); i < nsec; i++ {
@@ -408,6 +495,9 @@ func Read(data []byte) (*Snapshot, error) {
 			}
 			sawSources = true
 			if err := msgpack.Unmarshal(payload, &s.Sources); err != nil {
+				return nil, bad("sources section: %v", err)
+			}
+			if err := readStdMaps(s.Sources, v); err != nil {
 				return nil, bad("sources section: %v", err)
 			}
 		case kindContext:
@@ -452,6 +542,29 @@ func Read(data []byte) (*Snapshot, error) {
 		return nil, bad("no source section")
 	}
 	return s, nil
+}
+
+// readStdMaps decodes every source's std_map; keys of version 3 in an
+// older file are refused.
+func readStdMaps(srcs []Source, v uint32) error {
+	for i := range srcs {
+		src := &srcs[i]
+		if v < 3 && (src.HasStdMap || src.StdMapBin != nil || src.CatchingUp) {
+			return fmt.Errorf("source %q has keys of version 3 in a version %d file", src.Key, v)
+		}
+		if !src.HasStdMap {
+			if src.StdMapBin != nil {
+				return fmt.Errorf("source %q has std_map without has_std_map", src.Key)
+			}
+			continue
+		}
+		es, err := decodeStdMap(src.StdMapBin)
+		if err != nil {
+			return fmt.Errorf("source %q: %w", src.Key, err)
+		}
+		src.StdMap, src.StdMapBin = es, nil
+	}
+	return nil
 }
 
 // metaHead is a table section's head: its metadata's length (4 bytes,

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,7 @@ func sample(t testing.TB) *Snapshot {
 		}
 	}
 	s := &Snapshot{
+		Version: Version,
 		Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
 		Sources: []Source{
 			{Key: "a|default|0", Type: "vLLM", Seq: 41, HasSeq: true, Digest: 0x9e3779b97f4a7c15, HasDigest: true},
@@ -61,6 +63,16 @@ func sample(t testing.TB) *Snapshot {
 				{Backend: "be", Tenant: "default", Identity: "obj-1", Tier: uint8(index.CPUShare), Model: "m", BlockSize: 16, Prefix: 3, FullHash: "00ff", Group: ""},
 				{Backend: "be", Tenant: "t", Identity: "page", Tier: uint8(index.Disk), Model: "m2", Lora: "l", BlockSize: 32, Prefix: 14, FullHash: "abcd", Group: "g", Components: []string{"k", "v"}},
 			}},
+			// A standard-hash engine still catching up at the cut, with
+			// its engine-hash map (in the order Read returns it).
+			{Key: "std|default|0", Type: "SGLang", Seq: 12, HasSeq: true, CatchingUp: true, HasStdMap: true, StdMap: []StdEntry{
+				{Group: 0, Tier: uint8(index.Device), Key: 5, H: 0xfeed, Reachable: true},
+				{Group: 0, Tier: uint8(index.Device), Key: 1 << 63, Reachable: false},
+				{Group: 0, Tier: uint8(index.Disk), Key: 5, H: 0xbeef, Reachable: true},
+				{Group: 2, Tier: uint8(index.CPULocal), Key: 1, H: 7, Reachable: true},
+			}},
+			// One whose map is empty keeps it, empty.
+			{Key: "std|default|1", Type: "vLLM", Seq: 1, HasSeq: true, HasStdMap: true},
 		},
 	}
 	profiles := map[index.ContextKey]Profile{
@@ -116,7 +128,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestEmptyRoundTrip(t *testing.T) {
-	want := &Snapshot{Created: time.Unix(5, 0).UTC()}
+	want := &Snapshot{Version: Version, Created: time.Unix(5, 0).UTC()}
 	got, err := Read(encode(t, want))
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +227,7 @@ func withVersion(data []byte, v uint32) []byte {
 // A version 1 file (no producer-fed sections) is still read; one that
 // claims version 1 but holds version 2 sections is refused.
 func TestVersion1StillRead(t *testing.T) {
-	want := sample(t)
+	want := olderSample(t, 1)
 	want.Scopes, want.Replicas = nil, nil
 	got, err := Read(withVersion(encode(t, want), 1))
 	if err != nil {
@@ -224,8 +236,74 @@ func TestVersion1StillRead(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if got := formatErr(t, withVersion(encode(t, sample(t)), 1)); !strings.Contains(got, "section kind 3 in a version 1 file") {
+	if got := formatErr(t, withVersion(encode(t, olderSample(t, 1)), 1)); !strings.Contains(got, "section kind 3 in a version 1 file") {
 		t.Errorf("reason %q", got)
+	}
+}
+
+// olderSample is the sample without what version 3 added (no source
+// catching up, no engine-hash map), as a release writing version v would
+// have it.
+func olderSample(t *testing.T, v uint32) *Snapshot {
+	s := sample(t)
+	s.Version = v
+	s.Sources = s.Sources[:4]
+	return s
+}
+
+// A version 2 file (no engine-hash maps, no catching_up) is still read,
+// its sources as they were; one that claims version 2 but holds a key of
+// version 3 is refused, whichever key.
+func TestVersion2StillRead(t *testing.T) {
+	want := olderSample(t, 2)
+	got, err := Read(withVersion(encode(t, want), 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	for name, change := range map[string]func(*Source){
+		"std_map":     func(s *Source) { s.HasStdMap = true },
+		"catching_up": func(s *Source) { s.CatchingUp = true },
+	} {
+		s := olderSample(t, 2)
+		change(&s.Sources[0])
+		if got := formatErr(t, withVersion(encode(t, s), 2)); !strings.Contains(got, "keys of version 3 in a version 2 file") {
+			t.Errorf("%s: reason %q", name, got)
+		}
+	}
+}
+
+// An engine-hash map whose section checksum matches but whose records are
+// wrong refuses the whole file.
+func TestMalformedStdMapRefused(t *testing.T) {
+	good := sample(t).Sources[4].StdMap
+	for _, tc := range []struct {
+		name string
+		es   []StdEntry
+		want string
+	}{
+		{"repeated", append(slices.Clone(good), good[len(good)-1]), "out of order or repeated"},
+		{"tier", []StdEntry{{Tier: uint8(index.CPUShare), Key: 1, H: 1, Reachable: true}}, "tier 2"},
+		{"unreachable with a hash", []StdEntry{{Key: 1, H: 9}}, "unreachable block"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sample(t)
+			s.Sources[4].StdMap = tc.es
+			if got := formatErr(t, encode(t, s)); !strings.Contains(got, tc.want) {
+				t.Errorf("reason %q, want %q", got, tc.want)
+			}
+		})
+	}
+	// Records cut short, and flags no writer sets: forged past the writer.
+	for name, bin := range map[string][]byte{
+		"cut":   make([]byte, stdRecordLen+1),
+		"flags": append(make([]byte, 5), append([]byte{2}, make([]byte, 16)...)...),
+	} {
+		if _, err := decodeStdMap(bin); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
 	}
 }
 
