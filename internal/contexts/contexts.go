@@ -28,13 +28,13 @@ type Context struct {
 }
 
 // Catalogue maps each registered context to its Context. Reading is
-// lock-free and allocation-free (an immutable map behind an atomic
-// pointer), because every query reads it; writes, rare (contexts come and
-// go with registrations), copy the map under a mutex and publish the copy.
+// lock-free and allocation-free (immutable maps behind an atomic pointer),
+// because every query reads it; writes, rare (contexts come and go with
+// registrations), build the next version under a mutex and publish it.
 type Catalogue struct {
 	ix *index.Index
 	mu sync.Mutex // serialises Ensure and Drop
-	m  atomic.Pointer[map[index.ContextKey]*Context]
+	v  atomic.Pointer[view]
 
 	// engines holds the contexts with at least one engine registration
 	// (SetEngines): Mooncake streams name a context per event and bind
@@ -50,9 +50,91 @@ func New(ix *index.Index) *Catalogue { return &Catalogue{ix: ix} }
 // Index is the index the catalogue's tables live in.
 func (c *Catalogue) Index() *index.Index { return c.ix }
 
+// view is one version of the catalogue: the contexts by key, and the same
+// contexts filed by what the gRPC door's lookups name (a tenant, a model,
+// a hash scheme), so a lookup finds its contexts with one map read instead
+// of a scan of every context.
+type view struct {
+	byKey    map[index.ContextKey]*Context
+	byTenant map[string][]*Context
+	byModel  map[TenantModel][]*Context
+	byScheme map[SchemeKey][]*Context
+}
+
+// TenantModel names one model of one tenant.
+type TenantModel struct{ Tenant, Model string }
+
+// SchemeKey is what a Conductor hash scheme names within a tenant and a
+// model (docs/grpc.md#hash-schemes): the profile's strategy, algorithm and
+// seed as the scheme spells it, and the block size. The contexts it files
+// differ only by LoRA name.
+type SchemeKey struct {
+	Tenant, Model             string
+	Strategy, Algorithm, Seed string
+	BlockSize                 int
+}
+
+// SchemeSeeds are the seeds a scheme may spell profile p's with: a vLLM
+// profile's PYTHONHASHSEED text, the standard hash's seed, and for SGLang
+// strategies, which have no seed, "-" or the text they registered.
+func SchemeSeeds(p *hashing.Profile) []string {
+	switch p.Strategy {
+	case hashing.StrategyVLLMV1:
+		return []string{p.PythonHashSeed}
+	case hashing.StrategyRFC1527:
+		return []string{p.Seed}
+	}
+	if p.PythonHashSeed == "-" || p.PythonHashSeed == "" {
+		return []string{"-"}
+	}
+	return []string{"-", p.PythonHashSeed}
+}
+
+// newView files the contexts of byKey.
+func newView(byKey map[index.ContextKey]*Context) *view {
+	v := &view{byKey: byKey, byTenant: map[string][]*Context{}, byModel: map[TenantModel][]*Context{},
+		byScheme: map[SchemeKey][]*Context{}}
+	for k, e := range byKey {
+		v.byTenant[k.Tenant] = append(v.byTenant[k.Tenant], e)
+		tm := TenantModel{k.Tenant, k.Model}
+		v.byModel[tm] = append(v.byModel[tm], e)
+		for _, seed := range SchemeSeeds(&e.Profile) {
+			sk := SchemeKey{Tenant: k.Tenant, Model: k.Model, Strategy: e.Profile.Strategy,
+				Algorithm: e.Profile.Algorithm, Seed: seed, BlockSize: k.BlockSize}
+			v.byScheme[sk] = append(v.byScheme[sk], e)
+		}
+	}
+	return v
+}
+
 func (c *Catalogue) load() map[index.ContextKey]*Context {
-	if m := c.m.Load(); m != nil {
-		return *m
+	if v := c.v.Load(); v != nil {
+		return v.byKey
+	}
+	return nil
+}
+
+// ByScheme returns the contexts the scheme k names (one per LoRA name), in
+// no particular order; the slice is shared and must not be modified.
+func (c *Catalogue) ByScheme(k SchemeKey) []*Context {
+	if v := c.v.Load(); v != nil {
+		return v.byScheme[k]
+	}
+	return nil
+}
+
+// ByModel returns the contexts of one tenant's model, as ByScheme does.
+func (c *Catalogue) ByModel(tenant, model string) []*Context {
+	if v := c.v.Load(); v != nil {
+		return v.byModel[TenantModel{tenant, model}]
+	}
+	return nil
+}
+
+// ByTenant returns the contexts of one tenant, as ByScheme does.
+func (c *Catalogue) ByTenant(tenant string) []*Context {
+	if v := c.v.Load(); v != nil {
+		return v.byTenant[tenant]
 	}
 	return nil
 }
@@ -77,7 +159,7 @@ func (c *Catalogue) Ensure(k index.ContextKey, p hashing.Profile) *Context {
 	m := make(map[index.ContextKey]*Context, len(old)+1)
 	maps.Copy(m, old)
 	m[k] = e
-	c.m.Store(&m)
+	c.v.Store(newView(m))
 	return e
 }
 
@@ -117,7 +199,7 @@ func (c *Catalogue) Drop(k index.ContextKey) {
 	if old := c.load(); old[k] != nil {
 		m := maps.Clone(old)
 		delete(m, k)
-		c.m.Store(&m)
+		c.v.Store(newView(m))
 	}
 	c.ix.DropTable(k)
 }

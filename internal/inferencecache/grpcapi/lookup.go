@@ -150,33 +150,11 @@ func parseConductorScheme(scheme string) (cs conductorScheme, family, ok bool) {
 	return conductorScheme{p[0], p[1], p[2], bs}, true, true
 }
 
-// matches reports whether a context's profile is the one the scheme names:
-// vLLM seeds are compared as text; SGLang strategies have no seed, so "-"
-// (or the "0" they register with) names them.
-func (cs conductorScheme) matches(p *hashing.Profile, bs int) bool {
-	if bs != cs.blockSize || p.Strategy != cs.strategy || p.Algorithm != cs.algorithm {
-		return false
-	}
-	switch p.Strategy {
-	case hashing.StrategyVLLMV1:
-		return p.PythonHashSeed == cs.seed
-	case hashing.StrategyRFC1527:
-		// The standard hash's seed, as registered (docs/grpc.md#hash-schemes).
-		return p.Seed == cs.seed
-	}
-	return cs.seed == "-" || cs.seed == p.PythonHashSeed
-}
-
 // ConductorScheme is the hash_scheme naming a Conductor context's keys.
+// Its seed is the first the catalogue files the context under
+// (contexts.SchemeSeeds): "-" for SGLang strategies.
 func ConductorScheme(p *hashing.Profile, blockSize int) string {
-	seed := p.PythonHashSeed
-	switch p.Strategy {
-	case hashing.StrategyVLLMV1:
-	case hashing.StrategyRFC1527:
-		seed = p.Seed // conductor/rfc1527/xxh3_64/<seed>/<block size>
-	default:
-		seed = "-"
-	}
+	seed := contexts.SchemeSeeds(p)[0]
 	return "conductor/" + p.Strategy + "/" + p.Algorithm + "/" + seed + "/" + strconv.Itoa(blockSize)
 }
 
@@ -449,31 +427,37 @@ func bestRun(ih *index.InstanceHits) (int, pb.CacheTier) {
 func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs conductorScheme, parsed bool, st *lookupState) (lv producer.Level, bad, short bool) {
 	tenant, model, adapter := req.GetTenantId(), req.GetModelId(), req.GetAdapterId()
 	var match *contexts.Context
-	// Contexts come in no order; the affinity seed's profile is that of the
-	// greatest matching context, so the pick does not depend on the order.
+	cat := s.opts.Contexts
+	// The scheme's contexts in one map read (one per LoRA name). They come
+	// in no order; the affinity seed's profile is that of the greatest
+	// context, so the pick does not depend on the order.
 	var seedCtx index.ContextKey
-	for e := range s.opts.Contexts.All() {
-		t := e.Table
-		c := t.Context()
-		if c.Tenant != tenant || t.OwnerCount() == 0 {
-			continue
+	if parsed {
+		sk := contexts.SchemeKey{Tenant: tenant, Model: model, Strategy: cs.strategy, Algorithm: cs.algorithm, Seed: cs.seed, BlockSize: cs.blockSize}
+		for _, e := range cat.ByScheme(sk) {
+			t := e.Table
+			if t.OwnerCount() == 0 {
+				continue
+			}
+			c := t.Context()
+			lv = producer.HasScheme
+			st.pop = t.AppendInstances(st.pop)
+			if st.seedProf == nil || c.Compare(seedCtx) > 0 {
+				st.seedProf, st.seedBS, seedCtx = &e.Profile, c.BlockSize, c
+			}
+			if c.Lora == adapter {
+				match = e
+			}
 		}
-		lv = max(lv, producer.NoModel)
-		if c.Model != model {
-			continue
-		}
-		lv = max(lv, producer.NoScheme)
-		if !parsed || !cs.matches(&e.Profile, c.BlockSize) {
-			continue
-		}
-		lv = producer.HasScheme
-		st.pop = t.AppendInstances(st.pop)
-		if st.seedProf == nil || c.Compare(seedCtx) > 0 {
-			st.seedProf, st.seedBS, seedCtx = &e.Profile, c.BlockSize, c
-		}
-		if c.Lora == adapter {
-			match = e
-		}
+	}
+	// Without the scheme, how much of the path exists: the model, or only
+	// the tenant (the reason code says which).
+	switch {
+	case lv == producer.HasScheme:
+	case anyOwned(cat.ByModel(tenant, model)):
+		lv = producer.NoScheme
+	case anyOwned(cat.ByTenant(tenant)):
+		lv = producer.NoModel
 	}
 	if lv < producer.NoScheme {
 		lv = max(lv, s.opts.Producer.Holds(tenant, model, "\x00"))
@@ -720,4 +704,15 @@ func affinityPick(req *pb.LookupRouteRequest, kind inputKind, derived iter.Seq[u
 	}
 	sum := h.Sum(nil)
 	return int(binary.BigEndian.Uint64(sum[:8]) % uint64(n))
+}
+
+// anyOwned reports whether one of es has an owner: a context whose
+// services all left is not a path a lookup can take.
+func anyOwned(es []*contexts.Context) bool {
+	for _, e := range es {
+		if e.Table.OwnerCount() > 0 {
+			return true
+		}
+	}
+	return false
 }
