@@ -13,9 +13,12 @@ package main
 // verification included). Then one more round per --concurrency level
 // runs with checked queries at that concurrency: latencies during the
 // churn and server CPU per query, the round's CPU less its block
-// operations at the quiet rounds' median cost. RSS is sampled all along;
-// VmHWM is reset after the initial ingest (when the kernel lets us), so
-// the peak is the churn's; settled RSS is read once the server is idle.
+// operations at the quiet rounds' median cost. Those rounds spread their
+// messages over --duration (at --fleet-rate when set), so that the
+// queries run against a churn of known pace for a known time. RSS is
+// sampled all along; VmHWM is reset after the initial ingest (when the
+// kernel lets us), so the peak is the churn's; settled RSS is read once
+// the server is idle.
 // fleetmodel.go says what each answer may be.
 
 import (
@@ -44,7 +47,7 @@ type fleetConfig struct {
 }
 
 func (c *fleetConfig) addFlags(fs *flag.FlagSet) {
-	fs.IntVar(&c.rounds, "fleet-rounds", 0, "after ingest, this many rounds in which every publisher replaces each prompt it holds by a new one (BlockRemoved of the old prompt's private blocks + BlockStored of the new one's, one message per prompt), timed without queries; then one more such round per --concurrency level with checked queries running (0: no fleet phase; --preset fleet sets 4)")
+	fs.IntVar(&c.rounds, "fleet-rounds", 0, "after ingest, this many rounds in which every publisher replaces each prompt it holds by a new one (BlockRemoved of the old prompt's private blocks + BlockStored of the new one's, one message per prompt), timed without queries; then one more such round per --concurrency level with checked queries running, its messages spread over --duration unless --fleet-rate is set (0: no fleet phase; --preset fleet sets 4)")
 	fs.Float64Var(&c.rate, "fleet-rate", 0, "block operations (stores and removals) a second, all publishers together, during the fleet rounds (0: as fast as possible)")
 }
 
@@ -73,7 +76,9 @@ type fleetRound struct {
 	Concurrency int     `json:"query_concurrency"`
 	Messages    int     `json:"messages"`
 	BlockOps    int64   `json:"block_operations"`
-	Seconds     float64 `json:"seconds_until_verified"`
+	// RateOpsPerSec is the pace the messages were sent at (0: at once).
+	RateOpsPerSec float64 `json:"sent_block_ops_per_s"`
+	Seconds       float64 `json:"seconds_until_verified"`
 	OpsPerSec   float64 `json:"block_operations_per_s"`
 	// ServerCPUPerOpUS is the server's CPU from the round's first message
 	// until every event was applied and every stored block verified
@@ -298,7 +303,15 @@ func (r *fleetRun) round(ctx context.Context, k, conc int) error {
 		}()
 	}
 	sendErr := make(chan error, 1)
-	go func() { sendErr <- r.send(ctx, payloads) }()
+	// A round with queries spreads its messages over --duration unless
+	// --fleet-rate sets the pace: at once, it would be over before the
+	// queries had measured anything.
+	rate := s.o.fleet.rate
+	if conc > 0 && rate == 0 {
+		rate = float64(ops) / s.o.duration.Seconds()
+	}
+	rd.RateOpsPerSec = rate
+	go func() { sendErr <- r.send(ctx, payloads, rate) }()
 	polls, werr := r.awaitApplied(ctx, base+2*float64(msgs), sendErr)
 	close(stopQ)
 	qwg.Wait()
@@ -446,10 +459,9 @@ func (r *fleetRun) prepare(k int) ([][][]byte, error) {
 }
 
 // send publishes every publisher's messages, each from its own goroutine,
-// at --fleet-rate block operations a second in all (0: at once). The sent
+// at rate block operations a second in all (0: at once). The sent
 // count is raised before each message leaves.
-func (r *fleetRun) send(ctx context.Context, payloads [][][]byte) error {
-	rate := r.s.o.fleet.rate
+func (r *fleetRun) send(ctx context.Context, payloads [][][]byte, rate float64) error {
 	return parallel(r.s.pubs, func(p *publisher) error {
 		var every time.Duration
 		if rate > 0 {
@@ -783,9 +795,9 @@ func gomemlimit(o *options) string {
 // writeMarkdown prints the fleet phase: one row per round, then the
 // memory and the answers.
 func (f *fleetResult) writeMarkdown(w io.Writer) {
-	rate := "as fast as possible"
+	rate := "quiet rounds sent at once, rounds with queries spread over --duration"
 	if f.RateOpsPerSec > 0 {
-		rate = fmt.Sprintf("%.0f block operations/s", f.RateOpsPerSec)
+		rate = fmt.Sprintf("sent at %.0f block operations/s", f.RateOpsPerSec)
 	}
 	limit := "none"
 	if f.ServerMemLimit != "" {
@@ -793,16 +805,20 @@ func (f *fleetResult) writeMarkdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "Fleet at capacity: every publisher replaces each prompt it holds (%v) by a new one, one message per prompt (%d block operations: the old prompt's private blocks removed, the new one's stored), %s; server GOMEMLIMIT %s\n\n",
 		f.SlotsPerPub, f.OpsPerMessage, rate, limit)
-	fmt.Fprintln(w, "| round | queries | block ops | until verified | ops/s | server CPU/block op | faults/op | RSS at end | RSS max | query p50 | p99 | max | server CPU/query | prefix_count |")
-	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintln(w, "| round | queries | block ops | sent at (ops/s) | until verified | ops/s | server CPU/block op | faults/op | RSS at end | RSS max | query p50 | p99 | max | server CPU/query | prefix_count |")
+	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, rd := range f.Rounds {
 		q, p50, p99, mx, cpu := "none", "", "", "", ""
 		if rd.Concurrency > 0 {
 			q = fmt.Sprintf("%d at concurrency %d (%.0f/s)", rd.Queries, rd.Concurrency, rd.QPS)
 			p50, p99, mx, cpu = fmtUS(rd.P50US), fmtUS(rd.P99US), fmtUS(rd.MaxUS), fmtFrac(rd.ServerCPUPerQueryUS)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %.2f s | %.0f | %s | %.4f | %s | %s | %s | %s | %s | %s | %d |\n",
-			rd.Round, q, rd.BlockOps, rd.Seconds, rd.OpsPerSec, fmtFrac(rd.ServerCPUPerOpUS), rd.FaultsPerOp,
+		sentAt := "at once"
+		if rd.RateOpsPerSec > 0 {
+			sentAt = fmt.Sprintf("%.0f", rd.RateOpsPerSec)
+		}
+		fmt.Fprintf(w, "| %d | %s | %d | %s | %.2f s | %.0f | %s | %.4f | %s | %s | %s | %s | %s | %s | %d |\n",
+			rd.Round, q, rd.BlockOps, sentAt, rd.Seconds, rd.OpsPerSec, fmtFrac(rd.ServerCPUPerOpUS), rd.FaultsPerOp,
 			fmtBytes(rd.RSSEnd), fmtBytes(rd.RSSMax), p50, p99, mx, cpu, rd.PrefixCount)
 	}
 	fmt.Fprintln(w)
