@@ -73,13 +73,13 @@ func (o *options) validateFleet() error {
 type fleetRound struct {
 	Round int `json:"round"`
 	// Concurrency is the query workers during the round (0: none).
-	Concurrency int     `json:"query_concurrency"`
-	Messages    int     `json:"messages"`
-	BlockOps    int64   `json:"block_operations"`
+	Concurrency int   `json:"query_concurrency"`
+	Messages    int   `json:"messages"`
+	BlockOps    int64 `json:"block_operations"`
 	// RateOpsPerSec is the pace the messages were sent at (0: at once).
 	RateOpsPerSec float64 `json:"sent_block_ops_per_s"`
 	Seconds       float64 `json:"seconds_until_verified"`
-	OpsPerSec   float64 `json:"block_operations_per_s"`
+	OpsPerSec     float64 `json:"block_operations_per_s"`
 	// ServerCPUPerOpUS is the server's CPU from the round's first message
 	// until every event was applied and every stored block verified
 	// (less its reads of /metrics meanwhile), per block operation.
