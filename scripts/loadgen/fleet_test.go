@@ -218,7 +218,7 @@ func TestFleetShort(t *testing.T) {
 		t.Skip("loadgen: spawns and loads a server for a few seconds")
 	}
 	o, ctx := spawnedRun(t, "--publishers", "2", "--prompts", "24", "--prompt-tokens", "512", "--system-tokens", "128",
-		"--groups", "3", "--queries", "24", "--mix", "full=1", "--token-encoding", "bin", "--concurrency", "1,2",
+		"--groups", "3", "--queries", "24", "--mix", "full=1", "--token-encoding", "bin", "--concurrency", "1,2", "--duration", "1s",
 		"--fleet-rounds", "2")
 	rep, err := run(ctx, o)
 	if rep == nil {
