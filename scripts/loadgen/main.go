@@ -32,6 +32,11 @@
 // registered on each, the verification pass asks each one the whole pool,
 // and the timed queries go to them in turn (see replicas.go).
 //
+// With --fleet-rounds N (--preset fleet) the index is then kept at
+// capacity instead of queried: every publisher replaces each prompt it
+// holds by a new one, round after round, with checked queries during the
+// last rounds (see fleet.go).
+//
 // With --soak DURATION it runs the soak test instead (see soak.go):
 // ingestion with eviction and clears, checked queries and registration
 // churn together, then assertions that the server reached a steady state.
@@ -39,6 +44,7 @@
 //	go run ./scripts/loadgen --spawn --publishers 8 --blocks 200000 --concurrency 1,4,16 --duration 5s
 //	scripts/loadgen.sh --publishers 8 --blocks 200000 --duration 5s   # the same, built first
 //	go run ./scripts/loadgen --spawn --preset router-8k --concurrency 8 --server-replicas 3
+//	go run ./scripts/loadgen --spawn --preset fleet --fleet-rounds 4 --server-memory-mib 256
 package main
 
 import (
