@@ -51,7 +51,7 @@ func (c *fleetConfig) addFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.rate, "fleet-rate", 0, "block operations (stores and removals) a second, all publishers together, during the fleet rounds (0: as fast as possible)")
 }
 
-// validate refuses what the fleet model cannot describe.
+// validateFleet refuses what the fleet model cannot describe.
 func (o *options) validateFleet() error {
 	c := o.fleet
 	switch {
