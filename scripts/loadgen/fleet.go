@@ -260,7 +260,7 @@ func (s *session) fleetPhase(ctx context.Context, c *corpus, prof *hashing.Profi
 	// Settled: the server idle after the last round, and the median of
 	// its RSS over the next 2 s (the runtime returns freed pages in the
 	// background, and one reading may catch a step of it).
-	s.settle(ctx, fl)
+	s.waitQuiet(ctx, fl)
 	var settled []int64
 	for range 20 {
 		if !sleepCtx(ctx, 100*time.Millisecond) {
@@ -290,7 +290,7 @@ func (r *fleetRun) round(ctx context.Context, k, conc int) error {
 	ops := int64(msgs) * int64(r.res.OpsPerMessage)
 	s.logf("fleet round %d: %d messages (%d block operations) prepared in %v", k, msgs, ops, time.Since(t0).Round(time.Millisecond))
 	// What the previous round left the server to do is not this one's.
-	s.settle(ctx, r.fl)
+	s.waitQuiet(ctx, r.fl)
 	m := r.fl[0]
 	base, err := r.eventsDone()
 	if err != nil {
@@ -383,7 +383,7 @@ func (r *fleetRun) round(ctx context.Context, k, conc int) error {
 	}
 	// With nothing in flight every answer is exact: a few slots per
 	// publisher, their new and their old prompt.
-	r.checkSettled(k)
+	r.checkQuiet(k)
 	// Queries of the next round ask rounds k-1 and k at most.
 	delete(r.tokens, k-2)
 	r.res.Rounds = append(r.res.Rounds, rd)
@@ -744,10 +744,10 @@ func (r *fleetRun) queryWorker(stop <-chan struct{}, t0 time.Time, seed uint64) 
 	}
 }
 
-// checkSettled asks, with nothing in flight, a few slots of every
+// checkQuiet asks, with nothing in flight, a few slots of every
 // publisher for their round-k prompt and the one it replaced: every
 // bound is exact.
-func (r *fleetRun) checkSettled(k int) {
+func (r *fleetRun) checkQuiet(k int) {
 	rng := rand.New(rand.NewPCG(r.c.cfg.Seed^0xc4ec, uint64(k)))
 	for p := range r.slots {
 		for range 8 {

@@ -154,9 +154,9 @@ func TestFleetCheck(t *testing.T) {
 	}
 }
 
-// TestFleetCheckSettles: a whole prompt in an answer shows its message,
+// TestFleetCheckMarksApplied: a whole prompt in an answer shows its message,
 // and every earlier one of that publisher, applied.
-func TestFleetCheckSettles(t *testing.T) {
+func TestFleetCheckMarksApplied(t *testing.T) {
 	const bs, sys, full = 16, 4, 32
 	n := int64(full * bs)
 	r := &fleetRun{c: &corpus{cfg: corpusConfig{BlockSize: bs}}, ids: []string{"e0"}, fails: &failures{},
