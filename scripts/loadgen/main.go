@@ -32,6 +32,11 @@
 // registered on each, the verification pass asks each one the whole pool,
 // and the timed queries go to them in turn (see replicas.go).
 //
+// With --fleet-rounds N (--preset fleet) the index is then kept at
+// capacity instead of queried: every publisher replaces each prompt it
+// holds by a new one, round after round, with checked queries during the
+// last rounds (see fleet.go).
+//
 // With --soak DURATION it runs the soak test instead (see soak.go):
 // ingestion with eviction and clears, checked queries and registration
 // churn together, then assertions that the server reached a steady state.
@@ -39,6 +44,7 @@
 //	go run ./scripts/loadgen --spawn --publishers 8 --blocks 200000 --concurrency 1,4,16 --duration 5s
 //	scripts/loadgen.sh --publishers 8 --blocks 200000 --duration 5s   # the same, built first
 //	go run ./scripts/loadgen --spawn --preset router-8k --concurrency 8 --server-replicas 3
+//	go run ./scripts/loadgen --spawn --preset fleet --fleet-rounds 4 --server-memory-mib 256
 package main
 
 import (
@@ -93,6 +99,9 @@ type options struct {
 	json          bool
 	quiet         bool
 	soak          soakConfig
+	fleet         fleetConfig
+	// serverMemoryMiB runs spawned servers under GOMEMLIMIT (0: none).
+	serverMemoryMiB int
 
 	// serverReplicas is --server-replicas; targets and serverPIDs are
 	// --targets and --server-pids (nil: --base-url and --server-pid).
@@ -131,6 +140,15 @@ var presets = map[string][]string{
 		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
 		"--mix", "full=1", "--queries", "1000", "--steady-ingest", "4", "--concurrency", "1,8",
 		"--unreg-concurrency", "1"},
+	// fleet is router-8k's index at capacity (issue 43): after ingest,
+	// every publisher replaces each prompt it holds by a new one, oldest
+	// first, one message per prompt (BlockRemoved + BlockStored), 4 rounds
+	// timed alone, then one round with checked queries at concurrency 1
+	// and one at 8 (see fleet.go).
+	"fleet": {"--engine", "vllm", "--publishers", "4", "--prompts", "1000", "--prompt-tokens", "8192",
+		"--system-tokens", "1024", "--groups", "16", "--block-size", "16", "--token-encoding", "bin",
+		"--mix", "full=1", "--queries", "1000", "--concurrency", "1,8", "--fleet-rounds", "4",
+		"--unreg-concurrency", "1"},
 	// cold-64k is long agent contexts: 4 instances, 96 stored prompts of
 	// 65,536 tokens in 4 groups sharing 4,096, each asked once, with the
 	// floor beside them.
@@ -159,7 +177,7 @@ func expandPreset(args []string) ([]string, string, error) {
 		}
 		p, ok := presets[name]
 		if !ok {
-			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, steady-8k, cold-64k)", name)
+			return nil, "", fmt.Errorf("--preset %q: unknown (known: router-8k, cold-8k, steady-8k, fleet, cold-64k)", name)
 		}
 		return append(slices.Clone(p), rest...), name, nil
 	}
@@ -174,7 +192,7 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.preset = preset
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; steady-8k: the same index asked warm under --steady-ingest 4; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
+	fs.String("preset", "", "named workload whose flags come before the others (router-8k: the realistic index of issue 19, with --cold-pass and --chain-baseline; cold-8k: the same index asked cold with --floor; steady-8k: the same index asked warm under --steady-ingest 4; fleet: the same index at capacity, every prompt replaced by a new one for --fleet-rounds rounds, then one round per --concurrency level with checked queries; cold-64k: 96 prompts of 64K tokens asked cold with --floor)")
 	fs.IntVar(&o.corpus.Prompts, "prompts", 0, "exactly this many stored prompts (0: as many as --blocks needs)")
 	fs.BoolVar(&o.coldPass, "cold-pass", false, "after ingest, ask every stored prompt once in a random order (all blocks indexed, never queried before), then once more (the warm pass), and report server CPU per query")
 	fs.BoolVar(&o.floor, "floor", false, "after ingest (and the cold pass), time 2-block queries at concurrency 1: the fixed cost of one request, reported beside the levels and subtracted in their ratios; with --cold-pass, a 2-block query and the same query for a model nobody stores also follow each query of the cold and the warm pass, and that paired 2-block floor is what those passes' ratios subtract (the other is reported beside it)")
@@ -215,6 +233,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON on stdout (the Markdown goes to stderr)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress output")
 	o.soak.addFlags(fs)
+	o.fleet.addFlags(fs)
+	fs.IntVar(&o.serverMemoryMiB, "server-memory-mib", 0, "run a --spawn'ed server under GOMEMLIMIT of this many MiB (0: none; a GOMEMLIMIT in the environment reaches the server too, but also limits the load generator)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -235,6 +255,12 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if fs.NArg() != 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.serverMemoryMiB < 0 || (o.serverMemoryMiB > 0 && !o.spawn) {
+		return nil, errors.New("--server-memory-mib must not be negative and needs --spawn")
+	}
+	if err := o.validateFleet(); err != nil {
+		return nil, err
 	}
 	switch engine(*eng) {
 	case engineVLLM, engineVLLMDefaults, engineVLLMXXHash, engineSGLang, engineVLLMStd:
@@ -365,6 +391,9 @@ func main() {
 // soakConfig.memoMiB).
 func (o *options) serverOptions() serverOptions {
 	so := serverOptions{token: o.authToken, logLevel: o.serverLog, race: o.serverRace, args: o.serverArgs}
+	if l := gomemlimit(o); l != "" {
+		so.env = append(so.env, "GOMEMLIMIT="+l)
+	}
 	if o.soak.duration > 0 && o.soak.memoMiB >= 0 {
 		// First, so that --server-args can still override them.
 		so.args = append([]string{fmt.Sprintf("--hash-memo-mib=%d", o.soak.memoMiB), fmt.Sprintf("--token-memo-mib=%d", o.soak.memoMiB),
@@ -766,6 +795,19 @@ func run(ctx context.Context, o *options) (rep *report, err error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
+	}
+	if o.fleet.rounds > 0 {
+		// The pool's answers hold for the corpus only: after the fleet
+		// rounds the servers hold other prompts, so the run ends here
+		// (session.close unregisters).
+		fr, err := s.fleetPhase(ctx, c, &prof, ids, fails, fl)
+		rep.Fleet = fr
+		if fr != nil {
+			rep.Checked += fr.Answers
+		}
+		rep.PeakRSS.End = m.peak()
+		rep.LoadAverage[1] = loadAverage()
+		return rep, err
 	}
 	d := &driver{targets: s.apis, pool: pool, ids: ids, fails: fails, pres: func(int) presence { return mustMatch }}
 	if o.restart { // parseFlags made sure the server is spawned

@@ -49,6 +49,9 @@ type report struct {
 	Restart *restartResult `json:"restart,omitempty"`
 	RSS     rssResult      `json:"server_rss_bytes"`
 	RSSAnon rssResult      `json:"server_rss_anon_bytes"`
+	// Fleet is the --fleet-rounds phase, when run (the levels and the
+	// unregistration under load are not run then).
+	Fleet *fleetResult `json:"fleet,omitempty"`
 	// SteadyIngest is --steady-ingest's ingest during the levels.
 	SteadyIngest *steadyResult `json:"steady_ingest,omitempty"`
 	// PeakRSS is the (first) server's peak resident size, VmHWM, after
@@ -225,8 +228,12 @@ func (r *report) writeMarkdown(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n%d %s publishers, %d stored prompts of %d tokens (block %d, %d groups with %d-token system prompts, %d replica(s)); pool of %d queries %s; token_ids as %s%s\n\n",
 		r.Publishers, r.Engine, r.StoredPrompts, r.PromptTokens, r.BlockSize, r.Groups, r.SystemTokens, r.Replicas, r.PoolQueries, kindsString(r.PoolKinds), r.TokenEncoding, servers)
-	fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | memo hits (answers / blocks / ids), memory | wrong |")
-	fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	if r.Fleet != nil {
+		r.Fleet.writeMarkdown(w)
+	} else {
+		fmt.Fprintln(w, "| concurrency | queries | queries/s | p50 | p99 | p999 | max | server CPU/query | client CPU/query | memo hits (answers / blocks / ids), memory | wrong |")
+		fmt.Fprintln(w, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	}
 	for _, l := range r.Levels {
 		fmt.Fprintf(w, "| %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %s / %s / %s, %s | %d |\n",
 			l.Concurrency, l.Queries, l.QPS, fmtUS(l.P50US), fmtUS(l.P99US), fmtUS(l.P999US), fmtUS(l.MaxUS),
@@ -258,18 +265,24 @@ func (r *report) writeMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "| server RSS at start (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.Start), fmtBytes(r.RSSAnon.Start))
 	fmt.Fprintf(w, "| server RSS before ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.BeforeIngest), fmtBytes(r.RSSAnon.BeforeIngest))
 	fmt.Fprintf(w, "| server RSS after ingest (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterIngest), fmtBytes(r.RSSAnon.AfterIngest))
-	fmt.Fprintf(w, "| server RSS after query load (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterLoad), fmtBytes(r.RSSAnon.AfterLoad))
+	if r.Fleet == nil {
+		fmt.Fprintf(w, "| server RSS after query load (anonymous) | %s (%s) |\n", fmtBytes(r.RSS.AfterLoad), fmtBytes(r.RSSAnon.AfterLoad))
+	}
 	if r.HugeBeforeCold >= 0 && r.Cold != nil {
 		fmt.Fprintf(w, "| server memory on huge pages when the cold pass began | %s |\n", fmtBytes(r.HugeBeforeCold))
 	}
-	fmt.Fprintf(w, "| server RSS after unregistration (anonymous), read after | %s (%s), %.1f s |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg), r.AfterUnregSeconds)
+	if r.Fleet == nil {
+		fmt.Fprintf(w, "| server RSS after unregistration (anonymous), read after | %s (%s), %.1f s |\n", fmtBytes(r.RSS.AfterUnreg), fmtBytes(r.RSSAnon.AfterUnreg), r.AfterUnregSeconds)
+	}
 	if si := r.SteadyIngest; si != nil {
 		fmt.Fprintf(w, "| steady ingest during the levels (server CPU per query includes it) | %g prompts/s per publisher, %d blocks |\n", si.PromptsPerSecPerPublisher, si.Blocks)
 	}
 	fmt.Fprintf(w, "| server peak RSS (VmHWM) after ingest / at the end | %s / %s |\n", fmtBytes(r.PeakRSS.AfterIngest), fmtBytes(r.PeakRSS.End))
 	u := r.Unreg
-	fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
-	fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
+	if r.Fleet == nil {
+		fmt.Fprintf(w, "| unregistration of %d publishers | %.1f ms (slowest call %.1f ms) |\n", u.Publishers, u.Seconds*1000, u.MaxCallMS)
+		fmt.Fprintf(w, "| queries during unregistration (concurrency %d) | %d, p99 %s, worst %s |\n", u.Concurrency, u.Queries, fmtUS(u.P99US), fmtUS(u.WorstUS))
+	}
 	if rc := u.Reclaim; rc != nil {
 		fmt.Fprintf(w, "| queries while the others' entries are reclaimed (%.1f s before the last unregistration) | %d, p99 %s, worst %s |\n", rc.Seconds, rc.Queries, fmtUS(rc.P99US), fmtUS(rc.WorstUS))
 	}

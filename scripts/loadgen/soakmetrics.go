@@ -75,6 +75,15 @@ outer:
 	return -1
 }
 
+// sum adds every series of name (0 when there is none).
+func (m promText) sum(name string) float64 {
+	t := 0.0
+	for _, s := range m[name] {
+		t += s.value
+	}
+	return t
+}
+
 // parsePromText reads the text exposition format: `name{k="v",...} value`
 // per line, comments skipped. Timestamps after the value are ignored.
 func parsePromText(b []byte) (promText, error) {

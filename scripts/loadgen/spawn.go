@@ -155,6 +155,8 @@ type serverOptions struct {
 	race bool
 	// args are appended to the server's command line.
 	args []string
+	// env is added to the server's environment (KEY=value), after ours.
+	env []string
 }
 
 func startServer(ctx context.Context, dir, bin string, so serverOptions, attempt int) (*spawned, error) {
@@ -181,7 +183,7 @@ func startServer(ctx context.Context, dir, bin string, so serverOptions, attempt
 	if so.token != "" {
 		env = append(env, "CONDUCTOR_AUTH_TOKEN="+so.token)
 	}
-	cmd.Env = env
+	cmd.Env = append(env, so.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// If the load generator dies without cleaning up, the kernel kills the
 	// server too: nothing is left listening.
