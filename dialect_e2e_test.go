@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -52,12 +53,12 @@ func TestEndToEndArrayEncodedVLLM(t *testing.T) {
 	keys := vllmKeys(t, tokens)
 	// the layout of PR #19737 (medium, no lora_name): trailing fields absent
 	stored := []any{"BlockStored", keys, nil, tokens[:32], 16, nil, "GPU"}
-	eventually(t, "an array-encoded BlockStored to reach /query", func() bool {
+	eventtest.Eventually(t, "an array-encoded BlockStored to reach /query", func() bool {
 		pub.sendArrays(0, stored)
 		return e.deviceHits("a0", tokens) == 32
 	})
 	pub.sendArrays(0, []any{"BlockRemoved", keys[1:], "GPU"})
-	eventually(t, "an array-encoded BlockRemoved", func() bool { return e.deviceHits("a0", tokens) == 16 })
+	eventtest.Eventually(t, "an array-encoded BlockRemoved", func() bool { return e.deviceHits("a0", tokens) == 16 })
 
 	// One batch: a wrong type at the block_size position (rejected), a
 	// CPU-pool store (ignored), the newest array layout storing block 2.
@@ -65,7 +66,7 @@ func TestEndToEndArrayEncodedVLLM(t *testing.T) {
 		[]any{"BlockStored", keys[1:], keys[0], tokens[16:32], "16", nil, "GPU"},
 		[]any{"BlockStored", keys[1:], keys[0], tokens[16:32], 16, nil, "CPU"},
 		[]any{"BlockStored", keys[1:], keys[0], tokens[16:32], 16, nil, "GPU", nil, []any{nil}, 0, "full_attention", nil})
-	eventually(t, "the newest layout's store", func() bool { return e.deviceHits("a0", tokens) == 32 })
+	eventtest.Eventually(t, "the newest layout's store", func() bool { return e.deviceHits("a0", tokens) == 32 })
 	text = e.scrape()
 	if got := metricValue(text, wrongType); got != 1 {
 		t.Errorf("%s = %v, want 1", wrongType, got)
@@ -79,9 +80,9 @@ func TestEndToEndArrayEncodedVLLM(t *testing.T) {
 
 	// A release before medium existed: its clear and its stores, GPU only.
 	pub.sendArrays(0, []any{"AllBlocksCleared"})
-	eventually(t, "an array-encoded AllBlocksCleared", func() bool { return e.deviceHits("a0", tokens) == 0 })
+	eventtest.Eventually(t, "an array-encoded AllBlocksCleared", func() bool { return e.deviceHits("a0", tokens) == 0 })
 	pub.sendArrays(0, []any{"BlockStored", keys[:1], nil, tokens[:16], 16, nil})
-	eventually(t, "a store without a medium position", func() bool { return e.deviceHits("a0", tokens) == 16 })
+	eventtest.Eventually(t, "a store without a medium position", func() bool { return e.deviceHits("a0", tokens) == 16 })
 
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "a0", "tenant_id": "default", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister: %d %v", status, out)
@@ -103,7 +104,7 @@ func TestEndToEndArrayEncodedSGLang(t *testing.T) {
 		t.Fatalf("register: %d %v", st, out)
 	}
 	tokens := seqTokens(7, 48)
-	eventually(t, "an array-encoded SGLang store", func() bool {
+	eventtest.Eventually(t, "an array-encoded SGLang store", func() bool {
 		pub.sendArrays(0, []any{"BlockStored", []int64{-5, -6}, nil, tokens[:32], 16, nil})
 		return e.stdTier("arr-s", "device", tokens) == 32
 	})
@@ -111,11 +112,11 @@ func TestEndToEndArrayEncodedSGLang(t *testing.T) {
 	pub.sendArrays(0,
 		[]any{"BlockStored", []int64{-7}, int64(-6), tokens[32:48], 16, nil, nil, map[string]any{"cache_salt": ""}},
 		map[string]any{"type": "BlockRemoved", "block_hashes": []int64{-5}, "medium": "CPU_PINNED"})
-	eventually(t, "the store with a metadata map", func() bool { return e.stdTier("arr-s", "device", tokens) == 48 })
+	eventtest.Eventually(t, "the store with a metadata map", func() bool { return e.stdTier("arr-s", "device", tokens) == 48 })
 	pub.sendArrays(0, []any{"BlockRemoved", []int64{-6}, nil})
-	eventually(t, "an array-encoded removal", func() bool { return e.stdTier("arr-s", "device", tokens) == 16 })
+	eventtest.Eventually(t, "an array-encoded removal", func() bool { return e.stdTier("arr-s", "device", tokens) == 16 })
 	pub.sendArrays(0, []any{"AllBlocksCleared"})
-	eventually(t, "an array-encoded clear", func() bool { return e.stdTier("arr-s", "device", tokens) == 0 })
+	eventtest.Eventually(t, "an array-encoded clear", func() bool { return e.stdTier("arr-s", "device", tokens) == 0 })
 	text := e.scrape()
 	if got := metricSum(text, `conductor_service_events_rejected_total{`); got != 0 {
 		t.Errorf("rejected events: %v", got)

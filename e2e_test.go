@@ -18,8 +18,8 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/internal/config"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -216,15 +216,6 @@ func msgpackInt(v any) (int64, bool) {
 	return 0, false
 }
 
-// eventually retries publish-then-check until check holds: a SUB socket
-// joins a PUB asynchronously, so the first messages may be lost before the
-// subscription exists.
-// Steps often publish, so they run every 20 ms, not every millisecond.
-func eventually(t *testing.T, what string, step func() bool) {
-	t.Helper()
-	eventtest.Poll(t, what, 10*time.Second, 20*time.Millisecond, step)
-}
-
 // fasthttpGlobals are fasthttp's process-wide housekeeping goroutines (the
 // Date header ticker, the test client's cleaners, and the worker pool's
 // cleaner, which exits on its next 10 s tick after Shutdown). They are not
@@ -262,24 +253,24 @@ func TestEndToEndVLLM(t *testing.T) {
 
 	// Until the subscription is up, published messages are lost; the
 	// first one that arrives is the sequence baseline.
-	eventually(t, "BlockStored to reach /query", func() bool {
+	eventtest.Eventually(t, "BlockStored to reach /query", func() bool {
 		pub.send(0, stored)
 		return e.deviceHits("p0", tokens) == 32
 	})
 
 	pub.send(0, map[string]any{"type": "BlockRemoved", "block_hashes": keys[1:], "medium": "GPU"})
-	eventually(t, "BlockRemoved", func() bool { return e.deviceHits("p0", tokens) == 16 })
+	eventtest.Eventually(t, "BlockRemoved", func() bool { return e.deviceHits("p0", tokens) == 16 })
 
 	pub.send(0, map[string]any{"type": "AllBlocksCleared"})
-	eventually(t, "AllBlocksCleared", func() bool { return e.deviceHits("p0", tokens) == 0 })
+	eventtest.Eventually(t, "AllBlocksCleared", func() bool { return e.deviceHits("p0", tokens) == 0 })
 
 	// A gap without a replay endpoint makes the source stale: entries are
 	// retracted and later messages ignored, while the service stays listed.
 	pub.send(0, stored)
-	eventually(t, "re-store", func() bool { return e.deviceHits("p0", tokens) == 32 })
+	eventtest.Eventually(t, "re-store", func() bool { return e.deviceHits("p0", tokens) == 32 })
 	pub.seq += 5
 	pub.send(0, stored)
-	eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
+	eventtest.Eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
 	// The next message must be received and dropped as stale, the
 	// counter's increment being the sign it was handled, and change
 	// nothing. Under --stale-recovery auto (the default) a message that
@@ -296,7 +287,7 @@ func TestEndToEndVLLM(t *testing.T) {
 		}
 		pub.send(0, stored)
 		var nowDropped, nowRecovered float64
-		eventually(t, "the stale source to handle the message", func() bool {
+		eventtest.Eventually(t, "the stale source to handle the message", func() bool {
 			text := e.scrape()
 			nowDropped, nowRecovered = metricValue(text, droppedStale), metricValue(text, recovered)
 			return nowDropped > dropped || nowRecovered > recoveries
@@ -310,10 +301,10 @@ func TestEndToEndVLLM(t *testing.T) {
 		if attempt == 5 {
 			t.Fatalf("%d messages to the stale source arrived after its hold-off", attempt)
 		}
-		eventually(t, "the recovered baseline", func() bool { return e.deviceHits("p0", tokens) == 32 })
+		eventtest.Eventually(t, "the recovered baseline", func() bool { return e.deviceHits("p0", tokens) == 32 })
 		pub.seq += 5
 		pub.send(0, stored)
-		eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
+		eventtest.Eventually(t, "stale retraction", func() bool { return e.deviceHits("p0", tokens) == 0 })
 	}
 	if svcs := e.get("/services"); svcs["count"] != int8(1) {
 		t.Errorf("stale service not listed: %v", svcs)
@@ -323,7 +314,7 @@ func TestEndToEndVLLM(t *testing.T) {
 	if status, out := e.post("/register", vllmRegistration("p0", pub.endpoint)); status != 200 {
 		t.Fatalf("re-register: %d %v", status, out)
 	}
-	eventually(t, "restarted source", func() bool {
+	eventtest.Eventually(t, "restarted source", func() bool {
 		pub.send(0, stored)
 		return e.deviceHits("p0", tokens) == 32
 	})
@@ -401,7 +392,7 @@ func TestMetricsMove(t *testing.T) {
 		tokens[i] = int32(7 + i)
 	}
 	keys := vllmKeys(t, tokens)
-	eventually(t, "BlockStored", func() bool {
+	eventtest.Eventually(t, "BlockStored", func() bool {
 		pub.send(0, map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": nil, "token_ids": tokens,
 			"block_size": 16, "lora_id": nil, "medium": "gpu", "lora_name": nil})
 		return e.deviceHits("m0", tokens) == 32
@@ -414,7 +405,7 @@ func TestMetricsMove(t *testing.T) {
 	// messages in order, so once the malformed one (sent last) is
 	// rejected, every copy before it has been applied and the index stands
 	// still for the memo checks below.
-	eventually(t, "rejection counted", func() bool {
+	eventtest.Eventually(t, "rejection counted", func() bool {
 		return metricSum(e.scrape(), "conductor_events_rejected_total{") >= 1
 	})
 	// Two more queries of the stored prompt: they reuse both digests
@@ -554,7 +545,7 @@ func TestReadinessFollowsStaticRegistrations(t *testing.T) {
 	if err := pub.Bind(ep); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "readiness after the publisher binds", func() bool { return readyz() == 200 })
+	eventtest.Eventually(t, "readiness after the publisher binds", func() bool { return readyz() == 200 })
 }
 
 // TestNewAppFailureLeavesNothingRunning: when a listener's address is

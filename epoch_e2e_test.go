@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // restart makes the fake engine a new process on the same endpoints: a
@@ -41,7 +43,7 @@ func TestPublisherRestartedWhileConductorDownNoPhantom(t *testing.T) {
 		fresh["e1"][i] = true
 	}
 	p2 := startConductor(t, dir)
-	eventually(t, "the restored source settled", func() bool {
+	eventtest.Eventually(t, "the restored source settled", func() bool {
 		e.send(storedEvent(t, prompt(1, 40)))
 		fresh["e1"][40] = true
 		status, _ := p2.do("GET", "/readyz", nil)
@@ -86,7 +88,7 @@ func TestStaleRecoveryModes(t *testing.T) {
 
 			e.skip()
 			e.send(storedEvent(t, prompt(1, 2))) // reveals the gap: stale
-			eventually(t, "stale", func() bool { return p.metric("conductor_stale_sources") == 1 })
+			eventtest.Eventually(t, "stale", func() bool { return p.metric("conductor_stale_sources") == 1 })
 			checkAll(t, p, model{"e1": {}}, []*engine{e}, 3, "stale: entries dropped")
 
 			if mode == "off" {
@@ -95,7 +97,7 @@ func TestStaleRecoveryModes(t *testing.T) {
 				}
 				register() // identical: restarts the stale source
 			}
-			eventually(t, "indexed again", func() bool {
+			eventtest.Eventually(t, "indexed again", func() bool {
 				e.send(storedEvent(t, prompt(1, 3)))
 				_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": prompt(1, 3), "instance_id": "e1"})
 				return device(a, "e1") == 64

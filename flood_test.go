@@ -12,7 +12,8 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/internal/procmem"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 // TestFloodEndToEnd is the flood through the whole service: two
@@ -71,7 +72,7 @@ func TestFloodEndToEnd(t *testing.T) {
 	for i, p := range pubs {
 		probe := prompt(i+1, 0)
 		ev := stored(probe)
-		eventually(t, names[i]+" subscribed", func() bool {
+		eventtest.Eventually(t, names[i]+" subscribed", func() bool {
 			p.send(0, ev)
 			return e.deviceHits(names[i], probe) == 1024
 		})
@@ -116,10 +117,10 @@ func TestFloodEndToEnd(t *testing.T) {
 		}
 		latest.Store(int64(p))
 		if (p/perMessage)%window == window-1 {
-			eventually(t, "the flood's batches applied", func() bool { return applied()-base >= float64(sent) })
+			eventtest.Eventually(t, "the flood's batches applied", func() bool { return applied()-base >= float64(sent) })
 		}
 	}
-	eventually(t, "every batch applied", func() bool { return applied()-base >= float64(sent) })
+	eventtest.Eventually(t, "every batch applied", func() bool { return applied()-base >= float64(sent) })
 	stop.Store(true)
 	wg.Wait()
 	rss := procmem.RSS() - rss0

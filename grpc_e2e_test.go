@@ -12,6 +12,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/fingerprint"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // startAppWithDoor runs the wired service with the gRPC door on loopback
@@ -65,8 +66,8 @@ func TestGRPCLookupMatchesQuery(t *testing.T) {
 		return map[string]any{"type": "BlockStored", "block_hashes": keys[:n], "parent_block_hash": nil,
 			"token_ids": tokens[:16*n], "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
 	}
-	eventually(t, "p0's blocks", func() bool { pubs["p0"].send(0, stored(10)); return e.deviceHits("p0", tokens) == 160 })
-	eventually(t, "p1's blocks", func() bool { pubs["p1"].send(0, stored(5)); return e.deviceHits("p1", tokens) == 80 })
+	eventtest.Eventually(t, "p0's blocks", func() bool { pubs["p0"].send(0, stored(10)); return e.deviceHits("p0", tokens) == 160 })
+	eventtest.Eventually(t, "p1's blocks", func() bool { pubs["p1"].send(0, stored(5)); return e.deviceHits("p1", tokens) == 80 })
 
 	byTokens := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme, TokenIds: ids}
 	byHashes := &pb.LookupRouteRequest{TenantId: "default", ModelId: "deepseek", HashScheme: conductorScheme}
@@ -164,7 +165,7 @@ func TestGRPCTokenMemoResetWithLastContext(t *testing.T) {
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m1", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister m1: %d %v", status, out)
 	}
-	eventually(t, "the token memo emptied", func() bool { return e.app.tokenMemo.Bytes() == 0 })
+	eventtest.Eventually(t, "the token memo emptied", func() bool { return e.app.tokenMemo.Bytes() == 0 })
 }
 
 // TestGRPCTokenMemoResetWithLastScope: a token_ids lookup on a producer
@@ -229,13 +230,13 @@ func TestGRPCTokenMemoResetWithLastScope(t *testing.T) {
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "m0", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister m0: %d %v", status, out)
 	}
-	eventually(t, "the token memo emptied with the last context", func() bool { return e.app.tokenMemo.Bytes() == 0 })
+	eventtest.Eventually(t, "the token memo emptied with the last context", func() bool { return e.app.tokenMemo.Bytes() == 0 })
 
 	// Producer-fed scopes only: the last one going empties the memo.
 	report("c")
 	fill()
 	clear("c")
-	eventually(t, "the token memo emptied with the last scope", func() bool { return e.app.tokenMemo.Bytes() == 0 })
+	eventtest.Eventually(t, "the token memo emptied with the last scope", func() bool { return e.app.tokenMemo.Bytes() == 0 })
 }
 
 // TestGRPCReplicaUpdatedOnSourceState: StreamCacheEvents, through a real
@@ -269,7 +270,7 @@ func TestGRPCReplicaUpdatedOnSourceState(t *testing.T) {
 	}
 	// The stream is open once the hub has its watcher: a registration
 	// made before that would not be told.
-	eventually(t, "the watcher", func() bool { return metricValue(e.scrape(), "conductor_grpc_watchers") == 1 })
+	eventtest.Eventually(t, "the watcher", func() bool { return metricValue(e.scrape(), "conductor_grpc_watchers") == 1 })
 
 	p := newPublisher(t)
 	if status, out := e.post("/register", vllmRegistration("p0", p.endpoint)); status != 200 {
@@ -284,7 +285,7 @@ func TestGRPCReplicaUpdatedOnSourceState(t *testing.T) {
 	keys := vllmKeys(t, tokens)
 	stored := map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": nil,
 		"token_ids": tokens, "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
-	eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
+	eventtest.Eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
 	until(pb.CacheEvent_REPLICA_UPDATED, "the source going live")
 
 	// A sequence gap with no replay endpoint makes the source stale: its
@@ -302,7 +303,7 @@ func TestGRPCReplicaUpdatedOnSourceState(t *testing.T) {
 		t.Fatalf("register again: %d %v", status, out)
 	}
 	until(pb.CacheEvent_REPLICA_UPDATED, "the restarted source")
-	eventually(t, "p0's blocks again", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
+	eventtest.Eventually(t, "p0's blocks again", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == 32 })
 }
 
 // reportState sends u as a one-message ReportCacheState stream and waits

@@ -9,7 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/internal/config"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // The worked examples of docs/hybrid.md (E1–E4) end to end: a real ZMQ
@@ -83,7 +83,7 @@ func TestHybridE1GptOss(t *testing.T) {
 	p := promptTokens(1000, 1000)
 	keys := hybridKeys(t, p, 16) // 62 blocks
 	query := append(append([]int32(nil), p[:800]...), promptTokens(300, 90000)...)
-	eventually(t, "both groups stored", func() bool {
+	eventtest.Eventually(t, "both groups stored", func() bool {
 		pub.send(0, groupStored(0, "sliding_window", 128, 16, keys, p[:992]),
 			groupStored(1, "full_attention", 0, 16, keys, p[:992]))
 		return e.hybridDevice("p0", 16, query) == 800
@@ -92,13 +92,13 @@ func TestHybridE1GptOss(t *testing.T) {
 	pub.send(0, groupRemoved(0, keys[:41]...))
 	// a prompt ending inside the evicted span has no window: the removal
 	// has arrived once it answers 0, while full attention alone says 656
-	eventually(t, "g0 eviction", func() bool { return e.hybridDevice("p0", 16, p[:656]) == 0 })
+	eventtest.Eventually(t, "g0 eviction", func() bool { return e.hybridDevice("p0", 16, p[:656]) == 0 })
 	if got := e.hybridDevice("p0", 16, query); got != 800 {
 		t.Errorf("E1: %d, want 800", got)
 	}
 	// E1b: block 45 goes too; runs of 4 blocks, none of 8
 	pub.send(0, groupRemoved(0, keys[45]))
-	eventually(t, "E1b", func() bool { return e.hybridDevice("p0", 16, query) == 0 })
+	eventtest.Eventually(t, "E1b", func() bool { return e.hybridDevice("p0", 16, query) == 0 })
 
 	m := e.scrape()
 	if v := metricValue(m, `conductor_events_group_kind_total{kind="sliding_window"}`); v < 1 {
@@ -109,7 +109,7 @@ func TestHybridE1GptOss(t *testing.T) {
 	conflicts := `conductor_events_rejected_total{reason="layout_conflict",source_type="vLLM"}`
 	before := metricValue(m, conflicts)
 	pub.send(0, groupStored(0, "sliding_window", 64, 16, keys[:41], p[:656]))
-	eventually(t, "layout conflict counted", func() bool { return metricValue(e.scrape(), conflicts) == before+1 })
+	eventtest.Eventually(t, "layout conflict counted", func() bool { return metricValue(e.scrape(), conflicts) == before+1 })
 	if got := e.hybridDevice("p0", 16, p[:656]); got != 0 {
 		t.Errorf("the conflicting event was applied: P[0:656] answers %d", got)
 	}
@@ -128,12 +128,12 @@ func TestHybridE2Gemma3(t *testing.T) {
 		evs = append(evs, groupStored(g, "sliding_window", 1024, 16, keys, p))
 	}
 	evs = append(evs, groupStored(6, "full_attention", 0, 16, keys, p))
-	eventually(t, "seven groups stored", func() bool {
+	eventtest.Eventually(t, "seven groups stored", func() bool {
 		pub.send(0, evs...)
 		return e.hybridDevice("p0", 16, p) == 4096
 	})
 	pub.send(0, groupRemoved(3, keys[200]))
-	eventually(t, "E2", func() bool { return e.hybridDevice("p0", 16, p) == 3200 })
+	eventtest.Eventually(t, "E2", func() bool { return e.hybridDevice("p0", 16, p) == 3200 })
 }
 
 // TestHybridE3Qwen35: three Mamba groups storing only chunk-end states and
@@ -150,12 +150,12 @@ func TestHybridE3Qwen35(t *testing.T) {
 		evs = append(evs, groupStored(g, "mamba", 0, 528, []uint64{keys[2], keys[4]}, r[:2640]))
 	}
 	evs = append(evs, groupStored(3, "full_attention", 0, 528, keys, r[:2640]))
-	eventually(t, "four groups stored", func() bool {
+	eventtest.Eventually(t, "four groups stored", func() bool {
 		pub.send(0, evs...)
 		return e.hybridDevice("p0", 528, query) == 2640
 	})
 	pub.send(0, groupRemoved(1, keys[4]))
-	eventually(t, "E3 after g1 evicted 2,640", func() bool { return e.hybridDevice("p0", 528, query) == 1584 })
+	eventtest.Eventually(t, "E3 after g1 evicted 2,640", func() bool { return e.hybridDevice("p0", 528, query) == 1584 })
 }
 
 // TestHybridE4Llama4: chunked local attention, whose chunk size only the
@@ -169,13 +169,13 @@ func TestHybridE4Llama4(t *testing.T) {
 	})
 	p := promptTokens(12000, 1000)
 	keys := hybridKeys(t, p, 16) // 750 blocks
-	eventually(t, "both groups stored", func() bool {
+	eventtest.Eventually(t, "both groups stored", func() bool {
 		pub.send(0, groupStored(0, "chunked_local_attention", 0, 16, keys, p),
 			groupStored(1, "full_attention", 0, 16, keys, p))
 		return e.hybridDevice("p0", 16, p) == 12000
 	})
 	pub.send(0, groupRemoved(0, keys[600]))
-	eventually(t, "E4", func() bool { return e.hybridDevice("p0", 16, p) == 9600 })
+	eventtest.Eventually(t, "E4", func() bool { return e.hybridDevice("p0", 16, p) == 9600 })
 	// /debug/explain shows the declared layout and the group that stopped
 	// the hit; the registration's responses never echo it
 	status, x := e.post("/debug/explain", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": p, "instance_id": "p0"})
@@ -198,10 +198,10 @@ func TestHybridE4Llama4(t *testing.T) {
 	// without the declaration the group gets the full-attention rule,
 	// never more than the engine: the prefix before block 100.
 	pub.send(0, groupStored(0, "chunked_local_attention", 0, 16, keys[600:601], p[:9616]), groupRemoved(0, keys[100]))
-	eventually(t, "E4 block 100 evicted", func() bool { return e.hybridDevice("p0", 16, p) == 12000 })
+	eventtest.Eventually(t, "E4 block 100 evicted", func() bool { return e.hybridDevice("p0", 16, p) == 12000 })
 	pub2 := newPublisher(t)
 	registerHybrid(t, e, "p1", pub2.endpoint, 16, nil)
-	eventually(t, "undeclared", func() bool {
+	eventtest.Eventually(t, "undeclared", func() bool {
 		pub2.send(0, groupStored(0, "chunked_local_attention", 0, 16, keys, p),
 			groupStored(1, "full_attention", 0, 16, keys, p), groupRemoved(0, keys[100]))
 		return e.hybridDevice("p1", 16, p) == 1600
@@ -222,12 +222,12 @@ func TestHybridGracefulRestartAnswersIdentically(t *testing.T) {
 		_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tokens, "instance_id": "e1"})
 		return device(a, "e1")
 	}
-	eventually(t, "both groups stored", func() bool {
+	eventtest.Eventually(t, "both groups stored", func() bool {
 		eng.send(groupStored(0, "sliding_window", 128, 16, keys, tok[:992]), groupStored(1, "full_attention", 0, 16, keys, tok[:992]))
 		return query(p, tok) == 992
 	})
 	eng.send(groupRemoved(0, keys[:41]...))
-	eventually(t, "g0 eviction", func() bool { return query(p, tok[:656]) == 0 })
+	eventtest.Eventually(t, "g0 eviction", func() bool { return query(p, tok[:656]) == 0 })
 	prompts := [][]int32{tok, tok[:656], tok[:800], append(append([]int32(nil), tok[:800]...), promptTokens(300, 90000)...)}
 	before := p.answers(prompts)
 	p.stop()
@@ -271,7 +271,7 @@ func TestHybridGroup0AboveTheHashBlock(t *testing.T) {
 		pub := newPublisher(t)
 		registerHybrid(t, e, tc.instance, pub.endpoint, 16, nil)
 		g0 := blockKeys(tc.g0bs)
-		eventually(t, tc.instance+" stored", func() bool {
+		eventtest.Eventually(t, tc.instance+" stored", func() bool {
 			pub.send(0, groupStored(0, tc.g0kind, 0, tc.g0bs, g0, p[:len(g0)*tc.g0bs]), tc.g1)
 			return e.hybridDevice(tc.instance, 16, p) == tc.want
 		})

@@ -9,7 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/etcdtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // A conductor restart must not forget what idle engines hold: vLLM does not
@@ -56,7 +57,7 @@ func TestIdleEnginesKeepHitsAcrossRestart(t *testing.T) {
 	const timeout = time.Second
 	p2 := startConductor(t, dir, "--snapshot-interval", "0", "--catch-up-timeout", timeout.String())
 	since := time.Now()
-	eventually(t, "both sources confirmed in order without a live message", func() bool {
+	eventtest.Eventually(t, "both sources confirmed in order without a live message", func() bool {
 		return p2.metric(`conductor_restore_sources{outcome="in_order"}`) == 2
 	})
 	if status, out := p2.do("GET", "/readyz", nil); status != 200 {
@@ -106,7 +107,7 @@ func TestEngineRestartedWhileConductorDownIdle(t *testing.T) {
 			const timeout = time.Second
 			p2 := startConductor(t, dir, "--snapshot-interval", "0", "--catch-up-timeout", timeout.String())
 			since := time.Now()
-			eventually(t, "settled without a live message", func() bool {
+			eventtest.Eventually(t, "settled without a live message", func() bool {
 				return p2.metric(`conductor_restore_sources{outcome="restarted"}`) == 1 &&
 					p2.metric(`conductor_restore_sources{outcome="in_order"}`) == 1
 			})
@@ -148,7 +149,7 @@ func TestStandardHashEngineRestored(t *testing.T) {
 		}
 		return tierCount(a, e.name, "device")
 	}
-	eventually(t, "the engine's blocks indexed", func() bool {
+	eventtest.Eventually(t, "the engine's blocks indexed", func() bool {
 		e.send(stored([]uint64{11, 12}, nil, 1), stored([]uint64{13, 14}, uint64(12), 33))
 		return byHash(p) == 64
 	})
@@ -159,7 +160,7 @@ func TestStandardHashEngineRestored(t *testing.T) {
 	since := time.Now()
 	// In order, or through replay when a batch of the loop above came
 	// after the shutdown snapshot's cut.
-	eventually(t, "confirmed without a live message", func() bool {
+	eventtest.Eventually(t, "confirmed without a live message", func() bool {
 		return p2.metric(`conductor_restore_sources{outcome="in_order"}`)+p2.metric(`conductor_restore_sources{outcome="replay"}`) == 1
 	})
 	for time.Since(since) < timeout+2*time.Second {
@@ -173,7 +174,7 @@ func TestStandardHashEngineRestored(t *testing.T) {
 	// The restored map: a removal by the engine's hash of the third
 	// block leaves the first two.
 	e.send(map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{13}, "medium": "GPU"})
-	eventually(t, "the restored block removed by its engine hash", func() bool { return byHash(p2) == 32 })
+	eventtest.Eventually(t, "the restored block removed by its engine hash", func() bool { return byHash(p2) == 32 })
 }
 
 // (d) A replica bootstrapped from a live peer beside idle publishers (one
@@ -198,7 +199,7 @@ func TestReplicaFromPeerBesideIdlePublishers(t *testing.T) {
 	checkAll(t, peer, m, engines, 12, "peer")
 
 	fresh := startReplica(t, etcd, "--bootstrap-from", peer.base)
-	eventually(t, "the bootstrapped replica ready", func() bool {
+	eventtest.Eventually(t, "the bootstrapped replica ready", func() bool {
 		status, _ := fresh.do("GET", "/readyz", nil)
 		return status == 200
 	})
@@ -223,7 +224,7 @@ func TestReplicaFromPeerBesideIdlePublishers(t *testing.T) {
 	// replicas drop the old process's blocks.
 	withReplay.restart()
 	m["e1"] = map[int]bool{}
-	eventually(t, "the new process indexed on both", func() bool {
+	eventtest.Eventually(t, "the new process indexed on both", func() bool {
 		withReplay.send(storedEvent(t, prompt(1, 30)))
 		m["e1"][30] = true
 		for _, p := range []*proc{peer, fresh} {

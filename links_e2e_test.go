@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
+)
 
 // TestLinksEndToEnd: through the running app, a vLLM BlockStored with
 // token ids over real ZMQ is verified into links, a /query takes its
@@ -19,7 +23,7 @@ func TestLinksEndToEnd(t *testing.T) {
 	keys := vllmKeys(t, tokens)
 	stored := map[string]any{"type": "BlockStored", "block_hashes": keys, "parent_block_hash": nil, "token_ids": tokens,
 		"block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
-	eventually(t, "BlockStored to reach the links", func() bool {
+	eventtest.Eventually(t, "BlockStored to reach the links", func() bool {
 		pub.send(0, stored)
 		return metricValue(e.scrape(), "conductor_link_memo_recorded_total") >= 8
 	})
@@ -36,5 +40,5 @@ func TestLinksEndToEnd(t *testing.T) {
 	if status, out := e.post("/unregister", map[string]any{"instance_id": "p0", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister: %d %v", status, out)
 	}
-	eventually(t, "the links emptied", func() bool { return metricValue(e.scrape(), "conductor_link_memo_bytes") == 0 })
+	eventtest.Eventually(t, "the links emptied", func() bool { return metricValue(e.scrape(), "conductor_link_memo_bytes") == 0 })
 }

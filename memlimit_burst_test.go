@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -64,7 +64,7 @@ func TestMemoryLimitUnderBurst(t *testing.T) {
 	}
 	for i, e := range engines {
 		probe := storedEvent(t, burstPrompt(i, 0))
-		eventually(t, e.name+" subscribed", func() bool {
+		eventtest.Eventually(t, e.name+" subscribed", func() bool {
 			e.send(probe)
 			_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": burstPrompt(i, 0), "instance_id": e.name})
 			return device(a, e.name) == tokens

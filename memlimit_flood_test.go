@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/membudget"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 // TestMemoryLimitUnderFlood is issue 38's flood, scaled to half: the real
@@ -76,7 +77,7 @@ func TestMemoryLimitUnderFlood(t *testing.T) {
 	// probe is prompt 0.
 	for i, e := range engines {
 		probe := stored(prompt(i, 0))
-		eventually(t, names[i]+" subscribed", func() bool {
+		eventtest.Eventually(t, names[i]+" subscribed", func() bool {
 			e.send(0, probe)
 			_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": prompt(i, 0), "instance_id": names[i]})
 			return device(a, names[i]) == tokens
@@ -123,7 +124,7 @@ func TestMemoryLimitUnderFlood(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	eventually(t, "every prompt applied", func() bool { return applied()-base >= float64(pubs*perPub) })
+	eventtest.Eventually(t, "every prompt applied", func() bool { return applied()-base >= float64(pubs*perPub) })
 	elapsed := time.Since(start)
 
 	hwm, err := procStatusBytes(p.cmd.Process.Pid, "VmHWM:")

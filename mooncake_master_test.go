@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // sendPayload publishes one payload as the master does: an empty topic,
@@ -62,7 +62,7 @@ func TestReleasedMooncakeMasterEndToEnd(t *testing.T) {
 	// disk alone shows only where cpu_share has a gap.
 	want := func(what string, cpuShare, disk int64) {
 		t.Helper()
-		eventually(t, what, func() bool {
+		eventtest.Eventually(t, what, func() bool {
 			c, d := tiers()
 			return c == cpuShare && d == disk
 		})
@@ -92,7 +92,7 @@ func TestReleasedMooncakeMasterEndToEnd(t *testing.T) {
 	want("block 1 from two TP ranks", 8, 8)
 	n := applied()
 	m.sendPayload(payload("mooncake_released_removed_tp0"))
-	eventually(t, "the TP 0 removal applied", func() bool { return applied() == n+1 })
+	eventtest.Eventually(t, "the TP 0 removal applied", func() bool { return applied() == n+1 })
 	if c, d := tiers(); c != 8 || d != 8 {
 		t.Errorf("after TP 0's removal: cpu_share %d, disk %d; want 8, 8 (TP 1's object holds block 1)", c, d)
 	}

@@ -15,7 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/mooncake-conductor-go/conductor/internal/etcdreg"
-	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/etcdtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // These tests run three replicas of the real binary on loopback, sharing
@@ -49,7 +50,7 @@ func serviceKeys(t *testing.T, p *proc) []string {
 func probeAll(t *testing.T, ps []*proc, e *engine, m model, n int) {
 	t.Helper()
 	tk := prompt(engineIndex(e.name), n)
-	eventually(t, "subscription of "+e.name+" on every replica", func() bool {
+	eventtest.Eventually(t, "subscription of "+e.name+" on every replica", func() bool {
 		e.send(storedEvent(t, tk))
 		for _, p := range ps {
 			_, a := p.do("POST", "/query", map[string]any{"model": "deepseek", "block_size": 16, "token_ids": tk})
@@ -118,7 +119,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 		winner = "c1"
 	}
 	want := []string{winner, "e1", "e2"}
-	eventually(t, "the same registrations on every replica", func() bool {
+	eventtest.Eventually(t, "the same registrations on every replica", func() bool {
 		for _, p := range ps {
 			if !cmp.Equal(serviceKeys(t, p), want) {
 				return false
@@ -129,7 +130,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 	if status, out := ps[2].do("POST", "/unregister", map[string]any{"instance_id": winner, "tenant_id": "default", "dp_rank": 0}); status != 200 {
 		t.Fatalf("unregister %s: %d %v", winner, status, out)
 	}
-	eventually(t, "the unregistration on every replica", func() bool {
+	eventtest.Eventually(t, "the unregistration on every replica", func() bool {
 		for _, p := range ps {
 			if !cmp.Equal(serviceKeys(t, p), []string{"e1", "e2"}) {
 				return false
@@ -183,7 +184,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 		checkAll(t, p, m, engines, n+10, fmt.Sprintf("replica %d while etcd is down", i+1))
 	}
 	etcd.Restart()
-	eventually(t, "a registration once etcd is back", func() bool {
+	eventtest.Eventually(t, "a registration once etcd is back", func() bool {
 		status, _ := fresh.do("POST", "/register", reg)
 		return status == 200
 	})
@@ -204,7 +205,7 @@ func TestReplicasShareRegistrationsAndBootstrapFromPeer(t *testing.T) {
 // joins after it listens: a fixed batch sent at once may all be lost.
 func publishUntilReady(t *testing.T, p *proc, publish func(from, to int), next int) int {
 	t.Helper()
-	eventually(t, "/readyz 200 while publishing", func() bool {
+	eventtest.Eventually(t, "/readyz 200 while publishing", func() bool {
 		publish(next, next+1)
 		next++
 		status, _ := p.do("GET", "/readyz", nil)
@@ -239,7 +240,7 @@ func awaitAdvertised(t *testing.T, etcd *etcdtest.Server, want ...string) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	eventually(t, fmt.Sprintf("%v advertised in etcd", want), func() bool {
+	eventtest.Eventually(t, fmt.Sprintf("%v advertised in etcd", want), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		peers, err := etcdreg.Peers(ctx, cli, "", "")

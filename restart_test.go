@@ -26,6 +26,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/config"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -492,7 +493,7 @@ func TestGracefulRestartAnswersIdentically(t *testing.T) {
 	// The streams continue: nothing restored is dropped. (A message sent
 	// before the SUB has joined is lost and then recovered by replay, so
 	// both in-order and replayed resumes are right; cold is not.)
-	eventually(t, "both sources settled", func() bool {
+	eventtest.Eventually(t, "both sources settled", func() bool {
 		for _, e := range engines {
 			e.send(storedEvent(t, prompt(engineIndex(e.name), 30)))
 			m[e.name][30] = true
@@ -543,7 +544,7 @@ func TestCrashRecoversThroughReplay(t *testing.T) {
 	publish := func(from, to int) { publishRange(t, engines, m, from, to) }
 	registered := float64(time.Now().UnixNano()) / 1e9
 	publish(1, 40)
-	eventually(t, "a snapshot with both sources", func() bool {
+	eventtest.Eventually(t, "a snapshot with both sources", func() bool {
 		return p.metric("conductor_snapshot_last_success_timestamp_seconds") > registered
 	})
 	publish(40, 60)
@@ -554,7 +555,7 @@ func TestCrashRecoversThroughReplay(t *testing.T) {
 
 	p2 := startConductor(t, dir, "--snapshot-interval", "50ms")
 	publish(100, prompts) // the first live message reveals the gap
-	eventually(t, "both sources settled", func() bool {
+	eventtest.Eventually(t, "both sources settled", func() bool {
 		publish(prompts, prompts+1) // in case the SUB joined after the last
 		status, _ := p2.do("GET", "/readyz", nil)
 		return status == 200
@@ -618,7 +619,7 @@ func TestDowntimeLongerThanReplayBufferResumesCold(t *testing.T) {
 	// Until a source's first live message arrives (a SUB joins
 	// asynchronously, so the first ones may be lost) it has not learnt of
 	// the gap and /readyz says so; publish until both have settled.
-	eventually(t, "both sources settled", func() bool {
+	eventtest.Eventually(t, "both sources settled", func() bool {
 		for _, e := range engines {
 			e.send(storedEvent(t, prompt(engineIndex(e.name), 20)))
 			m[e.name][20] = true
@@ -658,12 +659,12 @@ func TestDeadPublishersRestoredEntriesDropAtCatchUpTimeout(t *testing.T) {
 	}
 
 	p2 := startConductor(t, dir, "--snapshot-interval", "0", "--catch-up-timeout", "2s")
-	eventually(t, "ready after the catch-up timeout", func() bool {
+	eventtest.Eventually(t, "ready after the catch-up timeout", func() bool {
 		status, _ := p2.do("GET", "/readyz", nil)
 		return status == 200
 	})
 	checkAll(t, p2, model{"e1": {}, "e2": {}}, engines, 5, "after the catch-up timeout")
-	eventually(t, "both counted lagging", func() bool {
+	eventtest.Eventually(t, "both counted lagging", func() bool {
 		return p2.metric(`conductor_restore_sources{outcome="lagging"}`) == 2
 	})
 	if got := p2.metric(`conductor_restore_sources{outcome="restored"}`); got != 2 {
@@ -746,10 +747,10 @@ func TestRecordedRegistrationLosesToConfigFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Close()
-	var log bytes.Buffer
+	var log eventtest.LogBuffer
 	cfg := &config.Config{Addr: "127.0.0.1", Path: "/etc/conductor.json", StateDir: dir, SnapshotInterval: time.Hour, CatchUpTimeout: time.Second,
 		Static: []config.Static{{Name: "file-a", Service: decode("a", "tcp://127.0.0.1:2001")}}}
-	a, err := newApp(cfg, zerolog.New(&syncWriter{w: &log}))
+	a, err := newApp(cfg, zerolog.New(&log))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -772,17 +773,6 @@ func TestRecordedRegistrationLosesToConfigFile(t *testing.T) {
 	if !warned {
 		t.Errorf("no warning naming the recorded registration and the file:\n%s", log.String())
 	}
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 // master is a fake Mooncake master publisher (no replay: the master has
@@ -907,7 +897,7 @@ func TestMooncakeSourceAcrossRestarts(t *testing.T) {
 	// snapshot at stop records exactly that position.
 	m.awaitSubscription()
 	m.send("stored", objects(t, old))
-	eventually(t, "the master's objects indexed", func() bool { return query(p, old) == 64 })
+	eventtest.Eventually(t, "the master's objects indexed", func() bool { return query(p, old) == 64 })
 	p.stop()
 
 	// Nothing missed: the bindings come back, and the next message is in
@@ -919,7 +909,7 @@ func TestMooncakeSourceAcrossRestarts(t *testing.T) {
 	}
 	m.awaitSubscription()
 	m.send("stored", objects(t, fresh)[:1])
-	eventually(t, "master settled", func() bool {
+	eventtest.Eventually(t, "master settled", func() bool {
 		return p2.metric(`conductor_restore_sources{outcome="in_order"}`)+p2.metric(`conductor_restore_sources{outcome="cold"}`) == 1
 	})
 	if p2.metric(`conductor_restore_sources{outcome="in_order"}`) != 1 {
@@ -933,11 +923,11 @@ func TestMooncakeSourceAcrossRestarts(t *testing.T) {
 	// Missed messages (the old objects removed) and no replay: cold.
 	m.send("removed", objects(t, old))
 	p3 := startConductor(t, dir)
-	eventually(t, "master resumed cold", func() bool {
+	eventtest.Eventually(t, "master resumed cold", func() bool {
 		m.send("stored", objects(t, fresh))
 		return p3.metric(`conductor_restore_sources{outcome="cold"}`) == 1
 	})
-	eventually(t, "new objects indexed", func() bool { return query(p3, fresh) == 64 })
+	eventtest.Eventually(t, "new objects indexed", func() bool { return query(p3, fresh) == 64 })
 	if got := query(p3, old); got != 0 {
 		t.Errorf("phantom hit from the cold source's old bindings: cpu_share %d", got)
 	}

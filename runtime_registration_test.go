@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // TestRuntimeRegistrationConnectedAndChecked: a service registered at run
@@ -19,7 +21,7 @@ func TestRuntimeRegistrationConnectedAndChecked(t *testing.T) {
 	state := func(s string) string {
 		return `conductor_subscriber_state{service="rt0|default|0",state="` + s + `",type="vLLM"}`
 	}
-	eventually(t, "state connected", func() bool { return metricValue(e.scrape(), state("connected")) == 1 })
+	eventtest.Eventually(t, "state connected", func() bool { return metricValue(e.scrape(), state("connected")) == 1 })
 	if got := metricValue(e.scrape(), state("connecting")); got != 0 {
 		t.Fatalf("connecting = %v while connected", got)
 	}
@@ -34,7 +36,7 @@ func TestRuntimeRegistrationConnectedAndChecked(t *testing.T) {
 	// A PUB drops what it sends before the subscription arrives: resend
 	// until the source is live.
 	match := `conductor_hash_check_total{result="match",service="rt0|default|0"}`
-	eventually(t, "blocks checked", func() bool {
+	eventtest.Eventually(t, "blocks checked", func() bool {
 		pub.send(0, stored)
 		return metricValue(e.scrape(), match) >= 2
 	})
@@ -75,7 +77,7 @@ func TestHashCheckCountsSkippedBlocks(t *testing.T) {
 			t.Log(grepLines(e.scrape(), "sk0"), grepLines(e.scrape(), "events_"))
 		}
 	}()
-	eventually(t, "blocks skipped", func() bool {
+	eventtest.Eventually(t, "blocks skipped", func() bool {
 		pub.send(0, stored)
 		return metricValue(e.scrape(), series("conductor_hash_check_skipped_total", `reason="no_extra_keys"`)) >= 2
 	})

@@ -20,8 +20,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // TestShutdownUnderLoad closes the app while queries are in flight: every

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -64,19 +65,19 @@ func TestStandardHashEnginesEndToEnd(t *testing.T) {
 		return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": toks,
 			"block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil, "extra_keys": extra}
 	}
-	eventually(t, "the first two blocks", func() bool {
+	eventtest.Eventually(t, "the first two blocks", func() bool {
 		pub.send(0, stored([]uint64{1001, 1002}, nil, tokens[:32], []any{nil, nil}))
 		return e.stdTier("std-v", "device", tokens) == 32
 	})
 	pub.send(0, stored([]uint64{1003}, uint64(1002), tokens[32:48], []any{nil}))
-	eventually(t, "a child by its parent's engine hash", func() bool { return e.stdTier("std-v", "device", tokens) == 48 })
+	eventtest.Eventually(t, "a child by its parent's engine hash", func() bool { return e.stdTier("std-v", "device", tokens) == 48 })
 
 	rejected := func(reason string) float64 {
 		return max(metricValue(e.scrape(), `conductor_events_rejected_total{reason="`+reason+`",source_type="vLLM"}`), 0)
 	}
 	before := rejected("unknown_parent")
 	pub.send(0, stored([]uint64{1004}, uint64(999), tokens[48:64], []any{nil}))
-	eventually(t, "the unknown parent counted", func() bool { return rejected("unknown_parent") == before+1 })
+	eventtest.Eventually(t, "the unknown parent counted", func() bool { return rejected("unknown_parent") == before+1 })
 	if got := e.stdTier("std-v", "device", tokens); got != 48 {
 		t.Errorf("after an orphan block: %d, want 48 (never guessed)", got)
 	}
@@ -85,13 +86,13 @@ func TestStandardHashEnginesEndToEnd(t *testing.T) {
 	salted := seqTokens(500, 32)
 	pub.send(0, stored([]uint64{2001, 2002}, nil, salted, []any{[]any{map[string]any{"type": "cache_salt", "salt": "s"}}, nil}))
 	pub.send(0, stored([]uint64{1005}, uint64(1003), tokens[48:64], []any{nil})) // a marker after it
-	eventually(t, "the batch after the salted one", func() bool { return e.stdTier("std-v", "device", tokens) == 64 })
+	eventtest.Eventually(t, "the batch after the salted one", func() bool { return e.stdTier("std-v", "device", tokens) == 64 })
 	if got := e.stdTier("std-v", "device", salted); got != 0 {
 		t.Errorf("salted blocks reachable by a plain query: %d", got)
 	}
 
 	pub.send(0, map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{1002}, "medium": "GPU"})
-	eventually(t, "removal by the engine's hash", func() bool { return e.stdTier("std-v", "device", tokens) == 16 })
+	eventtest.Eventually(t, "removal by the engine's hash", func() bool { return e.stdTier("std-v", "device", tokens) == 16 })
 
 	// SGLang: signed int64 hashes, its own medium names.
 	spub := newPublisher(t)
@@ -100,12 +101,12 @@ func TestStandardHashEnginesEndToEnd(t *testing.T) {
 	}
 	sstored := map[string]any{"type": "BlockStored", "block_hashes": []int64{-5, -6}, "parent_block_hash": nil, "token_ids": tokens[:32],
 		"block_size": 16, "lora_id": nil, "medium": "GPU"}
-	eventually(t, "SGLang blocks", func() bool {
+	eventtest.Eventually(t, "SGLang blocks", func() bool {
 		spub.send(0, sstored)
 		return e.stdTier("std-s", "device", tokens) == 32
 	})
 	spub.send(0, map[string]any{"type": "BlockRemoved", "block_hashes": []int64{-5}, "medium": "GPU"})
-	eventually(t, "SGLang removal", func() bool { return e.stdTier("std-s", "device", tokens) == 0 })
+	eventtest.Eventually(t, "SGLang removal", func() bool { return e.stdTier("std-s", "device", tokens) == 0 })
 
 	if g := metricValue(e.scrape(), "conductor_stale_sources"); g != 0 {
 		t.Errorf("stale sources %v", g)
@@ -171,13 +172,13 @@ func TestStandardHashMooncakeEndToEnd(t *testing.T) {
 	m.awaitSubscription()
 	send(event("stored", strconv.FormatUint(stdVectors[0], 10), stdVectors[:1]),
 		event("stored", "0x"+strconv.FormatUint(stdVectors[1], 16), stdVectors[1:2]))
-	eventually(t, "decimal and 0x keys", func() bool { return e.stdTier("std-e", "cpu_share", tokens) == 32 })
+	eventtest.Eventually(t, "decimal and 0x keys", func() bool { return e.stdTier("std-e", "cpu_share", tokens) == 32 })
 
 	badKey, badChain := rejected("object_key"), rejected("seq_hashes")
 	send(event("stored", "dep@std@tp_rank:0@abc", nil),
 		event("stored", nil, stdVectors[2:4], "base_block_idx", 2), // no parent_hash for a run not at 0
 		event("stored", nil, stdVectors[2:4], "base_block_idx", 2, "parent_hash", stdVectors[1]))
-	eventually(t, "the multi-block run", func() bool { return e.stdTier("std-e", "cpu_share", tokens) == 64 })
+	eventtest.Eventually(t, "the multi-block run", func() bool { return e.stdTier("std-e", "cpu_share", tokens) == 64 })
 	if got := rejected("object_key") - badKey; got != 1 {
 		t.Errorf("object_key rejections %v, want 1", got)
 	}
@@ -185,7 +186,7 @@ func TestStandardHashMooncakeEndToEnd(t *testing.T) {
 		t.Errorf("seq_hashes rejections %v, want 1", got)
 	}
 	send(event("removed", strconv.FormatUint(stdVectors[1], 10), stdVectors[1:2]))
-	eventually(t, "removal", func() bool { return e.stdTier("std-e", "cpu_share", tokens) == 16 })
+	eventtest.Eventually(t, "removal", func() bool { return e.stdTier("std-e", "cpu_share", tokens) == 16 })
 	if g := metricValue(e.scrape(), "conductor_stale_sources"); g != 0 {
 		t.Errorf("stale sources %v, want 0", g)
 	}

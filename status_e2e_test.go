@@ -12,7 +12,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/valyala/fasthttp"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // servicesJSON returns the JSON form of /services (what `conductor
@@ -58,7 +58,7 @@ func TestServicesShowDisconnected(t *testing.T) {
 		s := e.servicesJSON()[id]
 		return s["State"].(string), s["StateDetail"].(string)
 	}
-	eventually(t, "live", func() bool {
+	eventtest.Eventually(t, "live", func() bool {
 		pub.send(0)
 		st, _ := state("p0")
 		return st == "live"
@@ -82,7 +82,7 @@ func TestServicesShowDisconnected(t *testing.T) {
 	}
 	defer again.Close()
 	_ = again.SetLinger(0)
-	eventually(t, "the endpoint free again", func() bool { return again.Bind(pub.endpoint) == nil })
+	eventtest.Eventually(t, "the endpoint free again", func() bool { return again.Bind(pub.endpoint) == nil })
 	eventtest.WaitFor(t, "live again", 10*time.Second, func() bool {
 		st, detail := state("p0")
 		return st == "live" && detail == ""

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"go.uber.org/goleak"
 )
 
@@ -83,5 +84,5 @@ func TestRegistrationStorm(t *testing.T) {
 		t.Fatalf("contexts left: %v", gv)
 	}
 	// libzmq closes descriptors asynchronously in its I/O thread.
-	eventually(t, "descriptors to be released", func() bool { return openFDs(t) <= fdsBefore+8 })
+	eventtest.Eventually(t, "descriptors to be released", func() bool { return openFDs(t) <= fdsBefore+8 })
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // postCompact posts body to path packed as Python's packer writes it (each
@@ -266,6 +267,6 @@ func memoFixture(t *testing.T, base, stride, blocks int) (*e2e, pb.InferenceCach
 	keys := vllmKeys(t, tokens)
 	stored := map[string]any{"type": "BlockStored", "block_hashes": keys[:blocks], "parent_block_hash": nil,
 		"token_ids": tokens[:16*blocks], "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
-	eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == int64(16*blocks) })
+	eventtest.Eventually(t, "p0's blocks", func() bool { p.send(0, stored); return e.deviceHits("p0", tokens) == int64(16*blocks) })
 	return e, client, tokens, ids
 }

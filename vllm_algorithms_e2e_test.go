@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // TestVLLMAlgorithmsEndToEnd: engines under every vLLM hash algorithm and
@@ -62,7 +63,7 @@ func TestVLLMAlgorithmsEndToEnd(t *testing.T) {
 		hashing.ReleaseChain(ch)
 		stored := map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
 			"token_ids": tokens, "block_size": 16, "lora_id": nil, "medium": "GPU", "lora_name": nil}
-		eventually(t, c.alg+" blocks found", func() bool {
+		eventtest.Eventually(t, c.alg+" blocks found", func() bool {
 			pub.send(0, stored)
 			status, out := e.post("/query", map[string]any{"model": c.model, "block_size": 16, "token_ids": tokens, "instance_id": c.instance})
 			if status != 200 {

@@ -15,7 +15,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 // benchKey spreads sequential ids like real projected hashes.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/procmem"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 // floodResult is what one flood observed.

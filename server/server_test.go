@@ -6,11 +6,11 @@ import (
 	"encoding/json"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"github.com/vmihailenco/msgpack/v5"
@@ -213,7 +213,7 @@ func TestReadyz(t *testing.T) {
 // A 503 from /readyz is the expected answer while starting and catching
 // up, asked by every probe: logged at DEBUG, never as a failed request.
 func TestReadyzNotReadyLoggedAtDebug(t *testing.T) {
-	var buf lockedBuffer
+	var buf eventtest.LogBuffer
 	h := startServer(t, Options{
 		Logger: zerolog.New(&buf).Level(zerolog.DebugLevel),
 		Ready:  func() (bool, string, int) { return false, "catching up", 0 },
@@ -239,25 +239,6 @@ func TestReadyzNotReadyLoggedAtDebug(t *testing.T) {
 	if debug != 3 {
 		t.Errorf("%d DEBUG lines for 3 refusals:\n%s", debug, buf.String())
 	}
-}
-
-// lockedBuffer is a log sink the server's goroutines write to while the
-// test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestHealthRoutesByAccept: /healthz and /readyz are for any HTTP client

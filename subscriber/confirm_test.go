@@ -7,8 +7,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // A restored source with a replay endpoint and a digest confirms its

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // direct builds an offline subscriber for a manifest registration.

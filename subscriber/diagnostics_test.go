@@ -10,9 +10,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // TestRejectedEventLogNamesTheValues: a rejected event's WARN names the
@@ -23,7 +23,7 @@ import (
 func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	seed := "0"
 	prof := mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256CBOR, "low64_be", &seed)
-	logs := &logBuffer{}
+	logs := &eventtest.LogBuffer{}
 	ctx := eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16})
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	s := mustStart(t, Config{
@@ -54,7 +54,7 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	pub.send(1, p)
 	waitSeq(t, s, 1)
 	var got []map[string]any
-	for _, l := range logs.lines(t) {
+	for _, l := range logs.Lines(t) {
 		if l["message"] == "event rejected" {
 			delete(l, "time")
 			delete(l, "endpoint")
@@ -121,7 +121,7 @@ func TestConnectWatchSaysItOnce(t *testing.T) {
 func TestStuckConnectingWarnsOnce(t *testing.T) {
 	seed := "0"
 	prof := mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256CBOR, "low64_be", &seed)
-	logs := &logBuffer{}
+	logs := &eventtest.LogBuffer{}
 	const ep = "tcp://no-such-host.invalid:5557"
 	s := mustStart(t, Config{
 		Source:  SourceConfig{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep},
@@ -133,7 +133,7 @@ func TestStuckConnectingWarnsOnce(t *testing.T) {
 	})
 	stuck := func() []map[string]any {
 		var out []map[string]any
-		for _, l := range logs.lines(t) {
+		for _, l := range logs.Lines(t) {
 			if l["level"] == "warn" && strings.HasPrefix(fmt.Sprint(l["message"]), "still not connected") {
 				out = append(out, l)
 			}

@@ -2,56 +2,17 @@ package subscriber
 
 import (
 	"bytes"
-	"encoding/json"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
-
-// logBuffer collects log lines written by a subscriber's goroutine.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns every JSON line logged so far.
-func (l *logBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, raw := range bytes.Split(bytes.TrimSpace(l.b.Bytes()), []byte("\n")) {
-		if len(raw) == 0 {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal(raw, &m); err != nil {
-			t.Fatalf("log line %q: %v", raw, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // engineBlocks hashes tokens block by block as an engine with profile p
 // does and returns each block's published hash: vLLM's unsigned low 64
@@ -122,7 +83,7 @@ func TestHashCheckOverZMQ(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			logs := &logBuffer{}
+			logs := &eventtest.LogBuffer{}
 			log := zerolog.New(logs)
 			key := "hc-" + strconv.Itoa(int(tc.typ)) + "|default|0"
 			ctx := eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: bs})
@@ -169,7 +130,7 @@ func TestHashCheckOverZMQ(t *testing.T) {
 				t.Errorf("hash checks {matches, mismatches} = {%d, %d}, want %v", mt, mm, tc.want)
 			}
 			var warns []map[string]any
-			for _, l := range logs.lines(t) {
+			for _, l := range logs.Lines(t) {
 				if l["level"] == "warn" {
 					warns = append(warns, l)
 				}

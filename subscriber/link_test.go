@@ -16,16 +16,16 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
 )
 
 // logged returns the log lines of level whose message starts with prefix.
-func (l *logBuffer) logged(t *testing.T, level, prefix string) []map[string]any {
+func logged(t *testing.T, l *eventtest.LogBuffer, level, prefix string) []map[string]any {
 	t.Helper()
 	var out []map[string]any
-	for _, m := range l.lines(t) {
+	for _, m := range l.Lines(t) {
 		if m["level"] == level && strings.HasPrefix(fmt.Sprint(m["message"]), prefix) {
 			out = append(out, m)
 		}
@@ -71,7 +71,7 @@ func TestLinkTransitions(t *testing.T) {
 		{"lost before any handshake", []zmq.Event{connected, lost, retried}, linkUnknown, 0, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			logs := &logBuffer{}
+			logs := &eventtest.LogBuffer{}
 			s := &Subscriber{log: zerolog.New(logs), tuning: Tuning{}.withDefaults()}
 			now := time.Unix(1e9, 0)
 			for _, ev := range tc.events {
@@ -81,8 +81,8 @@ func TestLinkTransitions(t *testing.T) {
 			if got := s.conn.link.load(); got != tc.want {
 				t.Errorf("link %d, want %d", got, tc.want)
 			}
-			warns := len(logs.logged(t, "warn", lostMsg)) + len(logs.logged(t, "warn", notZMQMsg))
-			if infos := len(logs.logged(t, "info", againMsg)); warns != tc.warns || infos != tc.infos {
+			warns := len(logged(t, logs, "warn", lostMsg)) + len(logged(t, logs, "warn", notZMQMsg))
+			if infos := len(logged(t, logs, "info", againMsg)); warns != tc.warns || infos != tc.infos {
 				t.Errorf("%d WARN, %d INFO, want %d and %d:\n%s", warns, infos, tc.warns, tc.infos, logs)
 			}
 			d := s.conn.link.detail.Load()
@@ -99,7 +99,7 @@ func TestLinkTransitions(t *testing.T) {
 // TestHandshakeWait: a TCP connection without a handshake is named as not
 // ZMQ once HandshakeWarnAfter has passed, not before, and only once.
 func TestHandshakeWait(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &eventtest.LogBuffer{}
 	s := &Subscriber{log: zerolog.New(logs), tuning: Tuning{HandshakeWarnAfter: 10 * time.Second}.withDefaults()}
 	t0 := time.Unix(1e9, 0)
 	s.onLinkEvent(zmq.EVENT_CONNECTED, t0)
@@ -112,7 +112,7 @@ func TestHandshakeWait(t *testing.T) {
 	}
 	s.checkHandshake(t0.Add(10 * time.Second))
 	s.checkHandshake(t0.Add(20 * time.Second))
-	if s.conn.link.load() != linkNotZMQ || len(logs.logged(t, "warn", notZMQMsg)) != 1 {
+	if s.conn.link.load() != linkNotZMQ || len(logged(t, logs, "warn", notZMQMsg)) != 1 {
 		t.Fatalf("link %d, logs:\n%s", s.conn.link.load(), logs)
 	}
 	if !s.conn.link.handshakeDeadline(time.Second).IsZero() {
@@ -177,7 +177,7 @@ func startPublisherProcess(t *testing.T, endpoint string) (string, *exec.Cmd) {
 func TestPublisherExitDisconnects(t *testing.T) {
 	reg, prof, tb := vllmTable(t, index.Options{})
 	ep, first := startPublisherProcess(t, "tcp://127.0.0.1:*")
-	logs := &logBuffer{}
+	logs := &eventtest.LogBuffer{}
 	s := mustStart(t, Config{
 		Source:  SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
 		Index:   IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
@@ -197,14 +197,14 @@ func TestPublisherExitDisconnects(t *testing.T) {
 	if d := s.StateDetail(); !strings.Contains(d, "lost") {
 		t.Errorf("detail %q", d)
 	}
-	if w := logs.logged(t, "warn", lostMsg); len(w) != 1 || w[0]["endpoint"] != ep {
+	if w := logged(t, logs, "warn", lostMsg); len(w) != 1 || w[0]["endpoint"] != ep {
 		t.Errorf("loss warnings %v", w)
 	}
 
 	startPublisherProcess(t, ep)
 	eventtest.WaitFor(t, "live again", 10*time.Second, func() bool { return s.State() == Live && s.StateDetail() == "" })
-	eventtest.WaitFor(t, "the reconnection's INFO", 10*time.Second, func() bool { return len(logs.logged(t, "info", againMsg)) == 1 })
-	if w := logs.logged(t, "warn", lostMsg); len(w) != 1 {
+	eventtest.WaitFor(t, "the reconnection's INFO", 10*time.Second, func() bool { return len(logged(t, logs, "info", againMsg)) == 1 })
+	if w := logged(t, logs, "warn", lostMsg); len(w) != 1 {
 		t.Errorf("%d loss warnings after the reconnection, want still 1", len(w))
 	}
 }
@@ -241,7 +241,7 @@ func TestNotZMQPeerNamed(t *testing.T) {
 			stop := tc.serve(ln)
 			defer stop()
 			ep := "tcp://" + ln.Addr().String()
-			logs := &logBuffer{}
+			logs := &eventtest.LogBuffer{}
 			s := mustStart(t, Config{
 				Source:  SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
 				Index:   IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
@@ -257,7 +257,7 @@ func TestNotZMQPeerNamed(t *testing.T) {
 			if s.Connected() {
 				t.Error("a peer that is not a ZMQ publisher counts as connected")
 			}
-			if w := logs.logged(t, "warn", notZMQMsg); len(w) != 1 || w[0]["endpoint"] != ep {
+			if w := logged(t, logs, "warn", notZMQMsg); len(w) != 1 || w[0]["endpoint"] != ep {
 				t.Errorf("warnings %v\n%s", w, logs)
 			}
 		})

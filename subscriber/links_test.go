@@ -6,8 +6,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // linkedStores returns n BlockStored batches of per blocks each, one chain

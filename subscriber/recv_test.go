@@ -14,9 +14,9 @@ import (
 	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
 )

@@ -12,9 +12,9 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
 )
 

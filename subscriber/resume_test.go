@@ -11,8 +11,8 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // resumeEnv is a vLLM source restored at seq 10, with its outcome recorded.

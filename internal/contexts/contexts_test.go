@@ -6,9 +6,9 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 var (

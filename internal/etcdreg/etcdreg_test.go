@@ -17,10 +17,10 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
-	"github.com/mooncake-conductor-go/conductor/internal/etcdtest"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/etcdtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -155,12 +155,6 @@ func svc(t *testing.T, instance string, port int) registry.Service {
 }
 
 // waitFor polls cond until it holds, failing after a generous deadline.
-// Some conditions write to etcd (a registration retried while it
-// restarts), so they run every 5 ms.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	eventtest.Poll(t, what, 30*time.Second, 5*time.Millisecond, cond)
-}
 
 func sameKeys(rs []*replica, want []string) func() bool {
 	return func() bool {
@@ -187,7 +181,7 @@ func TestRegisterReachesEveryReplica(t *testing.T) {
 	if got := rs[0].keys(); !cmp.Equal(got, []string{"a|default|0", "b|default|0"}) {
 		t.Fatalf("replica 1 right after Register: %v", got)
 	}
-	waitFor(t, "both on every replica", sameKeys(rs, []string{"a|default|0", "b|default|0"}))
+	eventtest.Eventually(t, "both on every replica", sameKeys(rs, []string{"a|default|0", "b|default|0"}))
 
 	// The same rules as one node, decided on the shared set from any replica.
 	if changed, err := rs[1].reg.Register(a); err != nil || changed {
@@ -209,7 +203,7 @@ func TestRegisterReachesEveryReplica(t *testing.T) {
 	if err := rs[1].reg.Unregister(a.Key()); !errors.Is(err, registry.ErrNotFound) {
 		t.Fatalf("unregister unknown: %v", err)
 	}
-	waitFor(t, "a gone everywhere", sameKeys(rs, []string{"b|default|0"}))
+	eventtest.Eventually(t, "a gone everywhere", sameKeys(rs, []string{"b|default|0"}))
 	for i, r := range rs {
 		started, stopped := r.starts.counts()
 		if started[a.Key()] != 1 || stopped[a.Key()] != 1 || started[b.Key()] != 1 || stopped[b.Key()] != 0 {
@@ -253,7 +247,7 @@ func TestConcurrentConflicts(t *testing.T) {
 			t.Fatalf("round %d: %d winners (%v)", round, winners, errs)
 		}
 	}
-	waitFor(t, "both replicas agree", func() bool {
+	eventtest.Eventually(t, "both replicas agree", func() bool {
 		a, b := rs[0].keys(), rs[1].keys()
 		return len(a) == 20 && cmp.Equal(a, b)
 	})
@@ -269,7 +263,7 @@ func TestEtcdAway(t *testing.T) {
 	if _, err := rs[0].reg.Register(a); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a everywhere", sameKeys(rs, []string{"a|default|0"}))
+	eventtest.Eventually(t, "a everywhere", sameKeys(rs, []string{"a|default|0"}))
 
 	etcd.Stop()
 	if _, err := rs[1].reg.Register(svc(t, "b", 5001)); !errors.Is(err, registry.ErrNotRecorded) {
@@ -291,11 +285,11 @@ func TestEtcdAway(t *testing.T) {
 	etcd.Restart()
 
 	c := svc(t, "c", 5002)
-	waitFor(t, "registration after etcd is back", func() bool {
+	eventtest.Eventually(t, "registration after etcd is back", func() bool {
 		_, err := rs[1].reg.Register(c)
 		return err == nil
 	})
-	waitFor(t, "c everywhere", sameKeys(rs, []string{"a|default|0", "c|default|0"}))
+	eventtest.Eventually(t, "c everywhere", sameKeys(rs, []string{"a|default|0", "c|default|0"}))
 	for i, r := range rs {
 		started, stopped := r.starts.counts()
 		if started[a.Key()] != 1 || stopped[a.Key()] != 0 {
@@ -316,7 +310,7 @@ func TestCompactedWatchRelists(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "both on the second replica", sameKeys([]*replica{behind}, []string{"drop|default|0", "keep|default|0"}))
+	eventtest.Eventually(t, "both on the second replica", sameKeys([]*replica{behind}, []string{"drop|default|0", "keep|default|0"}))
 
 	// Stop the second replica's watch, change the set, compact it away.
 	behind.store.Close()
@@ -341,10 +335,10 @@ func TestCompactedWatchRelists(t *testing.T) {
 	s.done = make(chan struct{})
 	go s.watch()
 
-	waitFor(t, "the set re-read", sameKeys([]*replica{behind}, []string{"add|default|0", "keep|default|0"}))
+	eventtest.Eventually(t, "the set re-read", sameKeys([]*replica{behind}, []string{"add|default|0", "keep|default|0"}))
 	// The relist applies the set before it records the revision it read, so
 	// the keys can match a moment before the gauge moves.
-	waitFor(t, "the relist's revision recorded", func() bool {
+	eventtest.Eventually(t, "the relist's revision recorded", func() bool {
 		return testutil.ToFloat64(s.stats.revision) >= float64(writer.store.Revision())
 	})
 	started, stopped := behind.starts.counts()
@@ -371,7 +365,7 @@ func TestFailedApplyRetriedOnRelist(t *testing.T) {
 	if _, err := writer.reg.Register(x); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the failed apply recorded on the other replica", func() bool {
+	eventtest.Eventually(t, "the failed apply recorded on the other replica", func() bool {
 		other.store.mu.Lock()
 		defer other.store.mu.Unlock()
 		return other.store.results[x.Key()].err != nil
@@ -484,7 +478,7 @@ func TestAdvertisedPeers(t *testing.T) {
 		}
 		return p
 	}
-	waitFor(t, "both advertised", func() bool { return cmp.Equal(list(""), []string{"http://a:1", "http://b:1"}) })
+	eventtest.Eventually(t, "both advertised", func() bool { return cmp.Equal(list(""), []string{"http://a:1", "http://b:1"}) })
 	if got := list("http://b:1"); !cmp.Equal(got, []string{"http://a:1"}) {
 		t.Fatalf("peers of b: %v", got)
 	}

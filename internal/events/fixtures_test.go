@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // checkFixture compares what one fixture payload did with its manifest

@@ -3,7 +3,7 @@ package events
 import (
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // FuzzApplyBatch feeds arbitrary payloads to every decoder: nothing may

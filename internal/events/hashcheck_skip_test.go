@@ -3,8 +3,8 @@ package events
 import (
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // TestHashCheckSkipReasons: an applied BlockStored whose blocks cannot be

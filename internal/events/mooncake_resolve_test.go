@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/vmihailenco/msgpack/v5"
 )
 

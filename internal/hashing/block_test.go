@@ -4,7 +4,7 @@ import (
 	"encoding/hex"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/hashvectors"
 )
 
 // TestBlockHasherMatchesVectors recomputes every block of every public

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/hashvectors"
 )
 
 // gotBlock is what the lazy chain produced for one block, including the

@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/hashvectors"
 )
 
 // TestVLLMAlgorithmVectors recomputes the generated file with the chain

@@ -16,8 +16,8 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 // The verified links (hashing.Links) are fed by the real vLLM decoder here,

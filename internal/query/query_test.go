@@ -8,8 +8,8 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 var testCtx = index.ContextKey{Tenant: "default", Model: "m", BlockSize: 4}

@@ -16,7 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/racebuild"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
 func smallCorpus(t *testing.T, replicas int) *corpus {

@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/hashvectors"
 )
 
 // vectorCase is a golden hash vector (testdata/hashing), expanded.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashvectors"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/hashvectors"
 )
 
 // TestGoldenVectors runs the subcommand, as an integrator would, on every

@@ -18,9 +18,9 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
-	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/internal/inferencecache/producer"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/fakeclock"
 )
 
 // fixture is a server on a real loopback TCP listener and a client to it.

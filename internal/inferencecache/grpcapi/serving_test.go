@@ -28,15 +28,9 @@ import (
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
-
-// eventually polls cond until it holds or a generous deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	eventtest.Poll(t, what, 15*time.Second, 10*time.Millisecond, cond)
-}
 
 func TestHealthFollowsReadiness(t *testing.T) {
 	var ready atomic.Bool
@@ -56,10 +50,10 @@ func TestHealthFollowsReadiness(t *testing.T) {
 	}
 	ready.Store(true)
 	for _, svc := range []string{"", ServiceName} {
-		eventually(t, "SERVING", func() bool { return statusOf(svc) == healthpb.HealthCheckResponse_SERVING })
+		eventtest.Eventually(t, "SERVING", func() bool { return statusOf(svc) == healthpb.HealthCheckResponse_SERVING })
 	}
 	ready.Store(false)
-	eventually(t, "NOT_SERVING again", func() bool { return statusOf(ServiceName) == healthpb.HealthCheckResponse_NOT_SERVING })
+	eventtest.Eventually(t, "NOT_SERVING again", func() bool { return statusOf(ServiceName) == healthpb.HealthCheckResponse_NOT_SERVING })
 }
 
 func TestReflectionListsTheService(t *testing.T) {
@@ -187,7 +181,7 @@ func TestTLSHandshakeAndReload(t *testing.T) {
 	// Rotate: the next handshake serves the new certificate. The mtime
 	// may not move within its granularity, so the size differs too.
 	pool2 := writeCert(t, certFile, keyFile, 1<<40)
-	eventually(t, "the rotated certificate", func() bool {
+	eventtest.Eventually(t, "the rotated certificate", func() bool {
 		st, err := dial(pool2, nil)
 		return err == nil && st.PeerCertificates[0].SerialNumber.Int64() == 1<<40
 	})

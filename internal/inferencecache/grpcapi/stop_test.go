@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // streams is how many watcher streams (events and metrics) hold a slot.
@@ -33,7 +34,7 @@ func TestStopEndsOpenStreams(t *testing.T) {
 	if _, err := metrics.Recv(); err != nil { // the first report: the stream is set up
 		t.Fatal(err)
 	}
-	eventually(t, "both streams", func() bool { return f.streams() == 2 && f.watchers() == 1 })
+	eventtest.Eventually(t, "both streams", func() bool { return f.streams() == 2 && f.watchers() == 1 })
 
 	stopped := make(chan struct{})
 	go func() { f.srv.Stop(); close(stopped) }()

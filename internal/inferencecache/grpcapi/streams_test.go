@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 func (f *fixture) watchers() int { return len(*f.srv.hub.list.Load()) }
@@ -27,7 +28,7 @@ func TestStreamCacheEventsFilters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two watchers", func() bool { return f.watchers() == 2 })
+	eventtest.Eventually(t, "two watchers", func() bool { return f.watchers() == 2 })
 
 	f.mustReport(update("a", chainEntry(t1, 16, 1, 2)))
 	other := update("a", chainEntry(t1, 16, 3))
@@ -93,7 +94,7 @@ func TestSlowWatcherCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the watcher", func() bool { return f.watchers() == 1 })
+	eventtest.Eventually(t, "the watcher", func() bool { return f.watchers() == 1 })
 	const blocks = 20000
 	keys := make([]uint64, blocks)
 	for i := range keys {
@@ -118,7 +119,7 @@ func TestSlowWatcherCutOff(t *testing.T) {
 	if n := counterValue(t, f.reg, "conductor_grpc_watchers_cut_off_total", "", ""); n != 1 {
 		t.Fatalf("cut-offs counted %v", n)
 	}
-	eventually(t, "the watcher to leave", func() bool { return f.watchers() == 0 })
+	eventtest.Eventually(t, "the watcher to leave", func() bool { return f.watchers() == 0 })
 }
 
 func TestWatcherLimit(t *testing.T) {
@@ -127,7 +128,7 @@ func TestWatcherLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the first watcher", func() bool { return f.watchers() == 1 })
+	eventtest.Eventually(t, "the first watcher", func() bool { return f.watchers() == 1 })
 	second, err := f.client.StreamMetrics(ctx(t), &pb.StreamMetricsRequest{})
 	if err != nil {
 		t.Fatal(err)

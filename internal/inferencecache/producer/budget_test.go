@@ -6,8 +6,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/eventtest"
-	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
 // A producer that reports new keys without end under a bounded index:
@@ -16,7 +15,7 @@ import (
 func TestTokenCountsFollowEviction(t *testing.T) {
 	ix := index.New(index.Options{Stripes: 4, MemoryLimit: 1 << 20})
 	defer ix.Close()
-	s := New(Options{Index: ix, TTL: time.Hour, Now: fakeclock.New(time.Unix(1000, 0)).Now})
+	s := New(Options{Index: ix, TTL: time.Hour})
 	k := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"}
 	w := s.Writer(k, "a")
 	const n = 200_000 // ~7 times what 1 MiB holds
@@ -44,7 +43,7 @@ func TestTokenCountsFollowEviction(t *testing.T) {
 // Replicas beyond MaxReplicasPerScope are refused and counted; the ones
 // taken keep working.
 func TestReplicasPerScopeBounded(t *testing.T) {
-	s, _, _ := newStore()
+	s, _ := newStore()
 	k := index.ScopeKey{Tenant: "t", Model: "m", Scheme: "vllm"}
 	for i := range MaxReplicasPerScope + 10 {
 		s.Writer(k, fmt.Sprint("r", i)).Put(index.Device, uint64(i+1), 16)

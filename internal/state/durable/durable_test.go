@@ -24,13 +24,13 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
-	"github.com/mooncake-conductor-go/conductor/internal/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/source"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 

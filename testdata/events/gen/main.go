@@ -1,11 +1,11 @@
 // Command gen regenerates the KV-event ingest fixtures in testdata/events
 // (payloads/, manifest.json, scenarios.json) from the table in
-// internal/eventfixtures:
+// internal/testkit/eventfixtures:
 //
 //	go run ./testdata/events/gen            # from the repository root
 //	go run ./testdata/events/gen -dir DIR   # somewhere else
 //
-// Review the diff afterwards; internal/eventfixtures' test fails until the
+// Review the diff afterwards; internal/testkit/eventfixtures' test fails until the
 // committed files match the table again.
 package main
 
@@ -14,7 +14,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/mooncake-conductor-go/conductor/internal/eventfixtures"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventfixtures"
 )
 
 func main() {

@@ -65,7 +65,7 @@ func TestCommittedFixturesAreGenerated(t *testing.T) {
 	if n != len(got) {
 		t.Errorf("Write reported %d files, directory holds %d", n, len(got))
 	}
-	want := readTree(t, filepath.Join("..", "..", "testdata", "events"))
+	want := readTree(t, filepath.Join("..", "..", "..", "testdata", "events"))
 	if len(want) < 100 {
 		t.Fatalf("testdata/events holds only %d generated files; wrong directory?", len(want))
 	}

@@ -16,6 +16,14 @@ func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() bool)
 	Poll(t, what, timeout, time.Millisecond, cond)
 }
 
+// Eventually is Poll for the conditions end-to-end tests wait on (a
+// server answering, a publisher's message showing, an etcd change seen):
+// checked every 10 ms for up to 30 s, a bound for a busy machine.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	Poll(t, what, 30*time.Second, 10*time.Millisecond, cond)
+}
+
 // Poll is WaitFor checking cond every interval: a condition that itself
 // sends (an event published until it shows) or asks a server is polled
 // less often than one that reads memory.
