@@ -2,7 +2,6 @@ package grpcapi
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"syscall"
 	"testing"
@@ -25,61 +24,48 @@ func threadCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// bestCPU runs f in rounds of at least 250 ms of CPU (thread CPU time is
-// counted in scheduler ticks, so short rounds would read as zero or one
-// tick) and returns the best round's CPU time per call.
-func bestCPU(rounds int, f func()) time.Duration {
-	best := time.Duration(1<<63 - 1)
-	for range rounds {
-		t0 := threadCPU()
-		n := 0
-		for threadCPU()-t0 < 250*time.Millisecond {
-			for range 50 {
-				f()
-			}
-			n += 50
-		}
-		best = min(best, (threadCPU()-t0)/time.Duration(n))
-	}
-	return best
-}
-
-// TestDoorCPUTime reports the figures the gRPC door is held to, in thread
-// CPU time (best of several rounds, the two doors' rounds interleaved):
-// LookupRoute against /query on one 8K-token prompt, a 512-block chain
-// lookup, and ReportCacheState ingest. It only reports; run it with
-// GRPC_CPU=1 go test -run DoorCPUTime -v ./grpcapi.
-func TestDoorCPUTime(t *testing.T) {
-	if os.Getenv("GRPC_CPU") == "" {
-		t.Skip("set GRPC_CPU=1 to measure the door's CPU time")
-	}
+// cpuPerOp runs f b.N times on one locked OS thread and reports its thread
+// CPU time per call as cpu-ns/op beside the wall clock's ns/op.
+func cpuPerOp(b *testing.B, f func()) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	b.ResetTimer()
+	t0 := threadCPU()
+	for range b.N {
+		f()
+	}
+	b.ReportMetric(float64((threadCPU()-t0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkDoorCPU gives the figures the gRPC door is held to in thread CPU
+// time: LookupRoute against /query on one 8K-token prompt (with the memos
+// and without), a 512-block chain lookup, and ReportCacheState ingest of
+// 1,024-block updates. Thread CPU time is counted in scheduler ticks, so
+// give each run at least a second: -benchtime 1s or more.
+func BenchmarkDoorCPU(b *testing.B) {
 	for _, mode := range []string{"memos", "no-memos"} {
-		hs, gs, body, req := benchServersWith(t, 8192, mode != "no-memos")
+		hs, gs, body, req := benchServersWith(b, 8192, mode != "no-memos")
 		var ctx fasthttp.RequestCtx
 		ctx.Request.Header.SetMethod("POST")
 		ctx.Request.SetRequestURI("/query")
 		ctx.Request.Header.SetContentType("application/msgpack")
-		query := func() {
-			ctx.Request.SetBody(body)
-			ctx.Response.Reset()
-			hs.Handle(&ctx)
-		}
+		b.Run("query-8k/"+mode, func(b *testing.B) {
+			cpuPerOp(b, func() {
+				ctx.Request.SetBody(body)
+				ctx.Response.Reset()
+				hs.Handle(&ctx)
+			})
+		})
 		var out []byte
-		lookup := func() { out = lookupOnce(t, gs, req, out) }
-		var q, l time.Duration = 1 << 62, 1 << 62
-		for range 5 {
-			q = min(q, bestCPU(1, query))
-			l = min(l, bestCPU(1, lookup))
-		}
-		t.Logf("8K tokens, %s: /query %v, LookupRoute %v per call: %.2fx", mode, q, l, float64(l)/float64(q))
+		b.Run("lookup-8k/"+mode, func(b *testing.B) {
+			cpuPerOp(b, func() { out = lookupOnce(b, gs, req, out) })
+		})
 	}
-
-	s, raw := chain512(t)
+	s, raw := chain512(b)
 	var out []byte
-	t.Logf("512-block chain: LookupRoute %v per call", bestCPU(5, func() { out = lookupOnce(t, s, raw, out) }))
-
+	b.Run("lookup-chain512", func(b *testing.B) {
+		cpuPerOp(b, func() { out = lookupOnce(b, s, raw, out) })
+	})
 	const perUpdate = 1024
 	var raws [][]byte
 	for r := range 256 {
@@ -87,20 +73,21 @@ func TestDoorCPUTime(t *testing.T) {
 		for i := range ks {
 			ks[i] = uint64(r*perUpdate+i)*0x9e3779b97f4a7c15 + 7
 		}
-		b, err := proto.Marshal(update(fmt.Sprintf("r%d", r%32), chainEntry(t1, 16, ks...)))
+		m, err := proto.Marshal(update(fmt.Sprintf("r%d", r%32), chainEntry(t1, 16, ks...)))
 		if err != nil {
-			t.Fatal(err)
+			b.Fatal(err)
 		}
-		raws = append(raws, b)
+		raws = append(raws, m)
 	}
 	i := 0
-	per := bestCPU(3, func() {
-		var u pb.CacheStateUpdate
-		if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raws[i%len(raws)])}, &u); err != nil {
-			t.Fatal(err)
-		}
-		s.applyUpdate(&u)
-		i++
+	b.Run("report-ingest-1024", func(b *testing.B) {
+		cpuPerOp(b, func() {
+			var u pb.CacheStateUpdate
+			if err := s.codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(raws[i%len(raws)])}, &u); err != nil {
+				b.Fatal(err)
+			}
+			s.applyUpdate(&u)
+			i++
+		})
 	})
-	t.Logf("ReportCacheState ingest: %.2f M blocks per CPU second (%v per 1,024-block update)", float64(perUpdate)/per.Seconds()/1e6, per)
 }
