@@ -185,7 +185,7 @@ func newApp(cfg *config.Config, log zerolog.Logger) (*app, error) {
 	// What every source shares: the ingest counters and decoder figures
 	// the metrics export, the budget of optional connection monitors, the
 	// C receive batches and the C heap trimmer.
-	sources := subscriber.NewShared(subscriber.SharedOptions{ReceiveBytes: cfg.Memory.Size[membudget.Receive]})
+	sources := subscriber.NewResources(subscriber.ResourcesOptions{ReceiveBytes: cfg.Memory.Size[membudget.Receive]})
 	// One engine answers both doors and owns the caches of its lookups:
 	// the prefix memo and the verified links, forgotten through
 	// engine.Forget. Ingest fills the links.
@@ -449,7 +449,7 @@ type sourceFactory struct {
 	// time the registry starts the source) and the contexts Mooncake
 	// streams may bind to.
 	contexts *contexts.Catalogue
-	shared   *subscriber.Shared
+	shared   *subscriber.Resources
 	checks   *hashcheck.Set // nil: the hash check is off
 	links    *hashing.Links
 	limits   sourceLimits
@@ -486,9 +486,9 @@ func (f sourceFactory) New(svc registry.Service, owner index.OwnerID) (registry.
 		Session: subscriber.SessionConfig{WatchConnection: f.watch[svc.Key()], StaleRecovery: f.staleMode},
 		// A source the snapshot knows gets its entries back before it
 		// subscribes, and resumes its stream where the snapshot left it.
-		Durable: subscriber.DurableConfig{Gate: f.state.Gate(), Restore: f.state.Resume(svc, table, owner)},
-		Report:  subscriber.ReportConfig{Logger: f.log}, // the subscriber adds the service key itself
-		Shared:  f.shared,
+		Durable:   subscriber.DurableConfig{Gate: f.state.Gate(), Restore: f.state.Resume(svc, table, owner)},
+		Report:    subscriber.ReportConfig{Logger: f.log}, // the subscriber adds the service key itself
+		Resources: f.shared,
 	}
 	if f.stateChanged != nil {
 		cfg.Report.OnState = func(st subscriber.State) { f.stateChanged(svc, st) }
@@ -533,7 +533,7 @@ func sourceStateTeller(door *atomic.Pointer[grpcapi.Server]) func(registry.Servi
 			return
 		}
 		if d := door.Load(); d != nil {
-			d.SourceChanged(svc.Context(), svc.InstanceID)
+			d.ReplicaStateChanged(svc.Context(), svc.InstanceID)
 		}
 	}
 }
@@ -591,7 +591,7 @@ func linkBacklogBytes(b membudget.Budget, linkBytes int) int {
 // budgetedSources are the subscribers' limits under budget b: an eighth
 // of the links' part for each one's verification backlog, which the
 // budget counts with the links (docs/index-memory.md#the-budget); their
-// receive paths share the receive part through subscriber.Shared.
+// receive paths share the receive part through subscriber.Resources.
 // Unbounded, the subscribers' defaults.
 func budgetedSources(b membudget.Budget) sourceLimits {
 	if b.Total == 0 {

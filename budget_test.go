@@ -8,7 +8,7 @@ import (
 
 // TestBudgetedSources: under a bounded budget each subscriber's
 // verification backlog is an eighth of the links' part (the receive path
-// is the receive part's, subscriber.Shared); unbounded, the subscribers
+// is the receive part's, subscriber.Resources); unbounded, the subscribers
 // keep their defaults.
 func TestBudgetedSources(t *testing.T) {
 	for _, tc := range []struct {

@@ -44,7 +44,7 @@ func TestCapacityAtServiceLimit(t *testing.T) {
 	}
 	cat := contexts.New(ix)
 	reg := registry.New(registry.Options{Contexts: cat, Start: sourceFactory{
-		log: zerolog.New(io.Discard), contexts: cat, shared: subscriber.NewShared(subscriber.SharedOptions{}), checks: checks, state: memOnly,
+		log: zerolog.New(io.Discard), contexts: cat, shared: subscriber.NewResources(subscriber.ResourcesOptions{}), checks: checks, state: memOnly,
 	}.New})
 	seed := "0"
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", IndexProjection: "low64_be", PythonHashSeed: &seed})

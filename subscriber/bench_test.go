@@ -127,7 +127,7 @@ func BenchmarkDecodeVLLMBatch(b *testing.B) {
 	e := newEnv(b, m, "vllm-a", nil, "inproc://unused", "")
 	e.cfg.Index.Context.BlockSize = benchBlockSize
 	e.cfg.Index.Engine = nopSink{}
-	e.cfg.test.onEvent, e.cfg.test.onApply, e.cfg.Shared = nil, nil, NewShared(SharedOptions{})
+	e.cfg.test.onEvent, e.cfg.test.onApply, e.cfg.Resources = nil, nil, NewResources(ResourcesOptions{})
 	e.cfg.Verify.HashCheck = benchChecker(e.cfg.Source.Key, &e.cfg.Index.Profile)
 	s, err := newSubscriber(e.cfg)
 	if err != nil {
@@ -144,7 +144,7 @@ func BenchmarkDecodeVLLMBatch(b *testing.B) {
 	}
 	cpu := processCPU() - cpu0
 	b.StopTimer()
-	if got := e.cfg.Shared.Counters().Value(MetricApplied, source.VLLM, events.ReasonNone); got != uint64(b.N) {
+	if got := e.cfg.Resources.Counters().Value(MetricApplied, source.VLLM, events.ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/b.Elapsed().Seconds(), "blocks/s")
@@ -178,11 +178,11 @@ func benchIngest(b *testing.B, sinkName string) {
 	pub := newPublisher(b, "tcp://127.0.0.1:*")
 	counters := NewCounters()
 	s, err := Start(Config{
-		Source: SourceConfig{Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
-		Index:  IndexConfig{Context: ctx, Profile: prof, Engine: sink, Owner: owner},
-		Verify: VerifyConfig{HashCheck: benchChecker("bench|default|0", &prof)},
-		Report: ReportConfig{Logger: eventtest.Logger(b)},
-		Shared: NewShared(SharedOptions{Counters: counters}),
+		Source:    SourceConfig{Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Index:     IndexConfig{Context: ctx, Profile: prof, Engine: sink, Owner: owner},
+		Verify:    VerifyConfig{HashCheck: benchChecker("bench|default|0", &prof)},
+		Report:    ReportConfig{Logger: eventtest.Logger(b)},
+		Resources: NewResources(ResourcesOptions{Counters: counters}),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -301,11 +301,11 @@ func benchIngestLinks(b *testing.B, deferred bool) {
 	pub := newPublisher(b, "tcp://127.0.0.1:*")
 	counters := NewCounters()
 	s, err := Start(Config{
-		Source: SourceConfig{Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
-		Index:  IndexConfig{Context: ctx, Profile: prof, Engine: tb, Owner: owner},
-		Verify: VerifyConfig{HashCheck: benchChecker("bench|default|0", &prof), Links: links, LinkDefer: linkDefer},
-		Report: ReportConfig{Logger: eventtest.Logger(b)},
-		Shared: NewShared(SharedOptions{Counters: counters}),
+		Source:    SourceConfig{Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Index:     IndexConfig{Context: ctx, Profile: prof, Engine: tb, Owner: owner},
+		Verify:    VerifyConfig{HashCheck: benchChecker("bench|default|0", &prof), Links: links, LinkDefer: linkDefer},
+		Report:    ReportConfig{Logger: eventtest.Logger(b)},
+		Resources: NewResources(ResourcesOptions{Counters: counters}),
 	})
 	if err != nil {
 		b.Fatal(err)

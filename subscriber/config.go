@@ -25,9 +25,9 @@ type Config struct {
 	Tuning  Tuning        // transport and recovery limits
 	Durable DurableConfig // snapshot consistency and restore
 	Report  ReportConfig  // logs and state changes
-	// Shared is what the process's subscribers ration together; nil
+	// Resources are what the process's subscribers ration together; nil
 	// gives the subscriber one of its own (tests, a lone source).
-	Shared *Shared
+	Resources *Resources
 
 	test testHooks
 }

@@ -27,10 +27,10 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	ctx := eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16})
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	s := mustStart(t, Config{
-		Source: SourceConfig{Key: "rej|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
-		Index:  IndexConfig{Context: ctx, Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
-		Report: ReportConfig{Logger: zerolog.New(logs)},
-		Shared: NewShared(SharedOptions{Counters: NewCounters()}),
+		Source:    SourceConfig{Key: "rej|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Index:     IndexConfig{Context: ctx, Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
+		Report:    ReportConfig{Logger: zerolog.New(logs)},
+		Resources: NewResources(ResourcesOptions{Counters: NewCounters()}),
 	})
 	defer s.Stop()
 	pub.waitSubscribed()
@@ -124,12 +124,12 @@ func TestStuckConnectingWarnsOnce(t *testing.T) {
 	logs := &eventtest.LogBuffer{}
 	const ep = "tcp://no-such-host.invalid:5557"
 	s := mustStart(t, Config{
-		Source:  SourceConfig{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep},
-		Index:   IndexConfig{Context: eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16}), Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
-		Session: SessionConfig{WatchConnection: true},
-		Tuning:  Tuning{ConnectWarnAfter: 100 * time.Millisecond},
-		Report:  ReportConfig{Logger: zerolog.New(logs)},
-		Shared:  NewShared(SharedOptions{Counters: NewCounters()}),
+		Source:    SourceConfig{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep},
+		Index:     IndexConfig{Context: eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16}), Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
+		Session:   SessionConfig{WatchConnection: true},
+		Tuning:    Tuning{ConnectWarnAfter: 100 * time.Millisecond},
+		Report:    ReportConfig{Logger: zerolog.New(logs)},
+		Resources: NewResources(ResourcesOptions{Counters: NewCounters()}),
 	})
 	stuck := func() []map[string]any {
 		var out []map[string]any

@@ -24,7 +24,7 @@
 // applier (apply.go: the decoder, index writes, the gate) and resumption
 // (resume.go: a restore from a snapshot). What the process's subscribers
 // share (counters, the monitor budget, the C batch free list, the C heap
-// trimmer) is a Shared value the app creates.
+// trimmer) is a Resources value the app creates.
 //
 // Data flows one way: the subscriber calls the decoders, which write the
 // index, and the durable state's stage (DurableConfig: the gate, the

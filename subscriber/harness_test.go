@@ -68,10 +68,10 @@ func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, 
 		t.Fatalf("registration type %q", reg.Type)
 	}
 	e.cfg = Config{
-		Source: SourceConfig{Key: reg.InstanceID + "|default|" + fmt.Sprint(reg.DPRank), Type: typ, Endpoint: endpoint, ReplayEndpoint: replayEndpoint, DPRank: reg.DPRank},
-		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Owner: eventtest.Owner},
-		Report: ReportConfig{Logger: eventtest.Logger(t)},
-		Shared: NewShared(SharedOptions{Counters: e.counters}),
+		Source:    SourceConfig{Key: reg.InstanceID + "|default|" + fmt.Sprint(reg.DPRank), Type: typ, Endpoint: endpoint, ReplayEndpoint: replayEndpoint, DPRank: reg.DPRank},
+		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Owner: eventtest.Owner},
+		Report:    ReportConfig{Logger: eventtest.Logger(t)},
+		Resources: NewResources(ResourcesOptions{Counters: e.counters}),
 		test: testHooks{onEvent: func(seq uint64, o events.Outcome) {
 			e.mu.Lock()
 			e.outcomes[seq] = append(e.outcomes[seq], o)

@@ -91,11 +91,11 @@ func TestHashCheckOverZMQ(t *testing.T) {
 			pub := newPublisher(t, ipcEndpoint(t, "pub"))
 			rec := &eventtest.Recorder{}
 			s := mustStart(t, Config{
-				Source: SourceConfig{Key: key, Type: tc.typ, Endpoint: pub.endpoint},
-				Index:  IndexConfig{Context: ctx, Profile: tc.registered, Engine: rec, Owner: eventtest.Owner},
-				Verify: VerifyConfig{HashCheck: chk},
-				Report: ReportConfig{Logger: log},
-				Shared: NewShared(SharedOptions{Counters: NewCounters()}),
+				Source:    SourceConfig{Key: key, Type: tc.typ, Endpoint: pub.endpoint},
+				Index:     IndexConfig{Context: ctx, Profile: tc.registered, Engine: rec, Owner: eventtest.Owner},
+				Verify:    VerifyConfig{HashCheck: chk},
+				Report:    ReportConfig{Logger: log},
+				Resources: NewResources(ResourcesOptions{Counters: NewCounters()}),
 			})
 			defer s.Stop()
 			pub.waitSubscribed()

@@ -44,11 +44,11 @@ func TestHostilePublisher(t *testing.T) {
 	counters := NewCounters()
 	start := func(key, endpoint string) *Subscriber {
 		return mustStart(t, Config{
-			Source: SourceConfig{Key: key, Type: source.VLLM, Endpoint: endpoint},
-			Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0)},
-			Tuning: Tuning{StaleHoldOff: time.Nanosecond},
-			Report: ReportConfig{Logger: eventtest.Logger(t)},
-			Shared: NewShared(SharedOptions{Counters: counters}),
+			Source:    SourceConfig{Key: key, Type: source.VLLM, Endpoint: endpoint},
+			Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0)},
+			Tuning:    Tuning{StaleHoldOff: time.Nanosecond},
+			Report:    ReportConfig{Logger: eventtest.Logger(t)},
+			Resources: NewResources(ResourcesOptions{Counters: counters}),
 		})
 	}
 	bad, good := newPublisher(t, ipcEndpoint(t, "bad")), newPublisher(t, ipcEndpoint(t, "good"))
@@ -195,11 +195,11 @@ func TestOversizeMessageWithReplay(t *testing.T) {
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	rs := startReplayService(t)
 	s := mustStart(t, Config{
-		Source: SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint},
-		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
-		Tuning: Tuning{StaleHoldOff: time.Nanosecond, ReplayReceiveTimeout: 200 * time.Millisecond, ReplayTotalTimeout: time.Second},
-		Report: ReportConfig{Logger: eventtest.Logger(t)},
-		Shared: NewShared(SharedOptions{Counters: counters}),
+		Source:    SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint},
+		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
+		Tuning:    Tuning{StaleHoldOff: time.Nanosecond, ReplayReceiveTimeout: 200 * time.Millisecond, ReplayTotalTimeout: time.Second},
+		Report:    ReportConfig{Logger: eventtest.Logger(t)},
+		Resources: NewResources(ResourcesOptions{Counters: counters}),
 	})
 	defer s.Stop()
 	pub.waitSubscribed()
@@ -283,10 +283,10 @@ func TestHandshakeFailureReconnects(t *testing.T) {
 	defer func() { _ = ln.Close(); <-done; conns.Wait() }()
 
 	s := mustStart(t, Config{
-		Source: SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String()},
-		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
-		Report: ReportConfig{Logger: eventtest.Logger(t)},
-		Shared: NewShared(SharedOptions{Counters: counters}),
+		Source:    SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String()},
+		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
+		Report:    ReportConfig{Logger: eventtest.Logger(t)},
+		Resources: NewResources(ResourcesOptions{Counters: counters}),
 	})
 	defer s.Stop()
 	eventtest.WaitFor(t, "a second connection after the failed handshake", 20*time.Second, func() bool {

@@ -623,7 +623,7 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 			pub := newPublisher(t, "tcp://127.0.0.1:*")
 			e := vllmEnv(t, pub.endpoint, "")
 			e.cfg.Session.WatchConnection = watch
-			sh := e.cfg.Shared
+			sh := e.cfg.Resources
 			base := sh.monitors.Load()
 			s := mustStart(t, e.cfg)
 			defer s.Stop()
@@ -658,12 +658,12 @@ func TestStateConnectedBeforeFirstBatch(t *testing.T) {
 // with its first batch, while one readiness waits for still gets one. Every
 // slot taken is given back, by connecting or by Stop.
 func TestOptionalMonitorsBounded(t *testing.T) {
-	sh := NewShared(SharedOptions{})
+	sh := NewResources(ResourcesOptions{})
 	base := sh.monitors.Load()
 	down := make([]*Subscriber, 0, 3)
 	for i := range 3 {
 		e := vllmEnv(t, ipcEndpoint(t, fmt.Sprintf("down-%d", i)), "")
-		e.cfg.Shared = sh
+		e.cfg.Resources = sh
 		down = append(down, mustStart(t, e.cfg))
 	}
 	if got := sh.monitors.Load(); got != base+3 {
@@ -683,7 +683,7 @@ func TestOptionalMonitorsBounded(t *testing.T) {
 		pub := newPublisher(t, "tcp://127.0.0.1:*")
 		e := vllmEnv(t, pub.endpoint, "")
 		e.cfg.Session.WatchConnection = watch
-		e.cfg.Shared = sh
+		e.cfg.Resources = sh
 		s := mustStart(t, e.cfg)
 		pub.waitSubscribed() // the connection is up
 		if watch {

@@ -179,11 +179,11 @@ func TestPublisherExitDisconnects(t *testing.T) {
 	ep, first := startPublisherProcess(t, "tcp://127.0.0.1:*")
 	logs := &eventtest.LogBuffer{}
 	s := mustStart(t, Config{
-		Source:  SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
-		Index:   IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
-		Session: SessionConfig{WatchConnection: true},
-		Report:  ReportConfig{Logger: zerolog.New(logs)},
-		Shared:  NewShared(SharedOptions{Counters: NewCounters()}),
+		Source:    SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
+		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
+		Session:   SessionConfig{WatchConnection: true},
+		Report:    ReportConfig{Logger: zerolog.New(logs)},
+		Resources: NewResources(ResourcesOptions{Counters: NewCounters()}),
 	})
 	defer s.Stop()
 	eventtest.WaitFor(t, "live", 10*time.Second, func() bool { return s.State() == Live })
@@ -243,12 +243,12 @@ func TestNotZMQPeerNamed(t *testing.T) {
 			ep := "tcp://" + ln.Addr().String()
 			logs := &eventtest.LogBuffer{}
 			s := mustStart(t, Config{
-				Source:  SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
-				Index:   IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
-				Session: SessionConfig{WatchConnection: true},
-				Tuning:  Tuning{HandshakeWarnAfter: 300 * time.Millisecond},
-				Report:  ReportConfig{Logger: zerolog.New(logs)},
-				Shared:  NewShared(SharedOptions{Counters: NewCounters()}),
+				Source:    SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
+				Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
+				Session:   SessionConfig{WatchConnection: true},
+				Tuning:    Tuning{HandshakeWarnAfter: 300 * time.Millisecond},
+				Report:    ReportConfig{Logger: zerolog.New(logs)},
+				Resources: NewResources(ResourcesOptions{Counters: NewCounters()}),
 			})
 			defer s.Stop()
 			eventtest.WaitFor(t, "named as not a ZMQ publisher", 10*time.Second, func() bool {

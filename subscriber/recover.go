@@ -32,12 +32,12 @@ type recovery struct {
 	budget       replay.Budget
 	anchor       bool    // the recovery under way checks the batch at A first
 	pendingEpoch liveMsg // the message errNewEpoch stands for
-	reported     int     // the budget's bytes last added to Shared's figure
+	reported     int     // the budget's bytes last added to Resources' figure
 }
 
 // report brings the process-wide figure of bytes held by recoveries
 // (conductor_memory_used_bytes{part="receive"}) up to date with this one's.
-func (r *recovery) report(sh *Shared) {
+func (r *recovery) report(sh *Resources) {
 	_, n := r.budget.Used()
 	sh.receive.held.Add(int64(n - r.reported))
 	r.reported = n

@@ -220,7 +220,7 @@ func rawSocket(sock *zmq.Socket) unsafe.Pointer {
 // free list while a drain runs and returned when it ends empty, so idle
 // sources hold none.
 type batchReceiver struct {
-	shared   *Shared // the batch free list and the trimmer
+	shared   *Resources // the batch free list and the trimmer
 	b        *C.cb_batch
 	n, next  int   // queued messages are info[next:n]
 	deferred error // error that ended the last fill after some messages
@@ -335,7 +335,7 @@ func (r *batchReceiver) discard() {
 	r.idle()
 }
 
-// batchPool keeps a few released C batches for reuse (Shared owns one for
+// batchPool keeps a few released C batches for reuse (Resources owns one for
 // every subscriber of the process); more than maxIdleBatches are freed, so
 // the list is bounded by the drains running at once, not by the number of
 // registered sources. sync.Pool cannot hold C memory.

@@ -65,7 +65,7 @@ func TestSocketHandleFieldPresent(t *testing.T) {
 	if rawSocket(s) != nil {
 		t.Fatal("closed socket still has a handle")
 	}
-	r := batchReceiver{shared: NewShared(SharedOptions{})}
+	r := batchReceiver{shared: NewResources(ResourcesOptions{})}
 	if _, err := r.recv(s, nil, 1); err != zmq.ErrorSocketClosed {
 		t.Fatalf("receive on a closed socket: %v", err)
 	}
@@ -139,7 +139,7 @@ func TestBatchReceiveMatchesPerFrame(t *testing.T) {
 			send([]byte("big"), seqFrame(uint64(round)), big)
 		}
 	}
-	r := batchReceiver{shared: NewShared(SharedOptions{})}
+	r := batchReceiver{shared: NewResources(ResourcesOptions{})}
 	defer r.discard()
 	var got [][]byte
 	for i := range sent {
@@ -181,7 +181,7 @@ func TestBatchReceiveLimits(t *testing.T) {
 		}
 		p.pub.send(uint64(i), []byte{byte(i)})
 	}
-	r := batchReceiver{shared: NewShared(SharedOptions{})}
+	r := batchReceiver{shared: NewResources(ResourcesOptions{})}
 	defer r.discard()
 	var frames [][]byte
 	var err error
@@ -292,9 +292,9 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 
 // countTrims returns subscribers' shared state whose trimmer counts trims
 // instead of trimming.
-func countTrims(t *testing.T) (*Shared, *atomic.Int64) {
+func countTrims(t *testing.T) (*Resources, *atomic.Int64) {
 	var n atomic.Int64
-	sh := NewShared(SharedOptions{Trimmer: zmqx.NewTrimmer(func() { n.Add(1) })})
+	sh := NewResources(ResourcesOptions{Trimmer: zmqx.NewTrimmer(func() { n.Add(1) })})
 	t.Cleanup(sh.Trimmer().Wait)
 	return sh, &n
 }

@@ -222,8 +222,8 @@ func gapsInOneProcess(t *testing.T, monitored bool) {
 	e.cfg.Session.WatchConnection = monitored
 	if !monitored {
 		// Every optional monitor taken, as by unreachable publishers.
-		e.cfg.Shared = NewShared(SharedOptions{Counters: e.counters, MaxOptionalMonitors: 1})
-		e.cfg.Shared.monitors.Add(1)
+		e.cfg.Resources = NewResources(ResourcesOptions{Counters: e.counters, MaxOptionalMonitors: 1})
+		e.cfg.Resources.monitors.Add(1)
 	}
 	s := mustStart(t, e.cfg)
 	defer s.Stop()

@@ -160,7 +160,7 @@ func (c *session) openMonitor(seq uint64) error {
 
 // closeMonitor stops monitoring the SUB socket, closes the monitor's
 // socket and gives back its slot among the optional monitors; idempotent.
-func (c *session) closeMonitor(sh *Shared) {
+func (c *session) closeMonitor(sh *Resources) {
 	if c.monSlot {
 		c.monSlot = false
 		sh.giveMonitor()
@@ -199,7 +199,7 @@ func (c *session) followShare(s *Subscriber) {
 
 // closeSub closes the SUB socket (its queued messages are the receiver's
 // to drop first).
-func (c *session) closeSub(sh *Shared) {
+func (c *session) closeSub(sh *Resources) {
 	c.closeMonitor(sh)
 	if c.sub == nil {
 		return

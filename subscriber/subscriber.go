@@ -44,7 +44,7 @@ type Subscriber struct {
 	cfg      Config
 	typ      source.Type
 	tuning   Tuning
-	shared   *Shared
+	shared   *Resources
 	counters *Counters
 	// outcomes counts this source's rejected and ignored events by
 	// reason (EventCounts), beside the shared counters by source type.
@@ -108,25 +108,25 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	case typ != source.Mooncake && isNilSink(ix.Engine):
 		return nil, fmt.Errorf("start subscriber %s: engine source needs an index table", src.Key)
 	}
-	if cfg.Shared == nil {
-		cfg.Shared = NewShared(SharedOptions{})
+	if cfg.Resources == nil {
+		cfg.Resources = NewResources(ResourcesOptions{})
 	}
 	s := &Subscriber{
 		cfg:      cfg,
 		typ:      typ,
 		tuning:   cfg.Tuning.withDefaults(),
-		shared:   cfg.Shared,
-		counters: cfg.Shared.counters,
+		shared:   cfg.Resources,
+		counters: cfg.Resources.counters,
 		done:     make(chan struct{}),
 	}
 	s.log = cfg.Report.Logger.With().Str("service", src.Key).Str("type", typ.String()).Str("endpoint", src.Endpoint).Logger()
 	s.sampled = s.log.Sample(&zerolog.BurstSampler{Burst: 10, Period: time.Minute})
-	s.rx.batch.shared = cfg.Shared
+	s.rx.batch.shared = cfg.Resources
 	dec, err := events.New(events.Config{
 		Type: typ, Profile: ix.Profile, Context: ix.Context,
 		Engine: ix.Engine, Owner: ix.Owner, Lookup: ix.Lookup, Logger: s.log,
 		Check: cfg.Verify.HashCheck, Links: cfg.Verify.Links, LinkDefer: linkDefer(cfg.Verify),
-		Stats: cfg.Shared.events,
+		Stats: cfg.Resources.events,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start subscriber %s: %w", src.Key, err)

@@ -50,7 +50,7 @@ const (
 	TokenMemo Part = "token_memo"
 	// Receive is every source's receive path: libzmq's receive queues
 	// (C heap) and the batches a recovery holds
-	// (subscriber.SharedOptions.ReceiveBytes). 0 is unbounded.
+	// (subscriber.ResourcesOptions.ReceiveBytes). 0 is unbounded.
 	Receive Part = "receive"
 )
 

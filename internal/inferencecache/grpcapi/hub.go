@@ -170,13 +170,13 @@ func (h *hub) Changed(c index.Change) {
 	h.publish(&e)
 }
 
-// SourceChanged tells watchers that the ZMQ-fed source of instance's
+// ReplicaStateChanged tells watchers that the ZMQ-fed source of instance's
 // registration in context ctx changed state (connected, live, recovering,
 // stale): a REPLICA_UPDATED, as the spec has it for a source that
 // registers or changes state. The index cannot tell it, as the source's
 // state is not in the index; the service calls it from the source's
 // goroutine, and like every publish it never waits.
-func (s *Server) SourceChanged(ctx index.ContextKey, instance string) {
+func (s *Server) ReplicaStateChanged(ctx index.ContextKey, instance string) {
 	if ctx.Tenant == ProbeTenant || !s.hub.Watching() {
 		return
 	}

@@ -98,11 +98,11 @@ func TestPeerSnapshotOverBudgetRefused(t *testing.T) {
 
 // A snapshot's Mooncake bindings count toward its size against the budget.
 func TestSnapshotNeedCountsBindings(t *testing.T) {
-	snap := &snapshot.Snapshot{Contexts: []snapshot.Context{{Blocks: 10, Pairs: 10}}}
+	snap := &snapshot.Snapshot{Contexts: []snapshot.TableSection{{Blocks: 10, Pairs: 10}}}
 	bare := snapshotNeed(snap)
 	b := snapshot.Binding{Backend: "pool-a", Tenant: "default", Identity: "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + strings.Repeat("ab", 32),
 		Model: "test-model", BlockSize: 4, FullHash: strings.Repeat("ab", 32)}
-	snap.Sources = []snapshot.Source{{Key: "s", Bindings: []snapshot.Binding{b, b}}}
+	snap.Sources = []snapshot.StreamPosition{{Key: "s", Bindings: []snapshot.Binding{b, b}}}
 	if got, want := snapshotNeed(snap)-bare, 2*events.BindingBytes(events.Binding(b)); got != want || want <= 0 {
 		t.Fatalf("two bindings add %d bytes, want %d", got, want)
 	}

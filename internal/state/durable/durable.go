@@ -408,7 +408,7 @@ func (s *State) cut() *snapshot.Snapshot {
 			if !has[i] {
 				continue
 			}
-			snap.Sources = append(snap.Sources, snapshot.Source{
+			snap.Sources = append(snap.Sources, snapshot.StreamPosition{
 				Key: string(f.Service.Key()), Type: f.Service.Type.String(), Registration: fingerprint(&f.Service),
 				Seq: pos[i].Seq, HasSeq: pos[i].HasSeq, Stale: pos[i].Stale, Bindings: bindingsToFile(pos[i].Bindings),
 				Digest: pos[i].Digest, HasDigest: pos[i].HasDigest, CatchingUp: pos[i].CatchingUp,
@@ -429,7 +429,7 @@ func (s *State) cut() *snapshot.Snapshot {
 			// it (a restore needs a registration of the same profile).
 			continue
 		}
-		snap.Contexts = append(snap.Contexts, snapshot.Context{
+		snap.Contexts = append(snap.Contexts, snapshot.TableSection{
 			Context: tc.Context, Profile: prof,
 			Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs, Layouts: tc.Layouts,
 		})

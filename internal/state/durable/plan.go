@@ -12,7 +12,7 @@ import (
 // plan is a loaded snapshot waiting to be handed to the services that are
 // registered at start-up.
 type plan struct {
-	sources map[string]*snapshot.Source
+	sources map[string]*snapshot.StreamPosition
 	used    map[string]bool
 	// refused says why a registered source could not resume from its
 	// record, for the log.
@@ -43,7 +43,7 @@ type heldBlocks struct {
 }
 
 func newPlan(snap *snapshot.Snapshot) *plan {
-	p := &plan{sources: map[string]*snapshot.Source{}, used: map[string]bool{}, refused: map[string]string{},
+	p := &plan{sources: map[string]*snapshot.StreamPosition{}, used: map[string]bool{}, refused: map[string]string{},
 		contexts: map[index.ContextKey]*planContext{}, scopes: snap.Scopes, replicas: snap.Replicas, version: snap.Version}
 	for i := range snap.Sources {
 		src := &snap.Sources[i]
@@ -81,13 +81,13 @@ func newPlan(snap *snapshot.Snapshot) *plan {
 // position or a stale state, for engines a context recorded under the
 // same hash profile, and for standard-hash engines their engine-hash map.
 // A registered source it refuses is named in refused with the reason.
-func (p *plan) take(svc registry.Service) (*snapshot.Source, bool) {
+func (p *plan) take(svc registry.Service) (*snapshot.StreamPosition, bool) {
 	key := string(svc.Key())
 	src, ok := p.sources[key]
 	if !ok || p.used[key] || (!src.HasSeq && !src.Stale) {
 		return nil, false
 	}
-	refuse := func(why string) (*snapshot.Source, bool) {
+	refuse := func(why string) (*snapshot.StreamPosition, bool) {
 		p.refused[key] = why
 		return nil, false
 	}

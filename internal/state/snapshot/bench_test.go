@@ -41,9 +41,9 @@ func benchIndex(b *testing.B, pairs int, shared bool) (*index.Index, *index.Tabl
 
 // snapshotOf cuts ix into a Snapshot as the service would.
 func snapshotOf(ix *index.Index) *Snapshot {
-	s := &Snapshot{Created: time.Now(), Sources: []Source{{Key: "x", Type: "vLLM", Seq: 1, HasSeq: true}}}
+	s := &Snapshot{Created: time.Now(), Sources: []StreamPosition{{Key: "x", Type: "vLLM", Seq: 1, HasSeq: true}}}
 	for _, tc := range ix.BeginCut().Finish() {
-		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
+		s.Contexts = append(s.Contexts, TableSection{Context: tc.Context, Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs})
 	}
 	return s
 }

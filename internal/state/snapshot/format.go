@@ -64,8 +64,8 @@ type Snapshot struct {
 	Version uint32
 	// Created is when the cut was taken.
 	Created  time.Time
-	Sources  []Source
-	Contexts []Context
+	Sources  []StreamPosition
+	Contexts []TableSection
 	// Scopes and Replicas are the producer-fed side (gRPC producers):
 	// each scope's entries and token counts, and every producer replica's
 	// liveness and statistics.
@@ -118,8 +118,8 @@ type scopeMeta struct {
 	EntriesBytes int      `msgpack:"entries_bytes"`
 }
 
-// Source is one registered service's position in its stream at the cut.
-type Source struct {
+// StreamPosition is one registered service's position in its stream at the cut.
+type StreamPosition struct {
 	Key  string `msgpack:"key"`
 	Type string `msgpack:"type"`
 	// Registration fingerprints the registration the position belongs to
@@ -243,8 +243,8 @@ type Profile struct {
 	Seed string `msgpack:"seed,omitempty"`
 }
 
-// Context is one table's engine entries.
-type Context struct {
+// TableSection is one table's engine entries.
+type TableSection struct {
 	Context index.ContextKey
 	Profile Profile
 	// Owners and Entries are as index.TableCut defines them.
@@ -546,7 +546,7 @@ func Read(data []byte) (*Snapshot, error) {
 
 // readStdMaps decodes every source's std_map; keys of version 3 in an
 // older file are refused.
-func readStdMaps(srcs []Source, v uint32) error {
+func readStdMaps(srcs []StreamPosition, v uint32) error {
 	for i := range srcs {
 		src := &srcs[i]
 		if v < 3 && (src.HasStdMap || src.StdMapBin != nil || src.CatchingUp) {
@@ -621,14 +621,14 @@ func checkOwners[K comparable](owners []K, empty func(K) bool) error {
 	return nil
 }
 
-func readContext(payload []byte) (Context, error) {
-	var c Context
+func readContext(payload []byte) (TableSection, error) {
+	var c TableSection
 	var m contextMeta
 	entries, err := splitMeta(payload, &m)
 	if err != nil {
 		return c, err
 	}
-	c = Context{
+	c = TableSection{
 		Context: index.ContextKey{Tenant: m.Tenant, Model: m.Model, Lora: m.Lora, BlockSize: m.BlockSize},
 		Profile: m.Profile, Blocks: m.Blocks, Pairs: m.Pairs,
 		Owners:  make([]index.Owner, len(m.Owners)),

@@ -55,7 +55,7 @@ func sample(t testing.TB) *Snapshot {
 	s := &Snapshot{
 		Version: Version,
 		Created: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
-		Sources: []Source{
+		Sources: []StreamPosition{
 			{Key: "a|default|0", Type: "vLLM", Seq: 41, HasSeq: true, Digest: 0x9e3779b97f4a7c15, HasDigest: true},
 			{Key: "a|default|1", Type: "vLLM", Seq: 7, HasSeq: true, Stale: true},
 			{Key: "b|t|0", Type: "SGLang"},
@@ -91,7 +91,7 @@ func sample(t testing.TB) *Snapshot {
 			s.Scopes = append(s.Scopes, sc)
 			continue
 		}
-		s.Contexts = append(s.Contexts, Context{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs, Layouts: tc.Layouts})
+		s.Contexts = append(s.Contexts, TableSection{Context: tc.Context, Profile: profiles[tc.Context], Owners: tc.Owners, Entries: tc.Entries, Blocks: tc.Blocks, Pairs: tc.Pairs, Layouts: tc.Layouts})
 	}
 	s.Replicas = []Replica{
 		{Tenant: "acme", Model: "m", Replica: "r0", SilentNanos: int64(3 * time.Second), HasStats: true, StatsAgeNanos: int64(time.Minute),
@@ -263,9 +263,9 @@ func TestVersion2StillRead(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	for name, change := range map[string]func(*Source){
-		"std_map":     func(s *Source) { s.HasStdMap = true },
-		"catching_up": func(s *Source) { s.CatchingUp = true },
+	for name, change := range map[string]func(*StreamPosition){
+		"std_map":     func(s *StreamPosition) { s.HasStdMap = true },
+		"catching_up": func(s *StreamPosition) { s.CatchingUp = true },
 	} {
 		s := olderSample(t, 2)
 		change(&s.Sources[0])

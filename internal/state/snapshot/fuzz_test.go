@@ -14,7 +14,7 @@ import (
 // decode to a snapshot that writes back to a file reading the same; never a
 // panic, never a half-read result.
 func FuzzRead(f *testing.F) {
-	small := &Snapshot{Sources: []Source{{Key: "a|default|0", Type: "vLLM", Seq: 3, HasSeq: true}}, Contexts: []Context{{
+	small := &Snapshot{Sources: []StreamPosition{{Key: "a|default|0", Type: "vLLM", Seq: 3, HasSeq: true}}, Contexts: []TableSection{{
 		Owners: []index.Owner{{Instance: "a"}}, Entries: []byte{1, 0, 0, 0, 0, 0, 0, 0, 1, 1}, Blocks: 1, Pairs: 1}}}
 	var seed bytes.Buffer
 	if err := Write(&seed, small); err != nil {

@@ -23,14 +23,14 @@ import (
 // point it cannot know.
 const MaxOptionalMonitors = 1024
 
-// Shared is what every subscriber of a process shares: the counters the
+// Resources is what every subscriber of a process shares: the counters the
 // metrics export, the receive part of the memory budget, the budget of
 // optional connection monitors (what it
 // rations, libzmq's socket limit, counts every socket of the process), the
 // free list of C receive batches, and the C heap trimmer. The app creates
 // one and passes it to every Start; its methods are safe for concurrent
 // use.
-type Shared struct {
+type Resources struct {
 	counters *Counters
 	events   *events.Stats
 	trim     *zmqx.Trimmer
@@ -41,8 +41,8 @@ type Shared struct {
 	receive     *receiveShare
 }
 
-// SharedOptions configure NewShared; zero fields take defaults.
-type SharedOptions struct {
+// ResourcesOptions configure NewResources; zero fields take defaults.
+type ResourcesOptions struct {
 	Counters *Counters     // nil: NewCounters()
 	Events   *events.Stats // the decoders' process-wide figures; nil: a new set
 	Trimmer  *zmqx.Trimmer // nil: one trimming the C heap
@@ -55,8 +55,8 @@ type SharedOptions struct {
 	ReceiveBytes int64
 }
 
-// NewShared returns the state the process's subscribers share.
-func NewShared(o SharedOptions) *Shared {
+// NewResources returns the state the process's subscribers share.
+func NewResources(o ResourcesOptions) *Resources {
 	if o.Counters == nil {
 		o.Counters = NewCounters()
 	}
@@ -69,32 +69,32 @@ func NewShared(o SharedOptions) *Shared {
 	if o.MaxOptionalMonitors <= 0 {
 		o.MaxOptionalMonitors = MaxOptionalMonitors
 	}
-	return &Shared{counters: o.Counters, events: o.Events, trim: o.Trimmer, maxMonitors: int32(o.MaxOptionalMonitors),
+	return &Resources{counters: o.Counters, events: o.Events, trim: o.Trimmer, maxMonitors: int32(o.MaxOptionalMonitors),
 		receive: newReceiveShare(o.ReceiveBytes)}
 }
 
 // ReceiveHeld is what the recoveries of every source hold now, in payload
 // bytes: the part of the receive path this process can read (libzmq's
 // queues it cannot), as of each recovery's last step.
-func (sh *Shared) ReceiveHeld() int64 { return sh.receive.held.Load() }
+func (sh *Resources) ReceiveHeld() int64 { return sh.receive.held.Load() }
 
 // ReceiveLimits are the bounds one of n running sources gets under the
 // receive part, and whether the part bounds them at all.
-func (sh *Shared) ReceiveLimits() (ReceiveLimits, bool) {
+func (sh *Resources) ReceiveLimits() (ReceiveLimits, bool) {
 	return sh.receive.limits(), sh.receive.bounded()
 }
 
 // Counters are the ingest counters every subscriber adds to.
-func (sh *Shared) Counters() *Counters { return sh.counters }
+func (sh *Resources) Counters() *Counters { return sh.counters }
 
 // Events are the decoders' figures summed over every source.
-func (sh *Shared) Events() *events.Stats { return sh.events }
+func (sh *Resources) Events() *events.Stats { return sh.events }
 
 // Trimmer is the C heap trimmer the receivers ask after a backlog drained.
-func (sh *Shared) Trimmer() *zmqx.Trimmer { return sh.trim }
+func (sh *Resources) Trimmer() *zmqx.Trimmer { return sh.trim }
 
 // takeMonitor takes a slot among the optional monitors, if one is free.
-func (sh *Shared) takeMonitor() bool {
+func (sh *Resources) takeMonitor() bool {
 	if sh.monitors.Add(1) <= sh.maxMonitors {
 		return true
 	}
@@ -102,8 +102,8 @@ func (sh *Shared) takeMonitor() bool {
 	return false
 }
 
-func (sh *Shared) giveMonitor() { sh.monitors.Add(-1) }
+func (sh *Resources) giveMonitor() { sh.monitors.Add(-1) }
 
 // Close frees the idle C receive batches; call it after every subscriber
 // using sh has stopped.
-func (sh *Shared) Close() { sh.batches.close() }
+func (sh *Resources) Close() { sh.batches.close() }
