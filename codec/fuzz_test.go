@@ -2,13 +2,13 @@ package codec
 
 import (
 	"bytes"
-	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"reflect"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -94,8 +94,12 @@ func FuzzDecodeRequests(f *testing.F) {
 		// The token memo, shared across inputs so that it learns from the
 		// corpus, changes nothing a caller can see.
 		var mq QueryRequest
-		checkSameQuery(t, e, &q, DecodeQueryMemo(fuzzTokenMemo, body, lim, &mq), &mq)
-		RememberTokens(fuzzTokenMemo, &mq)
+		var ms tokenmemo.Session
+		ms.Begin(&fuzzTokenMemo)
+		checkSameQuery(t, e, &q, DecodeQueryHook(body, lim, &mq, &ms), &mq)
+		if ms.Teach() {
+			mq.DetachTokens()
+		}
 		// A body our validator accepts must decode with vmihailenco too
 		// structurally, consuming the whole body.
 		if msgp.Validate(body) == nil {
@@ -107,7 +111,25 @@ func FuzzDecodeRequests(f *testing.F) {
 	})
 }
 
-var fuzzTokenMemo = tokenmemo.New(4 << 20)
+// fuzzTokenMemo is the HTTP door's use of a token memo (server.New).
+var fuzzTokenMemo = tokenmemo.Door{Memo: tokenmemo.New(4 << 20), Format: tokenmemo.MsgPack, Own: true}
+
+// checkSameQuery asserts that two decodes of one body agree: the same error,
+// or the same request.
+func checkSameQuery(t interface {
+	Helper()
+	Fatalf(string, ...any)
+}, wantErr *Error, want *QueryRequest, gotErr *Error, got *QueryRequest) {
+	t.Helper()
+	if diff := cmp.Diff(wantErr, gotErr); diff != "" {
+		t.Fatalf("error differs with the token memo (-plain +memo):\n%s", diff)
+	}
+	if wantErr == nil {
+		if diff := cmp.Diff(*want, *got, cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(QueryRequest{})); diff != "" {
+			t.Fatalf("request differs with the token memo (-plain +memo):\n%s", diff)
+		}
+	}
+}
 
 // checkOnePass asserts that DecodeQuery, which reads a body in one checked
 // pass, answers exactly what validating the whole body and then reading it
@@ -117,7 +139,7 @@ func checkOnePass(t *testing.T, body []byte, got *Error, q *QueryRequest) {
 	var want QueryRequest
 	c, n, e := open(body)
 	if e == nil {
-		e = decodeQuery(c, n, DefaultLimits(), &want)
+		_, e = decodeQuery(c, n, DefaultLimits(), &want, nil)
 	}
 	// reflect.DeepEqual first: the tests call this for every cut and
 	// corruption of a body, and go-cmp's reflection with options costs
