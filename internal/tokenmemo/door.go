@@ -112,7 +112,7 @@ func (s *Session) KnownTokens(elems []byte, n int) (ids []int32, size, stride in
 		return nil, 0, stride
 	}
 	s.k, s.off, s.reused = k, off, best.Ends(d.Format)[:k/Chunk]
-	s.lent = k == n || off == len(elems) && d.Format == Varint
+	s.lent = k == n
 	// The entry is immutable: its ids are lent capped, so an append copies.
 	return best.Tokens()[:k:k], off, stride
 }

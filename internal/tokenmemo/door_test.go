@@ -244,6 +244,35 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 	step(turn2, compact, 0, 2500)
 }
 
+// FuzzDoorDecodeQuery: a /query body read through the door wrapper (the
+// token memo shared across inputs, so that it learns from the corpus, and
+// taught every accepted body) decodes exactly as it does without it, the
+// first time and again once the memo may hold it: the same request or the
+// same error.
+func FuzzDoorDecodeQuery(f *testing.F) {
+	toks := make([]int32, 1000)
+	for i := range toks {
+		toks[i] = int32(i*7919%150000 - 16)
+	}
+	for _, n := range []int{300, 1000} {
+		for at := range 3 {
+			f.Add(queryBody(toks[:n], at, func(i int) int { return i % 3 }))
+		}
+	}
+	f.Add(tokenBody(600, false))
+	f.Add(tokenBody(600, true))
+	m := tokenmemo.New(4 << 20)
+	var mq memoQuery
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var q codec.QueryRequest
+		e := codec.DecodeQuery(body, codec.DefaultLimits(), &q)
+		for range 2 {
+			checkSameQuery(t, e, &q, decodeMemo(m, body, codec.DefaultLimits(), &mq), &mq.QueryRequest)
+			remember(&mq)
+		}
+	})
+}
+
 // TestTokenMemoEntriesStayIntact: a request answered with a remembered
 // array, or whose buffer the memo took, must not write into it when the
 // same QueryRequest decodes the next body.
