@@ -64,6 +64,7 @@ type Session struct {
 	lreused  []uint32
 	ldecEnds []uint32
 	lk, loff int
+	lchecked bool
 	ends     []uint32 // the whole array's chunk ends, made by Teach
 }
 
@@ -126,16 +127,20 @@ func (s *Session) TokenChunkEnd(off int) {
 }
 
 // TokensAccepted is Accepted(elems, tokens, true): the whole MessagePack
-// body was accepted.
+// body was accepted, and every int32 is a MessagePack id.
 func (s *Session) TokensAccepted(elems []byte, tokens []int32) { s.Accepted(elems, tokens, true) }
 
 // Accepted tells the session that the array KnownTokens was last asked
 // about is exactly elems and decoded to tokens: the memo counts its ids
-// copied and decoded, and, when learn allows it and a chunk or more was
-// decoded, the session keeps it for Teach (the request's first such array
-// only). elems and tokens must stay intact until Teach, except elems on a
-// Transient door, which are copied.
-func (s *Session) Accepted(elems []byte, tokens []int32, learn bool) {
+// copied and decoded, and, when a chunk or more was decoded, the session
+// keeps it for Teach (the request's first such array only). checked says
+// every id is known to be one the door's format gives the memo as it is:
+// a varint door's ids, which arrive as uint32 and are handed over as the
+// same bits in int32s, are checked by Teach otherwise (an id over
+// MaxInt32 is answered by no lookup, so the array is not learned). elems
+// and tokens must stay intact until Teach, except elems on a Transient
+// door, which are copied.
+func (s *Session) Accepted(elems []byte, tokens []int32, checked bool) {
 	if !s.consulted {
 		return
 	}
@@ -143,10 +148,10 @@ func (s *Session) Accepted(elems []byte, tokens []int32, learn bool) {
 	d := s.door
 	decoded := len(tokens) - s.k
 	d.Memo.Count(uint64(s.k), uint64(decoded))
-	if !learn || s.pending || decoded < Chunk {
+	if s.pending || decoded < Chunk {
 		return
 	}
-	s.pending, s.toks, s.lk, s.loff, s.lreused = true, tokens, s.k, s.off, s.reused
+	s.pending, s.toks, s.lk, s.loff, s.lreused, s.lchecked = true, tokens, s.k, s.off, s.reused, checked
 	s.fps, s.lfps = s.lfps, s.fps
 	s.decEnds, s.ldecEnds = s.ldecEnds, s.decEnds
 	if d.Transient {
@@ -169,6 +174,10 @@ func (s *Session) Teach() (took bool) {
 		return false
 	}
 	d := s.door
+	if d.Format == Varint && !s.lchecked && hasNegative(s.toks) {
+		s.Forget()
+		return false
+	}
 	s.ends = append(s.ends[:0], s.lreused...)
 	if d.Format == Varint {
 		s.ends = appendVarintChunkEnds(s.ends, s.raw, s.loff, s.lk)
@@ -199,6 +208,16 @@ func (s *Session) Forget() {
 	if 4*cap(s.ldecEnds) > maxPooledBytes {
 		s.ldecEnds = nil
 	}
+}
+
+// hasNegative reports whether any id is negative: for a varint door, an id
+// over MaxInt32 seen as an int32. It ORs the ids, a branch-free pass.
+func hasNegative(ids []int32) bool {
+	var or int32
+	for _, v := range ids {
+		or |= v
+	}
+	return or < 0
 }
 
 // appendVarintChunkEnds appends to ends the offset just past every

@@ -407,7 +407,7 @@ func decodeRun(s *tokenmemo.Session, dst []uint32, run []byte) (out []uint32, le
 	known, size, _ := s.KnownTokens(run, math.MaxInt)
 	base := len(dst)
 	if size == len(run) && size > 0 { // the whole run was remembered
-		s.Accepted(run, known, false)
+		s.Accepted(run, known, true)
 		ids := uint32s(known)
 		if base == 0 {
 			// The entry is immutable and the request only reads its
@@ -422,10 +422,9 @@ func decodeRun(s *tokenmemo.Session, dst []uint32, run []byte) (out []uint32, le
 	if dst, narrow, ok = appendCounted(dst, run[size:], rest); !ok {
 		return dst, false, false, false
 	}
-	// A run with an id over MaxInt32 is not learned: no lookup answers
-	// it, and the memo's ids are int32s, the query engine's tokens.
-	toks := dst[base:len(dst):len(dst)]
-	s.Accepted(run, int32s(toks), narrow || fitInt32(toks))
+	// Ids that took three bytes or fewer fit an int32; otherwise the
+	// session checks them before learning the run (Session.Accepted).
+	s.Accepted(run, int32s(dst[base:len(dst):len(dst)]), narrow)
 	return dst, false, narrow, true
 }
 
