@@ -250,17 +250,19 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 // first time and again once the memo may hold it: the same request or the
 // same error.
 func FuzzDoorDecodeQuery(f *testing.F) {
-	toks := make([]int32, 1000)
+	// Seeds just over the memo's threshold, mostly one byte an id: the
+	// fuzzer minimizes each input it finds interesting, which for bodies
+	// of kilobytes took longer than a whole fuzzing run.
+	toks := make([]int32, 2*tokenmemo.MemoMinTokens)
 	for i := range toks {
-		toks[i] = int32(i*7919%150000 - 16)
+		toks[i] = int32(i*37%160 - 32)
 	}
-	for _, n := range []int{300, 1000} {
-		for at := range 3 {
-			f.Add(queryBody(toks[:n], at, func(i int) int { return i % 3 }))
-		}
+	n := tokenmemo.MemoMinTokens + 8
+	for at := range 3 {
+		f.Add(queryBody(toks[:n], at, func(int) int { return 0 }))
 	}
-	f.Add(tokenBody(600, false))
-	f.Add(tokenBody(600, true))
+	f.Add(queryBody(toks[:n+tokenmemo.Chunk], 1, func(i int) int { return map[bool]int{true: 1}[i == 7] }))
+	f.Add(queryBody(toks[:n-1], 2, func(int) int { return 0 }))
 	m := tokenmemo.New(4 << 20)
 	var mq memoQuery
 	f.Fuzz(func(t *testing.T, body []byte) {
