@@ -544,3 +544,78 @@ func TestTokenMemoKeepsPromptsThatShareTheirOpening(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionVarintTeach: on a varint door (the gRPC one) a run is learned
+// only when taught, once per request (the first run worth it), and never
+// when an id it did not check is over MaxInt32 (an int32 below zero); its
+// chunk ends, found again from the bytes, let a later run sharing half of
+// it copy that half.
+func TestSessionVarintTeach(t *testing.T) {
+	pack := func(ids []uint32) []byte {
+		var b []byte
+		for _, v := range ids {
+			b = binary.AppendUvarint(b, uint64(v))
+		}
+		return b
+	}
+	ids := make([]uint32, 4*tokenmemo.Chunk)
+	for i := range ids {
+		ids[i] = uint32(1<<14 + i*7919%(1<<20))
+	}
+	// decode runs the gRPC door's steps on a run: look up, decode the rest
+	// (here: take ids), tell the session.
+	decode := func(s *tokenmemo.Session, run []byte, ids []uint32, checked bool) int {
+		known, _, _ := s.KnownTokens(run, math.MaxInt)
+		toks := make([]int32, len(ids))
+		for i, v := range ids {
+			toks[i] = int32(v)
+		}
+		s.Accepted(run, toks, checked)
+		return len(known)
+	}
+	for _, tc := range []struct {
+		name      string
+		big       bool // one id over MaxInt32
+		checked   bool
+		teach     bool
+		wantBytes bool
+	}{
+		{"taught", false, false, true, true},
+		{"taught, checked", false, true, true, true},
+		{"not taught", false, false, false, false},
+		{"an id over MaxInt32", true, false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tokenmemo.New(1 << 20)
+			door := tokenmemo.Door{Memo: m, Format: tokenmemo.Varint, Transient: true}
+			run := slices.Clone(ids)
+			if tc.big {
+				run[len(run)/2+1] = 1 << 31
+			}
+			packed := pack(run)
+			var s tokenmemo.Session
+			s.Begin(&door)
+			decode(&s, packed, run, tc.checked)
+			// A second run of the request is not the one learned.
+			decode(&s, pack(ids[:2*tokenmemo.Chunk]), ids[:2*tokenmemo.Chunk], true)
+			clear(packed) // the transport reuses its buffer: the session copied the run
+			if tc.teach {
+				s.Teach()
+			}
+			s.Forget()
+			if got := m.Bytes() > 0; got != tc.wantBytes {
+				t.Fatalf("memo holds %d bytes, want some: %v", m.Bytes(), tc.wantBytes)
+			}
+			if !tc.wantBytes {
+				return
+			}
+			half := slices.Clone(run)
+			half[3*tokenmemo.Chunk] = 5
+			s.Begin(&door)
+			if k := decode(&s, pack(half), half, true); k != 3*tokenmemo.Chunk {
+				t.Errorf("a run sharing its first three chunks copied %d ids, want %d", k, 3*tokenmemo.Chunk)
+			}
+			s.Forget()
+		})
+	}
+}
