@@ -597,7 +597,7 @@ var bodyPool = sync.Pool{New: func() any { return new(queryBody) }}
 // lookupBody answers a /query body into res: decode (through the token
 // memo, whose door wrapper supplies the ids it knows), one engine call,
 // and then, when the body's context exists, the memo learns the array
-// (docs/architecture.md, "/query"). A query for a context nobody
+// (docs/architecture.md, "The gRPC door"). A query for a context nobody
 // registered leaves both memos as they were.
 func (s *Server) lookupBody(body []byte, res *query.Result) error {
 	b := bodyPool.Get().(*queryBody)

@@ -9,7 +9,7 @@ import (
 
 // Door is how one door uses the memo: the format its token arrays arrive
 // in and what the door lets the memo keep. It is the one place a door
-// consults and teaches the memo (docs/architecture.md, "Token memo"): the
+// consults and teaches the memo (docs/architecture.md, "The gRPC door"): the
 // decoders only take ids they are told are known (codec.TokenHook), and
 // the query engine never sees the memo. A Door with a nil Memo is a memo
 // turned off: every array is decoded in full and nothing is learned.

@@ -31,7 +31,7 @@ import (
 //
 // token_ids runs are read through the token memo's door wrapper
 // (tokenmemo.Door, in the memo's Varint format; docs/architecture.md,
-// "Token memo"): a varint ends at its first byte below 0x80, so equal
+// "The gRPC door"): a varint ends at its first byte below 0x80, so equal
 // packed bytes are equal ids, and a lookup repeating a prefix seen on
 // either door (a system prompt, the previous turn) copies those ids
 // instead of decoding them. The transport reuses the message's buffer once
