@@ -45,6 +45,15 @@ func TestLayering(t *testing.T) {
 			},
 		},
 		{
+			// The token memo lives at the doors, behind one wrapper
+			// (tokenmemo.Door): the codec decodes (its TokenHook takes ids
+			// it is told are known) and the engine answers; neither
+			// consults, teaches or holds it (issue 42, docs/architecture.md).
+			name: "the token memo stays at the doors", dirs: []string{"codec", "internal/query"},
+			withTests: true, minFiles: 10,
+			forbidden: func(p string) bool { return strings.HasSuffix(p, "/internal/tokenmemo") },
+		},
+		{
 			// The durable state and the decoders are stages the subscriber
 			// calls; neither, nor the values they share with it
 			// (internal/streampos), imports the subscriber.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/registration"
-	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -100,9 +99,9 @@ func DecodeUnregister(body []byte, lim Limits) (UnregisterRequest, *Error) {
 
 // QueryRequest is a validated /query body. Its strings are views into the
 // request body and are valid only while the body is; Tokens is read-only
-// (it may be a TokenMemo's remembered array) and valid until the next
-// decode into the same QueryRequest. Buffers are reused across requests, so
-// a pooled QueryRequest decodes without allocating once they have grown.
+// (it may be ids a TokenHook supplied) and valid until the next decode into
+// the same QueryRequest. Buffers are reused across requests, so a pooled
+// QueryRequest decodes without allocating once they have grown.
 type QueryRequest struct {
 	Model      string
 	LoraName   string
@@ -112,12 +111,41 @@ type QueryRequest struct {
 	BlockSize  int
 	Tokens     []int32
 
-	buf    []int32  // the token buffer this request owns
-	ends   []uint32 // chunk ends of the array, for the token memo
-	fps    []uint64 // fingerprints of the array, for the token memo
-	memo   *tokenmemo.Memo
-	learn  memoLearn
-	packed []byte // the array's bytes in the body, for RememberTokens
+	buf []int32 // the token buffer this request owns
+}
+
+// DetachTokens gives Tokens' buffer away: the caller may keep Tokens for
+// good, and the next decode into q gets a new buffer. (The token memo's
+// door wrapper takes a learned array this way instead of copying it.)
+func (q *QueryRequest) DetachTokens() {
+	if len(q.Tokens) > 0 && len(q.buf) > 0 && &q.buf[0] == &q.Tokens[0] {
+		q.buf = nil
+	}
+}
+
+// A TokenHook takes part in decoding a MessagePack token_ids array
+// (DecodeQueryHook): it may supply ids already known for the array's
+// leading bytes, and it is shown the array once the whole body is
+// accepted. The token memo's door wrapper (internal/tokenmemo, Session) is
+// the one hook; the codec keeps nothing of it past the call. A binary
+// token_ids is never shown to it.
+type TokenHook interface {
+	// KnownTokens is called once the array's header is read: elems is the
+	// body from the array's first element on (the array and whatever
+	// follows it), n its number of elements. It returns ids known to be
+	// exactly what elems[:size] decodes to (none: nil and 0), which are
+	// copied, or, when they are all n, become Tokens themselves; the rest
+	// is decoded and checked as usual. stride > 0 asks for TokenChunkEnd
+	// after every stride-th id decoded. A body decoded twice (a malformed
+	// one, see DecodeQuery) calls it twice.
+	KnownTokens(elems []byte, n int) (ids []int32, size, stride int)
+	// TokenChunkEnd is the offset in elems just past id k·stride−1, for
+	// each such id decoded rather than supplied, in order.
+	TokenChunkEnd(off int)
+	// TokensAccepted is called once the whole body is accepted: elems is
+	// the array's elements exactly and tokens what they decode to
+	// (q.Tokens).
+	TokensAccepted(elems []byte, tokens []int32)
 }
 
 // The members /query and /query_by_hash share, as fieldSet bits; each
@@ -185,87 +213,107 @@ const qTokenIDs = ctxMembers
 // exactly those of validate-then-read: a malformed body is invalid_msgpack
 // even when an earlier field also has a schema error.
 func DecodeQuery(body []byte, lim Limits, q *QueryRequest) *Error {
-	return DecodeQueryMemo(nil, body, lim, q)
+	return DecodeQueryHook(body, lim, q, nil)
 }
 
-func decodeQueryBody(body []byte, lim Limits, q *QueryRequest) *Error {
+// DecodeQueryHook is DecodeQuery with a MessagePack token_ids array read
+// through h (nil: none): the result, and the error for a malformed body,
+// are the same, since MessagePack values delimit themselves (equal bytes
+// are equal ids) and the ids h supplies were validated when first decoded.
+func DecodeQueryHook(body []byte, lim Limits, q *QueryRequest, h TokenHook) *Error {
+	arr, e := decodeQueryBody(body, lim, q, h)
+	if e == nil && h != nil && arr.elems {
+		h.TokensAccepted(body[arr.start:arr.end], q.Tokens)
+	}
+	return e
+}
+
+// tokenSpan is where a body's token_ids array lies in it: elems says it is
+// a MessagePack array (not a binary), start and end bound its elements.
+type tokenSpan struct {
+	elems      bool
+	start, end int
+}
+
+func decodeQueryBody(body []byte, lim Limits, q *QueryRequest, h TokenHook) (tokenSpan, *Error) {
 	if c, n, e := openChecked(body); e == nil {
-		if e = decodeQuery(c, n, lim, q); e == nil {
-			return nil
+		if arr, e := decodeQuery(c, n, lim, q, h); e == nil {
+			return arr, nil
 		}
 	}
 	c, n, e := open(body)
 	if e != nil {
-		return e
+		return tokenSpan{}, e
 	}
-	return decodeQuery(c, n, lim, q)
+	return decodeQuery(c, n, lim, q, h)
 }
 
-func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest) *Error {
-	*q = QueryRequest{buf: q.buf, ends: q.ends[:0], fps: q.fps[:0], memo: q.memo}
+func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest, h TokenHook) (arr tokenSpan, _ *Error) {
+	*q = QueryRequest{buf: q.buf}
 	members := contextMembers{&q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize}
 	var seen fieldSet
 	for i := 0; i < n; i++ {
 		if e := c.ahead(); e != nil {
-			return e
+			return arr, e
 		}
 		k, e := c.key("")
 		if e != nil {
-			return e
+			return arr, e
 		}
 		if string(k) != "token_ids" { // checks its own bounds
 			if e := c.ahead(); e != nil {
-				return e
+				return arr, e
 			}
 		}
 		if shared, e := members.decode(&c, k, &seen, lim); shared {
 			if e != nil {
-				return e
+				return arr, e
 			}
 			continue
 		}
 		if string(k) != "token_ids" {
-			return Errorf(UnknownField, string(k), "unknown field %q", string(k))
+			return arr, Errorf(UnknownField, string(k), "unknown field %q", string(k))
 		}
 		if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
-			e = decodeTokens(&c, lim, q)
+			arr, e = decodeTokens(&c, lim, q, h)
 		}
 		if e != nil {
-			return e
+			return arr, e
 		}
 	}
 	if c.Checked && c.Remaining() != 0 {
-		return errUnchecked // trailing bytes
+		return arr, errUnchecked // trailing bytes
 	}
 	switch {
 	case !seen.has(ctxModel):
-		return Errorf(Missing, "model", "model is required")
+		return arr, Errorf(Missing, "model", "model is required")
 	case !seen.has(ctxBlockSize):
-		return Errorf(Missing, "block_size", "block_size is required")
+		return arr, Errorf(Missing, "block_size", "block_size is required")
 	case !seen.has(qTokenIDs):
-		return Errorf(Missing, "token_ids", "token_ids is required")
+		return arr, Errorf(Missing, "token_ids", "token_ids is required")
 	case q.Model == "":
-		return Errorf(InvalidValue, "model", "model must not be empty")
+		return arr, Errorf(InvalidValue, "model", "model must not be empty")
 	}
 	if q.TenantID == "" {
 		q.TenantID = DefaultTenant
 	}
-	return nil
+	return arr, nil
 }
 
 // decodeTokens reads token_ids, an array of int32-range integers or a bin
-// of little-endian int32 values, into q.Tokens. On a checked cursor it
-// validates what it reads itself: the array header, the run's bounds, and
-// each element the run leaves to the general path. With a token memo, a
-// long array's remembered prefix is copied and only the rest is decoded.
-func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
+// of little-endian int32 values, into q.Tokens, and reports where an
+// array's elements lie. On a checked cursor it validates what it reads
+// itself: the array header, the run's bounds, and each element the run
+// leaves to the general path. With a hook, an array's leading ids the hook
+// knows are copied and only the rest is decoded.
+func decodeTokens(c *cursor, lim Limits, q *QueryRequest, h TokenHook) (tokenSpan, *Error) {
 	const field = "token_ids"
 	if c.Checked {
 		if k, n, _, err := c.PeekHeader(); err != nil || k == msgp.Array && n > uint64(c.Remaining()) {
-			return errUnchecked
+			return tokenSpan{}, errUnchecked
 		} else if k != msgp.Array {
 			if e := c.ahead(); e != nil {
-				return e
+				return tokenSpan{}, e
 			}
 		}
 	}
@@ -273,72 +321,65 @@ func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 	case msgp.Array:
 		n, err := c.ArrayLen()
 		if err != nil {
-			return errUnchecked
+			return tokenSpan{}, errUnchecked
 		}
 		if n > lim.MaxTokens {
-			return Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
+			return tokenSpan{}, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
 		}
-		start, from := c.Pos(), 0
-		body := c.Bytes()
+		start, from, stride := c.Pos(), 0, 0
 		dst := grow(q.buf, n)
 		q.buf, q.Tokens = dst, dst
-		learn := q.memo != nil && n >= memoMinTokens
-		if learn {
-			// An element takes at most 9 bytes: the spans fingerprinted
-			// are those the array could reach.
-			q.fps = tokenmemo.Fingerprints(tokenmemo.MsgPack, body[start:], 9*n, q.fps)
-			q.learn = memoLearn{start: start, fps: len(q.fps)}
-			if e, k, off := q.memo.Match(tokenmemo.MsgPack, body[start:], n, q.fps); k == n {
-				q.Tokens = e.Tokens()[:n:n]
-				c.SetPos(start + off)
-				q.learn.end, q.learn.reused = c.Pos(), n
-				return nil
-			} else if k > 0 {
-				copy(dst, e.Tokens()[:k])
-				q.ends = append(q.ends, e.Ends(tokenmemo.MsgPack)[:k/memoChunk]...)
-				c.SetPos(start + off)
-				from, q.learn.reused = k, k
+		if h != nil {
+			var known []int32
+			var size int
+			known, size, stride = h.KnownTokens(c.Bytes()[start:], n)
+			if len(known) == n {
+				q.Tokens = known[:n:n]
+				c.SetPos(start + size)
+				return tokenSpan{true, start, c.Pos()}, nil
+			} else if len(known) > 0 {
+				from = copy(dst, known)
+				c.SetPos(start + size)
 			}
 		}
 		for i := from; i < n; {
 			stop := n
-			if learn {
-				stop = min(n, (i/memoChunk+1)*memoChunk)
+			if stride > 0 {
+				stop = min(n, (i/stride+1)*stride)
 			}
 			if i = c.TokenRun(dst[:stop], i); i < stop {
 				// An element the run could not take: a rare format (negative,
 				// int8/16, 64-bit), a value out of range, a wrong type, or one
 				// of the last few elements of the body.
 				if e := c.ahead(); e != nil {
-					return e
+					return tokenSpan{}, e
 				}
 				if k := c.Kind(); k != msgp.Int {
-					return elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
+					return tokenSpan{}, elemErrorf(InvalidType, field, i, "token_ids[%d] must be an integer, got %s", i, k)
 				}
 				v, ok := msgp.Int64Range(c.int())
 				if !ok || v < math.MinInt32 || v > math.MaxInt32 {
-					return elemErrorf(OutOfRange, field, i, "token_ids[%d] is outside the int32 range", i)
+					return tokenSpan{}, elemErrorf(OutOfRange, field, i, "token_ids[%d] is outside the int32 range", i)
 				}
 				dst[i] = int32(v)
 				i++
 			}
-			if learn && i == stop && i%memoChunk == 0 {
-				q.ends = append(q.ends, uint32(c.Pos()-start))
+			if stride > 0 && i == stop && i%stride == 0 {
+				h.TokenChunkEnd(c.Pos() - start)
 			}
 		}
-		q.learn.end = c.Pos()
-		return nil
+		return tokenSpan{true, start, c.Pos()}, nil
 	case msgp.Bin:
 		b, err := c.Str()
 		if err != nil {
-			return errUnchecked
+			return tokenSpan{}, errUnchecked
 		}
 		if len(b)%4 != 0 {
-			return Errorf(InvalidValue, field, "binary token_ids must be a multiple of 4 bytes, got %d", len(b))
+			return tokenSpan{}, Errorf(InvalidValue, field, "binary token_ids must be a multiple of 4 bytes, got %d", len(b))
 		}
 		n := len(b) / 4
 		if n > lim.MaxTokens {
-			return Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
+			return tokenSpan{}, Errorf(OutOfRange, field, "token_ids has %d tokens, the limit is %d", n, lim.MaxTokens)
 		}
 		dst := grow(q.buf, n)
 		q.buf, q.Tokens = dst, dst
@@ -346,14 +387,14 @@ func decodeTokens(c *cursor, lim Limits, q *QueryRequest) *Error {
 			// The wire's layout is the host's: one copy instead of a
 			// conversion per element (BENCHMARKS.md, the request floor).
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*n), b)
-			return nil
+			return tokenSpan{}, nil
 		}
 		for i := range dst {
 			dst[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
 		}
-		return nil
+		return tokenSpan{}, nil
 	default:
-		return Errorf(InvalidType, field, "token_ids must be an array of integers or a binary of little-endian int32, got %s", k)
+		return tokenSpan{}, Errorf(InvalidType, field, "token_ids must be an array of integers or a binary of little-endian int32, got %s", k)
 	}
 }
 

@@ -93,7 +93,10 @@ type Server struct {
 	opts  Options
 	token bearer.Token
 	query *query.Engine
-	fs    *fasthttp.Server
+	// memo is the door's use of the token memo (Options.TokenMemo): /query
+	// bodies' MessagePack token arrays, whose ids the memo may take.
+	memo tokenmemo.Door
+	fs   *fasthttp.Server
 	// lingering is the open connections, for the one that must linger
 	// after a 413 (linger.go).
 	lingering lingerSet
@@ -126,6 +129,7 @@ func New(opts Options) *Server {
 		opts.Engine = query.New(query.Options{Contexts: opts.Contexts, MaxTokens: opts.Limits.MaxTokens})
 	}
 	s := &Server{opts: opts, token: bearer.New(opts.AuthToken), query: opts.Engine}
+	s.memo = tokenmemo.Door{Memo: opts.TokenMemo, Format: tokenmemo.MsgPack, Own: true}
 	s.fs = &fasthttp.Server{
 		Handler:                      s.Handle,
 		ErrorHandler:                 s.transportError,
@@ -580,26 +584,40 @@ func (s *Server) lookup(ctx *fasthttp.RequestCtx, out []byte) ([]byte, error) {
 	return codec.AppendQuery(out, res), nil
 }
 
-// bodyPool holds the decoded form of a body, so a /query allocates
-// nothing once its buffers have grown.
-var bodyPool = sync.Pool{New: func() any { return new(codec.QueryRequest) }}
+// queryBody is a /query body decoded, and its use of the token memo.
+type queryBody struct {
+	q    codec.QueryRequest
+	memo tokenmemo.Session
+}
 
-// lookupBody decodes a /query body (through the token memo) and answers it
-// into res with one engine call. A body whose token array was decoded and
-// whose context exists then teaches the token memo that array; a query for
-// a context nobody registered leaves both memos as they were.
+// bodyPool holds decoded bodies, so a /query allocates nothing once their
+// buffers have grown.
+var bodyPool = sync.Pool{New: func() any { return new(queryBody) }}
+
+// lookupBody answers a /query body into res: decode (through the token
+// memo, whose door wrapper supplies the ids it knows), one engine call,
+// and then, when the body's context exists, the memo learns the array
+// (docs/architecture.md, "The gRPC door"). A query for a context nobody
+// registered leaves both memos as they were.
 func (s *Server) lookupBody(body []byte, res *query.Result) error {
-	q := bodyPool.Get().(*codec.QueryRequest)
-	defer bodyPool.Put(q)
-	if d := codec.DecodeQueryMemo(s.opts.TokenMemo, body, s.opts.Limits, q); d != nil {
+	b := bodyPool.Get().(*queryBody)
+	defer bodyPool.Put(b)
+	defer b.memo.Forget() // it may hold views into the body
+	q := &b.q
+	var hook codec.TokenHook
+	if s.memo.Memo != nil {
+		b.memo.Begin(&s.memo)
+		hook = &b.memo
+	}
+	if d := codec.DecodeQueryHook(body, s.opts.Limits, q, hook); d != nil {
 		return d
 	}
-	known, err := s.query.Lookup(&query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens, Shared: q.TokensShared()}, res)
+	known, err := s.query.Lookup(&query.Request{Context: queryContext(q), Instance: q.InstanceID, CacheSalt: q.CacheSalt, Tokens: q.Tokens, Shared: b.memo.Lent()}, res)
 	if err != nil {
 		return err
 	}
-	if known {
-		codec.RememberTokens(s.opts.TokenMemo, q)
+	if known && b.memo.Teach() {
+		q.DetachTokens()
 	}
 	return nil
 }

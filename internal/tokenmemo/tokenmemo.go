@@ -28,6 +28,11 @@
 // what they are. So an entry is keyed by its bytes and format alone, and
 // the same ids asked for in different contexts share it.
 //
+// A door reaches the memo only through Door and a Session per request
+// (door.go): the decoders take the ids it knows through a hook
+// (codec.TokenHook, or the gRPC door's run decoder) and keep none of its
+// state, and the query engine never sees it.
+//
 // Memory is bounded by the store's byte budget with roughly oldest-first
 // eviction (memostore); entries hold only pointer-free slices. Safe for
 // concurrent use. A nil *Memo is a memo turned off.

@@ -371,3 +371,28 @@ func TestFingerprintDomains(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendVarintChunkEnds: the word-at-a-time chunk ends are those a byte loop
+// finds, for any starting offset and count of varints already seen.
+func TestAppendVarintChunkEnds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		run := make([]byte, rng.IntN(2000))
+		for i := range run {
+			run[i] = byte(rng.IntN(256))
+		}
+		off := rng.IntN(len(run) + 1)
+		seen := rng.IntN(300)
+		var want []uint32
+		for i, n := off, seen; i < len(run); i++ {
+			if run[i] < 0x80 {
+				if n++; n%Chunk == 0 {
+					want = append(want, uint32(i+1))
+				}
+			}
+		}
+		if got := appendVarintChunkEnds(nil, run, off, seen); !cmp.Equal(got, want, cmpopts.EquateEmpty()) {
+			t.Fatalf("len %d off %d seen %d: got %v, want %v", len(run), off, seen, got, want)
+		}
+	}
+}

@@ -225,7 +225,8 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 				m.Use(tokenmemo.MsgPack)
 			}
 			dst := make([]uint32, 0, n)
-			var learn tmLearn
+			door := tokenmemo.Door{Memo: m, Format: tokenmemo.Varint, Transient: true}
+			var s tokenmemo.Session
 			i := 0
 			for b.Loop() {
 				switch mode {
@@ -237,10 +238,11 @@ func BenchmarkTokenMemoDecode(b *testing.B) {
 					patch(n/2+1, i>>20)
 				}
 				i++
-				if _, _, _, ok := decodeRun(m, dst[:0], run, &learn); !ok {
+				s.Begin(&door)
+				if _, _, _, ok := decodeRun(&s, dst[:0], run); !ok {
 					b.Fatal("decode failed")
 				}
-				learnRun(m, &learn)
+				s.Teach()
 			}
 			b.ReportMetric(float64(hitsOf(m))/float64(b.N), "reused/op")
 		})

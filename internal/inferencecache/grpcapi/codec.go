@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -27,13 +28,22 @@ import (
 // it: it grows the token_ids slice step by step over 8K varints and
 // allocates every block hash separately; decodeLookup sizes the ids once
 // and points the hashes into one copy of the message.
+//
+// token_ids runs are read through the token memo's door wrapper
+// (tokenmemo.Door, in the memo's Varint format; docs/architecture.md,
+// "The gRPC door"): a varint ends at its first byte below 0x80, so equal
+// packed bytes are equal ids, and a lookup repeating a prefix seen on
+// either door (a system prompt, the previous turn) copies those ids
+// instead of decoding them. The transport reuses the message's buffer once
+// Unmarshal returns, so a run to learn is copied; the ids stay in the
+// request's pooled array, which the memo copies too.
 type lookupCodec struct {
 	base encoding.CodecV2
-	memo *tokenmemo.Memo
+	memo *tokenmemo.Door
 }
 
 func newLookupCodec(memo *tokenmemo.Memo) lookupCodec {
-	return lookupCodec{encoding.GetCodecV2("proto"), memo}
+	return lookupCodec{encoding.GetCodecV2("proto"), &tokenmemo.Door{Memo: memo, Format: tokenmemo.Varint, Transient: true}}
 }
 
 func (c lookupCodec) Name() string { return c.base.Name() }
@@ -51,9 +61,9 @@ func (c lookupCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	var (
-		m     *pb.LookupRouteRequest
-		bufs  *decodeBufs
-		learn tmLearn
+		m    *pb.LookupRouteRequest
+		bufs *decodeBufs
+		own  tokenmemo.Session
 	)
 	switch x := v.(type) {
 	case *lookupCall:
@@ -68,16 +78,20 @@ func (c lookupCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	// returns, so decodeLookup copies what the request keeps.
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	l := &learn
+	s := &own
 	if bufs != nil {
 		// The server's handler: the memo learns the run only once the
 		// lookup proved to have a context (Server.lookup).
-		l = &bufs.learn
+		s = &bufs.memo
 	}
-	err := decodeLookup(buf.ReadOnlyData(), m, bufs, c.memo, l)
-	if err == nil && bufs == nil {
+	s.Begin(c.memo)
+	err := decodeLookup(buf.ReadOnlyData(), m, bufs, s)
+	if bufs == nil {
 		// A request decoded on its own has no lookup to wait for.
-		learnRun(c.memo, l)
+		if err == nil {
+			s.Teach()
+		}
+		s.Forget()
 	}
 	return err
 }
@@ -126,8 +140,9 @@ type decodeBufs struct {
 	// string fields up to adapter_id (11); strings are immutable, so a
 	// later request may share one.
 	strs [12]string
-	// learn is the token_ids run the memo may learn from this request.
-	learn tmLearn
+	// memo is the request's use of the token memo: the token_ids run it
+	// may learn once the lookup proved to have a context.
+	memo tokenmemo.Session
 }
 
 // maxPooledBytes bounds each array a pooled lookupCall keeps: a rare huge
@@ -153,7 +168,7 @@ func (c *lookupCall) release() {
 	if 4*cap(b.ids) > maxPooledBytes {
 		b.ids = nil
 	}
-	b.learn.forget()
+	b.memo.Forget()
 	for i := range b.strs {
 		if len(b.strs[i]) > 256 {
 			b.strs[i] = "" // a prompt text, say: not worth keeping
@@ -204,12 +219,10 @@ var blockHashTag = byte(protowire.EncodeTag(7, protowire.BytesType))
 // and the same inputs rejected), except that unknown fields are dropped
 // rather than kept. m keeps nothing of b: bytes fields are copied into one
 // arena. bufs, when not nil, supplies the arena and the repeated fields'
-// arrays (and gets back any it had to grow). memo, when not nil, supplies
-// remembered token_ids prefixes, and l is given what the memo may learn
-// from the request (learnRun).
-func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *tokenmemo.Memo, l *tmLearn) error {
+// arrays (and gets back any it had to grow). token_ids runs are read
+// through s, the request's session with the token memo (decodeRun).
+func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, s *tokenmemo.Session) error {
 	m.Reset()
-	l.forget()
 	var arena []byte
 	// borrowed is the array of ids the memo lent (never to be reused).
 	var borrowed *uint32
@@ -355,7 +368,7 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 			}
 			b = b[n:]
 			var ok, lent, nar bool
-			if m.TokenIds, lent, nar, ok = decodeRun(memo, m.TokenIds, run, l); !ok {
+			if m.TokenIds, lent, nar, ok = decodeRun(s, m.TokenIds, run); !ok {
 				return errBadLookup
 			}
 			narrow = narrow && nar
@@ -380,6 +393,52 @@ func decodeLookup(b []byte, m *pb.LookupRouteRequest, bufs *decodeBufs, memo *to
 		}
 	}
 	return nil
+}
+
+// decodeRun appends the ids packed in run to dst (as uint32, truncating as
+// protobuf does), through the token memo's session s: a remembered prefix
+// is copied, the rest decoded, and s told what the run decoded to (it
+// keeps the request's first run worth learning for Teach). ok is false for
+// a malformed run, exactly when decoding it in full would fail. lent says
+// the result is the memo's own array (read-only, never to be reused);
+// narrow, that every id appended is known to fit an int32.
+func decodeRun(s *tokenmemo.Session, dst []uint32, run []byte) (out []uint32, lent, narrow, ok bool) {
+	// The run is exactly the ids: no bound on their number to give.
+	known, size, _ := s.KnownTokens(run, math.MaxInt)
+	base := len(dst)
+	if size == len(run) && size > 0 { // the whole run was remembered
+		s.Accepted(run, known, true)
+		ids := uint32s(known)
+		if base == 0 {
+			// The entry is immutable and the request only reads its
+			// ids: share them (capped, so an append would copy).
+			return ids, true, true, true
+		}
+		return append(dst, ids...), false, true, true
+	}
+	rest := varintCount(run[size:]) // only the bytes not reused are counted
+	dst = growTo(dst, len(known)+rest)
+	dst = append(dst, uint32s(known)...)
+	if dst, narrow, ok = appendCounted(dst, run[size:], rest); !ok {
+		return dst, false, false, false
+	}
+	// Ids that took three bytes or fewer fit an int32; otherwise the
+	// session checks them before learning the run (Session.Accepted).
+	s.Accepted(run, int32s(dst[base:len(dst):len(dst)]), narrow)
+	return dst, false, narrow, true
+}
+
+// uint32s is ids as the uint32 token_ids protobuf decodes to: the same
+// memory, read only. The memo's Varint forms hold no negative id, so the
+// values are the ids themselves.
+func uint32s(ids []int32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(ids))), len(ids))
+}
+
+// int32s is ids, each at most MaxInt32 when the memo is to learn them, as
+// the int32 tokens the memo and the query engine take: the same memory.
+func int32s(ids []uint32) []int32 {
+	return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(ids))), len(ids))
 }
 
 // toArena copies b into arena, growing it when it is too small, and returns

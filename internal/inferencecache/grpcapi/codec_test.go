@@ -1,18 +1,15 @@
 package grpcapi
 
 import (
-	"math/rand/v2"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	pb "github.com/mooncake-conductor-go/conductor/internal/inferencecache/proto/inferencecache/v1alpha1"
-	"github.com/mooncake-conductor-go/conductor/internal/memostore"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
@@ -75,23 +72,23 @@ func FuzzDecodeLookup(f *testing.F) {
 					got = &calls[i].req
 					if gerr == nil {
 						// As the server does for a lookup with a context.
-						learnRun(c.memo, &calls[i].bufs.learn)
+						calls[i].bufs.memo.Teach()
 					}
 				} else {
 					got = new(pb.LookupRouteRequest)
 					gerr = c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, got)
 				}
 				if (werr == nil) != (gerr == nil) {
-					t.Fatalf("proto.Unmarshal: %v, decodeLookup (memo %v, pooled %v): %v", werr, c.memo != nil, pooled, gerr)
+					t.Fatalf("proto.Unmarshal: %v, decodeLookup (memo %v, pooled %v): %v", werr, c.memo.Memo != nil, pooled, gerr)
 				}
 				if werr != nil {
 					continue
 				}
 				if pooled && calls[i].bufs.idsNarrow && !fitInt32(got.TokenIds) {
-					t.Fatalf("ids past MaxInt32 reported narrow (memo %v)", c.memo != nil)
+					t.Fatalf("ids past MaxInt32 reported narrow (memo %v)", c.memo.Memo != nil)
 				}
 				if diff := cmp.Diff(&want, got, protocmp.Transform(), protocmp.IgnoreUnknown()); diff != "" {
-					t.Fatalf("(-proto +decodeLookup, memo %v, pooled %v):\n%s", c.memo != nil, pooled, diff)
+					t.Fatalf("(-proto +decodeLookup, memo %v, pooled %v):\n%s", c.memo.Memo != nil, pooled, diff)
 				}
 			}
 			calls[i].release()
@@ -121,17 +118,17 @@ func TestTokenMemoReuses(t *testing.T) {
 		}
 	}
 	decode(ids)
-	if h, m := c.memo.Stats(); h != 0 || m != 1000 {
+	if h, m := c.memo.Memo.Stats(); h != 0 || m != 1000 {
 		t.Fatalf("first decode: %d hits %d misses", h, m)
 	}
 	decode(ids)
-	if h := hitsOf(c.memo); h != 1000 {
+	if h := hitsOf(c.memo.Memo); h != 1000 {
 		t.Fatalf("repeat: %d hits", h)
 	}
 	other := append([]uint32(nil), ids...)
 	other[700] = 99
 	decode(other)
-	if h := hitsOf(c.memo) - 1000; h != 640 {
+	if h := hitsOf(c.memo.Memo) - 1000; h != 640 {
 		t.Fatalf("shared prefix of 700 ids reused %d (want 10 chunks of 64)", h)
 	}
 }
@@ -203,31 +200,6 @@ func TestParseConductorScheme(t *testing.T) {
 		got, family, ok := parseConductorScheme(c.in)
 		if family != c.family || ok != c.ok || (ok && got != c.want) {
 			t.Errorf("%q: %+v family %v ok %v, want %+v %v %v", c.in, got, family, ok, c.want, c.family, c.ok)
-		}
-	}
-}
-
-// TestAppendChunkEnds: the word-at-a-time chunk ends are those a byte loop
-// finds, for any starting offset and count of varints already seen.
-func TestAppendChunkEnds(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 200 {
-		run := make([]byte, rng.IntN(2000))
-		for i := range run {
-			run[i] = byte(rng.IntN(256))
-		}
-		off := rng.IntN(len(run) + 1)
-		seen := rng.IntN(300)
-		var want []uint32
-		for i, n := off, seen; i < len(run); i++ {
-			if run[i] < 0x80 {
-				if n++; n%memostore.Chunk == 0 {
-					want = append(want, uint32(i+1))
-				}
-			}
-		}
-		if got := appendChunkEnds(nil, run, off, seen); !cmp.Equal(got, want, cmpopts.EquateEmpty()) {
-			t.Fatalf("len %d off %d seen %d: got %v, want %v", len(run), off, seen, got, want)
 		}
 	}
 }

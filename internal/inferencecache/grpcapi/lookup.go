@@ -264,7 +264,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	if lv == producer.HasScheme && bufs != nil {
 		// The request names a scope that exists: the token memo may
 		// learn its ids now (as /query's learns only for a context).
-		learnRun(s.codec.memo, &bufs.learn)
+		bufs.memo.Teach()
 	}
 	if s.expired(ctx, start) {
 		return &pb.LookupRouteResponse{ReasonCode: Timeout}

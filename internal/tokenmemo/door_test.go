@@ -1,8 +1,7 @@
-package codec
+package tokenmemo_test
 
 import (
 	"encoding/binary"
-	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -13,21 +12,80 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"pgregory.net/rapid"
 
+	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
+
+// memoQuery is a /query body decoded as the HTTP door decodes it: the
+// codec's request, read through the door wrapper's session.
+type memoQuery struct {
+	codec.QueryRequest
+	s tokenmemo.Session
+	d tokenmemo.Door
+}
+
+// decodeMemo decodes body into q consulting m (nil: a memo turned off), as
+// the HTTP door does; the memo learns the array only through remember.
+func decodeMemo(m *tokenmemo.Memo, body []byte, lim codec.Limits, q *memoQuery) *codec.Error {
+	q.d = tokenmemo.Door{Memo: m, Format: tokenmemo.MsgPack, Own: true}
+	q.s.Begin(&q.d)
+	var h codec.TokenHook
+	if m != nil {
+		h = &q.s
+	}
+	return codec.DecodeQueryHook(body, lim, &q.QueryRequest, h)
+}
+
+// remember teaches the memo the array q was just decoded from, as the HTTP
+// door does once the query proved to have a context.
+func remember(q *memoQuery) {
+	if q.s.Teach() {
+		q.DetachTokens()
+	}
+}
+
+// TokensShared reports whether q.Tokens is the memo's own array.
+func (q *memoQuery) TokensShared() bool { return q.s.Lent() }
+
+// tokenBody packs an n-token /query body as codec's tests do (tokens drawn
+// from a 150K vocabulary, each in its smallest format or all as int32).
+func tokenBody(n int, int32s bool) []byte {
+	body := []byte{0x83, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm', 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10,
+		0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdd}
+	body = binary.BigEndian.AppendUint32(body, uint32(n))
+	x := uint32(12345)
+	for range n {
+		x = x*1664525 + 1013904223
+		v := x >> 8 % 150000
+		switch {
+		case int32s:
+			body = binary.BigEndian.AppendUint32(append(body, 0xd2), v)
+		case v <= 0x7f:
+			body = append(body, byte(v))
+		case v <= 0xff:
+			body = append(body, 0xcc, byte(v))
+		case v <= 0xffff:
+			body = binary.BigEndian.AppendUint16(append(body, 0xcd), uint16(v))
+		default:
+			body = binary.BigEndian.AppendUint32(append(body, 0xce), v)
+		}
+	}
+	return body
+}
 
 // checkSameQuery asserts that two decodes of one body agree: the same error,
 // or the same request.
 func checkSameQuery(t interface {
 	Helper()
 	Fatalf(string, ...any)
-}, wantErr *Error, want *QueryRequest, gotErr *Error, got *QueryRequest) {
+}, wantErr *codec.Error, want *codec.QueryRequest, gotErr *codec.Error, got *codec.QueryRequest) {
 	t.Helper()
 	if diff := cmp.Diff(wantErr, gotErr); diff != "" {
 		t.Fatalf("error differs with the token memo (-plain +memo):\n%s", diff)
 	}
 	if wantErr == nil {
-		if diff := cmp.Diff(*want, *got, cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(QueryRequest{})); diff != "" {
+		if diff := cmp.Diff(*want, *got, cmpopts.EquateEmpty(), cmpopts.IgnoreUnexported(codec.QueryRequest{})); diff != "" {
 			t.Fatalf("request differs with the token memo (-plain +memo):\n%s", diff)
 		}
 	}
@@ -89,7 +147,8 @@ func queryBody(toks []int32, at int, formats func(i int) int) []byte {
 // many under -short, too few to count on two draws sharing a prompt).
 func TestTokenMemoMatchesPlainDecode(t *testing.T) {
 	m := tokenmemo.New(1)
-	var q, mq QueryRequest
+	var q codec.QueryRequest
+	var mq memoQuery
 	rapid.Check(t, func(rt *rapid.T) {
 		prompt := rapid.IntRange(0, 3).Draw(rt, "prompt")
 		n := rapid.IntRange(0, 3000).Draw(rt, "n")
@@ -118,21 +177,23 @@ func TestTokenMemoMatchesPlainDecode(t *testing.T) {
 		if rapid.IntRange(0, 6).Draw(rt, "cut") == 0 {
 			body = body[:rapid.IntRange(0, len(body)).Draw(rt, "cutAt")]
 		}
-		e := DecodeQuery(body, DefaultLimits(), &q)
-		me := DecodeQueryMemo(m, body, DefaultLimits(), &mq)
-		checkSameQuery(rt, e, &q, me, &mq)
-		consulted := me == nil && mq.learn.fps > 0
-		RememberTokens(m, &mq)
+		e := codec.DecodeQuery(body, codec.DefaultLimits(), &q)
+		me := decodeMemo(m, body, codec.DefaultLimits(), &mq)
+		checkSameQuery(rt, e, &q, me, &mq.QueryRequest)
+		// queryBody packs an array, which the memo is consulted for from
+		// 256 tokens on.
+		consulted := me == nil && len(mq.Tokens) >= 256
+		remember(&mq)
 		if !consulted {
 			return
 		}
 		h0, _ := m.Stats()
-		me = DecodeQueryMemo(m, body, DefaultLimits(), &mq)
-		checkSameQuery(rt, e, &q, me, &mq)
+		me = decodeMemo(m, body, codec.DefaultLimits(), &mq)
+		checkSameQuery(rt, e, &q, me, &mq.QueryRequest)
 		if h, _ := m.Stats(); h == h0 {
 			rt.Errorf("a repeated %d-token body copied nothing from the memo", len(q.Tokens))
 		}
-		RememberTokens(m, &mq)
+		remember(&mq)
 	})
 }
 
@@ -148,14 +209,14 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 	}
 	turn2 := append(append([]int32(nil), turn1...), turn1[:500]...)
 	compact := func(int) int { return 0 }
-	var q QueryRequest
+	var q memoQuery
 	step := func(toks []int32, formats func(int) int, wantHits, wantMisses uint64) {
 		t.Helper()
 		h0, m0 := m.Stats()
-		if e := DecodeQueryMemo(m, queryBody(toks, 1, formats), DefaultLimits(), &q); e != nil {
+		if e := decodeMemo(m, queryBody(toks, 1, formats), codec.DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		RememberTokens(m, &q)
+		remember(&q)
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ")
 		}
@@ -183,6 +244,37 @@ func TestTokenMemoReusesPrefix(t *testing.T) {
 	step(turn2, compact, 0, 2500)
 }
 
+// FuzzDoorDecodeQuery: a /query body read through the door wrapper (the
+// token memo shared across inputs, so that it learns from the corpus, and
+// taught every accepted body) decodes exactly as it does without it, the
+// first time and again once the memo may hold it: the same request or the
+// same error.
+func FuzzDoorDecodeQuery(f *testing.F) {
+	// Seeds just over the memo's threshold, mostly one byte an id: the
+	// fuzzer minimizes each input it finds interesting, which for bodies
+	// of kilobytes took longer than a whole fuzzing run.
+	toks := make([]int32, 2*tokenmemo.MemoMinTokens)
+	for i := range toks {
+		toks[i] = int32(i*37%160 - 32)
+	}
+	n := tokenmemo.MemoMinTokens + 8
+	for at := range 3 {
+		f.Add(queryBody(toks[:n], at, func(int) int { return 0 }))
+	}
+	f.Add(queryBody(toks[:n+tokenmemo.Chunk], 1, func(i int) int { return map[bool]int{true: 1}[i == 7] }))
+	f.Add(queryBody(toks[:n-1], 2, func(int) int { return 0 }))
+	m := tokenmemo.New(4 << 20)
+	var mq memoQuery
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var q codec.QueryRequest
+		e := codec.DecodeQuery(body, codec.DefaultLimits(), &q)
+		for range 2 {
+			checkSameQuery(t, e, &q, decodeMemo(m, body, codec.DefaultLimits(), &mq), &mq.QueryRequest)
+			remember(&mq)
+		}
+	})
+}
+
 // TestTokenMemoEntriesStayIntact: a request answered with a remembered
 // array, or whose buffer the memo took, must not write into it when the
 // same QueryRequest decodes the next body.
@@ -192,12 +284,12 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 	for i := range a {
 		a[i], b[i] = int32(i), int32(5000+i)
 	}
-	var q QueryRequest
+	var q memoQuery
 	for _, toks := range [][]int32{a, a, b, a, b} {
-		if e := DecodeQueryMemo(m, queryBody(toks, 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+		if e := decodeMemo(m, queryBody(toks, 2, func(int) int { return 0 }), codec.DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		RememberTokens(m, &q)
+		remember(&q)
 		if !cmp.Equal(q.Tokens, toks) {
 			t.Fatal("tokens differ: a remembered array was overwritten")
 		}
@@ -207,12 +299,12 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 	}
 	// Without the memo, and for short arrays, the tokens are the
 	// request's own.
-	for _, n := range []int{1000, memoMinTokens - 1} {
+	for _, n := range []int{1000, tokenmemo.MemoMinTokens - 1} {
 		var mm *tokenmemo.Memo
-		if n < memoMinTokens {
+		if n < tokenmemo.MemoMinTokens {
 			mm = m
 		}
-		if e := DecodeQueryMemo(mm, queryBody(a[:n], 2, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+		if e := decodeMemo(mm, queryBody(a[:n], 2, func(int) int { return 0 }), codec.DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
 		if q.TokensShared() {
@@ -224,16 +316,16 @@ func TestTokenMemoEntriesStayIntact(t *testing.T) {
 func TestTokenMemoHitAllocations(t *testing.T) {
 	m := tokenmemo.New(8 << 20)
 	body := tokenBody(8192, false)
-	var q QueryRequest
-	if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
+	var q memoQuery
+	if e := decodeMemo(m, body, codec.DefaultLimits(), &q); e != nil {
 		t.Fatal(e)
 	}
-	RememberTokens(m, &q)
+	remember(&q)
 	allocs := testing.AllocsPerRun(100, func() {
-		if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
+		if e := decodeMemo(m, body, codec.DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		RememberTokens(m, &q)
+		remember(&q)
 	})
 	if allocs != 0 {
 		t.Errorf("a remembered body allocates %.1f times per request, want 0", allocs)
@@ -248,16 +340,16 @@ func TestTokenMemoHitAllocations(t *testing.T) {
 // prompt far longer than a 64th of the budget is still remembered.
 func TestTokenMemoBudget(t *testing.T) {
 	m := tokenmemo.New(1)
-	var q QueryRequest
+	var q memoQuery
 	toks := make([]int32, 1000)
 	for p := range 500 {
 		for i := range toks {
 			toks[i] = int32(p*1000 + i)
 		}
-		if e := DecodeQueryMemo(m, queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+		if e := decodeMemo(m, queryBody(toks, 0, func(int) int { return 0 }), codec.DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		RememberTokens(m, &q)
+		remember(&q)
 	}
 	if got, limit := m.Bytes(), memostore.MinBytes+160+9*1000+8*16; got > limit || got == 0 {
 		t.Errorf("memo holds %d bytes, limit %d", got, limit)
@@ -268,10 +360,10 @@ func TestTokenMemoBudget(t *testing.T) {
 	}
 	body := queryBody(long, 0, func(int) int { return 0 })
 	for range 2 {
-		if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
+		if e := decodeMemo(m, body, codec.DefaultLimits(), &q); e != nil {
 			t.Fatal(e)
 		}
-		RememberTokens(m, &q)
+		remember(&q)
 	}
 	if hits, _ := m.Stats(); hits < uint64(len(long)) {
 		t.Errorf("a 200K-token prompt was not remembered (%d tokens copied in all)", hits)
@@ -285,14 +377,14 @@ func BenchmarkDecodeQuery8KMemo(b *testing.B) {
 		b.Run("enc="+enc, func(b *testing.B) {
 			body := tokenBody(8192, enc == "int32")
 			m := tokenmemo.New(64 << 20)
-			var q QueryRequest
+			var q memoQuery
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if e := DecodeQueryMemo(m, body, DefaultLimits(), &q); e != nil {
+				if e := decodeMemo(m, body, codec.DefaultLimits(), &q); e != nil {
 					b.Fatal(e)
 				}
-				RememberTokens(m, &q)
+				remember(&q)
 			}
 		})
 	}
@@ -309,21 +401,22 @@ func TestTokenMemoStopsAtArrayEnd(t *testing.T) {
 	}
 	for _, tc := range []struct{ n, present int }{{500, 512}, {500, 1000}, {999, 1000}, {512, 576}} {
 		m := tokenmemo.New(8 << 20)
-		var q, mq QueryRequest
-		if e := DecodeQueryMemo(m, queryBody(toks, 0, func(int) int { return 0 }), DefaultLimits(), &mq); e != nil {
+		var q codec.QueryRequest
+		var mq memoQuery
+		if e := decodeMemo(m, queryBody(toks, 0, func(int) int { return 0 }), codec.DefaultLimits(), &mq); e != nil {
 			t.Fatal(e)
 		}
-		RememberTokens(m, &mq)
+		remember(&mq)
 		// {"token_ids": [toks[:n]] toks[n:present], "model": …,
 		// "block_size": …}: stray integers stand where a key belongs. Read
 		// past them, the rest of the body would be a valid request.
 		body := queryBody(toks[:tc.present], 0, func(int) int { return 0 })
 		binary.BigEndian.PutUint32(body[12:], uint32(tc.n))
-		e := DecodeQuery(body, DefaultLimits(), &q)
+		e := codec.DecodeQuery(body, codec.DefaultLimits(), &q)
 		if e == nil {
 			t.Fatal("the malformed body was accepted without the memo")
 		}
-		checkSameQuery(t, e, &q, DecodeQueryMemo(m, body, DefaultLimits(), &mq), &mq)
+		checkSameQuery(t, e, &q, decodeMemo(m, body, codec.DefaultLimits(), &mq), &mq.QueryRequest)
 	}
 }
 
@@ -353,14 +446,14 @@ func BenchmarkDecodeQuery8KColdMemo(b *testing.B) {
 			if mode == "memo=cold-both-doors" {
 				m.Use(tokenmemo.Varint)
 			}
-			var q QueryRequest
+			var q memoQuery
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
-				if e := DecodeQueryMemo(m, bodies[i%prompts], DefaultLimits(), &q); e != nil {
+				if e := decodeMemo(m, bodies[i%prompts], codec.DefaultLimits(), &q); e != nil {
 					b.Fatal(e)
 				}
-				RememberTokens(m, &q)
+				remember(&q)
 				i++
 			}
 			hits, _ := m.Stats()
@@ -384,18 +477,18 @@ func TestTokenMemoConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
-			var q QueryRequest
+			var q memoQuery
 			r := rand.New(rand.NewPCG(uint64(g), 3))
 			for i := range 300 {
 				if g == 0 && i%50 == 0 {
 					m.Reset()
 				}
 				toks := prompts[r.IntN(len(prompts))][:256+r.IntN(1244)]
-				if e := DecodeQueryMemo(m, queryBody(toks, r.IntN(3), func(int) int { return 0 }), DefaultLimits(), &q); e != nil {
+				if e := decodeMemo(m, queryBody(toks, r.IntN(3), func(int) int { return 0 }), codec.DefaultLimits(), &q); e != nil {
 					t.Error(e)
 					return
 				}
-				RememberTokens(m, &q)
+				remember(&q)
 				if !slices.Equal(q.Tokens, toks) {
 					t.Error("tokens differ under concurrent use")
 					return
@@ -429,13 +522,13 @@ func TestTokenMemoKeepsPromptsThatShareTheirOpening(t *testing.T) {
 		}
 		bodies[p] = queryBody(toks, 1, func(int) int { return 0 })
 	}
-	var q QueryRequest
+	var q memoQuery
 	send := func() {
 		for _, b := range bodies {
-			if e := DecodeQueryMemo(m, b, DefaultLimits(), &q); e != nil {
+			if e := decodeMemo(m, b, codec.DefaultLimits(), &q); e != nil {
 				t.Fatal(e)
 			}
-			RememberTokens(m, &q)
+			remember(&q)
 		}
 	}
 	send()
@@ -449,5 +542,80 @@ func TestTokenMemoKeepsPromptsThatShareTheirOpening(t *testing.T) {
 		if got := m.Bytes(); got != bytes {
 			t.Fatalf("round %d: memo grew from %d to %d bytes", round+2, bytes, got)
 		}
+	}
+}
+
+// TestSessionVarintTeach: on a varint door (the gRPC one) a run is learned
+// only when taught, once per request (the first run worth it), and never
+// when an id it did not check is over MaxInt32 (an int32 below zero); its
+// chunk ends, found again from the bytes, let a later run sharing half of
+// it copy that half.
+func TestSessionVarintTeach(t *testing.T) {
+	pack := func(ids []uint32) []byte {
+		var b []byte
+		for _, v := range ids {
+			b = binary.AppendUvarint(b, uint64(v))
+		}
+		return b
+	}
+	ids := make([]uint32, 4*tokenmemo.Chunk)
+	for i := range ids {
+		ids[i] = uint32(1<<14 + i*7919%(1<<20))
+	}
+	// decode runs the gRPC door's steps on a run: look up, decode the rest
+	// (here: take ids), tell the session.
+	decode := func(s *tokenmemo.Session, run []byte, ids []uint32, checked bool) int {
+		known, _, _ := s.KnownTokens(run, math.MaxInt)
+		toks := make([]int32, len(ids))
+		for i, v := range ids {
+			toks[i] = int32(v)
+		}
+		s.Accepted(run, toks, checked)
+		return len(known)
+	}
+	for _, tc := range []struct {
+		name      string
+		big       bool // one id over MaxInt32
+		checked   bool
+		teach     bool
+		wantBytes bool
+	}{
+		{"taught", false, false, true, true},
+		{"taught, checked", false, true, true, true},
+		{"not taught", false, false, false, false},
+		{"an id over MaxInt32", true, false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := tokenmemo.New(1 << 20)
+			door := tokenmemo.Door{Memo: m, Format: tokenmemo.Varint, Transient: true}
+			run := slices.Clone(ids)
+			if tc.big {
+				run[len(run)/2+1] = 1 << 31
+			}
+			packed := pack(run)
+			var s tokenmemo.Session
+			s.Begin(&door)
+			decode(&s, packed, run, tc.checked)
+			// A second run of the request is not the one learned.
+			decode(&s, pack(ids[:2*tokenmemo.Chunk]), ids[:2*tokenmemo.Chunk], true)
+			clear(packed) // the transport reuses its buffer: the session copied the run
+			if tc.teach {
+				s.Teach()
+			}
+			s.Forget()
+			if got := m.Bytes() > 0; got != tc.wantBytes {
+				t.Fatalf("memo holds %d bytes, want some: %v", m.Bytes(), tc.wantBytes)
+			}
+			if !tc.wantBytes {
+				return
+			}
+			half := slices.Clone(run)
+			half[3*tokenmemo.Chunk] = 5
+			s.Begin(&door)
+			if k := decode(&s, pack(half), half, true); k != 3*tokenmemo.Chunk {
+				t.Errorf("a run sharing its first three chunks copied %d ids, want %d", k, 3*tokenmemo.Chunk)
+			}
+			s.Forget()
+		})
 	}
 }
