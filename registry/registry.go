@@ -144,7 +144,7 @@ type entry struct {
 }
 
 type contextState struct {
-	*contexts.Context
+	*contexts.Entry
 	services int
 	engines  int
 }
@@ -240,7 +240,7 @@ func (r *Registry) Apply(svc Service) (changed bool, err error) {
 	}
 
 	if cs == nil {
-		cs = &contextState{Context: r.opts.Contexts.Ensure(ctxKey, svc.Profile)}
+		cs = &contextState{Entry: r.opts.Contexts.Ensure(ctxKey, svc.Profile)}
 		r.contexts[ctxKey] = cs
 	}
 	e := &entry{svc: svc}

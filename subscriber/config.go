@@ -190,7 +190,7 @@ func (t Tuning) withDefaults() Tuning {
 // ContextLookup adapts a registry lookup that returns registered contexts
 // to the LookupFunc a Mooncake source needs, so callers need not write the
 // glue.
-func ContextLookup(lookup func(index.ContextKey) (*contexts.Context, bool)) events.LookupFunc {
+func ContextLookup(lookup func(index.ContextKey) (*contexts.Entry, bool)) events.LookupFunc {
 	return func(ctx index.ContextKey) (events.SharedSink, *hashing.Profile, bool) {
 		c, ok := lookup(ctx)
 		if !ok || c == nil {

@@ -430,7 +430,7 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	pubM := newPublisher(t, ipcEndpoint(t, "m"))
 	sm, err := Start(Config{
 		Source: SourceConfig{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint},
-		Index: IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Lookup: ContextLookup(func(ctx index.ContextKey) (*contexts.Context, bool) {
+		Index: IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Lookup: ContextLookup(func(ctx index.ContextKey) (*contexts.Entry, bool) {
 			c := cat.Get(ctx)
 			return c, c != nil
 		})},

@@ -290,7 +290,7 @@ func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 			Report: ReportConfig{Logger: eventtest.Logger(t)},
 		}
 		if reg.Type == "Mooncake" {
-			cfg.Index.Lookup = ContextLookup(func(ctx index.ContextKey) (*contexts.Context, bool) {
+			cfg.Index.Lookup = ContextLookup(func(ctx index.ContextKey) (*contexts.Entry, bool) {
 				c := cat.Get(ctx)
 				return c, c != nil
 			})

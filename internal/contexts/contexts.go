@@ -17,9 +17,9 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 )
 
-// Context is one registered context. Neither field changes once the
+// Entry is one registered context. Neither field changes once the
 // context is in the catalogue; callers must not modify them.
-type Context struct {
+type Entry struct {
 	// Table is the context's prefix index. After Drop it is dead: writes
 	// are no-ops and queries answer empty.
 	Table *index.Table
@@ -27,7 +27,7 @@ type Context struct {
 	Profile hashing.Profile
 }
 
-// Catalogue maps each registered context to its Context. Reading is
+// Catalogue maps each registered context to its Entry. Reading is
 // lock-free and allocation-free (immutable maps behind an atomic pointer),
 // because every query reads it; writes, rare (contexts come and go with
 // registrations), build the next version under a mutex and publish it.
@@ -41,7 +41,7 @@ type Catalogue struct {
 	// only to those. Sources read it from their goroutines, rarely (once
 	// per new binding), so a lock is enough.
 	enginesMu sync.RWMutex
-	engines   map[index.ContextKey]*Context
+	engines   map[index.ContextKey]*Entry
 }
 
 // New returns an empty catalogue whose tables live in ix.
@@ -55,10 +55,10 @@ func (c *Catalogue) Index() *index.Index { return c.ix }
 // a hash scheme), so a lookup finds its contexts with one map read instead
 // of a scan of every context.
 type view struct {
-	byKey    map[index.ContextKey]*Context
-	byTenant map[string][]*Context
-	byModel  map[TenantModel][]*Context
-	byScheme map[SchemeKey][]*Context
+	byKey    map[index.ContextKey]*Entry
+	byTenant map[string][]*Entry
+	byModel  map[TenantModel][]*Entry
+	byScheme map[SchemeKey][]*Entry
 }
 
 // TenantModel names one model of one tenant.
@@ -91,9 +91,9 @@ func SchemeSeeds(p *hashing.Profile) []string {
 }
 
 // newView files the contexts of byKey.
-func newView(byKey map[index.ContextKey]*Context) *view {
-	v := &view{byKey: byKey, byTenant: map[string][]*Context{}, byModel: map[TenantModel][]*Context{},
-		byScheme: map[SchemeKey][]*Context{}}
+func newView(byKey map[index.ContextKey]*Entry) *view {
+	v := &view{byKey: byKey, byTenant: map[string][]*Entry{}, byModel: map[TenantModel][]*Entry{},
+		byScheme: map[SchemeKey][]*Entry{}}
 	for k, e := range byKey {
 		v.byTenant[k.Tenant] = append(v.byTenant[k.Tenant], e)
 		tm := TenantModel{k.Tenant, k.Model}
@@ -107,7 +107,7 @@ func newView(byKey map[index.ContextKey]*Context) *view {
 	return v
 }
 
-func (c *Catalogue) load() map[index.ContextKey]*Context {
+func (c *Catalogue) load() map[index.ContextKey]*Entry {
 	if v := c.v.Load(); v != nil {
 		return v.byKey
 	}
@@ -116,7 +116,7 @@ func (c *Catalogue) load() map[index.ContextKey]*Context {
 
 // ByScheme returns the contexts the scheme k names (one per LoRA name), in
 // no particular order; the slice is shared and must not be modified.
-func (c *Catalogue) ByScheme(k SchemeKey) []*Context {
+func (c *Catalogue) ByScheme(k SchemeKey) []*Entry {
 	if v := c.v.Load(); v != nil {
 		return v.byScheme[k]
 	}
@@ -124,7 +124,7 @@ func (c *Catalogue) ByScheme(k SchemeKey) []*Context {
 }
 
 // ByModel returns the contexts of one tenant's model, as ByScheme does.
-func (c *Catalogue) ByModel(tenant, model string) []*Context {
+func (c *Catalogue) ByModel(tenant, model string) []*Entry {
 	if v := c.v.Load(); v != nil {
 		return v.byModel[TenantModel{tenant, model}]
 	}
@@ -132,7 +132,7 @@ func (c *Catalogue) ByModel(tenant, model string) []*Context {
 }
 
 // ByTenant returns the contexts of one tenant, as ByScheme does.
-func (c *Catalogue) ByTenant(tenant string) []*Context {
+func (c *Catalogue) ByTenant(tenant string) []*Entry {
 	if v := c.v.Load(); v != nil {
 		return v.byTenant[tenant]
 	}
@@ -140,12 +140,12 @@ func (c *Catalogue) ByTenant(tenant string) []*Context {
 }
 
 // Get returns the context k names, or nil when no one registered it.
-func (c *Catalogue) Get(k index.ContextKey) *Context { return c.load()[k] }
+func (c *Catalogue) Get(k index.ContextKey) *Entry { return c.load()[k] }
 
 // Ensure returns k's context, creating its table with profile p when k is
 // new. The caller (the registry) guarantees every service of a context
 // uses one profile, so an existing context's profile is not compared.
-func (c *Catalogue) Ensure(k index.ContextKey, p hashing.Profile) *Context {
+func (c *Catalogue) Ensure(k index.ContextKey, p hashing.Profile) *Entry {
 	if e := c.Get(k); e != nil {
 		return e
 	}
@@ -155,8 +155,8 @@ func (c *Catalogue) Ensure(k index.ContextKey, p hashing.Profile) *Context {
 	if e := old[k]; e != nil {
 		return e
 	}
-	e := &Context{Table: c.ix.EnsureTable(k), Profile: p}
-	m := make(map[index.ContextKey]*Context, len(old)+1)
+	e := &Entry{Table: c.ix.EnsureTable(k), Profile: p}
+	m := make(map[index.ContextKey]*Entry, len(old)+1)
 	maps.Copy(m, old)
 	m[k] = e
 	c.v.Store(newView(m))
@@ -175,7 +175,7 @@ func (c *Catalogue) SetEngines(k index.ContextKey, has bool) {
 	}
 	if e := c.Get(k); e != nil {
 		if c.engines == nil {
-			c.engines = make(map[index.ContextKey]*Context)
+			c.engines = make(map[index.ContextKey]*Entry)
 		}
 		c.engines[k] = e
 	}
@@ -183,7 +183,7 @@ func (c *Catalogue) SetEngines(k index.ContextKey, has bool) {
 
 // WithEngines returns k's context if it has an engine registration: what
 // a Mooncake stream's event may bind to (docs/events.md).
-func (c *Catalogue) WithEngines(k index.ContextKey) (*Context, bool) {
+func (c *Catalogue) WithEngines(k index.ContextKey) (*Entry, bool) {
 	c.enginesMu.RLock()
 	defer c.enginesMu.RUnlock()
 	e, ok := c.engines[k]
@@ -192,7 +192,7 @@ func (c *Catalogue) WithEngines(k index.ContextKey) (*Context, bool) {
 
 // Drop forgets k and drops its table. It leaves the catalogue first, so
 // no one finds the context once its table is dead; a caller still holding
-// the Context sees a table that answers empty.
+// the Entry sees a table that answers empty.
 func (c *Catalogue) Drop(k index.ContextKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -206,9 +206,9 @@ func (c *Catalogue) Drop(k index.ContextKey) {
 
 // All yields every context of one version of the catalogue, in no
 // particular order and without allocating (a per-request scan).
-func (c *Catalogue) All() iter.Seq[*Context] {
+func (c *Catalogue) All() iter.Seq[*Entry] {
 	m := c.load()
-	return func(yield func(*Context) bool) {
+	return func(yield func(*Entry) bool) {
 		for _, e := range m {
 			if !yield(e) {
 				return

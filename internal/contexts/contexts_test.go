@@ -40,7 +40,7 @@ func TestEnsureGetDrop(t *testing.T) {
 		t.Error("Get does not return what Ensure made")
 	}
 	b := cat.Ensure(ctxB, prof)
-	seen := map[*contexts.Context]bool{}
+	seen := map[*contexts.Entry]bool{}
 	for c := range cat.All() {
 		seen[c] = true
 	}

@@ -43,7 +43,7 @@ func TestSchemeFiling(t *testing.T) {
 				return contexts.SchemeKey{Tenant: "t", Model: "m", Strategy: tc.prof.Strategy, Algorithm: tc.prof.Algorithm, Seed: seed, BlockSize: bs}
 			}
 			for _, seed := range tc.seeds {
-				if got := set(cat.ByScheme(key(seed, 16))); !cmp.Equal(got, set([]*contexts.Context{base, lora})) {
+				if got := set(cat.ByScheme(key(seed, 16))); !cmp.Equal(got, set([]*contexts.Entry{base, lora})) {
 					t.Errorf("seed %q, block size 16: %d contexts, want the model's two LoRA names", seed, len(got))
 				}
 				if got := cat.ByScheme(key(seed, 32)); len(got) != 1 || got[0] != other {
@@ -72,8 +72,8 @@ func TestSchemeFiling(t *testing.T) {
 	}
 }
 
-func set(es []*contexts.Context) map[*contexts.Context]bool {
-	m := map[*contexts.Context]bool{}
+func set(es []*contexts.Entry) map[*contexts.Entry]bool {
+	m := map[*contexts.Entry]bool{}
 	for _, e := range es {
 		m[e] = true
 	}

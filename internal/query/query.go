@@ -132,7 +132,7 @@ func (e *Engine) Lookup(req *Request, res *Result) (known bool, err error) {
 }
 
 // lookupIn answers req into res from c (nil: no owners).
-func (e *Engine) lookupIn(c *contexts.Context, req *Request, res *Result) {
+func (e *Engine) lookupIn(c *contexts.Entry, req *Request, res *Result) {
 	res.Instances = res.Instances[:0]
 	if c == nil {
 		return
@@ -144,7 +144,7 @@ func (e *Engine) lookupIn(c *contexts.Context, req *Request, res *Result) {
 // itself (the gRPC door matches a hash scheme against every registered
 // context): the rules Lookup applies hold, and the catalogue is not read
 // a second time.
-func (e *Engine) LookupFound(c *contexts.Context, req *Request, res *Result) error {
+func (e *Engine) LookupFound(c *contexts.Entry, req *Request, res *Result) error {
 	if _, err := e.check(req); err != nil {
 		return err
 	}
@@ -156,7 +156,7 @@ func (e *Engine) LookupFound(c *contexts.Context, req *Request, res *Result) err
 // table.
 // shared says tokens are never modified and may be kept by the memos
 // without a copy.
-func (e *Engine) walk(c *contexts.Context, tokens []int32, shared bool, lora, salt, instance string, res *Result) {
+func (e *Engine) walk(c *contexts.Entry, tokens []int32, shared bool, lora, salt, instance string, res *Result) {
 	ch := hashing.AcquireChain()
 	ch.Reset(&c.Profile, c.Table.Context().BlockSize, tokens, lora, salt)
 	if shared {

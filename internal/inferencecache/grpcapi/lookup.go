@@ -426,7 +426,7 @@ func bestRun(ih *index.InstanceHits) (int, pb.CacheTier) {
 // path exists.
 func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs conductorScheme, parsed bool, st *lookupState) (lv producer.Level, bad, short bool) {
 	tenant, model, adapter := req.GetTenantId(), req.GetModelId(), req.GetAdapterId()
-	var match *contexts.Context
+	var match *contexts.Entry
 	cat := s.opts.Contexts
 	// The scheme's contexts in one map read (one per LoRA name). They come
 	// in no order; the affinity seed's profile is that of the greatest
@@ -708,7 +708,7 @@ func affinityPick(req *pb.LookupRouteRequest, kind inputKind, derived iter.Seq[u
 
 // anyOwned reports whether one of es has an owner: a context whose
 // services all left is not a path a lookup can take.
-func anyOwned(es []*contexts.Context) bool {
+func anyOwned(es []*contexts.Entry) bool {
 	for _, e := range es {
 		if e.Table.OwnerCount() > 0 {
 			return true
