@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // GroupDecl is one entry of a registration's kv_cache_groups, the
@@ -62,14 +62,14 @@ const MaxGroupTokens = 1 << 30
 // that are multiples of the registration's block_size (the hash block
 // size) whose gcd is that block_size, a window exactly on sliding kinds
 // and a chunk exactly on chunked local attention.
-func checkGroups(r *Registration, typ source.Type) (KVCacheGroups, error) {
+func checkGroups(r *Registration, typ sourcetype.Type) (KVCacheGroups, error) {
 	var out KVCacheGroups
 	if r.KVCacheGroups == nil {
 		return out, nil
 	}
 	const f = "kv_cache_groups"
 	switch {
-	case typ != source.VLLM:
+	case typ != sourcetype.VLLM:
 		return out, ruleErrorf(f, "kv_cache_groups applies to vLLM registrations only")
 	case len(r.KVCacheGroups) == 0:
 		return out, ruleErrorf(f, "kv_cache_groups must not be empty")

@@ -18,7 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // ServiceKey identifies a registration: instance_id|tenant_id|dp_rank.
@@ -33,7 +33,7 @@ func KeyOf(instanceID, tenantID string, dpRank int) ServiceKey {
 type Service struct {
 	Endpoint       string
 	ReplayEndpoint string
-	Type           source.Type
+	Type           sourcetype.Type
 	ModelName      string
 	LoraName       string
 	TenantID       string

@@ -14,7 +14,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 type fakeSource struct {
@@ -56,7 +56,7 @@ func profile(t *testing.T, seed string) hashing.Profile {
 }
 
 func svc(t *testing.T, instance string, rank int, endpoint string) Service {
-	return Service{Endpoint: endpoint, Type: source.VLLM, ModelName: "m", TenantID: "default", InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t, "0")}
+	return Service{Endpoint: endpoint, Type: sourcetype.VLLM, ModelName: "m", TenantID: "default", InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t, "0")}
 }
 
 func newReg(f *factory, max int) (*Registry, *index.Index) {
@@ -207,7 +207,7 @@ func TestStartFailureChangesNothing(t *testing.T) {
 func TestMooncakeDoesNotBindContext(t *testing.T) {
 	r, _ := newReg(&factory{}, 0)
 	m := svc(t, "master", 0, "tcp://h:9")
-	m.Type = source.Mooncake
+	m.Type = sourcetype.Mooncake
 	if _, err := r.Register(m); err != nil {
 		t.Fatal(err)
 	}

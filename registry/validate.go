@@ -9,7 +9,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // DefaultTenant is what an empty or omitted tenant_id means.
@@ -80,7 +80,7 @@ func NewService(r Registration) (Service, error) {
 		return svc, ruleErrorf("cache_group", "only cache_group 0 is supported")
 	}
 	var ok bool
-	if svc.Type, ok = source.Parse(r.Type); !ok {
+	if svc.Type, ok = sourcetype.Parse(r.Type); !ok {
 		return svc, ruleErrorf("type", "type must be vLLM, SGLang or Mooncake, got %q", r.Type)
 	}
 	if r.InstanceID == "" {
@@ -118,9 +118,9 @@ func NewService(r Registration) (Service, error) {
 	case p.IsStandard():
 		// Any publisher may be registered under the standard hash: engine
 		// keys are recomputed from token ids (docs/engines.md#standard-hash).
-	case svc.Type == source.VLLM && p.Strategy != "vllm_v1":
+	case svc.Type == sourcetype.VLLM && p.Strategy != "vllm_v1":
 		return svc, ruleErrorf("strategy", "a vLLM publisher hashes with strategy vllm_v1 (or the standard rfc1527), got %q", p.Strategy)
-	case svc.Type == source.SGLang && p.Strategy == "vllm_v1":
+	case svc.Type == sourcetype.SGLang && p.Strategy == "vllm_v1":
 		return svc, ruleErrorf("strategy", "an SGLang publisher hashes with strategy sglang or sglang_bigram, got %q", p.Strategy)
 	}
 	svc.Profile = p

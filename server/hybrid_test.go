@@ -9,7 +9,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -116,7 +116,7 @@ func TestHybridQueryAgainstReference(t *testing.T) {
 		cat := contexts.New(ix)
 		reg := registry.New(registry.Options{Contexts: cat})
 		for i, inst := range []string{"hybrid", "dense"} {
-			svc := registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 30000+i), Type: source.VLLM, ModelName: "m", TenantID: "default",
+			svc := registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 30000+i), Type: sourcetype.VLLM, ModelName: "m", TenantID: "default",
 				InstanceID: inst, BlockSize: hbs, Profile: prof}
 			if _, err := reg.Register(svc); err != nil {
 				rt.Fatal(err)

@@ -11,7 +11,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/query"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -45,7 +45,7 @@ func queryFixtureN(tb testing.TB, instances, ranks, n, prompts, memoBytes int) (
 	for i := 0; i < instances; i++ {
 		for r := 0; r < ranks; r++ {
 			port++
-			svc := registry.Service{Endpoint: "tcp://127.0.0.1:" + itoa(port), Type: source.VLLM, ModelName: "m", TenantID: "default",
+			svc := registry.Service{Endpoint: "tcp://127.0.0.1:" + itoa(port), Type: sourcetype.VLLM, ModelName: "m", TenantID: "default",
 				InstanceID: "inst-" + itoa(i), BlockSize: 16, DPRank: r, Profile: p}
 			if _, err := reg.Register(svc); err != nil {
 				tb.Fatal(err)

@@ -5,7 +5,7 @@ import (
 	"sync"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/rs/zerolog"
 )
 
@@ -24,7 +24,7 @@ type applier struct {
 
 	// Reporting the batch being applied.
 	seq      uint64
-	typ      source.Type
+	typ      sourcetype.Type
 	counters *Counters
 	outcomes *ServiceOutcomes
 	sampled  *zerolog.Logger

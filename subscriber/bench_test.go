@@ -16,7 +16,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/rs/zerolog"
 )
@@ -144,7 +144,7 @@ func BenchmarkDecodeVLLMBatch(b *testing.B) {
 	}
 	cpu := processCPU() - cpu0
 	b.StopTimer()
-	if got := e.cfg.Resources.Counters().Value(MetricApplied, source.VLLM, events.ReasonNone); got != uint64(b.N) {
+	if got := e.cfg.Resources.Counters().Value(MetricApplied, sourcetype.VLLM, events.ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/b.Elapsed().Seconds(), "blocks/s")
@@ -178,7 +178,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	pub := newPublisher(b, "tcp://127.0.0.1:*")
 	counters := NewCounters()
 	s, err := Start(Config{
-		Source:    SourceConfig{Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Source:    SourceConfig{Key: "bench|default|0", Type: sourcetype.VLLM, Endpoint: pub.endpoint},
 		Index:     IndexConfig{Context: ctx, Profile: prof, Engine: sink, Owner: owner},
 		Verify:    VerifyConfig{HashCheck: benchChecker("bench|default|0", &prof)},
 		Report:    ReportConfig{Logger: eventtest.Logger(b)},
@@ -214,7 +214,7 @@ func benchIngest(b *testing.B, sinkName string) {
 	el := time.Since(start)
 	cpu := processCPU() - cpu0
 	b.StopTimer()
-	if got := counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != uint64(b.N) {
+	if got := counters.Value(MetricApplied, sourcetype.VLLM, events.ReasonNone); got != uint64(b.N) {
 		b.Fatalf("applied %d events of %d", got, b.N)
 	}
 	b.ReportMetric(float64(b.N*benchBlocks)/el.Seconds(), "blocks/s")
@@ -301,7 +301,7 @@ func benchIngestLinks(b *testing.B, deferred bool) {
 	pub := newPublisher(b, "tcp://127.0.0.1:*")
 	counters := NewCounters()
 	s, err := Start(Config{
-		Source:    SourceConfig{Key: "bench|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Source:    SourceConfig{Key: "bench|default|0", Type: sourcetype.VLLM, Endpoint: pub.endpoint},
 		Index:     IndexConfig{Context: ctx, Profile: prof, Engine: tb, Owner: owner},
 		Verify:    VerifyConfig{HashCheck: benchChecker("bench|default|0", &prof), Links: links, LinkDefer: linkDefer},
 		Report:    ReportConfig{Logger: eventtest.Logger(b)},

@@ -9,7 +9,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 	"github.com/mooncake-conductor-go/conductor/replay"
 	"github.com/rs/zerolog"
@@ -34,8 +34,8 @@ type Config struct {
 
 // SourceConfig names the publisher.
 type SourceConfig struct {
-	Key            string      // service key "instance|tenant|rank", for logs
-	Type           source.Type // selects the decoder, never topic/shape
+	Key            string          // service key "instance|tenant|rank", for logs
+	Type           sourcetype.Type // selects the decoder, never topic/shape
 	Endpoint       string
 	ReplayEndpoint string // "" = none; ignored for Mooncake
 	DPRank         int

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // Metric is one counter family of Counters.
@@ -48,14 +48,14 @@ func (m Metric) String() string {
 // is rejected) visible. All methods are safe for concurrent use and on a nil
 // receiver (counting disabled).
 type Counters struct {
-	v [numMetrics][source.NumTypes][events.NumReasons]atomic.Uint64
+	v [numMetrics][sourcetype.NumTypes][events.NumReasons]atomic.Uint64
 }
 
 // NewCounters returns a zeroed counter set.
 func NewCounters() *Counters { return &Counters{} }
 
-func (c *Counters) add(m Metric, t source.Type, r events.Reason, n uint64) {
-	if c == nil || t >= source.NumTypes {
+func (c *Counters) add(m Metric, t sourcetype.Type, r events.Reason, n uint64) {
+	if c == nil || t >= sourcetype.NumTypes {
 		return
 	}
 	c.v[m][t][r].Add(n)
@@ -63,15 +63,15 @@ func (c *Counters) add(m Metric, t source.Type, r events.Reason, n uint64) {
 
 // Value returns one counter; reason is ReasonNone for families without a
 // reason (received, applied, gaps).
-func (c *Counters) Value(m Metric, t source.Type, r events.Reason) uint64 {
-	if c == nil || m >= numMetrics || t >= source.NumTypes || r >= events.NumReasons {
+func (c *Counters) Value(m Metric, t sourcetype.Type, r events.Reason) uint64 {
+	if c == nil || m >= numMetrics || t >= sourcetype.NumTypes || r >= events.NumReasons {
 		return 0
 	}
 	return c.v[m][t][r].Load()
 }
 
 // Total sums a family over all reasons for one source type.
-func (c *Counters) Total(m Metric, t source.Type) uint64 {
+func (c *Counters) Total(m Metric, t sourcetype.Type) uint64 {
 	var n uint64
 	for r := events.Reason(0); r < events.NumReasons; r++ {
 		n += c.Value(m, t, r)
@@ -102,7 +102,7 @@ func (c *Counters) samples(zeros bool) []Sample {
 	}
 	var out []Sample
 	for m := Metric(0); m < numMetrics; m++ {
-		for t := source.Type(0); t < source.NumTypes; t++ {
+		for t := sourcetype.Type(0); t < sourcetype.NumTypes; t++ {
 			for r := events.Reason(0); r < events.NumReasons; r++ {
 				v := c.v[m][t][r].Load()
 				if v == 0 && !(zeros && familyReasons[m][r]) {

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -28,7 +28,7 @@ func TestEnvelopeEdges(t *testing.T) {
 	s, e := direct(t, "vllm-a")
 	// batch rank beyond int: mismatch -> stale
 	s.applyBatch(1, eventtest.Encode(t, []any{1.5, []any{}, uint64(1) << 40}))
-	if s.State() != Stale || e.counters.Value(MetricBatchRejected, source.VLLM, events.BatchDPMismatch) != 1 {
+	if s.State() != Stale || e.counters.Value(MetricBatchRejected, sourcetype.VLLM, events.BatchDPMismatch) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
 	s2, e2 := direct(t, "pool-a-sub", "vllm-a")
@@ -39,7 +39,7 @@ func TestEnvelopeEdges(t *testing.T) {
 	} {
 		s2.applyBatch(uint64(i+1), p)
 	}
-	if n := e2.counters.Total(MetricEnvelopeRejected, source.Mooncake); n != 3 {
+	if n := e2.counters.Total(MetricEnvelopeRejected, sourcetype.Mooncake); n != 3 {
 		t.Errorf("rejected %d envelopes: %v", n, e2.counters.Snapshot())
 	}
 	if s2.State() != Live {

@@ -11,7 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -27,7 +27,7 @@ func TestRejectedEventLogNamesTheValues(t *testing.T) {
 	ctx := eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16})
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	s := mustStart(t, Config{
-		Source:    SourceConfig{Key: "rej|default|0", Type: source.VLLM, Endpoint: pub.endpoint},
+		Source:    SourceConfig{Key: "rej|default|0", Type: sourcetype.VLLM, Endpoint: pub.endpoint},
 		Index:     IndexConfig{Context: ctx, Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
 		Report:    ReportConfig{Logger: zerolog.New(logs)},
 		Resources: NewResources(ResourcesOptions{Counters: NewCounters()}),
@@ -124,7 +124,7 @@ func TestStuckConnectingWarnsOnce(t *testing.T) {
 	logs := &eventtest.LogBuffer{}
 	const ep = "tcp://no-such-host.invalid:5557"
 	s := mustStart(t, Config{
-		Source:    SourceConfig{Key: "stuck|default|0", Type: source.VLLM, Endpoint: ep},
+		Source:    SourceConfig{Key: "stuck|default|0", Type: sourcetype.VLLM, Endpoint: ep},
 		Index:     IndexConfig{Context: eventtest.ContextOf(eventtest.Registration{Modelname: "test-model", BlockSize: 16}), Profile: prof, Engine: &eventtest.Recorder{}, Owner: eventtest.Owner},
 		Session:   SessionConfig{WatchConnection: true},
 		Tuning:    Tuning{ConnectWarnAfter: 100 * time.Millisecond},

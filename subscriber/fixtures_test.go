@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -17,7 +17,7 @@ import (
 // recorded itself.
 func checkFixture(t *testing.T, f *eventtest.Fixture, e *env, s *Subscriber, seq uint64, prior, got []eventtest.Op, envRejectedBefore uint64, exactSeq bool) {
 	t.Helper()
-	typ, _ := source.Parse(f.SourceType)
+	typ, _ := sourcetype.Parse(f.SourceType)
 	outcomes := e.outcomesOf(seq)
 	switch {
 	case f.Expect.Envelope == "reject":
@@ -76,7 +76,7 @@ func runFixtureOverZMQ(t *testing.T, m *eventtest.Manifest, f *eventtest.Fixture
 	s := mustStart(t, e.cfg)
 	defer s.Stop()
 	pub.waitSubscribed()
-	typ, _ := source.Parse(f.SourceType)
+	typ, _ := sourcetype.Parse(f.SourceType)
 
 	if f.FramesFile != "" {
 		frames := eventtest.Frames(t, f)
@@ -152,7 +152,7 @@ func runFixtureOverZMQ(t *testing.T, m *eventtest.Manifest, f *eventtest.Fixture
 	if bal := eventtest.SharedBalance(all); len(bal) != 0 {
 		t.Errorf("shared references left after Stop: %v", bal)
 	}
-	if typ != source.Mooncake {
+	if typ != sourcetype.Mooncake {
 		if ops := all[len(all)-1]; ops.Kind != "clear" || ops.Mask != index.AllEngineTiers {
 			t.Errorf("Stop did not clear the engine owner: last op %v", ops)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
@@ -63,7 +63,7 @@ func newEnv(t testing.TB, m *eventtest.Manifest, regName string, also []string, 
 	e := &env{engine: &eventtest.Recorder{}, shared: &eventtest.Recorder{}, outcomes: map[uint64][]events.Outcome{}, counters: NewCounters()}
 	prof := eventtest.ResolveProfile(t, reg)
 	tables := m.Profiles(t, also)
-	typ, ok := source.Parse(reg.Type)
+	typ, ok := sourcetype.Parse(reg.Type)
 	if !ok {
 		t.Fatalf("registration type %q", reg.Type)
 	}

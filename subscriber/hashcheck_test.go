@@ -10,7 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -67,18 +67,18 @@ func TestHashCheckOverZMQ(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name       string
-		typ        source.Type
+		typ        sourcetype.Type
 		engine     hashing.Profile // what the publisher hashes with
 		registered hashing.Profile // what the service is registered with
 		want       [2]uint64       // matches, mismatches
 	}{
-		{"vLLM right profile", source.VLLM, vllm, vllm, [2]uint64{4, 0}},
-		{"vLLM wrong seed", source.VLLM, vllm,
+		{"vLLM right profile", sourcetype.VLLM, vllm, vllm, [2]uint64{4, 0}},
+		{"vLLM wrong seed", sourcetype.VLLM, vllm,
 			mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256CBOR, "low64_be", &seed1), [2]uint64{0, 1}},
-		{"vLLM wrong algorithm", source.VLLM, vllm,
+		{"vLLM wrong algorithm", sourcetype.VLLM, vllm,
 			mustResolve(t, hashing.StrategyVLLMV1, hashing.AlgorithmSHA256, "low64_be", &seed0), [2]uint64{0, 1}},
-		{"SGLang right profile", source.SGLang, sglang, sglang, [2]uint64{4, 0}},
-		{"SGLang wrong strategy", source.SGLang, sglang,
+		{"SGLang right profile", sourcetype.SGLang, sglang, sglang, [2]uint64{4, 0}},
+		{"SGLang wrong strategy", sourcetype.SGLang, sglang,
 			mustResolve(t, hashing.StrategySGLangBigram, hashing.AlgorithmSHA256Raw, "first64_be", nil), [2]uint64{0, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -106,7 +106,7 @@ func TestHashCheckOverZMQ(t *testing.T) {
 					"type": "BlockStored", "block_hashes": hs, "parent_block_hash": parent,
 					"token_ids": toks, "block_size": bs, "lora_id": nil,
 				}
-				if tc.typ == source.VLLM {
+				if tc.typ == sourcetype.VLLM {
 					m["medium"], m["lora_name"] = "GPU", nil
 					m["extra_keys"] = make([]any, len(hs)) // no extra keys
 				}

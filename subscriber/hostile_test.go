@@ -13,7 +13,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
 	zmq "github.com/pebbe/zmq4"
@@ -44,7 +44,7 @@ func TestHostilePublisher(t *testing.T) {
 	counters := NewCounters()
 	start := func(key, endpoint string) *Subscriber {
 		return mustStart(t, Config{
-			Source:    SourceConfig{Key: key, Type: source.VLLM, Endpoint: endpoint},
+			Source:    SourceConfig{Key: key, Type: sourcetype.VLLM, Endpoint: endpoint},
 			Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner(key, 0)},
 			Tuning:    Tuning{StaleHoldOff: time.Nanosecond},
 			Report:    ReportConfig{Logger: eventtest.Logger(t)},
@@ -94,10 +94,10 @@ func TestHostilePublisher(t *testing.T) {
 	seq++
 	bad.send(seq, endless)
 	waitSeq(t, sBad, seq)
-	if n := counters.Value(MetricEnvelopeRejected, source.VLLM, events.EnvTooManyEvents); n != 1 {
+	if n := counters.Value(MetricEnvelopeRejected, sourcetype.VLLM, events.EnvTooManyEvents); n != 1 {
 		t.Errorf("too_many_events rejections %d, want 1", n)
 	}
-	rejected := counters.Total(MetricEnvelopeRejected, source.VLLM)
+	rejected := counters.Total(MetricEnvelopeRejected, sourcetype.VLLM)
 	if rejected < rounds {
 		t.Errorf("%d envelopes rejected, want at least the %d garbage messages", rejected, rounds)
 	}
@@ -106,7 +106,7 @@ func TestHostilePublisher(t *testing.T) {
 	// of buffering the message (the publisher sees the subscription go),
 	// and nothing of it is applied. libzmq does not reconnect after that
 	// protocol error; the subscriber does, so the subscription comes back.
-	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 0 {
+	if n := counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize); n != 0 {
 		t.Fatalf("oversize drops %d before any, want 0", n)
 	}
 	bad.send(seq+1, make([]byte, zmqx.MaxMessageBytes+1))
@@ -114,7 +114,7 @@ func TestHostilePublisher(t *testing.T) {
 	bad.subscribed = false
 	bad.waitSubscribed()
 	eventtest.WaitFor(t, "the oversize session counted", 10*time.Second, func() bool {
-		return counters.Value(MetricDropped, source.VLLM, events.DropOversize) == 1
+		return counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize) == 1
 	})
 	if got, _ := sBad.LastSeq(); got != seq {
 		t.Errorf("last seq %d after the oversize message, want %d", got, seq)
@@ -135,7 +135,7 @@ func TestHostilePublisher(t *testing.T) {
 	// the subscriber itself reconnected) ...
 	bad.send(seq+2, storedBatch([]uint64{500}, reg.BlockSize, 0))
 	eventtest.WaitFor(t, "the bad source stale after the gap", 10*time.Second, sBad.Stale)
-	if n := counters.Value(MetricStale, source.VLLM, events.StaleGap); n != 1 {
+	if n := counters.Value(MetricStale, sourcetype.VLLM, events.StaleGap); n != 1 {
 		t.Errorf("gap stale transitions %d, want 1", n)
 	}
 	if n := sBad.Restarts(); n != 0 {
@@ -150,7 +150,7 @@ func TestHostilePublisher(t *testing.T) {
 	if got := tb.PrefixCount(); got != int(goodLast)+2 {
 		t.Errorf("%d blocks indexed, want the good publisher's %d and the healed one's 1", got, goodLast+1)
 	}
-	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 1 {
+	if n := counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize); n != 1 {
 		t.Errorf("oversize drops %d, want 1", n)
 	}
 
@@ -195,7 +195,7 @@ func TestOversizeMessageWithReplay(t *testing.T) {
 	pub := newPublisher(t, ipcEndpoint(t, "pub"))
 	rs := startReplayService(t)
 	s := mustStart(t, Config{
-		Source:    SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint},
+		Source:    SourceConfig{Key: "svc", Type: sourcetype.VLLM, Endpoint: pub.endpoint, ReplayEndpoint: rs.endpoint},
 		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
 		Tuning:    Tuning{StaleHoldOff: time.Nanosecond, ReplayReceiveTimeout: 200 * time.Millisecond, ReplayTotalTimeout: time.Second},
 		Report:    ReportConfig{Logger: eventtest.Logger(t)},
@@ -216,17 +216,17 @@ func TestOversizeMessageWithReplay(t *testing.T) {
 	pub.subscribed = false
 	pub.waitSubscribed()
 	eventtest.WaitFor(t, "the oversize session counted", 10*time.Second, func() bool {
-		return counters.Value(MetricDropped, source.VLLM, events.DropOversize) == 1
+		return counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize) == 1
 	})
 
 	third := storedBatch([]uint64{3}, reg.BlockSize, 0)
 	rs.put(3, third)
 	pub.send(3, third)
 	eventtest.WaitFor(t, "stale after the unreplayable gap", 20*time.Second, s.Stale)
-	if n := counters.Total(MetricStale, source.VLLM); n != 1 {
+	if n := counters.Total(MetricStale, sourcetype.VLLM); n != 1 {
 		t.Errorf("%d stale transitions, want 1", n)
 	}
-	if n := counters.Value(MetricStale, source.VLLM, events.StaleGap); n != 0 {
+	if n := counters.Value(MetricStale, sourcetype.VLLM, events.StaleGap); n != 0 {
 		t.Errorf("%d plain gap stale transitions, want 0: the source has replay", n)
 	}
 	if n := s.Restarts(); n != 0 {
@@ -283,7 +283,7 @@ func TestHandshakeFailureReconnects(t *testing.T) {
 	defer func() { _ = ln.Close(); <-done; conns.Wait() }()
 
 	s := mustStart(t, Config{
-		Source:    SourceConfig{Key: "svc", Type: source.VLLM, Endpoint: "tcp://" + ln.Addr().String()},
+		Source:    SourceConfig{Key: "svc", Type: sourcetype.VLLM, Endpoint: "tcp://" + ln.Addr().String()},
 		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
 		Report:    ReportConfig{Logger: eventtest.Logger(t)},
 		Resources: NewResources(ResourcesOptions{Counters: counters}),
@@ -292,7 +292,7 @@ func TestHandshakeFailureReconnects(t *testing.T) {
 	eventtest.WaitFor(t, "a second connection after the failed handshake", 20*time.Second, func() bool {
 		return accepted.Load() >= 2
 	})
-	if n := counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 0 {
+	if n := counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize); n != 0 {
 		t.Errorf("%d oversize drops for a handshake failure, want 0", n)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
@@ -195,10 +195,10 @@ func TestGapReplayLosesNothing(t *testing.T) {
 			t.Fatalf("applied order broken at %d: %d", i, sq)
 		}
 	}
-	if e.counters.Total(MetricGaps, source.VLLM) == 0 || e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered) == 0 {
+	if e.counters.Total(MetricGaps, sourcetype.VLLM) == 0 || e.counters.Value(MetricReplays, sourcetype.VLLM, events.ReplayRecovered) == 0 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
-	t.Logf("gaps %d, replay requests %d", e.counters.Total(MetricGaps, source.VLLM), rs.requestCount())
+	t.Logf("gaps %d, replay requests %d", e.counters.Total(MetricGaps, sourcetype.VLLM), rs.requestCount())
 }
 
 // TestLiveBufferedDuringReplay: live messages that arrive while the replay
@@ -223,7 +223,7 @@ func TestLiveBufferedDuringReplay(t *testing.T) {
 		pub.send(seq, rs.store[seq])
 	}
 	eventtest.WaitFor(t, "live messages drained while replay waits", 5*time.Second, func() bool {
-		return e.counters.Value(MetricReceived, source.VLLM, events.ReasonNone) == 7
+		return e.counters.Value(MetricReceived, sourcetype.VLLM, events.ReasonNone) == 7
 	})
 	if got := e.appliedOrder(); !slices.Equal(got, []uint64{1}) {
 		t.Fatalf("applied before replay answered: %v", got)
@@ -260,7 +260,7 @@ func TestReplayConflictMakesStale(t *testing.T) {
 	pub.send(1, storedBatch([]uint64{1}, 4, 0))
 	pub.send(3, storedBatch([]uint64{3}, 4, 0))
 	eventtest.WaitFor(t, "stale", 5*time.Second, s.Stale)
-	if e.counters.Value(MetricStale, source.VLLM, events.StaleReplay) != 1 {
+	if e.counters.Value(MetricStale, sourcetype.VLLM, events.StaleReplay) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 	assertRetracted(t, e)
@@ -284,7 +284,7 @@ func TestRecoveryBufferOverflow(t *testing.T) {
 		pub.send(seq, emptyBatch("vLLM"))
 	}
 	eventtest.WaitFor(t, "stale", 5*time.Second, s.Stale)
-	if e.counters.Value(MetricStale, source.VLLM, events.StaleBufferOverflow) != 1 {
+	if e.counters.Value(MetricStale, sourcetype.VLLM, events.StaleBufferOverflow) != 1 {
 		t.Errorf("counters %v", e.counters.Snapshot())
 	}
 }
@@ -321,9 +321,9 @@ func TestStopDuringReplay(t *testing.T) {
 				t.Errorf("state %v", st)
 			}
 			assertRetracted(t, e)
-			if e.counters.Value(MetricReplays, source.VLLM, events.ReplayStopped) != 1 ||
-				e.counters.Value(MetricReplays, source.VLLM, events.ReplayRetried) != 0 ||
-				e.counters.Value(MetricReplays, source.VLLM, events.ReplayDeadline) != 0 {
+			if e.counters.Value(MetricReplays, sourcetype.VLLM, events.ReplayStopped) != 1 ||
+				e.counters.Value(MetricReplays, sourcetype.VLLM, events.ReplayRetried) != 0 ||
+				e.counters.Value(MetricReplays, sourcetype.VLLM, events.ReplayDeadline) != 0 {
 				t.Errorf("replay not interrupted by Stop: counters %v", e.counters.Snapshot())
 			}
 			s.Stop() // idempotent
@@ -382,11 +382,11 @@ func TestStartErrors(t *testing.T) {
 		mod  func(c *Config)
 		want string
 	}{
-		{"unknown type", func(c *Config) { c.Source.Type = source.NumTypes }, "unknown publisher type"},
+		{"unknown type", func(c *Config) { c.Source.Type = sourcetype.NumTypes }, "unknown publisher type"},
 		{"no engine sink", func(c *Config) { c.Index.Engine = nil }, "engine source needs an index table"},
 		{"unresolved profile", func(c *Config) { c.Index.Profile = hashing.Profile{} }, "hash profile is not resolved"},
 		{"bad endpoint", func(c *Config) { c.Source.Endpoint = "tcp://no-port" }, "connect SUB socket to tcp://no-port"},
-		{"mooncake no lookup", func(c *Config) { c.Source.Type = source.Mooncake }, "Mooncake source needs a context lookup"},
+		{"mooncake no lookup", func(c *Config) { c.Source.Type = sourcetype.Mooncake }, "Mooncake source needs a context lookup"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
@@ -419,7 +419,7 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 
 	pubV := newPublisher(t, ipcEndpoint(t, "v"))
 	sv, err := Start(Config{
-		Source: SourceConfig{Key: "vllm-a", Type: source.VLLM, Endpoint: pubV.endpoint},
+		Source: SourceConfig{Key: "vllm-a", Type: sourcetype.VLLM, Endpoint: pubV.endpoint},
 		Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("vllm-a", 0)},
 		Report: ReportConfig{Logger: eventtest.Logger(t)},
 	})
@@ -429,7 +429,7 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 	defer sv.Stop()
 	pubM := newPublisher(t, ipcEndpoint(t, "m"))
 	sm, err := Start(Config{
-		Source: SourceConfig{Key: "pool-a-sub", Type: source.Mooncake, Endpoint: pubM.endpoint},
+		Source: SourceConfig{Key: "pool-a-sub", Type: sourcetype.Mooncake, Endpoint: pubM.endpoint},
 		Index: IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Lookup: ContextLookup(func(ctx index.ContextKey) (*contexts.Entry, bool) {
 			c := cat.Get(ctx)
 			return c, c != nil
@@ -468,8 +468,8 @@ func TestClearedDoesNotTouchOthers(t *testing.T) {
 
 func TestCountersSnapshot(t *testing.T) {
 	c := NewCounters()
-	c.add(MetricRejected, source.SGLang, events.EvNotMap, 3)
-	c.add(MetricApplied, source.VLLM, events.ReasonNone, 2)
+	c.add(MetricRejected, sourcetype.SGLang, events.EvNotMap, 3)
+	c.add(MetricApplied, sourcetype.VLLM, events.ReasonNone, 2)
 	snap := c.Snapshot()
 	want := []Sample{
 		{Metric: "events_applied", Source: "vLLM", Value: 2},
@@ -479,8 +479,8 @@ func TestCountersSnapshot(t *testing.T) {
 		t.Errorf("snapshot %v", snap)
 	}
 	var nilC *Counters
-	nilC.add(MetricApplied, source.VLLM, events.ReasonNone, 1)
-	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, source.VLLM, events.ReasonNone) != 0 {
+	nilC.add(MetricApplied, sourcetype.VLLM, events.ReasonNone, 1)
+	if nilC.Snapshot() != nil || nilC.Value(MetricApplied, sourcetype.VLLM, events.ReasonNone) != 0 {
 		t.Error("nil counters must be inert")
 	}
 }
@@ -538,7 +538,7 @@ func TestPanicMakesStale(t *testing.T) {
 	s.seq.started = true
 	s.setState(Live)
 	s.applyBatch(1, eventtest.Payload(t, eventtest.LoadManifest(t).Fixture(t, "vllm_stored_gpu_2blocks")))
-	if s.State() != Stale || e.counters.Value(MetricStale, source.VLLM, events.StaleInternal) != 1 {
+	if s.State() != Stale || e.counters.Value(MetricStale, sourcetype.VLLM, events.StaleInternal) != 1 {
 		t.Errorf("state %v counters %v", s.State(), e.counters.Snapshot())
 	}
 	if ops := sink.Snapshot(); len(ops) != 1 || ops[0].Kind != "clear" {

@@ -16,7 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
 )
@@ -179,7 +179,7 @@ func TestPublisherExitDisconnects(t *testing.T) {
 	ep, first := startPublisherProcess(t, "tcp://127.0.0.1:*")
 	logs := &eventtest.LogBuffer{}
 	s := mustStart(t, Config{
-		Source:    SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
+		Source:    SourceConfig{Key: "svc|default|0", Type: sourcetype.VLLM, Endpoint: ep},
 		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
 		Session:   SessionConfig{WatchConnection: true},
 		Report:    ReportConfig{Logger: zerolog.New(logs)},
@@ -243,7 +243,7 @@ func TestNotZMQPeerNamed(t *testing.T) {
 			ep := "tcp://" + ln.Addr().String()
 			logs := &eventtest.LogBuffer{}
 			s := mustStart(t, Config{
-				Source:    SourceConfig{Key: "svc|default|0", Type: source.VLLM, Endpoint: ep},
+				Source:    SourceConfig{Key: "svc|default|0", Type: sourcetype.VLLM, Endpoint: ep},
 				Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
 				Session:   SessionConfig{WatchConnection: true},
 				Tuning:    Tuning{HandshakeWarnAfter: 300 * time.Millisecond},

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
 )
@@ -129,7 +129,7 @@ func TestHWMOverflowIsRecoveredAsGap(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("stored %d keys, want %d", len(got), len(want))
 	}
-	gaps := e.counters.Total(MetricGaps, source.VLLM)
+	gaps := e.counters.Total(MetricGaps, sourcetype.VLLM)
 	if gaps == 0 || rs.requestCount() == 0 {
 		t.Fatalf("%d gaps, %d replay requests: the burst must have overflowed the queues", gaps, rs.requestCount())
 	}

@@ -14,7 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
@@ -264,7 +264,7 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 		pub.send(seq, storedBatch([]uint64{key(seq)}, 4, 0))
 	}
 	eventtest.WaitFor(t, "live messages buffered", 5*time.Second, func() bool {
-		return e.counters.Value(MetricReceived, source.VLLM, events.ReasonNone) == 299
+		return e.counters.Value(MetricReceived, sourcetype.VLLM, events.ReasonNone) == 299
 	})
 	close(hold)
 	waitSeq(t, s, 300)
@@ -285,7 +285,7 @@ func TestRecoveryWithQueuedMessages(t *testing.T) {
 			t.Fatalf("block %d: key %d, want %d", i, got[i], want[i])
 		}
 	}
-	if s.Stale() || e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered) != 1 {
+	if s.Stale() || e.counters.Value(MetricReplays, sourcetype.VLLM, events.ReplayRecovered) != 1 {
 		t.Fatalf("state %v, counters %v", s.State(), e.counters.Snapshot())
 	}
 }
@@ -395,7 +395,7 @@ func liveIngestAllocs(t *testing.T, arrays bool) {
 	if last, ok := s.LastSeq(); !ok || last != seq-1 {
 		t.Fatalf("applied up to %d (%v), sent %d", last, ok, seq)
 	}
-	if got := e.counters.Value(MetricApplied, source.VLLM, events.ReasonNone); got != seq {
+	if got := e.counters.Value(MetricApplied, sourcetype.VLLM, events.ReasonNone); got != seq {
 		t.Fatalf("%d events applied, want %d", got, seq)
 	}
 	if allocs != 0 {

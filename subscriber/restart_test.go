@@ -12,7 +12,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	zmq "github.com/pebbe/zmq4"
@@ -193,11 +193,11 @@ func TestPublisherRestartIsNewEpoch(t *testing.T) {
 			if got := e.epochOrder(); !slices.Equal(got, keyRange(first, tc.missed+3-first)) {
 				t.Errorf("new epoch applied %v", got)
 			}
-			if s.Stale() || e.counters.Total(MetricStale, source.VLLM) != 0 {
-				t.Errorf("stale %v, stale transitions %d", s.Stale(), e.counters.Total(MetricStale, source.VLLM))
+			if s.Stale() || e.counters.Total(MetricStale, sourcetype.VLLM) != 0 {
+				t.Errorf("stale %v, stale transitions %d", s.Stale(), e.counters.Total(MetricStale, sourcetype.VLLM))
 			}
 			// libzmq reconnected by itself: the subscriber reset nothing.
-			if n := e.counters.Value(MetricDropped, source.VLLM, events.DropOversize); n != 0 {
+			if n := e.counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize); n != 0 {
 				t.Errorf("%d sessions taken for oversize losses, want 0", n)
 			}
 		})
@@ -274,8 +274,8 @@ func gapsInOneProcess(t *testing.T, monitored bool) {
 	if diff := cmp.Diff(want, stored); diff != "" {
 		t.Errorf("stored keys (-want +got):\n%s", diff)
 	}
-	gaps := e.counters.Total(MetricGaps, source.VLLM)
-	rounds := e.counters.Value(MetricReplays, source.VLLM, events.ReplayRecovered)
+	gaps := e.counters.Total(MetricGaps, sourcetype.VLLM)
+	rounds := e.counters.Value(MetricReplays, sourcetype.VLLM, events.ReplayRecovered)
 	if s.Restarts() != 0 || gaps < 250 || rounds < 250 || reconnections < 5 {
 		t.Errorf("restarts %d over %d gaps (%d replay rounds) and %d reconnections", s.Restarts(), gaps, rounds, reconnections)
 	}

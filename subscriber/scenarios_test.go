@@ -14,7 +14,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -211,7 +211,7 @@ func runSequenceScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 				assertDroppedThenIndexed(t, e)
 			}
 			if r, ok := staleReasonFor(st.Expect.Reason); ok && want == Stale {
-				typ, _ := source.Parse(reg.Type)
+				typ, _ := sourcetype.Parse(reg.Type)
 				if e.counters.Value(MetricStale, typ, r) != 1 {
 					t.Errorf("step %d: stale reason counters %v, want %v", i, e.counters.Snapshot(), r)
 				}
@@ -283,7 +283,7 @@ func runQueryScenario(t *testing.T, m *eventtest.Manifest, sc scenario) {
 		reg := m.Registration(t, name)
 		prof := eventtest.ResolveProfile(t, reg)
 		pub := newPublisher(t, ipcEndpoint(t, name))
-		typ, _ := source.Parse(reg.Type)
+		typ, _ := sourcetype.Parse(reg.Type)
 		cfg := Config{
 			Source: SourceConfig{Key: name, Type: typ, Endpoint: pub.endpoint, DPRank: reg.DPRank},
 			Index:  IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof},

@@ -10,7 +10,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/replay"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/rs/zerolog"
@@ -42,7 +42,7 @@ const pollInterval = 2 * time.Second
 // atomics.
 type Subscriber struct {
 	cfg      Config
-	typ      source.Type
+	typ      sourcetype.Type
 	tuning   Tuning
 	shared   *Resources
 	counters *Counters
@@ -96,16 +96,16 @@ func Start(cfg Config) (*Subscriber, error) {
 func newSubscriber(cfg Config) (*Subscriber, error) {
 	src, ix := &cfg.Source, &cfg.Index
 	typ := src.Type
-	if typ >= source.NumTypes {
+	if typ >= sourcetype.NumTypes {
 		return nil, fmt.Errorf("start subscriber %s: unknown publisher type %v", src.Key, typ)
 	}
 	if ix.Profile.Projection() == 0 {
 		return nil, fmt.Errorf("start subscriber %s: hash profile is not resolved", src.Key)
 	}
 	switch {
-	case typ == source.Mooncake && ix.Lookup == nil:
+	case typ == sourcetype.Mooncake && ix.Lookup == nil:
 		return nil, fmt.Errorf("start subscriber %s: Mooncake source needs a context lookup", src.Key)
-	case typ != source.Mooncake && isNilSink(ix.Engine):
+	case typ != sourcetype.Mooncake && isNilSink(ix.Engine):
 		return nil, fmt.Errorf("start subscriber %s: engine source needs an index table", src.Key)
 	}
 	if cfg.Resources == nil {
@@ -132,7 +132,7 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 		return nil, fmt.Errorf("start subscriber %s: %w", src.Key, err)
 	}
 	s.apply.init(s, dec, linkDefer(cfg.Verify) > 0)
-	if typ == source.Mooncake {
+	if typ == sourcetype.Mooncake {
 		if src.ReplayEndpoint != "" {
 			s.log.Warn().Str("replay_endpoint", src.ReplayEndpoint).Msg("the Mooncake master has no replay; replay_endpoint ignored")
 		}

@@ -18,7 +18,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/etcdtest"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/registry"
@@ -150,7 +150,7 @@ func profile(t *testing.T, seed string) hashing.Profile {
 }
 
 func svc(t *testing.T, instance string, port int) registry.Service {
-	return registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), Type: source.VLLM, ModelName: "m", TenantID: "default",
+	return registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), Type: sourcetype.VLLM, ModelName: "m", TenantID: "default",
 		InstanceID: instance, BlockSize: 16, Profile: profile(t, "0")}
 }
 
@@ -425,7 +425,7 @@ func BenchmarkRegistrationVisible(b *testing.B) {
 	var lat []time.Duration
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		s := registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 10000+i), Type: source.VLLM, ModelName: "m", TenantID: "default",
+		s := registry.Service{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 10000+i), Type: sourcetype.VLLM, ModelName: "m", TenantID: "default",
 			InstanceID: fmt.Sprintf("bench%d", i), BlockSize: 16, Profile: p}
 		t0 := time.Now()
 		if _, err := rs[i%3].reg.Register(s); err != nil {

@@ -7,7 +7,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/rs/zerolog"
 )
 
@@ -54,7 +54,7 @@ type RejectDetailer interface {
 
 // Config is what a decoder needs of one registration.
 type Config struct {
-	Type    source.Type
+	Type    sourcetype.Type
 	Profile hashing.Profile  // the registration's resolved hash profile
 	Context index.ContextKey // the registration's own context
 	Engine  EngineSink       // engine types: the registration's table
@@ -102,11 +102,11 @@ type Verifier interface {
 // New returns the decoder of cfg.Type.
 func New(cfg Config) (Decoder, error) {
 	switch cfg.Type {
-	case source.VLLM:
+	case sourcetype.VLLM:
 		return newEngine(&vllmRules, cfg), nil
-	case source.SGLang:
+	case sourcetype.SGLang:
 		return newEngine(&sglangRules, cfg), nil
-	case source.Mooncake:
+	case sourcetype.Mooncake:
 		return newMooncake(cfg), nil
 	}
 	return nil, fmt.Errorf("no decoder for publisher type %v", cfg.Type)

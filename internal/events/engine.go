@@ -8,7 +8,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/rs/zerolog"
 )
 
@@ -82,7 +82,7 @@ func engineFieldSpecs() []fieldSpec {
 // which of them each event kind allows and requires, the hash forms it
 // publishes, the tiers its clear resets, and its kind-specific checks.
 type engineRules struct {
-	typ    source.Type
+	typ    sourcetype.Type
 	fields *fieldTable
 	keys   [numEvKinds]keyRule
 	// tokenPairs accepts [a, b] pairs among token ids (SGLang EAGLE).
@@ -203,7 +203,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		loraName:  cfg.Context.Lora,
 		pend:      pendingLinks{max: cfg.LinkDefer, shared: cfg.Links},
 	}
-	if rules.typ == source.VLLM {
+	if rules.typ == sourcetype.VLLM {
 		d.links = cfg.Links.Scope(&d.profile)
 	}
 	if cfg.Profile.IsStandard() {
@@ -211,7 +211,7 @@ func newEngine(rules *engineRules, cfg Config) *engineDecoder {
 		// recomputed, which the hash check would only repeat.
 		d.std = stdState{on: true, seed: cfg.Profile.StdSeed(), max: DefaultStdMapEntries, stats: cfg.Stats}
 		d.proj = hashing.Low64BE
-		if rules.typ == source.SGLang {
+		if rules.typ == sourcetype.SGLang {
 			d.proj = hashing.First64BE
 		}
 		d.check = nil
@@ -598,7 +598,7 @@ func (d *engineDecoder) RejectDetail(i int, e *zerolog.Event) {
 	case EvBlockSize:
 		e.Int64("block_size", w.blockSize).Int64("registered_block_size", d.blockSize)
 		switch {
-		case d.rules.typ == source.SGLang:
+		case d.rules.typ == sourcetype.SGLang:
 			e.Str("rule", "1 to the registered block_size")
 		case ev.grouped && ev.group == 0 && w.blockSize > 0 && w.blockSize%d.blockSize == 0:
 			e.Str("rule", "group 0 above the registered block size needs another group that makes the registered one the gcd (vLLM hashes at the gcd of its groups' block sizes); a single-group model registers the engine's block_size")

@@ -4,7 +4,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // Engines registered with the standard hash (docs/engines.md#standard-hash):
@@ -186,7 +186,7 @@ func (d *engineDecoder) stdStored(ev *engineEvent) {
 		if reach && i < len(exs) && (exs[i].Foreign || exs[i].Salt != "") {
 			reach = false
 		}
-		if reach && len(exs) == 0 && d.rules.typ == source.VLLM {
+		if reach && len(exs) == 0 && d.rules.typ == sourcetype.VLLM {
 			// vLLM without extra_keys: a salt or a multimodal key may
 			// have entered the engine's hash unseen.
 			reach = false

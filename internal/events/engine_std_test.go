@@ -8,7 +8,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -23,7 +23,7 @@ func (l *outcomeLog) Report(_ int, res Result, why Reason) { *l = append(*l, std
 
 var stdH = []uint64{16863443419780771464, 12466389667045779788, 960926348267535642, 4923844688253642376}
 
-func stdDecoder(t *testing.T, typ source.Type) (*engineDecoder, *eventtest.Recorder) {
+func stdDecoder(t *testing.T, typ sourcetype.Type) (*engineDecoder, *eventtest.Recorder) {
 	t.Helper()
 	p, err := hashing.Resolve(hashing.Spec{Strategy: "rfc1527", Algorithm: "xxh3_64"})
 	if err != nil {
@@ -74,7 +74,7 @@ func remove(k uint64) eventtest.Op {
 // extras the standard cannot fold (and their children) are remembered but
 // never stored, and the map's bytes are accounted and given back.
 func TestStandardEngineKeys(t *testing.T) {
-	d, rec := stdDecoder(t, source.VLLM)
+	d, rec := stdDecoder(t, sourcetype.VLLM)
 	stats := d.std.stats
 	applied := stdOutcome{Applied, ReasonNone}
 	got := stdBatch(t, d,
@@ -115,7 +115,7 @@ func TestStandardEngineKeys(t *testing.T) {
 // TestStandardEngineBound: past the map's bound a stored event is refused
 // (standard_map_full) rather than stored where no removal could find it.
 func TestStandardEngineBound(t *testing.T) {
-	d, rec := stdDecoder(t, source.VLLM)
+	d, rec := stdDecoder(t, sourcetype.VLLM)
 	d.std.max = 2
 	got := stdBatch(t, d, vStoredEv([]uint64{11, 12}, nil, 1, 32, []any{nil, nil}), vStoredEv([]uint64{13}, uint64(12), 33, 16, []any{nil}))
 	if diff := cmp.Diff([]stdOutcome{{Applied, ReasonNone}, {Rejected, EvStdMapFull}}, got); diff != "" {
@@ -129,7 +129,7 @@ func TestStandardEngineBound(t *testing.T) {
 
 // TestStandardSGLang: signed engine hashes, a partial page unreachable.
 func TestStandardSGLang(t *testing.T) {
-	d, rec := stdDecoder(t, source.SGLang)
+	d, rec := stdDecoder(t, sourcetype.SGLang)
 	toks := func(from, n int) []int32 {
 		out := make([]int32, n)
 		for i := range out {
@@ -154,13 +154,13 @@ func TestStandardSGLang(t *testing.T) {
 // bytes accounted; a decoder not under the standard hash exports nothing
 // and refuses entries; past the bound nothing is imported.
 func TestStandardMapAcrossRestart(t *testing.T) {
-	d, _ := stdDecoder(t, source.VLLM)
+	d, _ := stdDecoder(t, sourcetype.VLLM)
 	stdBatch(t, d, vStoredEv([]uint64{11, 12}, nil, 1, 32, []any{nil, nil}), vStoredEv([]uint64{21}, nil, 1, 16, nil))
 	es, ok := d.ExportStdMap()
 	if !ok || len(es) != 3 {
 		t.Fatalf("exported %v %v", es, ok)
 	}
-	d2, rec := stdDecoder(t, source.VLLM)
+	d2, rec := stdDecoder(t, sourcetype.VLLM)
 	if !d2.ImportStdMap(es) {
 		t.Fatal("import refused")
 	}
@@ -179,12 +179,12 @@ func TestStandardMapAcrossRestart(t *testing.T) {
 	if diff := cmp.Diff([]eventtest.Op{store(stdH[2]), remove(stdH[0])}, rec.Take()); diff != "" {
 		t.Errorf("sink calls (-want +got):\n%s", diff)
 	}
-	d3, _ := stdDecoder(t, source.VLLM)
+	d3, _ := stdDecoder(t, sourcetype.VLLM)
 	d3.std.max = 2
 	if d3.ImportStdMap(es) || len(d3.std.m) != 0 {
 		t.Error("imported past the bound")
 	}
-	plain, _ := New(Config{Type: source.VLLM, Profile: profileV(t), Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
+	plain, _ := New(Config{Type: sourcetype.VLLM, Profile: profileV(t), Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
 	m := plain.(StandardMap)
 	if _, ok := m.ExportStdMap(); ok || m.ImportStdMap(es) || !m.ImportStdMap(nil) {
 		t.Error("a decoder not under the standard hash takes or gives a map")
@@ -209,7 +209,7 @@ func BenchmarkStdMapExport(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dec, err := New(Config{Type: source.VLLM, Profile: p, Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
+	dec, err := New(Config{Type: sourcetype.VLLM, Profile: p, Context: index.ContextKey{Tenant: "default", Model: "m", BlockSize: 16}, Engine: &eventtest.Recorder{}, Owner: 1, Stats: &Stats{}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"math"
 
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // envelope is the decoded outer batch [timestamp, events, dp_rank]
@@ -40,7 +40,7 @@ const MaxBatchEvents = 65536
 // here: the batch dp_rank follows the events on the wire and a truncated
 // tail must reject the envelope, so effects wait until the whole payload
 // decoded.
-func (b *batch) decode(typ source.Type, payload []byte, er eventReader) Reason {
+func (b *batch) decode(typ sourcetype.Type, payload []byte, er eventReader) Reason {
 	r, env := &b.r, &b.env
 	*env = envelope{}
 	er.beginBatch()
@@ -69,7 +69,7 @@ func (b *batch) decode(typ source.Type, payload []byte, er eventReader) Reason {
 	if k, err = r.Peek(); err != nil {
 		return EnvInvalid
 	}
-	if typ == source.Mooncake {
+	if typ == sourcetype.Mooncake {
 		if k != msgp.Int {
 			return EnvTimestamp
 		}

@@ -7,7 +7,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/rs/zerolog"
 )
@@ -44,12 +44,12 @@ func newTester(t testing.TB, m *eventtest.Manifest, regName string, also ...stri
 	reg := m.Registration(t, regName)
 	x := &tester{reg: reg, engine: &eventtest.Recorder{}, shared: &eventtest.Recorder{}, outcomes: map[uint64][]Outcome{}}
 	tables := m.Profiles(t, also)
-	typ, ok := source.Parse(reg.Type)
+	typ, ok := sourcetype.Parse(reg.Type)
 	if !ok {
 		t.Fatalf("registration type %q", reg.Type)
 	}
 	cfg := Config{Type: typ, Profile: eventtest.ResolveProfile(t, reg), Context: eventtest.ContextOf(reg), Owner: eventtest.Owner, Logger: eventtest.Logger(t)}
-	if typ == source.Mooncake {
+	if typ == sourcetype.Mooncake {
 		cfg.Lookup = func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
 			p, ok := tables[ctx]
 			if !ok {

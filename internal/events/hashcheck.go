@@ -6,7 +6,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // The hash check on ingest (package hashcheck) needs an event's token ids,
@@ -83,7 +83,7 @@ func (d *engineDecoder) checkStored(ev *engineEvent, n int) {
 	// pay for decoding them.
 	h.extras, okE = d.extrasOf(ev, h.extras[:0], n)
 	noTokens := d.isNil(ev.spans[spTokens])
-	noExtras := okE && len(h.extras) == 0 && d.rules.typ != source.SGLang
+	noExtras := okE && len(h.extras) == 0 && d.rules.typ != sourcetype.SGLang
 	if !noTokens && !noExtras {
 		h.tokens, okT = d.tokensOf(ev.spans[spTokens], h.tokens[:0], words)
 		h.digests, okD = d.digestsOf(ev.spans[spHashes], h.digests[:0], n)
@@ -261,7 +261,7 @@ func (d *engineDecoder) digestsOf(sp span, dst [][]byte, n int) ([][]byte, bool)
 // registration's, "cache_salt" carries the salt, anything else is a key a
 // query cannot carry); without extra_keys dst stays empty (unknown).
 func (d *engineDecoder) extrasOf(ev *engineEvent, dst []hashcheck.Extras, n int) ([]hashcheck.Extras, bool) {
-	if d.rules.typ == source.SGLang {
+	if d.rules.typ == sourcetype.SGLang {
 		salt := ""
 		if r, ok := d.reader(ev.spans[spCacheSalt]); ok {
 			if k, _ := r.Peek(); k == msgp.Str {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/rs/zerolog"
 )
@@ -169,7 +169,7 @@ func newLayoutHarness(t fataler, prof hashing.Profile, groups []vllmGroup, hashB
 		h.tokens[i] = int32(1000 + i)
 	}
 	h.keys = eventtest.ChainKeys(&prof, hbs, h.tokens)
-	dec, err := New(Config{Type: source.VLLM, Profile: prof, Context: ctx, Owner: h.owner, Engine: tbl, Logger: zerolog.Nop()})
+	dec, err := New(Config{Type: sourcetype.VLLM, Profile: prof, Context: ctx, Owner: h.owner, Engine: tbl, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatalf("decoder: %v", err)
 	}

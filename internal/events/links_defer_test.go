@@ -8,7 +8,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -38,7 +38,7 @@ func TestPendingLinksChunks(t *testing.T) {
 	reg := m.Registration(t, "vllm-a")
 	prof := eventtest.ResolveProfile(t, reg)
 	links := hashing.NewLinks(8 << 20)
-	d := newEngine(&vllmRules, Config{Type: source.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
+	d := newEngine(&vllmRules, Config{Type: sourcetype.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
 		Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, LinkDefer: 16 << 20})
 	const per, events = 4, 3 * chunkEvents / 2
 	bs := reg.BlockSize
@@ -98,7 +98,7 @@ func TestPendingLinksShareOneBound(t *testing.T) {
 	links := hashing.NewLinks(8 << 20)
 	links.SetBacklogLimit(chunkBytes)
 	newSource := func() *engineDecoder {
-		return newEngine(&vllmRules, Config{Type: source.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
+		return newEngine(&vllmRules, Config{Type: sourcetype.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
 			Engine: &eventtest.Recorder{}, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, LinkDefer: 16 << 20})
 	}
 	bs := reg.BlockSize

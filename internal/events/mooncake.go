@@ -7,7 +7,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/rs/zerolog"
 )
 
@@ -328,7 +328,7 @@ func (d *mooncakeDecoder) beginBatch() {
 
 // Decode implements Decoder.
 func (d *mooncakeDecoder) Decode(payload []byte) Reason {
-	return d.decode(source.Mooncake, payload, d)
+	return d.decode(sourcetype.Mooncake, payload, d)
 }
 
 // Forget implements Decoder.

@@ -8,7 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -39,7 +39,7 @@ func newBudgetTester(t *testing.T, limit int64) *budgetTester {
 		tb = ix.EnsureTable(ctx)
 	}
 	prof := eventtest.ResolveProfile(t, reg)
-	dec, err := New(Config{Type: source.Mooncake, Profile: prof, Context: eventtest.ContextOf(reg), Owner: eventtest.Owner,
+	dec, err := New(Config{Type: sourcetype.Mooncake, Profile: prof, Context: eventtest.ContextOf(reg), Owner: eventtest.Owner,
 		Logger: eventtest.Logger(t), Lookup: func(ctx index.ContextKey) (SharedSink, *hashing.Profile, bool) {
 			p, ok := tables[ctx]
 			if !ok {

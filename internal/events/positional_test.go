@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 	"github.com/rs/zerolog"
@@ -74,7 +74,7 @@ func TestDecodeArraysDoesNotAllocate(t *testing.T) {
 		t.Run(id, func(t *testing.T) {
 			f := m.Fixture(t, id)
 			reg := m.Registration(t, f.Registration)
-			typ, _ := source.Parse(reg.Type)
+			typ, _ := sourcetype.Parse(reg.Type)
 			d, err := New(Config{Type: typ, Profile: eventtest.ResolveProfile(t, reg), Context: eventtest.ContextOf(reg),
 				Owner: eventtest.Owner, Engine: nopEngine{}, Logger: zerolog.Nop()})
 			if err != nil {

@@ -4,14 +4,14 @@ import (
 	"bytes"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // sglangRules is SGLang's KV event family (docs/events.md#sglang-events):
 // signed int64 hashes, EAGLE bigram token pairs, no LoRA, device and host
 // tiers by medium. Read-only: every SGLang decoder points at it.
 var sglangRules = engineRules{
-	typ: source.SGLang,
+	typ: sourcetype.SGLang,
 	fields: newFieldTable(func() []fieldSpec {
 		f := engineFieldSpecs()
 		f[fCacheSalt] = fieldSpec{"cache_salt", shapeOptStr, noSlot}

@@ -5,14 +5,14 @@ import (
 	"math"
 
 	"github.com/mooncake-conductor-go/conductor/index"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // vllmRules is vLLM's KV event family (docs/events.md#vllm-events): unsigned
 // or byte-string hashes, LoRA by name, attention kinds and cache groups, GPU
 // medium only. Read-only: every vLLM decoder points at it.
 var vllmRules = engineRules{
-	typ: source.VLLM,
+	typ: sourcetype.VLLM,
 	fields: newFieldTable(func() []fieldSpec {
 		f := engineFieldSpecs()
 		f[fLoraName] = fieldSpec{"lora_name", shapeOptStr, sLoraName}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 )
 
@@ -40,7 +40,7 @@ func TestVLLMDigestForms(t *testing.T) {
 				checks := hashcheck.NewSet(hashcheck.Options{Warmup: 1000})
 				check := checks.Add("svc", &prof, bs, "")
 				rec := &eventtest.Recorder{}
-				d := newEngine(&vllmRules, Config{Type: source.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
+				d := newEngine(&vllmRules, Config{Type: sourcetype.VLLM, Profile: prof, Context: eventtest.ContextOf(reg),
 					Engine: rec, Owner: eventtest.Owner, Logger: zerolog.Nop(), Links: links, Check: check})
 				toks := make([]int32, 6*bs)
 				for i := range toks {

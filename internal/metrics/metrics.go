@@ -20,7 +20,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing/hashcheck"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
@@ -258,7 +258,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if r := c.opts.Registry; r != nil {
-		var byType [source.NumTypes]int
+		var byType [sourcetype.NumTypes]int
 		stale := 0
 		for _, s := range r.Services() {
 			byType[s.Type]++
@@ -292,7 +292,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		for typ, n := range byType {
-			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), source.Type(typ).String())
+			ch <- prometheus.MustNewConstMetric(descServices, prometheus.GaugeValue, float64(n), sourcetype.Type(typ).String())
 		}
 		ch <- prometheus.MustNewConstMetric(descStale, prometheus.GaugeValue, float64(stale))
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 )
 
 // Verification that waits (events.Config.LinkDefer): the blocks are stored
@@ -29,7 +29,7 @@ func (r *linkRig) withDefer(deferBytes int) *linkRig {
 	n := len(r.decs)
 	r.decs = r.decs[:0]
 	for i := range n {
-		dec, err := events.New(events.Config{Type: source.VLLM, Profile: r.p, Context: r.ctx, Engine: tbl,
+		dec, err := events.New(events.Config{Type: sourcetype.VLLM, Profile: r.p, Context: r.ctx, Engine: tbl,
 			Owner: tbl.AddEngineOwner(fmt.Sprintf("i%d", i), 0), Links: r.links, Logger: zerolog.Nop(), LinkDefer: deferBytes})
 		if err != nil {
 			r.t.Fatal(err)

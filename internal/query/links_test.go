@@ -16,7 +16,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/events"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/racebuild"
 )
 
@@ -75,7 +75,7 @@ func newRig(t failer, algo, lora string, owners, bs int, links bool) *linkRig {
 	tbl := cat.Ensure(r.ctx, p).Table
 	for i := range owners {
 		r.owners = append(r.owners, tbl.AddEngineOwner(fmt.Sprintf("i%d", i), 0))
-		dec, err := events.New(events.Config{Type: source.VLLM, Profile: p, Context: r.ctx, Engine: tbl,
+		dec, err := events.New(events.Config{Type: sourcetype.VLLM, Profile: p, Context: r.ctx, Engine: tbl,
 			Owner: r.owners[i], Links: r.links, Logger: zerolog.Nop()})
 		if err != nil {
 			t.Fatal(err)

@@ -25,7 +25,7 @@ import (
 	"github.com/mooncake-conductor-go/conductor/index"
 	"github.com/mooncake-conductor-go/conductor/internal/contexts"
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
-	"github.com/mooncake-conductor-go/conductor/internal/source"
+	"github.com/mooncake-conductor-go/conductor/internal/sourcetype"
 	"github.com/mooncake-conductor-go/conductor/internal/state/regstore"
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
@@ -62,7 +62,7 @@ func profile(t testing.TB) hashing.Profile {
 }
 
 func service(t testing.TB, instance string, rank int, endpoint string) registry.Service {
-	return registry.Service{Endpoint: endpoint, Type: source.VLLM, ModelName: "m", TenantID: "default",
+	return registry.Service{Endpoint: endpoint, Type: sourcetype.VLLM, ModelName: "m", TenantID: "default",
 		InstanceID: instance, BlockSize: 16, DPRank: rank, Profile: profile(t)}
 }
 

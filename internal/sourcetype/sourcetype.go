@@ -1,9 +1,10 @@
-// Package source names the kinds of event publisher the service accepts.
+// Package sourcetype names the kinds of event publisher the service accepts
+// (the metrics' source_type label; a source is the subscription itself).
 // It is its own package so that the registry (which validates
 // registrations), the event decoders and the subscriber (which pick a
 // decoder by it) and the metrics (which label by it) share one definition
 // without importing each other.
-package source
+package sourcetype
 
 import "fmt"
 
