@@ -166,6 +166,7 @@ type engineDecoder struct {
 	// walking its map allocates nothing.
 	fields engineFields
 	mapEv  engineMapEvent
+	metaEv metadataMapEvent // SGLang's block-metadata map (positional.go)
 	// check samples applied BlockStored events (hashcheck.go); payload is
 	// the batch they are read from again, until Forget.
 	check   *hashcheck.Checker

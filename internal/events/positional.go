@@ -96,45 +96,16 @@ func (d *engineDecoder) readMetadata(r *msgp.Reader, k msgp.Kind, f *engineField
 		f.fail(EvWrongType)
 		return r.Skip()
 	}
-	n, err := r.MapLen()
-	if err != nil {
-		return err
-	}
-	for i := 0; i < n; i++ {
-		kk, err := r.Peek()
-		if err != nil {
-			return err
-		}
-		if kk != msgp.Str {
-			f.fail(EvNonStringKey)
-			if err := r.Skip(); err != nil {
-				return err
-			}
-			if err := r.Skip(); err != nil {
-				return err
-			}
-			continue
-		}
-		key, err := r.Str()
-		if err != nil {
-			return err
-		}
-		switch {
-		case string(key) != "cache_salt":
-			err = r.Skip()
-		case f.seen&bit(fCacheSalt) != 0:
-			f.fail(EvDuplicateKey)
-			err = r.Skip()
-		case f.reject != ReasonNone:
-			f.seen |= bit(fCacheSalt)
-			err = r.Skip()
-		default:
-			f.seen |= bit(fCacheSalt)
-			err = d.readField(r, fCacheSalt, f)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	d.metaEv = metadataMapEvent{engineMapEvent{d: d, f: f}}
+	return readEventMap(r, &d.metaEv)
+}
+
+// metadataMapEvent reads the block-metadata map by the rules of an event
+// map (non-string keys and a repeated cache_salt reject the event, other
+// keys are skipped): cache_salt is its one recognized key, read into the
+// event's field of that name.
+type metadataMapEvent struct{ engineMapEvent }
+
+func (e *metadataMapEvent) fieldID(key []byte) (uint8, bool) {
+	return fCacheSalt, string(key) == "cache_salt"
 }
