@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/mooncake-conductor-go/conductor/internal/hashing"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/querybody"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -316,31 +317,8 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 func tokenBody(n int, int32s bool) []byte { return packTokens(n, 150000, int32s) }
 
 // tokenBodyVocab is tokenBody for a vocabulary of the given size.
-func tokenBodyVocab(n, vocab int) []byte { return packTokens(n, vocab, false) }
-
-func packTokens(n, vocab int, int32s bool) []byte {
-	body := []byte{0x83, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm', 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10,
-		0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdd}
-	body = binary.BigEndian.AppendUint32(body, uint32(n))
-	x := uint32(12345)
-	for range n {
-		x = x*1664525 + 1013904223
-		v := x >> 8 % uint32(vocab)
-		switch {
-		case int32s:
-			body = binary.BigEndian.AppendUint32(append(body, 0xd2), v)
-		case v <= 0x7f:
-			body = append(body, byte(v))
-		case v <= 0xff:
-			body = append(body, 0xcc, byte(v))
-		case v <= 0xffff:
-			body = binary.BigEndian.AppendUint16(append(body, 0xcd), uint16(v))
-		default:
-			body = binary.BigEndian.AppendUint32(append(body, 0xce), v)
-		}
-	}
-	return body
-}
+func tokenBodyVocab(n, vocab int) []byte          { return packTokens(n, vocab, false) }
+func packTokens(n, vocab int, int32s bool) []byte { return querybody.Pack(n, vocab, int32s) }
 
 // TestTokenFormats decodes every integer format a packer may use for a
 // token id, fast paths included.

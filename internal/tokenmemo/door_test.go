@@ -14,6 +14,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/codec"
 	"github.com/mooncake-conductor-go/conductor/internal/memostore"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/querybody"
 	"github.com/mooncake-conductor-go/conductor/internal/tokenmemo"
 )
 
@@ -48,31 +49,9 @@ func remember(q *memoQuery) {
 // TokensShared reports whether q.Tokens is the memo's own array.
 func (q *memoQuery) TokensShared() bool { return q.s.Lent() }
 
-// tokenBody packs an n-token /query body as codec's tests do (tokens drawn
-// from a 150K vocabulary, each in its smallest format or all as int32).
-func tokenBody(n int, int32s bool) []byte {
-	body := []byte{0x83, 0xa5, 'm', 'o', 'd', 'e', 'l', 0xa1, 'm', 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x10,
-		0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0xdd}
-	body = binary.BigEndian.AppendUint32(body, uint32(n))
-	x := uint32(12345)
-	for range n {
-		x = x*1664525 + 1013904223
-		v := x >> 8 % 150000
-		switch {
-		case int32s:
-			body = binary.BigEndian.AppendUint32(append(body, 0xd2), v)
-		case v <= 0x7f:
-			body = append(body, byte(v))
-		case v <= 0xff:
-			body = append(body, 0xcc, byte(v))
-		case v <= 0xffff:
-			body = binary.BigEndian.AppendUint16(append(body, 0xcd), uint16(v))
-		default:
-			body = binary.BigEndian.AppendUint32(append(body, 0xce), v)
-		}
-	}
-	return body
-}
+// tokenBody packs an n-token /query body as codec's tests do (a 150K
+// vocabulary, each id in its smallest format or all as int32).
+func tokenBody(n int, int32s bool) []byte { return querybody.Pack(n, 150000, int32s) }
 
 // checkSameQuery asserts that two decodes of one body agree: the same error,
 // or the same request.
