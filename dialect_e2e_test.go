@@ -1,29 +1,17 @@
 package main
 
 import (
-	"encoding/binary"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // sendArrays publishes one batch whose events are already shaped, such as
 // the tagged arrays of engines before map-encoded events.
 func (p *publisher) sendArrays(dpRank int, events ...any) {
 	p.t.Helper()
-	payload, err := msgpack.Marshal([]any{float64(time.Now().UnixNano()) / 1e9, events, dpRank})
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.seq++
-	var seq [8]byte
-	binary.BigEndian.PutUint64(seq[:], p.seq)
-	if _, err := p.sock.SendMessage([]byte("kv"), seq[:], payload); err != nil {
-		p.t.Fatal(err)
-	}
+	p.sendBatch(dpRank, events)
 }
 
 // TestEndToEndArrayEncodedVLLM: a vLLM release before v0.26.0 publishes

@@ -133,6 +133,13 @@ func newPublisher(t *testing.T) *publisher {
 
 func (p *publisher) send(dpRank int, events ...map[string]any) {
 	p.t.Helper()
+	p.sendBatch(dpRank, events)
+}
+
+// sendBatch publishes one batch of events (maps, or arrays for the older
+// dialect) with the next sequence number.
+func (p *publisher) sendBatch(dpRank int, events any) {
+	p.t.Helper()
 	payload, err := msgpack.Marshal([]any{float64(time.Now().UnixNano()) / 1e9, events, dpRank})
 	if err != nil {
 		p.t.Fatal(err)

@@ -357,13 +357,20 @@ func (e *engine) send(events ...map[string]any) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.publish(payload)
+}
+
+// publish sends one encoded batch with the engine's next sequence number
+// and keeps it for replay.
+func (e *engine) publish(payload []byte) {
+	e.t.Helper()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.seq++
 	e.history[e.seq] = payload
 	delete(e.history, e.seq-uint64(e.keep))
 	if _, err := e.pub.SendMessage("kv-events", seqBytes(e.seq), payload); err != nil {
-		e.t.Fatal(err)
+		e.t.Error(err)
 	}
 }
 
