@@ -248,19 +248,15 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		lookupPool.Put(st)
 	}()
 	st.cands, st.pop, st.seedProf, st.idsNarrow = st.cands[:0], st.pop[:0], nil, bufs != nil && bufs.idsNarrow
-	var (
-		lv    producer.Level
-		isBad bool
-		short bool
-		hot   bool
-	)
+	var m match
 	conductor := false
 	if csch, family, ok := parseConductorScheme(scheme); family {
 		conductor = true
-		lv, isBad, short = s.matchConductor(req, kind, csch, ok, st)
+		m = s.matchConductor(req, kind, csch, ok, st)
 	} else {
-		lv, isBad, short, hot = s.matchProducer(req, kind, st)
+		m = s.matchProducer(req, kind, st)
 	}
+	lv := m.level
 	if lv == producer.HasScheme && bufs != nil {
 		// The request names a scope that exists: the token memo may
 		// learn its ids now (as /query's learns only for a context).
@@ -269,10 +265,10 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 	if s.expired(ctx, start) {
 		return &pb.LookupRouteResponse{ReasonCode: Timeout}
 	}
-	if isBad {
+	if m.bad {
 		return bad()
 	}
-	if short {
+	if m.short {
 		return echo()
 	}
 	if resp := s.rank(req, st); resp != nil {
@@ -286,7 +282,7 @@ func (s *Server) lookup(ctx context.Context, req *pb.LookupRouteRequest, start t
 		miss.ReasonCode = UnknownModel
 	case lv == producer.NoScheme:
 		miss.ReasonCode = UnknownHashScheme
-	case hot && kind != inChain:
+	case m.hot && kind != inChain:
 		miss.ReasonCode = TenantHot
 	case !s.opts.NoAffinity && len(st.pop) > 0:
 		var derived iter.Seq[uint64] // the token_ids path's chain
@@ -421,12 +417,24 @@ func bestRun(ih *index.InstanceHits) (int, pb.CacheTier) {
 	return run, tier
 }
 
+// match is what matching a lookup against the contexts or the producer
+// scope its scheme names found, in one shape for both families: how much of
+// the scope path exists (the reason code of a miss), and whether the lookup
+// ends before ranking.
+type match struct {
+	level producer.Level
+	bad   bool // the request cannot be answered: NO_HINT
+	short bool // fewer tokens than one block: the partition echoed, no scores
+	hot   bool // a producer scope whose replicas hit often lately (TENANT_HOT)
+}
+
 // matchConductor matches the request against the Conductor context the
 // scheme names, fills st.cands and st.pop, and says how much of the scope
 // path exists.
-func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs conductorScheme, parsed bool, st *lookupState) (lv producer.Level, bad, short bool) {
+func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs conductorScheme, parsed bool, st *lookupState) match {
+	var lv producer.Level
 	tenant, model, adapter := req.GetTenantId(), req.GetModelId(), req.GetAdapterId()
-	var match *contexts.Entry
+	var found *contexts.Entry
 	cat := s.opts.Contexts
 	// The scheme's contexts in one map read (one per LoRA name). They come
 	// in no order; the affinity seed's profile is that of the greatest
@@ -446,7 +454,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 				st.seedProf, st.seedBS, seedCtx = &e.Profile, c.BlockSize, c
 			}
 			if c.Lora == adapter {
-				match = e
+				found = e
 			}
 		}
 	}
@@ -465,8 +473,8 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 	slices.Sort(st.pop)
 	st.pop = slices.Compact(st.pop)
 	var proj hashing.Projection
-	if match != nil {
-		proj = match.Profile.Projection()
+	if found != nil {
+		proj = found.Profile.Projection()
 	} else if cs.strategy == hashing.StrategyVLLMV1 {
 		proj = hashing.Low64BE
 	} else {
@@ -492,7 +500,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 		for _, h := range req.GetBlockHashes() {
 			k, ok := keyOf(h)
 			if !ok {
-				return lv, true, false
+				return match{level: lv, bad: true}
 			}
 			st.keys = append(st.keys, k)
 		}
@@ -501,7 +509,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 	case inExact:
 		k, ok := keyOf(req.GetPrefixHash())
 		if !ok {
-			return lv, true, false
+			return match{level: lv, bad: true}
 		}
 		n := int(req.GetPrefixTokenCount())
 		if n <= 0 {
@@ -513,28 +521,28 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 	case inTokens:
 		ids := req.GetTokenIds()
 		if !st.idsNarrow && !fitInt32(ids) {
-			return lv, true, false
+			return match{level: lv, bad: true}
 		}
 		// Every id fits in int32, so the same memory read as int32 is the
 		// token array /query would hash; the chain only reads it.
 		st.toks = unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(ids))), len(ids))
 		if parsed && len(ids) < cs.blockSize {
-			return lv, false, true
+			return match{level: lv, short: true}
 		}
-		if match == nil {
-			return lv, false, false
+		if found == nil {
+			return match{level: lv}
 		}
 		// The query engine hashes and walks exactly as /query does (same
 		// prefix memo), so both doors give one answer for one prompt.
-		if err := s.query.LookupFound(match, &query.Request{Context: match.Table.Context(), Tokens: st.toks}, &st.res); err != nil {
-			return lv, true, false
+		if err := s.query.LookupFound(found, &query.Request{Context: found.Table.Context(), Tokens: st.toks}, &st.res); err != nil {
+			return match{level: lv, bad: true}
 		}
 	}
-	if match == nil {
-		return lv, false, false
+	if found == nil {
+		return match{level: lv}
 	}
 	if chain != nil {
-		match.Table.Query(chain, "", &st.res)
+		found.Table.Query(chain, "", &st.res)
 	}
 	for i := range st.res.Instances {
 		ih := &st.res.Instances[i]
@@ -542,7 +550,7 @@ func (s *Server) matchConductor(req *pb.LookupRouteRequest, kind inputKind, cs c
 			st.cands = append(st.cands, candidate{replica: ih.Instance, matched: run, tier: tier, fresh: 1})
 		}
 	}
-	return lv, false, false
+	return match{level: lv}
 }
 
 // fitInt32 reports whether every id is at most MaxInt32. It ORs the ids
@@ -588,22 +596,17 @@ func chainKeys(p *hashing.Profile, bs int, ids []int32, adapter string, memo *ha
 }
 
 // matchProducer matches the request against a producer-fed scope.
-func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *lookupState) (lv producer.Level, bad, short, hot bool) {
+func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *lookupState) match {
 	tenant, model, scheme, adapter := req.GetTenantId(), req.GetModelId(), req.GetHashScheme(), req.GetAdapterId()
 	ps := s.opts.Producer
-	lv = ps.Holds(tenant, model, scheme)
-	if lv < producer.NoScheme {
-		// A Conductor context of the tenant (and model) counts too.
-		for t := range s.opts.Contexts.Index().All() {
-			c := t.Context()
-			if c.Tenant != tenant || t.OwnerCount() == 0 {
-				continue
-			}
-			lv = max(lv, producer.NoModel)
-			if c.Model == model {
-				lv = max(lv, producer.NoScheme)
-			}
-		}
+	lv := ps.Holds(tenant, model, scheme)
+	// A Conductor context of the tenant (and model) counts too.
+	switch cat := s.opts.Contexts; {
+	case lv >= producer.NoScheme:
+	case anyOwned(cat.ByModel(tenant, model)):
+		lv = producer.NoScheme
+	case anyOwned(cat.ByTenant(tenant)):
+		lv = max(lv, producer.NoModel)
 	}
 	st.pop = ps.AppendReplicas(st.pop, tenant, model, scheme)
 	var chain index.Chain
@@ -621,12 +624,12 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 		exactTokens = true
 	case inTokens:
 		if scheme != "vllm" && scheme != "sglang" {
-			return lv, false, true, false
+			return match{level: lv, short: true}
 		}
 		bs := s.opts.FingerprintBlockSize
 		ids := req.GetTokenIds()
 		if len(ids) < bs {
-			return lv, false, true, false
+			return match{level: lv, short: true}
 		}
 		st.keys = fingerprint.Chain(st.keys[:0], ids, bs, nil)
 		st.chain = byteChain{keys: st.keys, fixed: bs}
@@ -667,12 +670,11 @@ func (s *Server) matchProducer(req *pb.LookupRouteRequest, kind inputKind, st *l
 		for _, id := range sc.Table.AppendInstances(nil) {
 			_, rs, hasStats, known := ps.Replica(producer.ReplicaKey{Tenant: tenant, Model: model, Replica: id})
 			if known && hasStats && now.Sub(rs.At) <= hotWindow && rs.HitRate >= hotHitRate {
-				hot = true
-				break
+				return match{level: lv, hot: true}
 			}
 		}
 	}
-	return lv, false, false, hot
+	return match{level: lv}
 }
 
 // affinityPick is docs/grpc.md, LookupRoute: Affinity pick — SHA-256 of the request's chain (each hash with a
