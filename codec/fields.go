@@ -38,6 +38,5 @@ func openChecked(body []byte) (cursor, int, *Error) {
 	return cursor{c}, n, e
 }
 
-func (c *cursor) ahead() *Error                      { return c.Ahead() }
-func (c *cursor) key(prefix string) ([]byte, *Error) { return c.Key(prefix) }
-func (c *cursor) int() (u uint64, neg bool)          { return c.Int() }
+func (c *cursor) ahead() *Error             { return c.Ahead() }
+func (c *cursor) int() (u uint64, neg bool) { return c.Int() }

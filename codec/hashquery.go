@@ -63,23 +63,24 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 	var seen fieldSet
 	var v reqfields.Values
 	lims := byteLimits(lim)
-	for i := 0; i < n; i++ {
-		k, e := c.key("")
+	for {
+		id, e := hashQueryTable.Next(&c.Cursor, &n, &seen.FieldSet, &v, &lims)
 		if e != nil {
 			return e
 		}
-		id, own, e := hashQueryTable.Read(&c.Cursor, k, &seen.FieldSet, &v, &lims)
-		if own { // one of the hash list's names
-			name := hashQueryTable.Field(id)
-			if q.Field != "" && q.Field != name {
-				// The same name twice is Mark's "appears more than
-				// once"; two names is this, naming the second one given.
-				return Errorf(InvalidValue, name, "%s and %s name the same list; give only one of seq_hashes, block_hash and block_hashes", q.Field, name)
-			}
-			if e = seen.mark(id, name); e == nil {
-				q.Field = name
-				e = decodeHashList(&c, q.Field, lim, q)
-			}
+		if id == reqfields.Done {
+			break
+		}
+		// One of the hash list's names, the members with rules of their own.
+		name := hashQueryTable.Field(id)
+		if q.Field != "" && q.Field != name {
+			// The same name twice is Mark's "appears more than
+			// once"; two names is this, naming the second one given.
+			return Errorf(InvalidValue, name, "%s and %s name the same list; give only one of seq_hashes, block_hash and block_hashes", q.Field, name)
+		}
+		if e = seen.mark(id, name); e == nil {
+			q.Field = name
+			e = decodeHashList(&c, q.Field, lim, q)
 		}
 		if e != nil {
 			return e

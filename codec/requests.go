@@ -74,14 +74,8 @@ func DecodeUnregister(body []byte, lim Limits) (UnregisterRequest, *Error) {
 	var seen fieldSet
 	var v reqfields.Values
 	lims := byteLimits(lim)
-	for i := 0; i < n; i++ {
-		k, e := c.key("")
-		if e != nil {
-			return r, e
-		}
-		if _, _, e := unregisterTable.Read(&c.Cursor, k, &seen.FieldSet, &v, &lims); e != nil {
-			return r, e
-		}
+	if _, e := unregisterTable.Next(&c.Cursor, &n, &seen.FieldSet, &v, &lims); e != nil {
+		return r, e // no member has rules of its own: Next reads them all
 	}
 	r.InstanceID, r.TenantID, r.DPRank = v.Str[unregInstanceID], v.Str[unregTenantID], int(v.Int[0])
 	if !seen.has(unregInstanceID) {
@@ -255,24 +249,18 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest, h TokenHook) (arr
 	var seen fieldSet
 	var v reqfields.Values
 	lims := byteLimits(lim)
-	for i := 0; i < n; i++ {
-		if e := c.ahead(); e != nil {
-			return arr, e
-		}
-		k, e := c.key("")
+	for {
+		id, e := queryTable.Next(&c.Cursor, &n, &seen.FieldSet, &v, &lims)
 		if e != nil {
 			return arr, e
 		}
-		if string(k) != "token_ids" { // checks its own bounds
-			if e := c.ahead(); e != nil {
-				return arr, e
-			}
+		if id == reqfields.Done {
+			break
 		}
-		id, own, e := queryTable.Read(&c.Cursor, k, &seen.FieldSet, &v, &lims)
-		if own && id == qTokenIDs {
-			if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
-				arr, e = decodeTokens(&c, lim, q, h)
-			}
+		// token_ids, the one member with rules of its own, which checks
+		// its own bounds on a checked cursor.
+		if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
+			arr, e = decodeTokens(&c, lim, q, h)
 		}
 		if e != nil {
 			return arr, e

@@ -91,22 +91,22 @@ func Decode(body []byte, lim Limits) (registry.Registration, *reqfields.Error) {
 	var seen reqfields.FieldSet
 	var v reqfields.Values
 	lims := byteLimits(lim)
-	for i := 0; i < n; i++ {
-		k, e := c.Key("")
+	for {
+		id, e := registerTable.Next(&c, &n, &seen, &v, &lims)
 		if e != nil {
 			return r, e
 		}
-		id, own, e := registerTable.Read(&c, k, &seen, &v, &lims)
-		if own {
-			if e = seen.Mark(id, registerTable.Field(id)); e == nil {
-				switch id {
-				case regHashProfile:
-					r.HashProfile, e = decodeSpec(&c, lim)
-				case regCacheGroup:
-					r.CacheGroup, e = cacheGroup(&c)
-				case regKVCacheGroups:
-					r.KVCacheGroups, e = decodeGroups(&c, lim)
-				}
+		if id == reqfields.Done {
+			break
+		}
+		if e = seen.Mark(id, registerTable.Field(id)); e == nil {
+			switch id {
+			case regHashProfile:
+				r.HashProfile, e = decodeSpec(&c, lim)
+			case regCacheGroup:
+				r.CacheGroup, e = cacheGroup(&c)
+			case regKVCacheGroups:
+				r.KVCacheGroups, e = decodeGroups(&c, lim)
 			}
 		}
 		if e != nil {
@@ -191,14 +191,8 @@ func decodeSpecMembers(c *reqfields.Cursor, lim Limits) (hashing.Spec, *reqfield
 	var seen reqfields.FieldSet
 	var v reqfields.Values
 	lims := byteLimits(lim)
-	for i := 0; i < n; i++ {
-		k, e := c.Key("hash_profile")
-		if e != nil {
-			return s, e
-		}
-		if _, _, e := specTable.Read(c, k, &seen, &v, &lims); e != nil {
-			return s, e
-		}
+	if _, e := specTable.Next(c, &n, &seen, &v, &lims); e != nil {
+		return s, e // no member has rules of its own: Next reads them all
 	}
 	s.Strategy, s.Algorithm, s.IndexProjection = v.Str[hpStrategy], v.Str[hpAlgorithm], v.Str[hpProjection]
 	if v.Given.Has(hpSeed) {
@@ -285,15 +279,9 @@ func decodeGroups(c *reqfields.Cursor, lim Limits) ([]registry.GroupDecl, *reqfi
 		}
 		var seen reqfields.FieldSet
 		var v reqfields.Values
-		for j := 0; j < m; j++ {
-			k, e := c.Key(groupsField)
-			if e == nil {
-				_, _, e = groupsTable.Read(c, k, &seen, &v, &lims)
-			}
-			if e != nil {
-				e.Index = i
-				return nil, e
-			}
+		if _, e := groupsTable.Next(c, &m, &seen, &v, &lims); e != nil {
+			e.Index = i // no member has rules of its own: Next reads them all
+			return nil, e
 		}
 		out[i] = registry.GroupDecl{Kind: v.Str[0], BlockSize: int(v.Int[kgBlockSize]), SlidingWindow: int(v.Int[kgWindow]), ChunkSize: int(v.Int[kgChunk])}
 		for _, req := range []struct {

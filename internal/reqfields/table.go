@@ -1,6 +1,9 @@
 package reqfields
 
 import (
+	"encoding/binary"
+	"strings"
+
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 )
 
@@ -80,30 +83,76 @@ type Values struct {
 	Given FieldSet
 }
 
-// Table is one schema's members. Keys are looked up by length first, then
-// compared: no hashing, and each length has one to three candidates.
+// Table is one schema's members. A key is looked up by a perfect hash of
+// its bytes, read as two machine words (every member name is at most 16
+// bytes), and one comparison of those words, as a switch on constant
+// strings compares them: no call, no loop.
 type Table struct {
-	specs  []Spec
-	prefix string
-	copy   bool
-	byLen  [32][]uint8
+	specs    [32]Spec // by id; 32 is a FieldSet's width
+	n        int
+	prefix   string
+	copy     bool
+	keyField string // what a key that is not a string is reported under
+	mult     uint64 // the hash's multiplier, chosen so no two names collide
+	slots    [hashSlots]entry
+}
+
+// entry is a member name in the lookup table: its words, its length
+// (0: an empty entry) and its id.
+type entry struct {
+	head, tail uint64
+	n, id      uint8
+}
+
+// hashBits is log2 of hashSlots, twice a FieldSet's width so that a
+// collision-free multiplier is found in a few tries.
+const (
+	hashBits  = 6
+	hashSlots = 1 << hashBits
+)
+
+// slot is where a name of n bytes with words head and tail goes.
+func (t *Table) slot(head, tail uint64, n int) int {
+	x := head ^ tail*0xff51afd7ed558ccd ^ uint64(n)
+	return int(x * t.mult >> (64 - hashBits))
+}
+
+// maxName is the longest member name a table takes: two words.
+const maxName = 16
+
+// nameWords packs a name of at most maxName bytes into two words that,
+// for names of one length, are equal exactly when the names are: the
+// first and the last 8 bytes (overlapping when shorter than 16), or for
+// shorter names the first and the last 4, or the bytes themselves.
+func nameWords(b []byte) (head, tail uint64) {
+	switch n := len(b); {
+	case n >= 8:
+		return binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[n-8:])
+	case n >= 4:
+		return uint64(binary.LittleEndian.Uint32(b)), uint64(binary.LittleEndian.Uint32(b[n-4:]))
+	}
+	for i, c := range b {
+		head |= uint64(c) << (8 * i)
+	}
+	return head, 0
 }
 
 // NewTable builds the table of specs, each at its id (keyed composite
 // literals name the ids). prefix is what errors put before a
-// member's name ("hash_profile." for hash_profile's members); copy says
+// member's name ("hash_profile." for hash_profile's members); copyStrings says
 // strings are copied out of the body, for values that outlive the request.
 // A malformed table is a programming error and panics.
-func NewTable(prefix string, copy bool, specs []Spec) *Table {
-	if len(specs) > 32 {
+func NewTable(prefix string, copyStrings bool, specs []Spec) *Table {
+	t := &Table{n: len(specs), prefix: prefix, copy: copyStrings, keyField: strings.TrimSuffix(prefix, ".")}
+	if len(specs) > len(t.specs) {
 		panic("reqfields: more than 32 members do not fit a FieldSet")
 	}
-	t := &Table{specs: specs, prefix: prefix, copy: copy}
-	for id := range t.specs {
+	copy(t.specs[:], specs)
+	for id := range specs {
 		f := &t.specs[id]
 		f.field = prefix + f.Name
-		if len(f.Name) >= len(t.byLen) {
-			panic("reqfields: member name too long for the table: " + f.Name)
+		if f.Name == "" || len(f.Name) > maxName {
+			panic("reqfields: a member name must have 1 to 16 bytes: " + f.Name)
 		}
 		switch f.Shape {
 		case Str, StrOrNil, OptStr:
@@ -115,27 +164,51 @@ func NewTable(prefix string, copy bool, specs []Spec) *Table {
 				panic("reqfields: bad integer slot for " + f.Name)
 			}
 		}
-		t.byLen[len(f.Name)] = append(t.byLen[len(f.Name)], uint8(id))
 	}
-	return t
+	// Odd multipliers from a fixed sequence until one places every name in
+	// a slot of its own: deterministic, and found in a few tries.
+	for t.mult = 0x9e3779b97f4a7c15; ; t.mult += 0x6a09e667f3bcc908 {
+		if t.place() {
+			return t
+		}
+	}
+}
+
+// place fills the lookup table under t.mult, reporting whether no two
+// names collided.
+func (t *Table) place() bool {
+	t.slots = [hashSlots]entry{}
+	for id := 0; id < t.n; id++ {
+		name := []byte(t.specs[id].Name)
+		head, tail := nameWords(name)
+		e := &t.slots[t.slot(head, tail, len(name))]
+		if e.n != 0 {
+			if string(name) == t.specs[e.id].Name {
+				panic("reqfields: member " + string(name) + " named twice")
+			}
+			return false
+		}
+		*e = entry{head, tail, uint8(len(name)), uint8(id)}
+	}
+	return true
 }
 
 // Lookup returns the id of member key, or false for a key the schema does
 // not define.
 func (t *Table) Lookup(key []byte) (id int, known bool) {
-	if len(key) >= len(t.byLen) {
+	if uint(len(key)-1) >= maxName { // empty (which an empty entry would match) or too long
 		return 0, false
 	}
-	for _, id := range t.byLen[len(key)] {
-		if t.specs[id].Name == string(key) {
-			return int(id), true
-		}
+	head, tail := nameWords(key)
+	e := &t.slots[t.slot(head, tail, len(key))]
+	if int(e.n) != len(key) || e.head != head || e.tail != tail {
+		return 0, false
 	}
-	return 0, false
+	return int(e.id), true
 }
 
 // Field is the name errors give member id.
-func (t *Table) Field(id int) string { return t.specs[id].field }
+func (t *Table) Field(id int) string { return t.specs[id&31].field }
 
 // Unknown is the error for a key the schema does not define.
 func (t *Table) Unknown(key []byte) *Error {
@@ -143,78 +216,104 @@ func (t *Table) Unknown(key []byte) *Error {
 	return Errorf(UnknownField, f, "unknown field %q", f)
 }
 
-// Read reads the value of member key: an unknown key is unknown_field; an
-// Own member is only reported (own true), for the schema to mark and
-// read; any other is marked seen in seen (a repeat is refused before its
-// value's type is looked at), checked by its shape and limit, and kept in
-// v at its slot.
-func (t *Table) Read(c *Cursor, key []byte, seen *FieldSet, v *Values, lim *ByteLimits) (id int, own bool, e *Error) {
-	id, known := t.Lookup(key)
-	if !known {
-		return 0, false, t.Unknown(key)
-	}
-	f := &t.specs[id]
-	if f.Shape == Own {
-		return id, true, nil
-	}
-	if e = seen.Mark(id, f.field); e != nil {
-		return id, false, e
-	}
-	switch f.Shape {
-	case StrOrNil:
-		if k := c.Kind(); k != msgp.Str {
-			if k == msgp.Nil {
-				return id, false, c.NilValue()
+// Done is what Next returns once the map has no members left.
+const Done = -1
+
+// Next reads the map's members, left of them still to read, until one
+// with rules of its own: it returns that member's id, its value not yet
+// read and the member not marked seen, for the schema to mark and read;
+// Done when none are left; or the first error. Each other member is read
+// here: an unknown key is unknown_field; the member is marked seen in
+// seen (a repeat is refused before its value's type is looked at),
+// checked by its shape and limit, and kept in v at its slot. On a checked
+// cursor each key and each value read here is validated first; an Own
+// member's value is the schema's to validate. The loop is here rather than
+// in each schema so that a member costs no call of its own: /query's
+// members cost what the hand-written switch did (BENCHMARKS.md).
+func (t *Table) Next(c *Cursor, left *int, seen *FieldSet, v *Values, lim *ByteLimits) (id int, e *Error) {
+	// left and seen are kept in registers and stored back on the way out
+	// with a member or Done; after an error the decode is over.
+	n, set := *left, *seen
+	for ; n > 0; n-- {
+		if e := c.Ahead(); e != nil {
+			return 0, e
+		}
+		key, e := c.Key(t.keyField)
+		if e != nil {
+			return 0, e
+		}
+		if uint(len(key)-1) >= maxName { // empty (which an empty entry would match) or too long
+			return 0, t.Unknown(key)
+		}
+		head, tail := nameWords(key) // Lookup, inline
+		ent := &t.slots[t.slot(head, tail, len(key))]
+		if int(ent.n) != len(key) || ent.head != head || ent.tail != tail {
+			return 0, t.Unknown(key)
+		}
+		id := int(ent.id)
+		f := &t.specs[id&31] // ids are below 32: no bounds check
+		if f.Shape == Own {
+			*left, *seen = n-1, set
+			return id, nil
+		}
+		if e := c.Ahead(); e != nil {
+			return 0, e
+		}
+		bit := FieldSet(1) << (id & 31)
+		if set&bit != 0 {
+			return 0, set.Mark(id, f.field) // the repeat's error
+		}
+		set |= bit
+		switch f.Shape {
+		case Str, StrOrNil, OptStr:
+			if k := c.Kind(); k != msgp.Str {
+				if k == msgp.Nil && f.Shape != Str {
+					if e := c.NilValue(); e != nil {
+						return 0, e
+					}
+					continue
+				}
+				if f.Shape == StrOrNil {
+					return 0, Errorf(InvalidType, f.field, "%s must be a string or nil, got %s", f.field, k)
+				}
 			}
-			return id, false, Errorf(InvalidType, f.field, "%s must be a string or nil, got %s", f.field, k)
+			str, e := c.StrView(f.field, lim[f.Limit])
+			if e != nil {
+				return 0, e
+			}
+			if t.copy {
+				str = string([]byte(str))
+			}
+			v.Given |= bit
+			if f.Slot != NoSlot {
+				v.Str[f.Slot] = str
+			}
+		case Int, OptInt, BlockSize:
+			var val int64
+			switch {
+			case f.Shape == OptInt && c.Kind() == msgp.Nil:
+				if e := c.NilValue(); e != nil {
+					return 0, e
+				}
+				continue
+			case f.Shape == BlockSize:
+				var b int
+				b, e = c.BlockSize()
+				val = int64(b)
+			default:
+				val, e = c.IntField(f.field, f.Min, f.Max)
+			}
+			if e != nil {
+				return 0, e
+			}
+			v.Given |= bit
+			if f.Slot != NoSlot {
+				v.Int[f.Slot] = val
+			}
+		default:
+			panic("reqfields: member " + f.Name + " has no shape")
 		}
-		return id, false, t.str(c, id, f, v, lim)
-	case OptStr:
-		if c.Kind() == msgp.Nil {
-			return id, false, c.NilValue()
-		}
-		return id, false, t.str(c, id, f, v, lim)
-	case Str:
-		return id, false, t.str(c, id, f, v, lim)
-	case OptInt:
-		if c.Kind() == msgp.Nil {
-			return id, false, c.NilValue()
-		}
-		fallthrough
-	case Int:
-		n, e := c.IntField(f.field, f.Min, f.Max)
-		if e == nil {
-			v.keepInt(id, f, n)
-		}
-		return id, false, e
-	case BlockSize:
-		n, e := c.BlockSize()
-		if e == nil {
-			v.keepInt(id, f, int64(n))
-		}
-		return id, false, e
 	}
-	panic("reqfields: member " + f.Name + " has no shape")
-}
-
-func (t *Table) str(c *Cursor, id int, f *Spec, v *Values, lim *ByteLimits) *Error {
-	s, e := c.StrView(f.field, lim[f.Limit])
-	if e != nil {
-		return e
-	}
-	if t.copy {
-		s = string([]byte(s))
-	}
-	v.Given |= 1 << id
-	if f.Slot != NoSlot {
-		v.Str[f.Slot] = s
-	}
-	return nil
-}
-
-func (v *Values) keepInt(id int, f *Spec, n int64) {
-	v.Given |= 1 << id
-	if f.Slot != NoSlot {
-		v.Int[f.Slot] = n
-	}
+	*left, *seen = 0, set
+	return Done, nil
 }

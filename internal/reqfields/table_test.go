@@ -7,11 +7,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// TestTableRead: the one reader's rules for each shape, as the request
+// TestTableNext: the one reader's rules for each shape, as the request
 // schemas rely on them: a repeated member is refused before its value is
 // looked at, each shape's type check and limit, nil where a shape allows
 // it, where the value is kept, and an Own member reported unmarked.
-func TestTableRead(t *testing.T) {
+func TestTableNext(t *testing.T) {
 	tab := NewTable("p.", false, []Spec{
 		0: {Name: "s", Shape: Str, Limit: IdentityBytes, Slot: 0},
 		1: {Name: "sn", Shape: StrOrNil, Limit: NameBytes, Slot: 1},
@@ -57,7 +57,10 @@ func TestTableRead(t *testing.T) {
 			result{Err: &Error{InvalidValue, "block_size", NoIndex, "block_size must be positive"}}},
 		{"repeat refused before the type check", []any{"i", 2, "i", "x"},
 			result{Int: [4]int64{2}, Given: 0b1000, Err: &Error{InvalidValue, "p.i", NoIndex, "p.i appears more than once"}}},
-		{"own reported, not marked", []any{"own", 1}, result{Own: true}},
+		{"own reported, not marked, then the rest read", []any{"own", 1, "s", "a"},
+			result{Own: true, Str: [8]string{"a"}, Given: 0b1}},
+		{"key not a string", []any{1, 1},
+			result{Err: &Error{InvalidType, "p", NoIndex, "map keys must be strings, got integer"}}},
 		{"unknown", []any{"zz", 1},
 			result{Err: &Error{UnknownField, "p.zz", NoIndex, `unknown field "p.zz"`}}},
 	} {
@@ -76,19 +79,18 @@ func TestTableRead(t *testing.T) {
 			var seen FieldSet
 			var v Values
 			var got result
-			for i := 0; i < n && got.Err == nil; i++ {
-				k, e := c.Key("")
-				if e != nil {
-					t.Fatal(e)
-				}
-				id, own, e := tab.Read(&c, k, &seen, &v, &lims)
+			for got.Err == nil {
+				id, e := tab.Next(&c, &n, &seen, &v, &lims)
 				got.Err = e
-				if own {
-					got.Own = true
-					if seen.Has(id) {
-						t.Error("an Own member was marked seen")
-					}
-					_ = c.Skip()
+				if e != nil || id == Done {
+					break
+				}
+				got.Own = true
+				if seen.Has(id) {
+					t.Error("an Own member was marked seen")
+				}
+				if err := c.Skip(); err != nil {
+					t.Fatal(err)
 				}
 			}
 			got.Str, got.Int, got.Given = v.Str, v.Int, v.Given
@@ -107,7 +109,9 @@ func TestNewTableRefuses(t *testing.T) {
 		"string slot":  {{Name: "a", Shape: Str, Slot: 8}},
 		"integer slot": {{Name: "a", Shape: Int, Slot: 4}},
 		"limit":        {{Name: "a", Shape: Str, Limit: numStrLimits}},
-		"long name":    {{Name: string(make([]byte, 32)), Shape: Own}},
+		"long name":    {{Name: string(make([]byte, maxName+1)), Shape: Own}},
+		"empty name":   {{Name: "", Shape: Own}},
+		"named twice":  {{Name: "a", Shape: Own}, {Name: "a", Shape: Own}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			defer func() {
@@ -117,5 +121,34 @@ func TestNewTableRefuses(t *testing.T) {
 			}()
 			NewTable("", false, specs)
 		})
+	}
+}
+
+// TestTableLookup: every name of a table finds its own id, whatever its
+// length (the word packing has three cases), and a key one byte off, one
+// byte short or one byte long finds nothing.
+func TestTableLookup(t *testing.T) {
+	var specs []Spec
+	for _, name := range []string{"a", "ab", "abc", "abcd", "abce", "lora_id", "tenant_id", "lora_name",
+		"token_ids", "block_size", "cache_salt", "instance_id", "replay_endpoint", "kv_cache_groups",
+		"python_hash_seed", "index_projection"} {
+		specs = append(specs, Spec{Name: name, Shape: Own})
+	}
+	tab := NewTable("", false, specs)
+	for id, f := range specs {
+		if got, ok := tab.Lookup([]byte(f.Name)); !ok || got != id {
+			t.Errorf("Lookup(%q) = %d, %v; want %d", f.Name, got, ok, id)
+		}
+		near := [][]byte{[]byte(f.Name[:len(f.Name)-1]), []byte(f.Name + "x")}
+		for i := range f.Name {
+			k := []byte(f.Name)
+			k[i] ^= 0x20
+			near = append(near, k)
+		}
+		for _, k := range near {
+			if got, ok := tab.Lookup(k); ok && specs[got].Name != string(k) {
+				t.Errorf("Lookup(%q) found %q", k, specs[got].Name)
+			}
+		}
 	}
 }
