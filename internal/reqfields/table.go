@@ -11,7 +11,7 @@ import (
 // byte limit, a string or nil, an integer in a range, block_size) read,
 // type-checked and bounded the same way whatever the body. Each schema
 // therefore describes its members in a Table (name, shape, limit, where
-// the value goes) and one reader, Table.Read, serves them all, as
+// the value goes) and one reader, Table.Next, serves them all, as
 // internal/events does for event keys; members with rules of their own
 // (token_ids, the hash lists, hash_profile, kv_cache_groups) have the
 // shape Own and are read by the schema's code, dispatched from the same
@@ -21,7 +21,7 @@ import (
 type Shape uint8
 
 const (
-	// Own: read by the schema itself; Read reports it without marking it
+	// Own: read by the schema itself; Next returns it without marking it
 	// seen, so the schema may check things before (the hash lists).
 	Own Shape = iota
 	// Str: a string under the spec's byte limit.
@@ -167,11 +167,14 @@ func NewTable(prefix string, copyStrings bool, specs []Spec) *Table {
 	}
 	// Odd multipliers from a fixed sequence until one places every name in
 	// a slot of its own: deterministic, and found in a few tries.
-	for t.mult = 0x9e3779b97f4a7c15; ; t.mult += 0x6a09e667f3bcc908 {
+	t.mult = 0x9e3779b97f4a7c15
+	for try := 0; try < 1<<20; try++ {
 		if t.place() {
 			return t
 		}
+		t.mult += 0x6a09e667f3bcc908 // even: the multiplier stays odd
 	}
+	panic("reqfields: no collision-free hash for the table's names")
 }
 
 // place fills the lookup table under t.mult, reporting whether no two

@@ -1,6 +1,7 @@
 package reqfields
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -149,6 +150,21 @@ func TestTableLookup(t *testing.T) {
 			if got, ok := tab.Lookup(k); ok && specs[got].Name != string(k) {
 				t.Errorf("Lookup(%q) found %q", k, specs[got].Name)
 			}
+		}
+	}
+}
+
+// TestTableFull: a table of as many members as a FieldSet holds gets a
+// collision-free hash, and each name finds its id.
+func TestTableFull(t *testing.T) {
+	specs := make([]Spec, 32)
+	for i := range specs {
+		specs[i] = Spec{Name: fmt.Sprintf("member_%02d", i), Shape: Own}
+	}
+	tab := NewTable("", false, specs)
+	for id, f := range specs {
+		if got, ok := tab.Lookup([]byte(f.Name)); !ok || got != id {
+			t.Errorf("Lookup(%q) = %d, %v; want %d", f.Name, got, ok, id)
 		}
 	}
 }
