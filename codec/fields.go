@@ -38,18 +38,5 @@ func openChecked(body []byte) (cursor, int, *Error) {
 	return cursor{c}, n, e
 }
 
-func (c *cursor) ahead() *Error                                { return c.Ahead() }
-func (c *cursor) key(prefix string) ([]byte, *Error)           { return c.Key(prefix) }
-func (c *cursor) str(field string, limit int) (string, *Error) { return c.StrCopy(field, limit) }
-func (c *cursor) strView(field string, limit int) (string, *Error) {
-	return c.StrView(field, limit)
-}
-func (c *cursor) strOrNilView(field string, limit int) (string, *Error) {
-	return c.StrOrNilView(field, limit)
-}
-func (c *cursor) intField(field string, min, max int64) (int64, *Error) {
-	return c.IntField(field, min, max)
-}
-func (c *cursor) nilValue() *Error          { return c.NilValue() }
+func (c *cursor) ahead() *Error             { return c.Ahead() }
 func (c *cursor) int() (u uint64, neg bool) { return c.Int() }
-func blockSize(c *cursor) (int, *Error)     { return c.BlockSize() }

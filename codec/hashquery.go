@@ -2,6 +2,7 @@ package codec
 
 import (
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
+	"github.com/mooncake-conductor-go/conductor/internal/reqfields"
 )
 
 // HashQueryRequest is a validated /query_by_hash body
@@ -32,25 +33,22 @@ const (
 	hqLoraID
 )
 
-// hashListNames are the names the hash list is accepted under, each with
-// its fieldSet bit: the contract's seq_hashes, the earlier drafts'
-// block_hash, and block_hashes, the member name of Dynamo's standalone
-// indexer (docs/api.md#post-query_by_hash). At most one may be given.
-var hashListNames = [...]struct {
-	name string
-	bit  int
-}{{"seq_hashes", hqSeqHashes}, {"block_hash", hqBlockHash}, {"block_hashes", hqBlockHashes}}
-
-// hashListBit is the fieldSet bit of list name k, or -1 when k is not
-// one of hashListNames.
-func hashListBit(k []byte) int {
-	for _, n := range hashListNames {
-		if string(k) == n.name {
-			return n.bit
-		}
-	}
-	return -1
-}
+// hashQueryTable is a /query_by_hash body's members. The hash list is
+// accepted under three names, each its own member and fieldSet bit: the
+// contract's seq_hashes, the earlier drafts' block_hash, and block_hashes,
+// the member name of Dynamo's standalone indexer
+// (docs/api.md#post-query_by_hash); at most one may be given, so they are
+// read by DecodeHashQuery itself. The specs follow contextSpecs' in the
+// order of their bits.
+var hashQueryTable = reqfields.NewTable("", false, contextSpecs(
+	reqfields.Spec{Name: "seq_hashes", Shape: reqfields.Own},
+	reqfields.Spec{Name: "block_hash", Shape: reqfields.Own},
+	reqfields.Spec{Name: "block_hashes", Shape: reqfields.Own},
+	// RFC #1403 names the adapter by id as well; the context is selected
+	// by lora_name, so an id is accepted only beside it (checked below)
+	// and not kept.
+	reqfields.Spec{Name: "lora_id", Shape: reqfields.OptInt, Min: 0, Max: maxInt32, Slot: reqfields.NoSlot},
+))
 
 // DecodeHashQuery decodes a /query_by_hash body under its schema: /query's
 // members with seq_hashes (or block_hash, or block_hashes; one of them)
@@ -62,51 +60,34 @@ func DecodeHashQuery(body []byte, lim Limits, q *HashQueryRequest) *Error {
 	if e != nil {
 		return e
 	}
-	members := contextMembers{&q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize}
 	var seen fieldSet
-	hasLoraID := false
-	for i := 0; i < n; i++ {
-		k, e := c.key("")
+	var v reqfields.Values
+	lims := byteLimits(lim)
+	for {
+		id, e := hashQueryTable.Next(&c.Cursor, &n, &seen.FieldSet, &v, &lims)
 		if e != nil {
 			return e
 		}
-		if shared, e := members.decode(&c, k, &seen, lim); shared {
-			if e != nil {
-				return e
-			}
-			continue
+		if id == reqfields.Done {
+			break
 		}
-		switch string(k) {
-		case "lora_id":
-			// RFC #1403 names the adapter by id as well; the context is
-			// selected by lora_name, so an id is accepted only beside it
-			// and not interpreted.
-			if e = seen.mark(hqLoraID, "lora_id"); e == nil {
-				if c.Kind() == msgp.Nil {
-					e = c.nilValue()
-					break
-				}
-				_, e = c.intField("lora_id", 0, maxInt32)
-				hasLoraID = true
-			}
-		case "seq_hashes", "block_hash", "block_hashes":
-			bit := hashListBit(k)
-			if q.Field != "" && q.Field != string(k) {
-				// The same name twice is mark's "appears more than
-				// once"; two names is this, naming the second one given.
-				return Errorf(InvalidValue, string(k), "%s and %s name the same list; give only one of seq_hashes, block_hash and block_hashes", q.Field, string(k))
-			}
-			if e = seen.mark(bit, string(k)); e == nil {
-				q.Field = hashListNames[bit-hqSeqHashes].name
-				e = decodeHashList(&c, q.Field, lim, q)
-			}
-		default:
-			return Errorf(UnknownField, string(k), "unknown field %q", string(k))
+		// One of the hash list's names, the members with rules of their own.
+		name := hashQueryTable.Field(id)
+		if q.Field != "" && q.Field != name {
+			// The same name twice is Mark's "appears more than
+			// once"; two names is this, naming the second one given.
+			return Errorf(InvalidValue, name, "%s and %s name the same list; give only one of seq_hashes, block_hash and block_hashes", q.Field, name)
+		}
+		if e = seen.mark(id, name); e == nil {
+			q.Field = name
+			e = decodeHashList(&c, q.Field, lim, q)
 		}
 		if e != nil {
 			return e
 		}
 	}
+	contextValues(&v, &q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize)
+	hasLoraID := v.Given.Has(hqLoraID)
 	switch {
 	case !seen.has(ctxModel):
 		return Errorf(Missing, "model", "model is required")

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mooncake-conductor-go/conductor/internal/msgp"
 	"github.com/mooncake-conductor-go/conductor/internal/registration"
+	"github.com/mooncake-conductor-go/conductor/internal/reqfields"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
 
@@ -47,6 +48,22 @@ type UnregisterRequest struct {
 	DPRank     int
 }
 
+// The members of an /unregister body, as fieldSet bits; a string's slot
+// is its bit, dp_rank's integer slot 0.
+const (
+	unregInstanceID = iota
+	unregTenantID
+	unregDPRank
+)
+
+// unregisterTable is an /unregister body's members; the strings are
+// copied, as the request outlives the body.
+var unregisterTable = reqfields.NewTable("", true, []reqfields.Spec{
+	unregInstanceID: {Name: "instance_id", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: unregInstanceID},
+	unregTenantID:   {Name: "tenant_id", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: unregTenantID},
+	unregDPRank:     {Name: "dp_rank", Shape: reqfields.Int, Min: 0, Max: maxInt32, Slot: 0},
+})
+
 // DecodeUnregister decodes and validates an /unregister body.
 func DecodeUnregister(body []byte, lim Limits) (UnregisterRequest, *Error) {
 	var r UnregisterRequest
@@ -55,37 +72,16 @@ func DecodeUnregister(body []byte, lim Limits) (UnregisterRequest, *Error) {
 		return r, e
 	}
 	var seen fieldSet
-	for i := 0; i < n; i++ {
-		k, e := c.key("")
-		if e != nil {
-			return r, e
-		}
-		switch string(k) {
-		case "instance_id":
-			if e = seen.mark(0, "instance_id"); e == nil {
-				r.InstanceID, e = c.str("instance_id", lim.MaxIdentityBytes)
-			}
-		case "tenant_id":
-			if e = seen.mark(1, "tenant_id"); e == nil {
-				r.TenantID, e = c.str("tenant_id", lim.MaxIdentityBytes)
-			}
-		case "dp_rank":
-			if e = seen.mark(2, "dp_rank"); e == nil {
-				var v int64
-				v, e = c.intField("dp_rank", 0, maxInt32)
-				r.DPRank = int(v)
-			}
-		default:
-			return r, Errorf(UnknownField, string(k), "unknown field %q", string(k))
-		}
-		if e != nil {
-			return r, e
-		}
+	var v reqfields.Values
+	lims := byteLimits(lim)
+	if _, e := unregisterTable.Next(&c.Cursor, &n, &seen.FieldSet, &v, &lims); e != nil {
+		return r, e // no member has rules of its own: Next reads them all
 	}
-	if !seen.has(0) {
+	r.InstanceID, r.TenantID, r.DPRank = v.Str[unregInstanceID], v.Str[unregTenantID], int(v.Int[0])
+	if !seen.has(unregInstanceID) {
 		return r, Errorf(Missing, "instance_id", "instance_id is required")
 	}
-	if !seen.has(2) {
+	if !seen.has(unregDPRank) {
 		return r, Errorf(Missing, "dp_rank", "dp_rank is required")
 	}
 	if r.InstanceID == "" {
@@ -148,8 +144,9 @@ type TokenHook interface {
 	TokensAccepted(elems []byte, tokens []int32)
 }
 
-// The members /query and /query_by_hash share, as fieldSet bits; each
-// body's own members take the bits after them.
+// The members /query and /query_by_hash share, as fieldSet bits (their
+// ids in each body's table); each body's own members take the bits after
+// them.
 const (
 	ctxModel = iota
 	ctxLoraName
@@ -160,48 +157,47 @@ const (
 	ctxMembers // the first bit a body's own members use
 )
 
-// contextMembers points at a body's copies of the shared members.
-type contextMembers struct {
-	model, loraName, tenantID, instanceID, cacheSalt *string
-	blockSize                                        *int
+// Where the shared members' values go in reqfields.Values.
+const (
+	slotModel = iota
+	slotLoraName
+	slotTenantID
+	slotInstanceID
+	slotCacheSalt
+)
+
+// contextSpecs are the shared members, at their ids, followed by a body's
+// own. Strings are views into the body (QueryRequest's doc).
+func contextSpecs(own ...reqfields.Spec) []reqfields.Spec {
+	return append([]reqfields.Spec{
+		ctxModel:      {Name: "model", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: slotModel},
+		ctxLoraName:   {Name: "lora_name", Shape: reqfields.Str, Limit: reqfields.NameBytes, Slot: slotLoraName},
+		ctxTenantID:   {Name: "tenant_id", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: slotTenantID},
+		ctxInstanceID: {Name: "instance_id", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: slotInstanceID},
+		ctxBlockSize:  {Name: "block_size", Shape: reqfields.BlockSize, Slot: 0},
+		ctxCacheSalt:  {Name: "cache_salt", Shape: reqfields.StrOrNil, Limit: reqfields.NameBytes, Slot: slotCacheSalt},
+	}, own...)
 }
 
-// decode reads member k if it is a shared one, reporting whether it was;
-// a repeated member is refused as every other is.
-func (m contextMembers) decode(c *cursor, k []byte, seen *fieldSet, lim Limits) (bool, *Error) {
-	var e *Error
-	switch string(k) {
-	case "model":
-		if e = seen.mark(ctxModel, "model"); e == nil {
-			*m.model, e = c.strView("model", lim.MaxIdentityBytes)
-		}
-	case "lora_name":
-		if e = seen.mark(ctxLoraName, "lora_name"); e == nil {
-			*m.loraName, e = c.strView("lora_name", lim.MaxNameBytes)
-		}
-	case "tenant_id":
-		if e = seen.mark(ctxTenantID, "tenant_id"); e == nil {
-			*m.tenantID, e = c.strView("tenant_id", lim.MaxIdentityBytes)
-		}
-	case "instance_id":
-		if e = seen.mark(ctxInstanceID, "instance_id"); e == nil {
-			*m.instanceID, e = c.strView("instance_id", lim.MaxIdentityBytes)
-		}
-	case "block_size":
-		if e = seen.mark(ctxBlockSize, "block_size"); e == nil {
-			*m.blockSize, e = blockSize(c)
-		}
-	case "cache_salt":
-		if e = seen.mark(ctxCacheSalt, "cache_salt"); e == nil {
-			*m.cacheSalt, e = c.strOrNilView("cache_salt", lim.MaxNameBytes)
-		}
-	default:
-		return false, nil
-	}
-	return true, e
+// contextValues is what the shared members read into v: pointers to a
+// body's copies of them.
+func contextValues(v *reqfields.Values, model, loraName, tenantID, instanceID, cacheSalt *string, blockSize *int) {
+	*model, *loraName, *tenantID = v.Str[slotModel], v.Str[slotLoraName], v.Str[slotTenantID]
+	*instanceID, *cacheSalt, *blockSize = v.Str[slotInstanceID], v.Str[slotCacheSalt], int(v.Int[0])
+}
+
+// byteLimits are lim's string limits as a table reads them.
+func byteLimits(lim Limits) reqfields.ByteLimits {
+	return reqfields.ByteLimits{reqfields.IdentityBytes: lim.MaxIdentityBytes, reqfields.NameBytes: lim.MaxNameBytes}
 }
 
 const qTokenIDs = ctxMembers
+
+// queryTable is a /query body's members: token_ids has rules of its own
+// (decodeTokens).
+var queryTable = reqfields.NewTable("", false, contextSpecs(
+	reqfields.Spec{Name: "token_ids", Shape: reqfields.Own},
+))
 
 // DecodeQuery decodes and validates a /query body into q, reusing q.Tokens.
 //
@@ -250,30 +246,19 @@ func decodeQueryBody(body []byte, lim Limits, q *QueryRequest, h TokenHook) (tok
 
 func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest, h TokenHook) (arr tokenSpan, _ *Error) {
 	*q = QueryRequest{buf: q.buf}
-	members := contextMembers{&q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize}
 	var seen fieldSet
-	for i := 0; i < n; i++ {
-		if e := c.ahead(); e != nil {
-			return arr, e
-		}
-		k, e := c.key("")
+	var v reqfields.Values
+	lims := byteLimits(lim)
+	for {
+		id, e := queryTable.Next(&c.Cursor, &n, &seen.FieldSet, &v, &lims)
 		if e != nil {
 			return arr, e
 		}
-		if string(k) != "token_ids" { // checks its own bounds
-			if e := c.ahead(); e != nil {
-				return arr, e
-			}
+		if id == reqfields.Done {
+			break
 		}
-		if shared, e := members.decode(&c, k, &seen, lim); shared {
-			if e != nil {
-				return arr, e
-			}
-			continue
-		}
-		if string(k) != "token_ids" {
-			return arr, Errorf(UnknownField, string(k), "unknown field %q", string(k))
-		}
+		// token_ids, the one member with rules of its own, which checks
+		// its own bounds on a checked cursor.
 		if e = seen.mark(qTokenIDs, "token_ids"); e == nil {
 			arr, e = decodeTokens(&c, lim, q, h)
 		}
@@ -284,6 +269,7 @@ func decodeQuery(c cursor, n int, lim Limits, q *QueryRequest, h TokenHook) (arr
 	if c.Checked && c.Remaining() != 0 {
 		return arr, errUnchecked // trailing bytes
 	}
+	contextValues(&v, &q.Model, &q.LoraName, &q.TenantID, &q.InstanceID, &q.CacheSalt, &q.BlockSize)
 	switch {
 	case !seen.has(ctxModel):
 		return arr, Errorf(Missing, "model", "model is required")

@@ -312,6 +312,26 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeQueryMembers decodes a /query body with every context
+// member and 16 token ids: what the members cost, which the 8K benchmark's
+// token array hides.
+func BenchmarkDecodeQueryMembers(b *testing.B) {
+	body, err := msgpack.Marshal(map[string]any{
+		"model": "meta-llama/Llama-3.1-8B", "lora_name": "adapter", "tenant_id": "t1", "instance_id": "p0",
+		"cache_salt": "salt", "block_size": 16, "token_ids": []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var q QueryRequest
+	b.ReportAllocs()
+	for b.Loop() {
+		if e := DecodeQuery(body, DefaultLimits(), &q); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
+
 // tokenBody packs a /query body by hand with n pseudo-random token ids of a
 // 150K vocabulary, in Python's smallest-format packing or as int32s.
 func tokenBody(n int, int32s bool) []byte { return packTokens(n, 150000, int32s) }

@@ -54,6 +54,30 @@ const (
 	regKVCacheGroups
 )
 
+// registerTable is a /register body's members, at their bits; a string
+// member's slot is its bit. The strings are copied: a registration
+// outlives its body. hash_profile, cache_group and kv_cache_groups have
+// rules of their own.
+var registerTable = reqfields.NewTable("", true, []reqfields.Spec{
+	regEndpoint:       {Name: "endpoint", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: regEndpoint},
+	regReplayEndpoint: {Name: "replay_endpoint", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: regReplayEndpoint},
+	regType:           {Name: "type", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: regType},
+	regModelName:      {Name: "modelname", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: regModelName},
+	regLoraName:       {Name: "lora_name", Shape: reqfields.Str, Limit: reqfields.NameBytes, Slot: regLoraName},
+	regTenantID:       {Name: "tenant_id", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: regTenantID},
+	regInstanceID:     {Name: "instance_id", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: regInstanceID},
+	regBlockSize:      {Name: "block_size", Shape: reqfields.BlockSize, Slot: 0},
+	regDPRank:         {Name: "dp_rank", Shape: reqfields.Int, Min: 0, Max: reqfields.MaxInt32, Slot: 1},
+	regHashProfile:    {Name: "hash_profile", Shape: reqfields.Own},
+	regCacheGroup:     {Name: "cache_group", Shape: reqfields.Own},
+	regKVCacheGroups:  {Name: "kv_cache_groups", Shape: reqfields.Own},
+})
+
+// byteLimits are lim as a table reads them.
+func byteLimits(lim Limits) reqfields.ByteLimits {
+	return reqfields.ByteLimits{reqfields.IdentityBytes: lim.MaxIdentityBytes, reqfields.NameBytes: lim.MaxNameBytes}
+}
+
 // Decode decodes a /register body under its schema: field names, types,
 // presence and size limits. The registration rules (the type's name,
 // endpoints, the hash profile's resolution) are the registry's, in
@@ -65,69 +89,33 @@ func Decode(body []byte, lim Limits) (registry.Registration, *reqfields.Error) {
 		return r, e
 	}
 	var seen reqfields.FieldSet
-	for i := 0; i < n; i++ {
-		k, e := c.Key("")
+	var v reqfields.Values
+	lims := byteLimits(lim)
+	for {
+		id, e := registerTable.Next(&c, &n, &seen, &v, &lims)
 		if e != nil {
 			return r, e
 		}
-		switch string(k) {
-		case "endpoint":
-			if e = seen.Mark(regEndpoint, "endpoint"); e == nil {
-				r.Endpoint, e = c.StrCopy("endpoint", lim.MaxIdentityBytes)
-			}
-		case "replay_endpoint":
-			if e = seen.Mark(regReplayEndpoint, "replay_endpoint"); e == nil {
-				r.ReplayEndpoint, e = c.StrCopy("replay_endpoint", lim.MaxIdentityBytes)
-			}
-		case "type":
-			if e = seen.Mark(regType, "type"); e == nil {
-				r.Type, e = c.StrCopy("type", lim.MaxIdentityBytes)
-			}
-		case "modelname":
-			if e = seen.Mark(regModelName, "modelname"); e == nil {
-				r.ModelName, e = c.StrCopy("modelname", lim.MaxIdentityBytes)
-			}
-		case "lora_name":
-			if e = seen.Mark(regLoraName, "lora_name"); e == nil {
-				r.LoraName, e = c.StrCopy("lora_name", lim.MaxNameBytes)
-			}
-		case "tenant_id":
-			if e = seen.Mark(regTenantID, "tenant_id"); e == nil {
-				r.TenantID, e = c.StrCopy("tenant_id", lim.MaxIdentityBytes)
-			}
-		case "instance_id":
-			if e = seen.Mark(regInstanceID, "instance_id"); e == nil {
-				r.InstanceID, e = c.StrCopy("instance_id", lim.MaxIdentityBytes)
-			}
-		case "block_size":
-			if e = seen.Mark(regBlockSize, "block_size"); e == nil {
-				r.BlockSize, e = c.BlockSize()
-			}
-		case "dp_rank":
-			if e = seen.Mark(regDPRank, "dp_rank"); e == nil {
-				var v int64
-				v, e = c.IntField("dp_rank", 0, reqfields.MaxInt32)
-				r.DPRank = int(v)
-			}
-		case "hash_profile":
-			if e = seen.Mark(regHashProfile, "hash_profile"); e == nil {
+		if id == reqfields.Done {
+			break
+		}
+		if e = seen.Mark(id, registerTable.Field(id)); e == nil {
+			switch id {
+			case regHashProfile:
 				r.HashProfile, e = decodeSpec(&c, lim)
-			}
-		case "cache_group":
-			if e = seen.Mark(regCacheGroup, "cache_group"); e == nil {
+			case regCacheGroup:
 				r.CacheGroup, e = cacheGroup(&c)
-			}
-		case "kv_cache_groups":
-			if e = seen.Mark(regKVCacheGroups, "kv_cache_groups"); e == nil {
+			case regKVCacheGroups:
 				r.KVCacheGroups, e = decodeGroups(&c, lim)
 			}
-		default:
-			return r, reqfields.Errorf(reqfields.UnknownField, string(k), "unknown field %q", string(k))
 		}
 		if e != nil {
 			return r, e
 		}
 	}
+	r.Endpoint, r.ReplayEndpoint, r.Type = v.Str[regEndpoint], v.Str[regReplayEndpoint], v.Str[regType]
+	r.ModelName, r.LoraName, r.TenantID, r.InstanceID = v.Str[regModelName], v.Str[regLoraName], v.Str[regTenantID], v.Str[regInstanceID]
+	r.BlockSize, r.DPRank = int(v.Int[0]), int(v.Int[1])
 	for _, req := range []struct {
 		bit   int
 		field string
@@ -167,6 +155,18 @@ const (
 	hpStdSeed
 )
 
+// specTable is hash_profile's members, at their bits; a member's slot is
+// its bit. python_hash_seed may be nil (no seed); rfc1527's seed
+// (docs/hashing.md#standard-hash-rfc1527) is a member of that strategy
+// only, checked once the strategy is known.
+var specTable = reqfields.NewTable("hash_profile.", true, []reqfields.Spec{
+	hpStrategy:   {Name: "strategy", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: hpStrategy},
+	hpAlgorithm:  {Name: "algorithm", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: hpAlgorithm},
+	hpProjection: {Name: "index_projection", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: hpProjection},
+	hpSeed:       {Name: "python_hash_seed", Shape: reqfields.OptStr, Limit: reqfields.IdentityBytes, Slot: hpSeed},
+	hpStdSeed:    {Name: "seed", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: hpStdSeed},
+})
+
 // decodeSpec decodes hash_profile. An error about one of its members
 // names the member itself in Field ("strategy", "root_digest"), as
 // upstream Conductor does, while the message keeps the dotted path for a
@@ -189,50 +189,19 @@ func decodeSpecMembers(c *reqfields.Cursor, lim Limits) (hashing.Spec, *reqfield
 		return s, reqfields.ErrUnchecked
 	}
 	var seen reqfields.FieldSet
-	for i := 0; i < n; i++ {
-		k, e := c.Key("hash_profile")
-		if e != nil {
-			return s, e
-		}
-		switch string(k) {
-		case "strategy":
-			if e = seen.Mark(hpStrategy, "hash_profile.strategy"); e == nil {
-				s.Strategy, e = c.StrCopy("hash_profile.strategy", lim.MaxIdentityBytes)
-			}
-		case "algorithm":
-			if e = seen.Mark(hpAlgorithm, "hash_profile.algorithm"); e == nil {
-				s.Algorithm, e = c.StrCopy("hash_profile.algorithm", lim.MaxIdentityBytes)
-			}
-		case "index_projection":
-			if e = seen.Mark(hpProjection, "hash_profile.index_projection"); e == nil {
-				s.IndexProjection, e = c.StrCopy("hash_profile.index_projection", lim.MaxIdentityBytes)
-			}
-		case "python_hash_seed":
-			if e = seen.Mark(hpSeed, "hash_profile.python_hash_seed"); e == nil {
-				if c.Kind() == msgp.Nil {
-					e = c.NilValue()
-					break
-				}
-				var seed string
-				seed, e = c.StrCopy("hash_profile.python_hash_seed", lim.MaxIdentityBytes)
-				s.PythonHashSeed = &seed
-			}
-		case "seed":
-			// rfc1527's seed (docs/hashing.md#standard-hash-rfc1527): a
-			// member of that strategy only, checked once the strategy
-			// is known.
-			if e = seen.Mark(hpStdSeed, "hash_profile.seed"); e == nil {
-				var seed string
-				seed, e = c.StrCopy("hash_profile.seed", lim.MaxIdentityBytes)
-				s.Seed = &seed
-			}
-		default:
-			f := "hash_profile." + string(k)
-			return s, reqfields.Errorf(reqfields.UnknownField, f, "unknown field %q", f)
-		}
-		if e != nil {
-			return s, e
-		}
+	var v reqfields.Values
+	lims := byteLimits(lim)
+	if _, e := specTable.Next(c, &n, &seen, &v, &lims); e != nil {
+		return s, e // no member has rules of its own: Next reads them all
+	}
+	s.Strategy, s.Algorithm, s.IndexProjection = v.Str[hpStrategy], v.Str[hpAlgorithm], v.Str[hpProjection]
+	if v.Given.Has(hpSeed) {
+		seed := v.Str[hpSeed]
+		s.PythonHashSeed = &seed
+	}
+	if seen.Has(hpStdSeed) {
+		seed := v.Str[hpStdSeed]
+		s.Seed = &seed
 	}
 	if seen.Has(hpStrategy) && s.Strategy == hashing.StrategyRFC1527 {
 		// The standard hash has no projection and no Python seed: as
@@ -278,6 +247,15 @@ const (
 
 const groupsField = "kv_cache_groups"
 
+// groupsTable is a group's members, at their bits; an integer member's
+// slot is its bit. sliding_window and chunk_size may be nil (not given).
+var groupsTable = reqfields.NewTable(groupsField+".", true, []reqfields.Spec{
+	kgKind:      {Name: "kind", Shape: reqfields.Str, Limit: reqfields.IdentityBytes, Slot: 0},
+	kgBlockSize: {Name: "block_size", Shape: reqfields.Int, Min: 1, Max: registry.MaxGroupTokens, Slot: kgBlockSize},
+	kgWindow:    {Name: "sliding_window", Shape: reqfields.OptInt, Min: 1, Max: registry.MaxGroupTokens, Slot: kgWindow},
+	kgChunk:     {Name: "chunk_size", Shape: reqfields.OptInt, Min: 1, Max: registry.MaxGroupTokens, Slot: kgChunk},
+})
+
 func decodeGroups(c *reqfields.Cursor, lim Limits) ([]registry.GroupDecl, *reqfields.Error) {
 	if k := c.Kind(); k != msgp.Array {
 		return nil, reqfields.Errorf(reqfields.InvalidType, groupsField, "kv_cache_groups must be an array, got %s", k)
@@ -290,6 +268,7 @@ func decodeGroups(c *reqfields.Cursor, lim Limits) ([]registry.GroupDecl, *reqfi
 		return nil, reqfields.Errorf(reqfields.OutOfRange, groupsField, "kv_cache_groups has %d groups, the limit is %d", n, index.MaxGroups)
 	}
 	out := make([]registry.GroupDecl, n)
+	lims := byteLimits(lim)
 	for i := range out {
 		if k := c.Kind(); k != msgp.Map {
 			return nil, reqfields.ElemErrorf(reqfields.InvalidType, groupsField, i, "a group must be a map, got %s", k)
@@ -299,43 +278,12 @@ func decodeGroups(c *reqfields.Cursor, lim Limits) ([]registry.GroupDecl, *reqfi
 			return nil, reqfields.ErrUnchecked
 		}
 		var seen reqfields.FieldSet
-		d := &out[i]
-		for j := 0; j < m; j++ {
-			k, e := c.Key(groupsField)
-			if e != nil {
-				e.Index = i
-				return nil, e
-			}
-			var v int64
-			switch string(k) {
-			case "kind":
-				if e = seen.Mark(kgKind, groupsField+".kind"); e == nil {
-					d.Kind, e = c.StrCopy(groupsField+".kind", lim.MaxIdentityBytes)
-				}
-			case "block_size":
-				if e = seen.Mark(kgBlockSize, groupsField+".block_size"); e == nil {
-					v, e = c.IntField(groupsField+".block_size", 1, registry.MaxGroupTokens)
-					d.BlockSize = int(v)
-				}
-			case "sliding_window":
-				if e = seen.Mark(kgWindow, groupsField+".sliding_window"); e == nil && !c.SkipNil(&e) {
-					v, e = c.IntField(groupsField+".sliding_window", 1, registry.MaxGroupTokens)
-					d.SlidingWindow = int(v)
-				}
-			case "chunk_size":
-				if e = seen.Mark(kgChunk, groupsField+".chunk_size"); e == nil && !c.SkipNil(&e) {
-					v, e = c.IntField(groupsField+".chunk_size", 1, registry.MaxGroupTokens)
-					d.ChunkSize = int(v)
-				}
-			default:
-				f := groupsField + "." + string(k)
-				return nil, reqfields.ElemErrorf(reqfields.UnknownField, f, i, "unknown field %q", f)
-			}
-			if e != nil {
-				e.Index = i
-				return nil, e
-			}
+		var v reqfields.Values
+		if _, e := groupsTable.Next(c, &m, &seen, &v, &lims); e != nil {
+			e.Index = i // no member has rules of its own: Next reads them all
+			return nil, e
 		}
+		out[i] = registry.GroupDecl{Kind: v.Str[0], BlockSize: int(v.Int[kgBlockSize]), SlidingWindow: int(v.Int[kgWindow]), ChunkSize: int(v.Int[kgChunk])}
 		for _, req := range []struct {
 			bit   int
 			field string

@@ -95,3 +95,23 @@ func TestDecodeSchemaErrors(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkDecodeRegister decodes a /register body with every optional
+// member but kv_cache_groups: the per-member cost of the schema.
+func BenchmarkDecodeRegister(b *testing.B) {
+	body, err := msgpack.Marshal(map[string]any{
+		"endpoint": "tcp://10.0.0.1:5557", "replay_endpoint": "tcp://10.0.0.1:5558",
+		"type": "vLLM", "modelname": "m", "instance_id": "p0", "block_size": 16, "dp_rank": 1,
+		"lora_name": "adapter", "tenant_id": "t1", "cache_group": 0,
+		"hash_profile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, e := Decode(body, DefaultLimits()); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
