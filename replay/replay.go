@@ -97,13 +97,15 @@ func (b *Budget) Take(n int) bool {
 	return true
 }
 
-// Give returns the room of one message of n bytes taken earlier.
+// Give returns the room of one message of n bytes taken earlier. Room
+// taken before a Reset is not given back below zero: the reset already
+// freed it.
 func (b *Budget) Give(n int) {
 	if b == nil {
 		return
 	}
-	b.messages--
-	b.bytes -= n
+	b.messages = max(b.messages-1, 0)
+	b.bytes = max(b.bytes-n, 0)
 }
 
 // Reset forgets every reservation, for the start of a new recovery.

@@ -426,6 +426,13 @@ func TestBudget(t *testing.T) {
 	if m, n := b.Used(); m != 0 || n != 0 {
 		t.Errorf("reset left %d/%d", m, n)
 	}
+	// Room taken before the reset and given back after it (a recovery
+	// whose buffer was dropped while a fetch still held records) does not
+	// count below zero.
+	b.Give(6)
+	if m, n := b.Used(); m != 0 || n != 0 {
+		t.Errorf("given back after a reset: %d/%d", m, n)
+	}
 }
 
 // TestReceiveTimeoutIgnoresWatchTraffic: wake-ups from watched sockets do

@@ -96,6 +96,15 @@ func (s *Subscriber) checkHandshake(now time.Time) {
 	if l.tcpAt.IsZero() || now.Sub(l.tcpAt) < s.tuning.HandshakeWarnAfter {
 		return
 	}
+	// The monitor is read between drains only: a handshake it reported
+	// while a long drain (a replay) ran is read now, before the
+	// connection is judged.
+	if s.conn.mon != nil {
+		s.onMonitor()
+		if l.tcpAt.IsZero() {
+			return
+		}
+	}
 	l.tcpAt = time.Time{}
 	s.setLink(linkNotZMQ, fmt.Sprintf("not a ZMQ publisher: the peer at the endpoint accepted the connection but sent no ZMTP handshake in %v", s.tuning.HandshakeWarnAfter), now)
 }

@@ -64,9 +64,10 @@ func (r *recovery) begin(first liveMsg, t Tuning, lim ReceiveLimits) bool {
 }
 
 // beginEmpty starts a recovery that holds no live message yet (a restored
-// source confirming its position).
-func (r *recovery) beginEmpty(t Tuning) {
-	r.budget = replay.Budget{MaxMessages: t.MaxBufferedMessages, MaxBytes: t.MaxBufferedBytes}
+// source confirming its position), bounded as any recovery is: by the
+// source's share of the receive part under a bounded budget.
+func (r *recovery) beginEmpty(t Tuning, lim ReceiveLimits) {
+	r.budget = replay.Budget{MaxMessages: t.MaxBufferedMessages, MaxBytes: lim.BufferedBytes}
 	r.buffered = r.buffered[:0]
 }
 

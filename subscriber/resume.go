@@ -162,7 +162,7 @@ func (s *Subscriber) confirmResume() error {
 	s.log.Debug().Uint64("restored_seq", s.seq.applied).Msg("asking the replay endpoint for the restored position's batch")
 	s.rec.anchor = true
 	s.setState(Recovering)
-	s.rec.beginEmpty(s.tuning)
+	s.rec.beginEmpty(s.tuning, s.receiveLimits())
 	deadline := time.Now().Add(s.tuning.ReplayTotalTimeout)
 	if d := s.resume.restore.Deadline; !d.IsZero() && d.Before(deadline) {
 		deadline = d
