@@ -30,27 +30,10 @@ import (
 	"github.com/mooncake-conductor-go/conductor/internal/state/snapshot"
 	"github.com/mooncake-conductor-go/conductor/internal/state/statedir"
 	"github.com/mooncake-conductor-go/conductor/internal/streampos"
+	"github.com/mooncake-conductor-go/conductor/internal/testkit/eventtest"
 	"github.com/mooncake-conductor-go/conductor/internal/testkit/fakeclock"
 	"github.com/mooncake-conductor-go/conductor/registry"
 )
-
-// logBuf collects the log as JSON lines.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func profile(t testing.TB) hashing.Profile {
 	seed := "0"
@@ -91,7 +74,7 @@ type world struct {
 	sources map[registry.ServiceKey]*fakeSource
 	owners  map[registry.ServiceKey]index.OwnerID
 	tables  map[registry.ServiceKey]*index.Table
-	log     *logBuf
+	log     *eventtest.LogBuffer
 }
 
 func open(t testing.TB, dir string, reset bool) (*world, error) {
@@ -102,7 +85,7 @@ func open(t testing.TB, dir string, reset bool) (*world, error) {
 func openWith(t testing.TB, opts Options) (*world, error) {
 	t.Helper()
 	w := &world{sources: map[registry.ServiceKey]*fakeSource{}, owners: map[registry.ServiceKey]index.OwnerID{},
-		tables: map[registry.ServiceKey]*index.Table{}, log: &logBuf{}}
+		tables: map[registry.ServiceKey]*index.Table{}, log: &eventtest.LogBuffer{}}
 	opts.Logger, opts.CatchUpTimeout = zerolog.New(w.log), time.Hour
 	st, err := Open(opts)
 	if err != nil {
@@ -160,7 +143,7 @@ func (w *world) apply(key registry.ServiceKey, seq uint64, keys ...uint64) {
 }
 
 func TestMemoryOnly(t *testing.T) {
-	log := &logBuf{}
+	log := &eventtest.LogBuffer{}
 	st, err := Open(Options{Logger: zerolog.New(log)})
 	if err != nil {
 		t.Fatal(err)
