@@ -2,10 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"io"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -90,40 +87,15 @@ func TestServicesShowDisconnected(t *testing.T) {
 
 	// A TCP service that is not ZMQ at another endpoint: it answers the
 	// greeting with a ZMTP-looking one offering a mechanism nobody has.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conns sync.WaitGroup
-	accepting := make(chan struct{})
-	go func() {
-		defer close(accepting)
-		greeting := make([]byte, 64)
-		greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
-		copy(greeting[12:], "BOGUS")
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write(greeting)
-			conns.Add(1)
-			go func() { defer conns.Done(); _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
-		}
-	}()
-	if st, body := e.post("/register", vllmRegistration("p1", "tcp://"+ln.Addr().String())); st != 200 {
+	peer := eventtest.NewRawPeer(t, eventtest.BogusZMTPGreeting())
+	if st, body := e.post("/register", vllmRegistration("p1", peer.Endpoint())); st != 200 {
 		t.Fatalf("register: %d %v", st, body)
 	}
 	eventtest.WaitFor(t, "named as not a ZMQ publisher", 10*time.Second, func() bool {
 		st, detail := state("p1")
 		return st == "disconnected" && strings.Contains(detail, "not a ZMQ publisher")
 	})
-	// Unregistering stops its subscriber, which closes its connections;
-	// then the listener goes.
 	if st, body := e.post("/unregister", map[string]any{"instance_id": "p1", "dp_rank": 0}); st != 200 {
 		t.Fatalf("unregister: %d %v", st, body)
 	}
-	_ = ln.Close()
-	<-accepting
-	conns.Wait()
 }

@@ -1,12 +1,8 @@
 package subscriber
 
 import (
-	"io"
 	"math/rand/v2"
-	"net"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,41 +252,17 @@ func TestHandshakeFailureReconnects(t *testing.T) {
 	reg, prof, tb := vllmTable(t, index.Options{})
 	counters := NewCounters()
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var accepted atomic.Int32
-	var conns sync.WaitGroup // each ends when the subscriber closes its side
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// A ZMTP 3.0 greeting that offers a mechanism libzmq lacks.
-		greeting := make([]byte, 64)
-		greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
-		copy(greeting[12:], "BOGUS")
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			_, _ = c.Write(greeting)
-			conns.Add(1)
-			go func() { defer conns.Done(); _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
-		}
-	}()
-	defer func() { _ = ln.Close(); <-done; conns.Wait() }()
+	peer := eventtest.NewRawPeer(t, eventtest.BogusZMTPGreeting())
 
 	s := mustStart(t, Config{
-		Source:    SourceConfig{Key: "svc", Type: sourcetype.VLLM, Endpoint: "tcp://" + ln.Addr().String()},
+		Source:    SourceConfig{Key: "svc", Type: sourcetype.VLLM, Endpoint: peer.Endpoint()},
 		Index:     IndexConfig{Context: eventtest.ContextOf(reg), Profile: prof, Engine: tb, Owner: tb.AddEngineOwner("svc", 0)},
 		Report:    ReportConfig{Logger: eventtest.Logger(t)},
 		Resources: NewResources(ResourcesOptions{Counters: counters}),
 	})
 	defer s.Stop()
 	eventtest.WaitFor(t, "a second connection after the failed handshake", 20*time.Second, func() bool {
-		return accepted.Load() >= 2
+		return peer.Accepted() >= 2
 	})
 	if n := counters.Value(MetricDropped, sourcetype.VLLM, events.DropOversize); n != 0 {
 		t.Errorf("%d oversize drops for a handshake failure, want 0", n)

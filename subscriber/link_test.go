@@ -3,13 +3,11 @@ package subscriber
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -214,33 +212,31 @@ func TestPublisherExitDisconnects(t *testing.T) {
 // with a mechanism libzmq lacks) makes the source disconnected with a
 // detail saying so and one WARN naming the endpoint, never connected.
 func TestNotZMQPeerNamed(t *testing.T) {
-	bogus := make([]byte, 64) // a ZMTP 3.0 greeting offering an unknown mechanism
-	bogus[0], bogus[9], bogus[10] = 0xff, 0x7f, 3
-	copy(bogus[12:], "BOGUS")
 	for _, tc := range []struct {
 		name  string
-		serve func(ln net.Listener) (stop func())
+		serve func(t *testing.T) (endpoint string)
 	}{
-		{"tcp garbage", func(ln net.Listener) func() {
-			return writeOnAccept(ln, []byte("HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n"))
+		{"tcp garbage", func(t *testing.T) string {
+			return eventtest.NewRawPeer(t, []byte("HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")).Endpoint()
 		}},
-		{"http server", func(ln net.Listener) func() {
-			srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: time.Minute}
-			done := make(chan struct{})
-			go func() { defer close(done); _ = srv.Serve(ln) }()
-			return func() { _ = srv.Close(); <-done }
-		}},
-		{"zmtp with another mechanism", func(ln net.Listener) func() { return writeOnAccept(ln, bogus) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			reg, prof, tb := vllmTable(t, index.Options{})
+		{"http server", func(t *testing.T) string {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := tc.serve(ln)
-			defer stop()
-			ep := "tcp://" + ln.Addr().String()
+			srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: time.Minute}
+			done := make(chan struct{})
+			go func() { defer close(done); _ = srv.Serve(ln) }()
+			t.Cleanup(func() { _ = srv.Close(); <-done })
+			return "tcp://" + ln.Addr().String()
+		}},
+		{"zmtp with another mechanism", func(t *testing.T) string {
+			return eventtest.NewRawPeer(t, eventtest.BogusZMTPGreeting()).Endpoint()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg, prof, tb := vllmTable(t, index.Options{})
+			ep := tc.serve(t)
 			logs := &eventtest.LogBuffer{}
 			s := mustStart(t, Config{
 				Source:    SourceConfig{Key: "svc|default|0", Type: sourcetype.VLLM, Endpoint: ep},
@@ -261,40 +257,5 @@ func TestNotZMQPeerNamed(t *testing.T) {
 				t.Errorf("warnings %v\n%s", w, logs)
 			}
 		})
-	}
-}
-
-// writeOnAccept serves ln with a peer that writes msg on every connection
-// and reads until the other side closes; stop closes ln and waits for
-// every connection's goroutine.
-func writeOnAccept(ln net.Listener, msg []byte) (stop func()) {
-	var conns sync.WaitGroup
-	done := make(chan struct{})
-	var mu sync.Mutex
-	var open []net.Conn
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			_, _ = c.Write(msg)
-			conns.Add(1)
-			go func() { defer conns.Done(); _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
-		}
-	}()
-	return func() {
-		_ = ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range open {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		conns.Wait()
 	}
 }
