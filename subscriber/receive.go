@@ -68,6 +68,9 @@ func (s *Subscriber) drain(handle func(frames [][]byte) error) error {
 			return nil
 		}
 		s.conn.noteReceived()
+		if len(frames) == keepFrames-1 && len(frames[2]) > s.conn.largest {
+			s.conn.largest = len(frames[2]) // sizes the queue (followShare)
+		}
 		if err := handle(frames); err != nil {
 			return err
 		}

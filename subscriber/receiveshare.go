@@ -1,6 +1,7 @@
 package subscriber
 
 import (
+	"math/bits"
 	"sync/atomic"
 
 	"github.com/mooncake-conductor-go/conductor/internal/zmqx"
@@ -19,6 +20,11 @@ const (
 	// messages, whatever its share: with one message libzmq would signal
 	// its I/O thread for every message read.
 	minReceiveHWM = 2
+	// sizeFloorDivisor: a queue is sized for messages of at least a
+	// sixteenth of the message limit, however small the source's are, so
+	// that one that starts sending larger ones overshoots its share by at
+	// most that factor until its next drain.
+	sizeFloorDivisor = 16
 	// minMessageBytes and the share's sixteenth bound the largest message
 	// a bounded receive path takes (ZMQ_MAXMSGSIZE): 512 KiB is a batch of
 	// about 90 K tokens with their ids, several engine steps' worth.
@@ -63,12 +69,20 @@ func (r *receiveShare) bounded() bool { return r.total > 0 }
 func (r *receiveShare) join()  { r.sources.Add(1) }
 func (r *receiveShare) leave() { r.sources.Add(-1) }
 
-// limits are one source's bounds now: half its share for the queue, half
-// for what a recovery holds, each at least its floor.
-func (r *receiveShare) limits() ReceiveLimits {
+// limits are one source's bounds now, for messages of at most largest
+// bytes (the largest the source has sent; 0 before the first): half its
+// share for the queue, half for what a recovery holds, each at least its
+// floor. The queue counts messages, so it is sized by the messages the
+// source actually sends (rounded up to a power of two, at least a
+// sixteenth of the message limit): sized by the limit itself, a source of
+// small batches got a queue of two, and paid a wakeup of libzmq's I/O
+// thread per message (BENCHMARKS.md, the receive path).
+func (r *receiveShare) limits(largest int) ReceiveLimits {
 	per := r.total / int64(max(r.sources.Load(), 1))
+	size := max(int64(1)<<bits.Len(uint(max(largest-1, 0))), int64(r.maxMsg/sizeFloorDivisor))
+	size = min(size, int64(r.maxMsg))
 	return ReceiveLimits{
-		HWM:             int(max(per/2/int64(r.maxMsg), minReceiveHWM)),
+		HWM:             int(max(per/2/size, minReceiveHWM)),
 		MaxMessageBytes: r.maxMsg,
 		BufferedBytes:   int(max(per/2, int64(r.maxMsg))),
 	}
@@ -77,7 +91,7 @@ func (r *receiveShare) limits() ReceiveLimits {
 // receiveLimits are the source's receive bounds now: its share of the
 // budget's receive part when that is bounded, else its Tuning.
 func (s *Subscriber) receiveLimits() ReceiveLimits {
-	if lim, bounded := s.shared.ReceiveLimits(); bounded {
+	if lim, bounded := s.shared.ReceiveLimits(s.conn.largest); bounded {
 		return lim
 	}
 	return ReceiveLimits{HWM: s.tuning.RcvHWM, MaxMessageBytes: zmqx.MaxMessageBytes, BufferedBytes: s.tuning.MaxBufferedBytes}

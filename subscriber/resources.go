@@ -78,10 +78,11 @@ func NewResources(o ResourcesOptions) *Resources {
 // queues it cannot), as of each recovery's last step.
 func (sh *Resources) ReceiveHeld() int64 { return sh.receive.held.Load() }
 
-// ReceiveLimits are the bounds one of n running sources gets under the
-// receive part, and whether the part bounds them at all.
-func (sh *Resources) ReceiveLimits() (ReceiveLimits, bool) {
-	return sh.receive.limits(), sh.receive.bounded()
+// ReceiveLimits are the bounds a running source whose largest message so
+// far is largest bytes gets under the receive part, and whether the part
+// bounds them at all.
+func (sh *Resources) ReceiveLimits(largest int) (ReceiveLimits, bool) {
+	return sh.receive.limits(largest), sh.receive.bounded()
 }
 
 // Counters are the ingest counters every subscriber adds to.

@@ -77,8 +77,9 @@ type session struct {
 	stopName string // inproc endpoint of stopRx; Stop connects to it
 	poller   *zmq.Poller
 
-	hwm    int // the SUB's receive high-water mark now (receiveLimits)
-	maxMsg int // its ZMQ_MAXMSGSIZE
+	hwm     int // the SUB's receive high-water mark now (receiveLimits)
+	maxMsg  int // its ZMQ_MAXMSGSIZE
+	largest int // the largest message received, in payload bytes (followShare)
 
 	connected atomic.Bool // a connection was reported (for other goroutines)
 	// connects counts the connections the monitor reported; reconnected
@@ -186,7 +187,7 @@ func (c *session) followShare(s *Subscriber) {
 	if c.sub == nil {
 		return
 	}
-	lim, bounded := s.shared.ReceiveLimits()
+	lim, bounded := s.shared.ReceiveLimits(c.largest)
 	if !bounded || lim.HWM == c.hwm {
 		return
 	}
